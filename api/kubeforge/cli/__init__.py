@@ -1,0 +1,5 @@
+"""The `kubeforge` command: a thin composition root (filled in below)."""
+
+
+def main() -> None:
+    raise SystemExit("kubeforge: not yet")
