@@ -1,0 +1,77 @@
+"""The contract between the control plane and the data plane: names both sides must agree on.
+
+Neighbours: the operator's renderers write these (env vars on pods, labels, annotations, ports); the runtime's
+role entrypoints and the local launcher read or write them. Nothing else may spell these strings: import them.
+
+Invariants:
+- A role process is configured by the RLJob manifest (a file at ``ENV_CONFIG``) plus the env vars below; the same
+  contract holds in a pod and in a local process (the launcher sets the very same variables).
+- Every process listens on a block of ports starting at its ``ENV_PORT_BASE``; a named port is ``base + offset``.
+  In a cluster every pod uses ``DEFAULT_PORT_BASE``; locally the launcher hands each process its own block.
+- Peers are listed per role as ``host:portBase`` entries ordered by replica index.
+"""
+from __future__ import annotations
+
+GROUP = "kubeforge.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLJob"
+PLURAL = "rljobs"
+SINGULAR = "rljob"
+SHORT_NAMES = ("rlj",)
+CATEGORIES = ("kubeforge", "all")
+
+ROLES = ("generator", "verifier", "trainer")
+
+# ---- environment variables (one contract, pods and local processes alike) ----
+ENV_ROLE = "KUBEFORGE_ROLE"                  # generator | verifier | trainer
+ENV_INDEX = "KUBEFORGE_INDEX"                # replica index within the role (StatefulSet ordinal)
+ENV_CONFIG = "KUBEFORGE_CONFIG"              # path of the RLJob manifest (YAML or JSON)
+ENV_JOB_NAME = "KUBEFORGE_JOB_NAME"
+ENV_NAMESPACE = "KUBEFORGE_NAMESPACE"
+ENV_POD_NAME = "KUBEFORGE_POD_NAME"          # set in pods only (downward API)
+ENV_PORT_BASE = "KUBEFORGE_PORT_BASE"        # this process's first port
+ENV_BIND_HOST = "KUBEFORGE_BIND_HOST"        # address to listen on (0.0.0.0 in pods, 127.0.0.1 locally)
+ENV_RUN_DIR = "KUBEFORGE_RUN_DIR"            # where a role writes local artefacts (metrics JSONL, logs)
+ENV_CHECKPOINT_DIR = "KUBEFORGE_CHECKPOINT_DIR"  # overrides spec.checkpoint.path (local runs)
+ENV_ATTEMPT = "KUBEFORGE_ATTEMPT"            # restart attempt of the whole job (0 first)
+ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the trainer reports progress on its pod
+
+
+def env_peers(role: str) -> str:
+    """Env var listing the ``host:portBase`` of every replica of ``role``, comma-separated, by index."""
+    return f"KUBEFORGE_PEERS_{role.upper()}"
+
+
+def env_replicas(role: str) -> str:
+    """Env var holding the replica count (world size) of ``role``."""
+    return f"KUBEFORGE_{role.upper()}_REPLICAS"
+
+
+# ---- ports: offsets from a process's port base ----
+DEFAULT_PORT_BASE = 29500
+PORT_METRICS = 0      # HTTP: /metrics, /healthz, /readyz
+PORT_DATA = 1         # ZeroMQ: this role's input (verifier: rollouts; trainer: scored groups; generator: control)
+PORT_CONTROL = 2      # ZeroMQ: control/ack channel
+PORT_DIST = 3         # torch.distributed store of the trainers' data-parallel group (trainer 0)
+PORT_WEIGHTS = 4      # torch.distributed store of the weight-sync group (trainer 0)
+PORTS_PER_PROCESS = 10
+
+# ---- labels and annotations (operator writes; runtime reads/writes where noted) ----
+LABEL_JOB = "kubeforge.dev/job"                  # the RLJob's name, on every child and pod
+LABEL_ROLE = "kubeforge.dev/role"                # generator | verifier | trainer
+LABEL_ATTEMPT = "kubeforge.dev/attempt"          # restart attempt the pods belong to
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "kubeforge"
+FIELD_MANAGER = "kubeforge-operator"
+
+# The trainer (rank 0) reports progress on its own pod as a JSON annotation; the operator watches it.
+ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done"}
+
+# ---- children's names ----
+MAX_JOB_NAME_LENGTH = 40  # "<name>-generator" must stay <= 52 chars (StatefulSet limit) with room to spare
+
+
+def child_name(job: str, role: str) -> str:
+    """Deterministic name of a role's StatefulSet and headless Service."""
+    return f"{job}-{role}"

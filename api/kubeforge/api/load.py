@@ -1,0 +1,104 @@
+"""Parse RLJob manifests and explain what is wrong with them, one message per problem, by field path.
+
+Neighbours: the local launcher and every role call :func:`load_file`; tests call :func:`parse`. Messages follow the
+API server's wording (``spec.algorithm.groupSize: Invalid value: 1: should be greater than or equal to 2``) so a
+user sees the same words from ``kubeforge run`` and ``kubectl apply``.
+"""
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pydantic
+import yaml
+
+from kubeforge.api import rljob
+
+
+class InvalidRLJob(ValueError):
+    """The manifest is not a valid RLJob; ``problems`` holds one message per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid RLJob:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-", "tagged-union")):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+def _message(err: Any) -> str:
+    ctx = err.get("ctx") or {}
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "greater_than_equal":
+        return f"Invalid value: {value!r}: should be greater than or equal to {ctx['ge']}"
+    if kind == "greater_than":
+        return f"Invalid value: {value!r}: should be greater than {ctx['gt']}"
+    if kind == "less_than_equal":
+        return f"Invalid value: {value!r}: should be less than or equal to {ctx['le']}"
+    if kind == "less_than":
+        return f"Invalid value: {value!r}: should be less than {ctx['lt']}"
+    if kind in ("enum", "literal_error"):
+        return f"Unsupported value: {value!r}: supported values: {ctx.get('expected', '')}"
+    if kind == "extra_forbidden":
+        return "Unknown field: field not declared in schema"
+    if kind == "missing":
+        return "Required value"
+    if kind == "string_pattern_mismatch":
+        return f"Invalid value: {value!r}: should match '{ctx['pattern']}'"
+    if kind == "string_too_long":
+        return f"Too long: may not be more than {ctx['max_length']} characters"
+    if kind == "string_too_short":
+        return f"Invalid value: {value!r}: should be at least {ctx['min_length']} chars long"
+    if kind == "too_short":
+        return f"Invalid value: should have at least {ctx['min_length']} items"
+    if kind == "too_long":
+        return f"Too many: must have at most {ctx['max_length']} items"
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    return f"Invalid value: {err['msg']}"
+
+
+def problems_of(exc: pydantic.ValidationError) -> list[str]:
+    """One ``path: message`` line per error, paths in wire (camelCase) names."""
+    return [f"{_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
+
+
+def parse(doc: Any) -> rljob.RLJob:
+    """Validate a decoded manifest (a dict) into an RLJob or raise :class:`InvalidRLJob`."""
+    if not isinstance(doc, dict):
+        raise InvalidRLJob(["<root>: Invalid value: the manifest must be a mapping"])
+    try:
+        return rljob.RLJob.model_validate(doc)
+    except pydantic.ValidationError as exc:
+        raise InvalidRLJob(problems_of(exc)) from None
+
+
+def parse_text(text: str) -> rljob.RLJob:
+    """Parse YAML (or JSON) text holding one RLJob."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise InvalidRLJob([f"<root>: not valid YAML: {exc}"]) from None
+    if len(docs) != 1:
+        raise InvalidRLJob([f"<root>: expected exactly one YAML document, found {len(docs)}"])
+    return parse(docs[0])
+
+
+def load_file(path: str | pathlib.Path) -> rljob.RLJob:
+    """Read and validate the RLJob manifest at ``path``."""
+    return parse_text(pathlib.Path(path).read_text())
+
+
+def dump(job: rljob.RLJob) -> dict[str, Any]:
+    """The manifest as the API server would store it (wire names, no unset optional fields)."""
+    return job.model_dump(mode="json", by_alias=True, exclude_none=True)

