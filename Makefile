@@ -14,6 +14,7 @@ PYTEST := $(VENV)/bin/python -m pytest
 # Idempotent: reinstalls only when pyproject.toml or the overrides change.
 venv: $(STAMP)
 $(STAMP): pyproject.toml images/overrides.txt
+	@test -d $(WHEELS) || { echo "missing $(WHEELS): the CPU torch wheel (see README)"; exit 1; }
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip uv
 	$(VENV)/bin/uv pip install --python $(VENV)/bin/python --find-links $(WHEELS) \
