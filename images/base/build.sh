@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Build the base image tar for kubeforge pods on the real test node: busybox-static and nothing else.
+# Pods run the host's Python through hostPath mounts (see images/README.md and e2e/node/realnode.py).
+# Usage: images/base/build.sh OUT.tar [REF]      (REF defaults to kubeforge.local/base:1)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="$1"; ref="${2:-kubeforge.local/base:1}"
+busybox="$(command -v busybox)"
+case "$(ldd "$busybox" 2>&1 || true)" in *"not a dynamic executable"*) ;; *) echo "busybox at $busybox is not static (install busybox-static)" >&2; exit 1 ;; esac
+root="$(mktemp -d)"; trap 'rm -rf "$root"' EXIT
+mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,etc,tmp,root,proc,sys,dev,var/tmp,lib/x86_64-linux-gnu,lib64}
+chmod 1777 "$root/tmp" "$root/var/tmp"
+install -m 0755 "$busybox" "$root/bin/busybox"
+for applet in $("$root/bin/busybox" --list); do
+  [ "$applet" = busybox ] || ln -s busybox "$root/bin/$applet"
+done
+ln -s ../../bin/env "$root/usr/bin/env"
+printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
+printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
+python3 "$here/../lib/dockersave.py" --rootfs "$root" --ref "$ref" --out "$out" --cmd /bin/sh >/dev/null
