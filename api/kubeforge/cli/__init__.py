@@ -1,5 +1,60 @@
-"""The `kubeforge` command: a thin composition root (filled in below)."""
+"""The ``kubeforge`` command: a thin composition root that parses a subcommand and imports its side lazily.
+
+Subcommands:
+- ``kubeforge run FILE [--run-dir DIR] [--steps N]`` → ``kubeforge.runtime.launcher`` (local run of an RLJob)
+- ``kubeforge role generator|verifier|trainer`` → ``kubeforge.runtime.roles`` (the container entrypoint)
+- ``kubeforge operator ...`` → ``kubeforge.operator.main:main`` (argv passed through)
+- ``kubeforge crd ...`` → ``kubeforge.api.crd:main`` (argv passed through)
+
+Invariant: importing this module imports neither torch nor vLLM nor the operator; each subcommand pulls in only
+what it needs, so the operator image (no runtime extra) runs ``kubeforge operator`` unchanged.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from typing import cast
+
+ROLES = ("generator", "verifier", "trainer")
 
 
-def main() -> None:
-    raise SystemExit("kubeforge: not yet")
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kubeforge", description="Kubernetes-native RL post-training (GRPO).")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run an RLJob locally: every role as a process, supervised")
+    run.add_argument("file", help="RLJob manifest (YAML)")
+    run.add_argument("--run-dir", default=None, help="run directory (default runs/<name>-<timestamp>/)")
+    run.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
+    role = sub.add_parser("role", help="run one role process (the container entrypoint)")
+    role.add_argument("role", choices=ROLES)
+    sub.add_parser("operator", help="run the operator (arguments are passed through)", add_help=False)
+    sub.add_parser("crd", help="print or write the CRD (arguments are passed through)", add_help=False)
+    return p
+
+
+def _dispatch(target: str, argv: Sequence[str]) -> int:
+    """Call ``module:function`` with argv, the way a console script would."""
+    module, _, func = target.partition(":")
+    fn = cast(Callable[..., object], getattr(importlib.import_module(module), func))
+    sys.argv = [f"kubeforge {module.rsplit('.', 1)[-1]}", *argv]
+    result = fn(list(argv)) if inspect.signature(fn).parameters else fn()
+    return result if isinstance(result, int) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in and args_in[0] == "operator":
+        raise SystemExit(_dispatch("kubeforge.operator.main:main", args_in[1:]))
+    if args_in and args_in[0] == "crd":
+        raise SystemExit(_dispatch("kubeforge.api.crd:main", args_in[1:]))
+    args = _parser().parse_args(args_in)
+    if args.command == "run":
+        from kubeforge.runtime.launcher import main as launcher_main
+        raise SystemExit(launcher_main.run(file=args.file, run_dir=args.run_dir, steps=args.steps))
+    if args.command == "role":
+        from kubeforge.runtime.roles import main as roles_main
+        raise SystemExit(roles_main.run(role=args.role))
+    raise SystemExit(2)

@@ -1,0 +1,182 @@
+"""``kubeforge run FILE``: validate, lay out the run directory, start and supervise every role, summarise.
+
+```
+ validate manifest ──▶ run dir + effective manifest ──▶ resolve model once (cache) ──▶ attempt 0
+   attempt k: allocate ports → env per process (config.role_env) → start Group → watch:
+       progress bar ◀── tail metrics.jsonl (trainer rank 0)
+       exits ──▶ supervisor.decide ──▶ running | succeeded | restart (attempt k+1) | failed
+ stop every process group ──▶ summary.json, reward.png ──▶ summary JSON on stdout's last line
+```
+
+Invariants: invalid input exits 2 before any process starts, one message per problem naming the field path;
+Ctrl-C (or SIGTERM) stops every process group and exits 130; a role that dies for good exits 1 naming the role,
+its exit and the tail of its log; stdout carries only the final summary line.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kubeforge.api import contract, load, rljob
+from kubeforge.runtime import config
+from kubeforge.runtime.launcher import plot, ports, progress, rundir, summary, supervisor
+
+POLL_SECONDS = 0.5
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM reached the launcher."""
+
+
+def _err(text: str) -> None:
+    print(f"kubeforge: {text}", file=sys.stderr, flush=True)
+
+
+def prepare(file: str, *, steps: int | None) -> rljob.RLJob:
+    """Load, override and validate; raises :class:`load.InvalidRLJob` listing every problem."""
+    job = load.load_file(file)
+    if steps is not None:
+        doc = load.dump(job)
+        doc["spec"].setdefault("algorithm", {})["steps"] = steps
+        job = load.parse(doc)
+    problems = config.spec_problems(job.spec)
+    if problems:
+        raise load.InvalidRLJob(problems)
+    return job
+
+
+def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
+                  bases: list[int] | None = None) -> list[supervisor.ProcSpec]:
+    """One ProcSpec per role replica, with the env contract filled in (fresh ports per attempt)."""
+    roles = job.spec.roles
+    counts = {r: getattr(roles, r).replicas for r in contract.ROLES}
+    bases = bases or ports.allocate(sum(counts.values()))
+    it = iter(bases)
+    peers = {r: [config.Peer(host="127.0.0.1", port_base=next(it)) for _ in range(counts[r])]
+             for r in contract.ROLES}
+    out = []
+    for role in ("trainer", "verifier", "generator"):
+        for i in range(counts[role]):
+            env = dict(os.environ)
+            env.update(config.role_env(
+                job=job, config_path=str(run.manifest), role=role, index=i, peers=peers,
+                run_dir=str(run.root), checkpoint_dir=str(run.checkpoints), attempt=attempt,
+                report=config.REPORT_JSONL))
+            env["PYTHONUNBUFFERED"] = "1"
+            name = f"{role}-{i}"
+            out.append(supervisor.ProcSpec(
+                name=name, role=role, argv=[sys.executable, "-m", "kubeforge.cli", "role", role], env=env,
+                log=run.log(name)))
+    return out
+
+
+def _watch(group: supervisor.Group, *, job: rljob.RLJob, restarts: int, bar: progress.Progress
+           ) -> tuple[supervisor.Verdict, list[supervisor.Exit]]:
+    while True:
+        bar.poll()
+        exits = group.poll()
+        verdict = supervisor.decide(exits=exits, trainers=job.spec.roles.trainer.replicas, restarts=restarts,
+                                    max_restarts=job.spec.failure_policy.max_restarts)
+        if verdict is not supervisor.Verdict.RUNNING:
+            return verdict, exits
+        time.sleep(POLL_SECONDS)
+
+
+def _first_failure(exits: list[supervisor.Exit]) -> supervisor.Exit:
+    return next(e for e in exits if e.code != 0 or e.role != "trainer")
+
+
+def supervise(job: rljob.RLJob, run: rundir.RunDir, bar: progress.Progress) -> tuple[int, int]:
+    """Run attempts until success or failure; returns (exit status, restarts used)."""
+    restarts = 0
+    while True:
+        group = supervisor.Group(process_specs(job=job, run=run, attempt=restarts))
+        try:
+            group.start()
+            verdict, exits = _watch(group, job=job, restarts=restarts, bar=bar)
+        finally:
+            with _shielded():
+                group.stop()
+        bar.poll()
+        if verdict is supervisor.Verdict.SUCCEEDED:
+            return 0, restarts
+        dead = _first_failure(exits)
+        what = f"{dead.name} {supervisor.describe(dead.code)}"
+        if verdict is supervisor.Verdict.RESTART:
+            restarts += 1
+            bar.note(f"kubeforge: {what}; restarting the job from the last checkpoint "
+                     f"(restart {restarts}/{job.spec.failure_policy.max_restarts})")
+            continue
+        bar.note(f"kubeforge: {what}; spec.failurePolicy.maxRestarts ({job.spec.failure_policy.max_restarts}) "
+                 f"used up, stopping the run. Last lines of {run.log(dead.name)}:\n"
+                 f"{supervisor.tail(run.log(dead.name))}")
+        return 1, restarts
+
+
+@contextlib.contextmanager
+def _shielded() -> Iterator[None]:
+    """Ignore Ctrl-C/SIGTERM while stopping processes, so a second Ctrl-C cannot leave any behind."""
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def _resolve_model(job: rljob.RLJob) -> None:
+    """Build/cache the model folder once, before roles race to do it (and fail early if it cannot be)."""
+    from kubeforge.runtime import models
+
+    models.resolve(job.spec.model)
+
+
+def run(*, file: str, run_dir: str | None = None, steps: int | None = None,
+        resolve_model: Callable[[rljob.RLJob], None] = _resolve_model) -> int:
+    """The whole ``kubeforge run``; returns the process exit status."""
+    try:
+        job = prepare(file, steps=steps)
+    except load.InvalidRLJob as exc:
+        for p in exc.problems:
+            _err(f"{file}: {p}")
+        return 2
+    except OSError as exc:
+        _err(f"{file}: {exc.strerror or exc}")
+        return 2
+    start = time.time()
+    run = rundir.create(job_name=job.metadata.name, explicit=run_dir)
+    run.manifest.write_text(json.dumps(load.dump(job), indent=1))
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    bar = progress.Progress(metrics=run.metrics, total=job.spec.algorithm.steps)
+    try:
+        _err(f"run directory {run.root}")
+        resolve_model(job)
+        status, restarts = supervise(job, run, bar)
+    except Interrupted as exc:
+        bar.close()
+        _err(f"interrupted ({exc}); every role process stopped")
+        return 130
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    bar.close()
+    records = summary.by_step(summary.read_records(run.metrics))
+    result = summary.summarize(records, wall_seconds=time.time() - start, metrics_path=str(run.metrics),
+                               extra={"run_dir": str(run.root), "restarts": restarts,
+                                      "succeeded": status == 0})
+    if records:
+        plot.reward_curve(records, path=run.plot, title=f"{job.metadata.name}: reward per step")
+        result["plot_path"] = str(run.plot)
+    run.summary.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result), flush=True)
+    return status

@@ -1,0 +1,29 @@
+"""The reward curve of a run as a PNG (matplotlib, headless Agg backend)."""
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def reward_curve(records: Sequence[Mapping[str, Any]], *, path: pathlib.Path, title: str) -> pathlib.Path:
+    """Plot mean reward per step (and a 10-step moving average); returns ``path``."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [int(r["step"]) for r in records if r.get("mean_reward") is not None]
+    rewards = [float(r["mean_reward"]) for r in records if r.get("mean_reward") is not None]
+    avg = [sum(rewards[max(0, i - 9):i + 1]) / len(rewards[max(0, i - 9):i + 1]) for i in range(len(rewards))]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot(steps, rewards, alpha=0.4, label="mean reward")
+    ax.plot(steps, avg, label="10-step average")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
