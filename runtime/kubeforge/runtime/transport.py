@@ -1,0 +1,475 @@
+"""Moving wire messages between role processes: two small Protocols, a factory, ZeroMQ and in-process backends.
+
+Neighbours: ``wire`` turns messages into frames and back (every received frame goes through ``wire.decode``);
+the role loops (``roles/``) open one ``Receiver`` on their data port and ``Sender``s towards their peers, chosen
+by address scheme through ``open_sender``/``open_receiver``; ``metrics`` counts drops through ``on_drop``.
+
+Addresses: ``tcp://host:port`` is ZeroMQ (the host may be a DNS name that resolves late: a pod's headless-Service
+name; ZeroMQ resolves and reconnects in the background, every ``RECONNECT_IVL``); ``tcp://127.0.0.1:*`` binds an
+ephemeral port (``Receiver.address`` tells which). ``mem://name`` is the in-process backend for unit tests: a
+bounded queue per name, same semantics, same encoding.
+
+Topology (one PULL per receiving process, one PUSH per (sender, peer) pair)::
+
+    generator g ─PUSH──┐                          verifier v ─PUSH[0]──▶ trainer 0 PULL
+    generator h ─PUSH──┼─▶ verifier v PULL         verifier v ─PUSH[1]──▶ trainer 1 PULL
+                       │   (fair-queued)                  send(msg, to=index % trainers)
+    send(msg): round robin over verifiers whose queue has room
+
+Why nothing is silently dropped:
+- Sockets use ``IMMEDIATE``: a frame is only queued on a connection whose ZeroMQ handshake has completed, never
+  into a pipe towards a peer that has not joined (slow joiners) or never will.
+- Every connection starts with a ``HELLO`` frame (re-sent after a reconnect), and ``open_sender`` waits, up to
+  ``ready_timeout``, until every peer has completed the handshake: a missing peer is an error naming it.
+- High-water marks are bounded (``SNDHWM``/``RCVHWM`` = ``hwm`` frames). When a peer's queue is full the sender
+  blocks (polling for room) instead of queueing more or dropping: backpressure reaches the trainer's bounded work
+  window. A send that cannot complete by its timeout raises ``TransportTimeout``: the caller knows it was not sent.
+- The only frames a receiver discards are ones ``wire.decode`` refuses (foreign, wrong version, malformed,
+  multi-part): each is counted by reason in ``Receiver.dropped`` and reported to ``on_drop``; the receiver keeps
+  delivering the good frames that follow. Frames queued towards a peer that dies are lost with it; the trainer's
+  bounded window and staleness rules re-issue that work (a restart resumes from the checkpointed cursor).
+
+Invariants: a Sender or Receiver is used by one thread. ``close`` never blocks (``LINGER`` 0) and is idempotent.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from typing import Callable, Mapping, Protocol, Sequence
+
+import zmq
+from zmq.utils import monitor as zmq_monitor
+
+from kubeforge.runtime import wire
+
+DEFAULT_HWM = 64
+DEFAULT_READY_TIMEOUT = 300.0
+RECONNECT_IVL_MS = 100
+RECONNECT_IVL_MAX_MS = 2000
+_POLL_SLICE_S = 0.05
+
+DropHook = Callable[[str], None]
+
+
+class TransportError(RuntimeError):
+    """A transport could not be opened or used (bad address, address in use, closed)."""
+
+
+class TransportTimeout(TransportError, TimeoutError):
+    """A send or the ready handshake did not complete in time; the message was not sent."""
+
+
+class Sender(Protocol):
+    """Sends messages to an ordered list of peers (index = the peer's replica index)."""
+
+    @property
+    def peers(self) -> int: ...
+
+    def send(self, msg: wire.Message, *, to: int | None = None, timeout: float | None = None) -> None:
+        """Send to peer ``to``, or round robin over peers with room when None. Blocks while the queue is full;
+        raises ``TransportTimeout`` after ``timeout`` seconds (None: the sender's default, possibly forever)."""
+
+    def close(self) -> None: ...
+
+
+class Receiver(Protocol):
+    """Receives validated messages from any number of senders (fair-queued)."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def dropped(self) -> Mapping[str, int]:
+        """Refused frames so far, by ``wire`` reason."""
+
+    @property
+    def hellos(self) -> Sequence[wire.Hello]:
+        """HELLO frames seen (one per connection, again after reconnects), oldest first."""
+
+    def recv(self, timeout: float | None = None) -> wire.Message | None:
+        """The next valid message, or None after ``timeout`` seconds (None: wait forever)."""
+
+    def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------- factory
+
+
+def tcp_address(host: str, port: int) -> str:
+    """The ZeroMQ address of ``host:port`` (IPv6 literals bracketed)."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def open_receiver(address: str, *, hwm: int = DEFAULT_HWM, on_drop: DropHook | None = None) -> Receiver:
+    """Bind a receiver at ``address`` (``tcp://host:port`` or ``mem://name``)."""
+    if address.startswith("tcp://"):
+        return ZmqReceiver(address, hwm=hwm, on_drop=on_drop)
+    if address.startswith("mem://"):
+        return MemReceiver(address, hwm=hwm, on_drop=on_drop)
+    raise TransportError(f"unsupported address {address!r}: expected tcp://host:port or mem://name")
+
+
+def open_sender(peers: Sequence[str], *, role: str, index: int, hwm: int = DEFAULT_HWM,
+                ready_timeout: float | None = DEFAULT_READY_TIMEOUT, send_timeout: float | None = None) -> Sender:
+    """Connect to ``peers`` (all ``tcp://`` or all ``mem://``), waiting up to ``ready_timeout`` seconds for every
+    peer's handshake (None: don't wait; sends then block until their peer is there). ``role``/``index`` name this
+    process in the HELLO frames."""
+    if not peers:
+        raise TransportError("a sender needs at least one peer")
+    schemes = {p.split("://", 1)[0] for p in peers}
+    hello = wire.encode(wire.Hello(role=role, index=index))
+    sender: ZmqSender | MemSender
+    if schemes == {"tcp"}:
+        sender = ZmqSender(peers, hello=hello, hwm=hwm, send_timeout=send_timeout)
+    elif schemes == {"mem"}:
+        sender = MemSender(peers, hello=hello, send_timeout=send_timeout)
+    else:
+        raise TransportError(f"peers must all be tcp:// or all mem://, got {sorted(peers)}")
+    if ready_timeout is not None:
+        try:
+            sender.wait_ready(ready_timeout)
+        except BaseException:
+            sender.close()
+            raise
+    return sender
+
+
+# ---------------------------------------------------------------- shared receive logic
+
+
+class _Inbox:
+    """Decode, count and filter frames: the part of receiving both backends share."""
+
+    def __init__(self, on_drop: DropHook | None) -> None:
+        self.dropped: Counter[str] = Counter()
+        self.hellos: list[wire.Hello] = []
+        self._on_drop = on_drop
+
+    def refuse(self, reason: str) -> None:
+        self.dropped[reason] += 1
+        if self._on_drop is not None:
+            try:
+                self._on_drop(reason)
+            except Exception:  # a metrics hook must never take the receiver down
+                pass
+
+    def accept(self, frame: bytes | memoryview) -> wire.Message | None:
+        """The message to deliver, or None (refused and counted, or a HELLO recorded)."""
+        try:
+            msg = wire.decode(frame)
+        except wire.WireError as e:
+            self.refuse(e.reason)
+            return None
+        if isinstance(msg, wire.Hello):
+            self.hellos.append(msg)
+            return None
+        return msg
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + max(0.0, timeout)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+# ---------------------------------------------------------------- ZeroMQ
+
+
+class ZmqReceiver:
+    """A bound PULL socket; fair-queues frames from every connected sender."""
+
+    def __init__(self, address: str, *, hwm: int, on_drop: DropHook | None) -> None:
+        self._sock = zmq.Context.instance().socket(zmq.PULL)
+        self._sock.setsockopt(zmq.RCVHWM, hwm)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)  # an oversize peer is cut off, not buffered
+        try:
+            self._sock.bind(address)
+        except zmq.ZMQError as e:
+            self._sock.close(0)
+            raise TransportError(f"cannot bind {address}: {e}") from e
+        self._address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._inbox = _Inbox(on_drop)
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def dropped(self) -> Mapping[str, int]:
+        return self._inbox.dropped
+
+    @property
+    def hellos(self) -> Sequence[wire.Hello]:
+        return self._inbox.hellos
+
+    def recv(self, timeout: float | None = None) -> wire.Message | None:
+        if self._closed:
+            raise TransportError("receiver is closed")
+        deadline = _deadline(timeout)
+        while True:
+            left = _remaining(deadline)
+            if not self._sock.poll(None if left is None else int(left * 1000)):
+                if left is None:
+                    continue
+                return None
+            parts = self._sock.recv_multipart(copy=False)
+            if len(parts) != 1:
+                self._inbox.refuse(wire.REASON_MALFORMED)
+                continue
+            msg = self._inbox.accept(parts[0].buffer)
+            if msg is not None:
+                return msg
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sock.close(0)
+
+
+class _Peer:
+    """One PUSH socket towards one peer, with a monitor that tells when its ZeroMQ handshake completes."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, hwm: int) -> None:
+        self.address = address
+        self.sock = ctx.socket(zmq.PUSH)
+        for opt, val in ((zmq.SNDHWM, hwm), (zmq.LINGER, 0), (zmq.IMMEDIATE, 1),
+                         (zmq.RECONNECT_IVL, RECONNECT_IVL_MS), (zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)):
+            self.sock.setsockopt(opt, val)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        try:
+            self.sock.connect(address)
+        except zmq.ZMQError as e:
+            self.close()
+            raise TransportError(f"cannot connect to {address}: {e}") from e
+        self.connected = False
+        self.greeted = False
+
+    def pump(self, wait_s: float = 0.0) -> None:
+        """Apply pending monitor events (connected / disconnected); wait up to ``wait_s`` for the first."""
+        timeout_ms = int(wait_s * 1000)
+        while self.monitor.poll(timeout_ms):
+            event = zmq_monitor.recv_monitor_message(self.monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.connected = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.connected = self.greeted = False  # the HELLO goes out again on the next connection
+            timeout_ms = 0
+
+    def close(self) -> None:
+        self.sock.disable_monitor()
+        self.monitor.close(0)
+        self.sock.close(0)
+
+
+class ZmqSender:
+    """One PUSH socket per peer: chosen-peer routing and round robin over peers that have room."""
+
+    def __init__(self, peers: Sequence[str], *, hello: bytes, hwm: int, send_timeout: float | None) -> None:
+        ctx = zmq.Context.instance()
+        self._peers: list[_Peer] = []
+        try:
+            for address in peers:
+                self._peers.append(_Peer(ctx, address, hwm))
+        except BaseException:
+            self.close()
+            raise
+        self._hello = hello
+        self._send_timeout = send_timeout
+        self._next = 0
+        self._poller = zmq.Poller()
+        for p in self._peers:
+            self._poller.register(p.sock, zmq.POLLOUT)
+        self._closed = False
+
+    @property
+    def peers(self) -> int:
+        return len(self._peers)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until every peer's handshake has completed and it has been sent its HELLO."""
+        deadline = _deadline(timeout)
+        for p in self._peers:
+            while not p.connected:
+                left = _remaining(deadline)
+                if not left:
+                    raise TransportTimeout(f"peer {p.address} not ready after {timeout:g}s")
+                p.pump(min(left, _POLL_SLICE_S))
+            self._send_on(p, b"", deadline)
+
+    def send(self, msg: wire.Message, *, to: int | None = None, timeout: float | None = None) -> None:
+        self.send_frame(wire.encode(msg), to=to, timeout=timeout)
+
+    def send_frame(self, frame: bytes, *, to: int | None = None, timeout: float | None = None) -> None:
+        """Send an already-encoded frame (fan-out without re-encoding; tests and benches send raw bytes)."""
+        if self._closed:
+            raise TransportError("sender is closed")
+        deadline = _deadline(self._send_timeout if timeout is None else timeout)
+        if to is not None:
+            if not 0 <= to < len(self._peers):
+                raise TransportError(f"peer index {to} out of range [0, {len(self._peers)})")
+            self._send_on(self._peers[to], frame, deadline)
+            return
+        while True:
+            for p in self._peers:
+                p.pump()
+            ready = dict(self._poller.poll(self._slice_ms(deadline)))
+            n = len(self._peers)
+            for k in range(n):
+                p = self._peers[(self._next + k) % n]
+                if ready.get(p.sock, 0) & zmq.POLLOUT and self._try_send(p, frame):
+                    self._next = (self._next + k + 1) % n
+                    return
+            self._check(deadline, "any peer")
+
+    def _send_on(self, p: _Peer, frame: bytes, deadline: float | None) -> None:
+        """Blocking send to one peer (b"" sends only the pending HELLO)."""
+        while True:
+            p.pump()
+            if p.sock.poll(self._slice_ms(deadline), zmq.POLLOUT) and self._try_send(p, frame):
+                return
+            self._check(deadline, p.address)
+
+    def _try_send(self, p: _Peer, frame: bytes) -> bool:
+        try:
+            if not p.greeted:
+                p.sock.send(self._hello, zmq.NOBLOCK)
+                p.greeted = True
+            if frame:
+                p.sock.send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
+            return True
+        except zmq.Again:
+            return False
+
+    @staticmethod
+    def _slice_ms(deadline: float | None) -> int:
+        left = _remaining(deadline)
+        return int(1000 * (_POLL_SLICE_S if left is None else min(left, _POLL_SLICE_S)))
+
+    @staticmethod
+    def _check(deadline: float | None, who: str) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TransportTimeout(f"send to {who} timed out: queue full or peer gone")
+
+    def close(self) -> None:
+        if not getattr(self, "_closed", False):
+            self._closed = True
+            for p in self._peers:
+                p.close()
+
+
+# ---------------------------------------------------------------- in-process (unit tests)
+
+_MEM: dict[str, queue.Queue[bytes]] = {}
+_MEM_LOCK = threading.Lock()
+
+
+class MemReceiver:
+    """A bounded in-process queue registered under a ``mem://`` name; frames are encoded bytes like on the wire."""
+
+    def __init__(self, address: str, *, hwm: int, on_drop: DropHook | None) -> None:
+        with _MEM_LOCK:
+            if address in _MEM:
+                raise TransportError(f"cannot bind {address}: address in use")
+            self._queue: queue.Queue[bytes] = queue.Queue(maxsize=hwm)
+            _MEM[address] = self._queue
+        self._address = address
+        self._inbox = _Inbox(on_drop)
+        self._closed = False
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def dropped(self) -> Mapping[str, int]:
+        return self._inbox.dropped
+
+    @property
+    def hellos(self) -> Sequence[wire.Hello]:
+        return self._inbox.hellos
+
+    def recv(self, timeout: float | None = None) -> wire.Message | None:
+        if self._closed:
+            raise TransportError("receiver is closed")
+        deadline = _deadline(timeout)
+        while True:
+            try:
+                frame = self._queue.get(timeout=_remaining(deadline))
+            except queue.Empty:
+                return None
+            msg = self._inbox.accept(frame)
+            if msg is not None:
+                return msg
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            with _MEM_LOCK:
+                if _MEM.get(self._address) is self._queue:
+                    del _MEM[self._address]
+
+
+class MemSender:
+    """Sends to ``mem://`` receivers of this process; blocks while a receiver's bounded queue is full."""
+
+    def __init__(self, peers: Sequence[str], *, hello: bytes, send_timeout: float | None) -> None:
+        self._addresses = list(peers)
+        self._greeted = [False] * len(peers)
+        self._hello = hello
+        self._send_timeout = send_timeout
+        self._next = 0
+        self._closed = False
+
+    @property
+    def peers(self) -> int:
+        return len(self._addresses)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = _deadline(timeout)
+        for i in range(len(self._addresses)):
+            self._put(i, b"", deadline)
+
+    def send(self, msg: wire.Message, *, to: int | None = None, timeout: float | None = None) -> None:
+        self.send_frame(wire.encode(msg), to=to, timeout=timeout)
+
+    def send_frame(self, frame: bytes, *, to: int | None = None, timeout: float | None = None) -> None:
+        if self._closed:
+            raise TransportError("sender is closed")
+        deadline = _deadline(self._send_timeout if timeout is None else timeout)
+        if to is not None and not 0 <= to < len(self._addresses):
+            raise TransportError(f"peer index {to} out of range [0, {len(self._addresses)})")
+        if to is None:
+            to = self._next
+            self._next = (self._next + 1) % len(self._addresses)
+        self._put(to, frame, deadline)
+
+    def _put(self, i: int, frame: bytes, deadline: float | None) -> None:
+        address = self._addresses[i]
+        while True:
+            with _MEM_LOCK:
+                q = _MEM.get(address)
+            if q is not None:
+                break
+            left = _remaining(deadline)
+            if left == 0.0:
+                raise TransportTimeout(f"peer {address} not bound")
+            time.sleep(min(_POLL_SLICE_S, left if left is not None else _POLL_SLICE_S))
+        try:
+            if not self._greeted[i]:
+                q.put(self._hello, timeout=_remaining(deadline))
+                self._greeted[i] = True
+            if frame:
+                q.put(frame, timeout=_remaining(deadline))
+        except queue.Full:
+            raise TransportTimeout(f"send to {address} timed out: queue full") from None
+
+    def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,502 @@
+"""The wire format of the data plane: typed messages, a versioned msgpack schema, strict validation. Never pickle.
+
+Neighbours: ``transport`` moves the bytes this module makes (ZeroMQ or in-process queues) and calls ``decode`` on
+every frame it receives; the role loops (``roles/``) build and consume the message dataclasses below; ``types``
+holds the plain data (Prompt, Completion, RolloutGroup) that WORK, ROLLOUT and SCORED carry.
+
+Frame layout (little-endian)::
+
+    +-------+---------+------+-----------------------------+
+    | magic | version | kind | payload (one msgpack map)   |
+    | 4 B   | u16     | u8   | <= MAX_FRAME_BYTES in total  |
+    +-------+---------+------+-----------------------------+
+
+Message kinds and directions:
+
+    HELLO    any sender -> receiver   first frame on every connection (transport handshake; never delivered)
+    READY    role -> upstream         "I am up and listening" (role, index, policy version)
+    ACK      role -> upstream         acknowledges a kind/version (e.g. a SYNC once weights are loaded)
+    STOP     anyone -> peer           orderly shutdown, with a reason
+    WORK     trainer 0 -> generator   step, expected policy version, prompts [index, text, answer]
+    ROLLOUT  generator -> verifier    one RolloutGroup (rewards unset)
+    SCORED   verifier -> trainer      one RolloutGroup with rewards and per-verifier scores
+    SYNC     trainer 0 -> generator   new policy version and where to join the weight broadcast
+
+Invariants:
+- ``decode`` returns a fully validated message or raises ``WireError``; it never raises anything else, whatever
+  the bytes (fuzzed in tests/runtime/test_wire.py). ``WireError.reason`` is one of ``REASONS``: ``foreign``
+  (not our magic), ``version`` (our magic, another schema version) or ``malformed`` (everything else).
+- Every field is type-checked exactly (a bool is not an int, an int is not a float), every integer and length is
+  bounded, every float is finite, ``len(logprobs) == len(token_ids)`` per completion, rewards and each verifier's
+  scores have one entry per completion. Unknown or missing keys are errors naming the field path.
+- Token ids and logprobs travel as packed binary (u32 / f64 little-endian): exact round trip, and decoding cost
+  does not grow with one Python object per token on the wire.
+- A change to any payload layout bumps ``SCHEMA_VERSION``; peers on another version are refused, never guessed.
+"""
+from __future__ import annotations
+
+import array
+import dataclasses
+import enum
+import math
+import struct
+import sys
+from typing import Any, Callable, Union
+
+import msgpack
+
+from kubeforge.runtime import types
+
+MAGIC = b"KFW\x01"
+SCHEMA_VERSION = 1
+HEADER = struct.Struct("<4sHB")
+
+# Reasons a frame is refused (transport counts drops by these; metrics label them).
+REASON_MALFORMED = "malformed"
+REASON_FOREIGN = "foreign"
+REASON_VERSION = "version"
+REASONS = (REASON_MALFORMED, REASON_FOREIGN, REASON_VERSION)
+
+# Bounds. Generous for real jobs (the API caps groupSize at 1024 and promptsPerStep at 100000), tight enough that a
+# hostile or corrupt frame cannot make a receiver allocate without limit.
+MAX_FRAME_BYTES = 64 << 20
+MAX_TEXT_CHARS = 1 << 20
+MAX_NAME_CHARS = 253
+MAX_TOKENS = 1 << 20
+MAX_COMPLETIONS = 4096
+MAX_PROMPTS = 100_000
+MAX_VERIFIERS = 64
+MAX_INT = (1 << 63) - 1
+MAX_PORT = 65535
+
+_U32 = "I"
+_F64 = "d"
+assert array.array(_U32).itemsize == 4 and array.array(_F64).itemsize == 8
+_SWAP = sys.byteorder != "little"
+
+
+class WireError(ValueError):
+    """A frame that is not a valid message of our schema. ``reason`` is one of ``REASONS``."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1
+    READY = 2
+    ACK = 3
+    STOP = 4
+    WORK = 16
+    ROLLOUT = 17
+    SCORED = 18
+    SYNC = 19
+
+
+# ---------------------------------------------------------------- messages
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Hello:
+    """First frame a transport sender puts on each connection; the receiver records it and does not deliver it."""
+
+    role: str
+    index: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Ready:
+    """A role process is up and listening (sent by the role loops, e.g. generator -> trainer 0)."""
+
+    role: str
+    index: int
+    policy_version: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Ack:
+    """Acknowledges message kind ``of`` at ``version`` (e.g. a generator has loaded the weights of SYNC v)."""
+
+    role: str
+    index: int
+    of: Kind
+    version: int
+    ok: bool = True
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Stop:
+    """Orderly shutdown of the peer."""
+
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Work:
+    """Prompts to sample for optimizer step ``step``, expected under policy version ``policy_version``."""
+
+    step: int
+    policy_version: int
+    prompts: tuple[types.Prompt, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rollout:
+    """A sampled group on its way to a verifier (``group.rewards`` is None)."""
+
+    group: types.RolloutGroup
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Scored:
+    """A scored group on its way to trainer rank ``group.prompt.index % trainers`` (rewards set)."""
+
+    group: types.RolloutGroup
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sync:
+    """Policy version ``version`` (after step ``step``) is being broadcast: join the weight-sync group.
+
+    ``host``/``port`` is the torch.distributed store of the weight-sync group (trainer 0, ``contract.PORT_WEIGHTS``);
+    ``world_size`` counts trainer 0 plus every generator worker; ``backend`` is ``gloo`` or ``nccl``."""
+
+    version: int
+    step: int
+    host: str
+    port: int
+    world_size: int
+    backend: str = "gloo"
+    timeout_s: int = 120
+
+
+Message = Union[Hello, Ready, Ack, Stop, Work, Rollout, Scored, Sync]
+
+KIND_OF: dict[type, Kind] = {
+    Hello: Kind.HELLO, Ready: Kind.READY, Ack: Kind.ACK, Stop: Kind.STOP,
+    Work: Kind.WORK, Rollout: Kind.ROLLOUT, Scored: Kind.SCORED, Sync: Kind.SYNC,
+}
+
+
+def kind_of(msg: Message) -> Kind:
+    """The frame kind of a message object."""
+    try:
+        return KIND_OF[type(msg)]
+    except KeyError:
+        raise TypeError(f"not a wire message: {type(msg).__name__}") from None
+
+
+# ---------------------------------------------------------------- encode
+
+
+def encode(msg: Message, *, check: bool = True) -> bytes:
+    """One frame for ``msg``. With ``check`` (default) the payload is validated exactly as ``decode`` would, so a
+    sender's bug (a NaN logprob, mismatched lengths) raises ``WireError`` here instead of a drop at the peer."""
+    kind = kind_of(msg)
+    payload = _ENCODERS[kind](msg)
+    if check:
+        _DECODERS[kind](_Reader(payload, kind.name))
+    body = msgpack.packb(payload, use_bin_type=True)
+    frame = HEADER.pack(MAGIC, SCHEMA_VERSION, int(kind)) + body
+    if len(frame) > MAX_FRAME_BYTES:
+        raise WireError(REASON_MALFORMED, f"{kind.name}: frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    return frame
+
+
+def _pack_u32(values: list[int]) -> bytes:
+    a = array.array(_U32, values)
+    if _SWAP:
+        a.byteswap()
+    return a.tobytes()
+
+
+def _pack_f64(values: list[float]) -> bytes:
+    a = array.array(_F64, values)
+    if _SWAP:
+        a.byteswap()
+    return a.tobytes()
+
+
+def _prompt_out(p: types.Prompt) -> dict[str, Any]:
+    return {"index": p.index, "text": p.text, "answer": p.answer}
+
+
+def _completion_out(c: types.Completion) -> dict[str, Any]:
+    return {"token_ids": _pack_u32(c.token_ids), "logprobs": _pack_f64(c.logprobs), "text": c.text,
+            "finish_reason": c.finish_reason}
+
+
+def _group_out(g: types.RolloutGroup) -> dict[str, Any]:
+    return {
+        "prompt": _prompt_out(g.prompt), "prompt_token_ids": _pack_u32(g.prompt_token_ids),
+        "completions": [_completion_out(c) for c in g.completions], "policy_version": g.policy_version,
+        "step": g.step, "generator": g.generator,
+        "rewards": None if g.rewards is None else [float(r) for r in g.rewards],
+        "scores": {k: [float(x) for x in v] for k, v in g.scores.items()},
+    }
+
+
+def _fields_out(msg: Any) -> dict[str, Any]:
+    return {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
+
+
+_ENCODERS: dict[Kind, Callable[[Any], dict[str, Any]]] = {
+    Kind.HELLO: _fields_out,
+    Kind.READY: _fields_out,
+    Kind.ACK: lambda m: {**_fields_out(m), "of": int(m.of)},
+    Kind.STOP: _fields_out,
+    Kind.WORK: lambda m: {"step": m.step, "policy_version": m.policy_version,
+                          "prompts": [_prompt_out(p) for p in m.prompts]},
+    Kind.ROLLOUT: lambda m: {"group": _group_out(m.group)},
+    Kind.SCORED: lambda m: {"group": _group_out(m.group)},
+    Kind.SYNC: _fields_out,
+}
+
+
+# ---------------------------------------------------------------- decode
+
+
+def decode(data: bytes | bytearray | memoryview) -> Message:
+    """The validated message in one frame; ``WireError`` (and nothing else) for anything that is not one."""
+    try:
+        return _decode(data)
+    except WireError:
+        raise
+    except Exception as e:  # defence in depth: a validator bug must still read as a refused frame, not a crash
+        raise WireError(REASON_MALFORMED, f"undecodable frame ({type(e).__name__}: {e})") from None
+
+
+def _decode(data: bytes | bytearray | memoryview) -> Message:
+    view = memoryview(data)
+    if len(view) < HEADER.size:
+        if bytes(view[:4]) == MAGIC[:len(view[:4])] and len(view) > 0:
+            raise WireError(REASON_MALFORMED, f"truncated header ({len(view)} bytes)")
+        raise WireError(REASON_FOREIGN, f"frame of {len(view)} bytes has no kubeforge header")
+    magic, version, kind_num = HEADER.unpack_from(view)
+    if magic != MAGIC:
+        raise WireError(REASON_FOREIGN, f"bad magic {magic!r}")
+    if version != SCHEMA_VERSION:
+        raise WireError(REASON_VERSION, f"schema version {version}, this process speaks {SCHEMA_VERSION}")
+    if len(view) > MAX_FRAME_BYTES:
+        raise WireError(REASON_MALFORMED, f"frame of {len(view)} bytes exceeds {MAX_FRAME_BYTES}")
+    try:
+        kind = Kind(kind_num)
+    except ValueError:
+        raise WireError(REASON_MALFORMED, f"unknown kind {kind_num}") from None
+    try:
+        payload = msgpack.unpackb(view[HEADER.size:], raw=False, strict_map_key=True, use_list=True,
+                                  max_array_len=MAX_PROMPTS, max_map_len=256)
+    except Exception as e:
+        raise WireError(REASON_MALFORMED, f"{kind.name}: bad msgpack payload ({type(e).__name__})") from None
+    return _DECODERS[kind](_Reader(payload, kind.name))
+
+
+class _Reader:
+    """Typed, bounded access to one msgpack map; every error names the field path."""
+
+    def __init__(self, obj: Any, path: str) -> None:
+        if type(obj) is not dict:
+            raise WireError(REASON_MALFORMED, f"{path}: expected a map, got {type(obj).__name__}")
+        self.obj: dict[str, Any] = obj
+        self.path = path
+        self.seen: set[str] = set()
+
+    def _get(self, key: str) -> Any:
+        if key not in self.obj:
+            raise WireError(REASON_MALFORMED, f"{self.path}.{key}: missing")
+        self.seen.add(key)
+        return self.obj[key]
+
+    def fail(self, key: str, why: str) -> WireError:
+        return WireError(REASON_MALFORMED, f"{self.path}.{key}: {why}")
+
+    def done(self) -> None:
+        extra = sorted(str(k) for k in self.obj if k not in self.seen)
+        if extra:
+            raise WireError(REASON_MALFORMED, f"{self.path}: unknown field(s) {', '.join(extra)}")
+
+    def int(self, key: str, lo: int = 0, hi: int = MAX_INT) -> int:
+        v = self._get(key)
+        if type(v) is not int:
+            raise self.fail(key, f"expected an integer, got {type(v).__name__}")
+        if not lo <= v <= hi:
+            raise self.fail(key, f"{v} out of range [{lo}, {hi}]")
+        return v
+
+    def bool(self, key: str) -> bool:
+        v = self._get(key)
+        if type(v) is not bool:
+            raise self.fail(key, f"expected a bool, got {type(v).__name__}")
+        return v
+
+    def str(self, key: str, max_len: int = MAX_TEXT_CHARS) -> str:
+        v = self._get(key)
+        if type(v) is not str:
+            raise self.fail(key, f"expected a string, got {type(v).__name__}")
+        if len(v) > max_len:
+            raise self.fail(key, f"{len(v)} characters exceed {max_len}")
+        return v
+
+    def map(self, key: str) -> _Reader:
+        return _Reader(self._get(key), f"{self.path}.{key}")
+
+    def list(self, key: str, max_len: int) -> list[Any]:
+        v = self._get(key)
+        if type(v) is not list:
+            raise self.fail(key, f"expected a list, got {type(v).__name__}")
+        if len(v) > max_len:
+            raise self.fail(key, f"{len(v)} items exceed {max_len}")
+        return v
+
+    def floats(self, key: str, max_len: int, value: Any = None) -> list[float]:
+        v = self.list(key, max_len) if value is None else value
+        for i, x in enumerate(v):
+            if type(x) is not float or not math.isfinite(x):
+                raise self.fail(key, f"item {i} is not a finite float ({x!r})")
+        return v
+
+    def u32s(self, key: str, max_len: int = MAX_TOKENS) -> list[int]:
+        return self._packed(key, _U32, max_len).tolist()
+
+    def f64s(self, key: str, max_len: int = MAX_TOKENS) -> list[float]:
+        a = self._packed(key, _F64, max_len)
+        if not all(map(math.isfinite, a)):
+            raise self.fail(key, "contains a non-finite value")
+        return a.tolist()
+
+    def _packed(self, key: str, code: str, max_len: int) -> array.array[Any]:
+        v = self._get(key)
+        if type(v) is not bytes:
+            raise self.fail(key, f"expected packed bytes, got {type(v).__name__}")
+        a = array.array(code)
+        if len(v) % a.itemsize or len(v) // a.itemsize > max_len:
+            raise self.fail(key, f"{len(v)} bytes is not a whole array of at most {max_len} items")
+        a.frombytes(v)
+        if _SWAP:
+            a.byteswap()
+        return a
+
+
+def _prompt_in(r: _Reader) -> types.Prompt:
+    p = types.Prompt(index=r.int("index"), text=r.str("text"), answer=r.str("answer"))
+    r.done()
+    return p
+
+
+def _completion_in(r: _Reader) -> types.Completion:
+    ids = r.u32s("token_ids")
+    lps = r.f64s("logprobs")
+    if len(lps) != len(ids):
+        raise r.fail("logprobs", f"{len(lps)} logprobs for {len(ids)} token_ids")
+    c = types.Completion(token_ids=ids, logprobs=lps, text=r.str("text"),
+                         finish_reason=r.str("finish_reason", MAX_NAME_CHARS))
+    r.done()
+    return c
+
+
+def _group_in(r: _Reader, *, scored: bool) -> types.RolloutGroup:
+    prompt = _prompt_in(r.map("prompt"))
+    raw = r.list("completions", MAX_COMPLETIONS)
+    if not raw:
+        raise r.fail("completions", "a group needs at least one completion")
+    comps = [_completion_in(_Reader(c, f"{r.path}.completions[{i}]")) for i, c in enumerate(raw)]
+    g = types.RolloutGroup(
+        prompt=prompt, prompt_token_ids=r.u32s("prompt_token_ids"), completions=comps,
+        policy_version=r.int("policy_version"), step=r.int("step"), generator=r.int("generator"),
+        rewards=_rewards_in(r, len(comps), scored=scored), scores=_scores_in(r, len(comps)))
+    r.done()
+    return g
+
+
+def _rewards_in(r: _Reader, n: int, *, scored: bool) -> list[float] | None:
+    raw = r._get("rewards")
+    if raw is None:
+        if scored:
+            raise r.fail("rewards", "a scored group needs rewards")
+        return None
+    if type(raw) is not list or len(raw) != n:
+        raise r.fail("rewards", f"expected a list of {n} floats")
+    return r.floats("rewards", n, raw)
+
+
+def _scores_in(r: _Reader, n: int) -> dict[str, list[float]]:
+    m = r.map("scores")
+    if len(m.obj) > MAX_VERIFIERS:
+        raise r.fail("scores", f"{len(m.obj)} verifiers exceed {MAX_VERIFIERS}")
+    out: dict[str, list[float]] = {}
+    for name in list(m.obj):
+        if type(name) is not str or not 0 < len(name) <= MAX_NAME_CHARS:
+            raise r.fail("scores", f"bad verifier name {name!r}")
+        vals = m.list(name, n)
+        if len(vals) != n:
+            raise m.fail(name, f"{len(vals)} scores for {n} completions")
+        out[name] = m.floats(name, n, vals)
+    return out
+
+
+def _hello_in(r: _Reader) -> Hello:
+    m = Hello(role=r.str("role", MAX_NAME_CHARS), index=r.int("index"))
+    r.done()
+    return m
+
+
+def _ready_in(r: _Reader) -> Ready:
+    m = Ready(role=r.str("role", MAX_NAME_CHARS), index=r.int("index"), policy_version=r.int("policy_version"))
+    r.done()
+    return m
+
+
+def _ack_in(r: _Reader) -> Ack:
+    of = r.int("of", 0, 255)
+    if of not in Kind._value2member_map_:
+        raise r.fail("of", f"unknown kind {of}")
+    m = Ack(role=r.str("role", MAX_NAME_CHARS), index=r.int("index"), of=Kind(of), version=r.int("version"),
+            ok=r.bool("ok"), detail=r.str("detail"))
+    r.done()
+    return m
+
+
+def _stop_in(r: _Reader) -> Stop:
+    m = Stop(reason=r.str("reason"))
+    r.done()
+    return m
+
+
+def _work_in(r: _Reader) -> Work:
+    raw = r.list("prompts", MAX_PROMPTS)
+    prompts = tuple(_prompt_in(_Reader(p, f"{r.path}.prompts[{i}]")) for i, p in enumerate(raw))
+    m = Work(step=r.int("step"), policy_version=r.int("policy_version"), prompts=prompts)
+    r.done()
+    return m
+
+
+def _group_msg_in(r: _Reader, *, scored: bool) -> Rollout | Scored:
+    g = _group_in(r.map("group"), scored=scored)
+    r.done()
+    return Scored(group=g) if scored else Rollout(group=g)
+
+
+def _sync_in(r: _Reader) -> Sync:
+    backend = r.str("backend", 16)
+    if backend not in ("gloo", "nccl"):
+        raise r.fail("backend", f"{backend!r} is not gloo or nccl")
+    m = Sync(version=r.int("version"), step=r.int("step"), host=r.str("host", MAX_NAME_CHARS),
+             port=r.int("port", 1, MAX_PORT), world_size=r.int("world_size", 1, 1 << 20), backend=backend,
+             timeout_s=r.int("timeout_s", 1, 86400))
+    r.done()
+    return m
+
+
+_DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
+    Kind.HELLO: _hello_in,
+    Kind.READY: _ready_in,
+    Kind.ACK: _ack_in,
+    Kind.STOP: _stop_in,
+    Kind.WORK: _work_in,
+    Kind.ROLLOUT: lambda r: _group_msg_in(r, scored=False),
+    Kind.SCORED: lambda r: _group_msg_in(r, scored=True),
+    Kind.SYNC: _sync_in,
+}
