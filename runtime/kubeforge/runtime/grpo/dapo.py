@@ -1,0 +1,16 @@
+"""DAPO: the token-level mean over every completion token of the batch, with clip-higher.
+
+Every token weighs the same, so long sequences contribute in proportion to their length. The asymmetric clip range
+[1 - clipEpsilon, 1 + clipEpsilonHigh] (set through ``LossSettings.clip_high``) lets unlikely tokens grow more.
+Denominator: the number of completion tokens.
+"""
+from __future__ import annotations
+
+from kubeforge.runtime.grpo import inputs, surrogate
+
+
+def loss(*, batch: inputs.LossInputs, settings: inputs.LossSettings) -> inputs.LossOutput:
+    """DAPO loss as the sum over all tokens; the denominator is the token count."""
+    t = surrogate.token_terms(batch=batch, settings=settings)
+    return inputs.LossOutput(total=t.loss.sum(), denominator=float(t.tokens),
+                             clip_fraction=t.clip_fraction, ratio_mean=t.ratio_mean, kl=t.kl, tokens=t.tokens)

@@ -1,0 +1,26 @@
+"""The learning side of the trainer role: rollout buffer, GRPO train step, data-parallel group, checkpoints.
+
+Modules:
+- ``buffer``     — ``RolloutBuffer``: scored groups by step; drops stale (> maxPolicyLag) ones, counted by reason;
+  bounded; says which prompts to re-issue.
+- ``batch``      — ``collate``: groups -> one left/right padded token batch with advantages.
+- ``logprobs``   — current-policy logprobs of the completion tokens (one forward pass).
+- ``step``       — ``Trainer``: policy (+ frozen reference), AdamW, ``train_step``, ``named_tensors``,
+  ``save_checkpoint``, ``resume``.
+- ``parallel``   — ``DistConfig.from_env`` / ``DataParallel``: torch.distributed group (gloo/NCCL), gradient mean.
+- ``checkpoint`` — atomic checkpoints with manifest, checksums and a COMPLETE marker; ``latest``, ``load``.
+- ``metrics``    — ``StepMetrics``.
+
+Typical role loop (rank r of W)::
+
+    group = parallel.DataParallel(config=parallel.DistConfig.from_env())
+    trainer = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm, group=group)
+    state = trainer.resume(directory=ckpt_dir)              # None on a fresh start
+    buf = buffer.RolloutBuffer(max_policy_lag=lag, capacity=...)
+    for s in range(trainer.step, spec.algorithm.steps):
+        ... receive groups: buf.add(group=g, policy_version=trainer.policy_version)
+        ... until buf.ready(step=s, expected=my_share, policy_version=trainer.policy_version);
+        ... forward buf.drain_reissue() to rank 0's data cursor
+        m = trainer.train_step(groups=buf.take(step=s, policy_version=trainer.policy_version))
+        if r == 0 and trainer.step % every == 0: trainer.save_checkpoint(directory=..., keep=..., data_cursor=...)
+"""

@@ -1,0 +1,242 @@
+"""Atomic trainer checkpoints: model, optimizer, step, data cursor, policy version and RNG states, together.
+
+Role: rank 0 writes one every ``checkpoint.everySteps``; on start every trainer resumes from the newest COMPLETE one
+(``step.Trainer.resume``), so a restart neither loses nor repeats a step. Neighbours: ``step.Trainer`` (what to
+save and restore), the launcher/operator (only the directory: ``checkpoint.path`` or ``KUBEFORGE_CHECKPOINT_DIR``).
+
+Layout of ``<root>/step-000000010/``::
+
+    model.pt        the policy's state_dict (tensors only)
+    optimizer.pt    the optimizer's state_dict (tensors, numbers, lists: loads with weights_only=True)
+    state.json      step, policy version, data cursor, RNG states (python, numpy, torch), extras: plain JSON
+    MANIFEST.json   name -> {bytes, sha256} of the three files above
+    COMPLETE        sha256 of MANIFEST.json; written last
+
+Write protocol: write into ``<root>/.tmp-...``, fsync every file and the folder, rename it to ``step-N``, fsync the
+root, then write ``COMPLETE`` (temp + rename + fsync). Readers trust only folders with a ``COMPLETE`` marker whose
+manifest matches the files (sizes in :func:`latest`, sha256 in :func:`load`), so a crash at any point leaves either
+the previous checkpoint or the new one, never a half-written one. Nothing is unpickled: tensors load with
+``torch.load(weights_only=True)``, the rest is JSON.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+PREFIX = "step-"
+TMP_PREFIX = ".tmp-"
+MODEL = "model.pt"
+OPTIMIZER = "optimizer.pt"
+STATE = "state.json"
+MANIFEST = "MANIFEST.json"
+COMPLETE = "COMPLETE"
+FILES = (MODEL, OPTIMIZER, STATE)
+
+
+class CheckpointError(Exception):
+    """A checkpoint folder is incomplete or corrupt."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Loaded:
+    path: Path
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any]
+    state: dict[str, Any]
+
+
+# ---------------------------------------------------------------- RNG states as JSON
+
+
+def capture_rng() -> dict[str, Any]:
+    """Python, numpy and torch (CPU, and CUDA when present) RNG states as JSON-serialisable data."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    out: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+    }
+    if torch.cuda.is_available():
+        out["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return out
+
+
+def _bytes_tensor(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def restore_rng(rng: Mapping[str, Any]) -> None:
+    """Inverse of :func:`capture_rng`."""
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_bytes_tensor(rng["torch"]))
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_bytes_tensor(s) for s in rng["cuda"]])
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    _fsync_file(tmp)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def dir_name(step: int) -> str:
+    return f"{PREFIX}{step:09d}"
+
+
+def save(*, root: Path | str, step: int, model_state: Mapping[str, torch.Tensor],
+         optimizer_state: Mapping[str, Any], state: Mapping[str, Any], keep: int) -> Path:
+    """Write checkpoint ``step`` atomically (see module docstring), then prune to the newest ``keep``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{TMP_PREFIX}{dir_name(step)}-{os.getpid()}-{time.time_ns()}"
+    tmp.mkdir()
+    torch.save({k: v.detach().cpu() for k, v in model_state.items()}, tmp / MODEL)
+    torch.save(dict(optimizer_state), tmp / OPTIMIZER)
+    (tmp / STATE).write_text(json.dumps(dict(state), sort_keys=True))
+    manifest = {}
+    for name in FILES:
+        _fsync_file(tmp / name)
+        manifest[name] = {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True, indent=1))
+    _fsync_file(tmp / MANIFEST)
+    _fsync_dir(tmp)
+    final = root / dir_name(step)
+    if final.exists():  # an older incomplete attempt at the same step (crash before COMPLETE)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    _write_text_atomic(final / COMPLETE, _sha256(final / MANIFEST) + "\n")
+    prune(root=root, keep=keep)
+    return final
+
+
+def prune(*, root: Path | str, keep: int) -> None:
+    """Keep the newest ``keep`` complete checkpoints; delete older ones, incomplete ones older than the newest
+    complete one, and leftover temp folders of other (dead) writers."""
+    root = Path(root)
+    complete = _complete_dirs(root)
+    newest = _step_of(complete[-1]) if complete else -1
+    for d in complete[:-keep] if keep > 0 else complete:
+        shutil.rmtree(d, ignore_errors=True)
+    for d in root.iterdir():
+        if d.name.startswith(TMP_PREFIX) and f"-{os.getpid()}-" not in d.name:
+            shutil.rmtree(d, ignore_errors=True)
+        elif d.name.startswith(PREFIX) and d not in complete and 0 <= _step_of(d) < newest:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name[len(PREFIX):])
+    except ValueError:
+        return -1
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    marker = path / COMPLETE
+    if not marker.is_file():
+        raise CheckpointError(f"{path}: no {COMPLETE} marker")
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {e}") from e
+    for name in FILES:
+        entry = manifest.get(name)
+        f = path / name
+        if not isinstance(entry, dict) or not f.is_file() or f.stat().st_size != entry.get("bytes"):
+            raise CheckpointError(f"{path}: {name} missing or of the wrong size")
+    return dict(manifest)
+
+
+def _complete_dirs(root: Path) -> list[Path]:
+    """Complete checkpoint folders (marker + sizes match), oldest first."""
+    if not root.is_dir():
+        return []
+    out = []
+    for d in root.iterdir():
+        if d.is_dir() and d.name.startswith(PREFIX) and _step_of(d) >= 0:
+            try:
+                _manifest(d)
+            except CheckpointError:
+                continue
+            out.append(d)
+    return sorted(out, key=_step_of)
+
+
+def latest(root: Path | str) -> Path | None:
+    """The newest complete checkpoint folder under ``root`` (partial ones ignored), or None."""
+    complete = _complete_dirs(Path(root))
+    return complete[-1] if complete else None
+
+
+def load(path: Path | str) -> Loaded:
+    """Load one checkpoint, verifying the marker and every file's sha256; ``CheckpointError`` otherwise."""
+    path = Path(path)
+    manifest = _manifest(path)
+    if (path / COMPLETE).read_text().strip() != _sha256(path / MANIFEST):
+        raise CheckpointError(f"{path}: {COMPLETE} does not match {MANIFEST}")
+    for name in FILES:
+        if _sha256(path / name) != manifest[name]["sha256"]:
+            raise CheckpointError(f"{path}: {name} checksum mismatch")
+    try:
+        model_state = torch.load(path / MODEL, map_location="cpu", weights_only=True)
+        optimizer_state = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)
+        state = json.loads((path / STATE).read_text())
+    except Exception as e:  # a corrupt file that still matched its checksum cannot happen; be explicit anyway
+        raise CheckpointError(f"{path}: cannot load: {e}") from e
+    return Loaded(path=path, model_state=model_state, optimizer_state=optimizer_state, state=state)
+
+
+def load_latest(root: Path | str) -> Loaded | None:
+    """The newest checkpoint that loads and verifies, trying older ones when a newer one is corrupt."""
+    for d in reversed(_complete_dirs(Path(root))):
+        try:
+            return load(d)
+        except CheckpointError:
+            continue
+    return None
