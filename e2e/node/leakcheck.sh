@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Check that the real test node left nothing behind; run after `make cluster-down` (or e2e/node/down.sh).
+#
+# Usage: e2e/node/leakcheck.sh [--expect-sysctl NAME=VALUE ...] [cluster-workdir]
+# Looks for: node processes (containerd, shims, kubelet, kube-proxy, coredns) and any process in a pod
+# (another network namespace or a kubepods cgroup); mounts of the node (containerd rootfs/shm, kubelet
+# volumes, netns); pod network namespaces; CNI leases; listening sockets on the bridge address or the
+# node's ports; iptables/ip6tables rules or chains of ours (KUBE-*, KUBEFORGE-*, CNI-*, 10.88.*);
+# the bridge and veths; shim sockets; kubepods cgroups; our host state dir; sysctls given with
+# --expect-sysctl (e.g. net.ipv4.ip_forward=0, the value before cluster-up).
+# Prints one line per finding and exits 1, or prints "leakcheck: clean" and exits 0.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+expect=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --expect-sysctl) expect+=("$2"); shift 2 ;;
+    *) break ;;
+  esac
+done
+W="${1:-}"
+found=0
+leak() { echo "LEAK [$1] $2"; found=1; }
+
+check_processes() {
+  local d exe net host_net cg
+  host_net="$(readlink /proc/$$/ns/net)"
+  for d in /proc/[0-9]*; do
+    exe="$(readlink "$d/exe" 2>/dev/null)" || continue
+    case "${exe##*/}" in
+      containerd|containerd-shim*|kubelet|kube-proxy|coredns|runc|pause) leak process "pid ${d#/proc/} $exe" ; continue ;;
+    esac
+    net="$(readlink "$d/ns/net" 2>/dev/null)"
+    [ -n "$net" ] && [ "$net" != "$host_net" ] && { leak process "pid ${d#/proc/} $exe runs in another netns ($net)"; continue; }
+    cg="$(cat "$d/cgroup" 2>/dev/null)"
+    case "$cg" in *kubepods*) leak process "pid ${d#/proc/} $exe is in a kubepods cgroup" ;; esac
+  done
+}
+
+check_mounts() {
+  local pattern="/run/containerd|/var/run/netns|/run/netns|/kubelet/pods|io\.containerd|/run/kubeforge-node"
+  [ -n "$W" ] && pattern="$pattern|$W/node"
+  awk '{print $5}' /proc/self/mountinfo | grep -E "$pattern" | while read -r m; do echo "LEAK [mount] $m"; done
+  awk '{print $5}' /proc/self/mountinfo | grep -qE "$pattern" && found=1
+}
+
+check_netns() {
+  local ns
+  for ns in $(ls /var/run/netns 2>/dev/null); do
+    case "$ns" in cni-*) leak netns "/var/run/netns/$ns" ;; esac
+  done
+}
+
+check_leases() {
+  [ -d /var/lib/cni/networks/kubeforge ] && leak cni-lease "/var/lib/cni/networks/kubeforge"
+  if [ -n "$W" ] && [ -d "$W/node/cni/leases" ]; then
+    leak cni-lease "$W/node/cni/leases: $(ls "$W/node/cni/leases"/* 2>/dev/null | tr '\n' ' ')"
+  fi
+}
+
+check_ports() {
+  local line
+  while read -r line; do
+    case "$line" in
+      *"$KF_NODE_IP:"*|*":$KF_KUBELET_PORT "*|*":$KF_PROXY_HEALTHZ_PORT "*|*":$KF_PROXY_METRICS_PORT "*) leak port "$line" ;;
+      *'"containerd"'*|*'"kubelet"'*|*'"coredns"'*|*'"kube-proxy"'*) leak port "$line" ;;
+    esac
+  done < <(ss -Hlntup 2>/dev/null)
+}
+
+check_iptables() {
+  local save line
+  for save in iptables-save ip6tables-save; do
+    while read -r line; do
+      leak iptables "$save: $line"
+    done < <("$save" 2>/dev/null | grep -E 'KUBE-|KUBEFORGE|CNI-|10\.88\.|kf0')
+  done
+}
+
+check_links() {
+  ip link show "$KF_BRIDGE" >/dev/null 2>&1 && leak link "bridge $KF_BRIDGE"
+  local l
+  for l in $(ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}'); do leak link "veth $l"; done
+}
+
+check_misc() {
+  local s d
+  for s in /run/containerd/s/*; do [ -e "$s" ] && leak socket "$s"; done
+  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do [ -d "$d" ] && leak cgroup "$d"; done
+  [ -e "$KF_HOST_STATE" ] && leak state "$KF_HOST_STATE"
+  [ -n "$W" ] && [ -d "$W/node" ] && [ -n "$(find "$W/node" -mindepth 1 -maxdepth 1 ! -name logs)" ] &&
+    leak state "$W/node still holds: $(find "$W/node" -mindepth 1 -maxdepth 1 ! -name logs -printf '%f ')"
+  local kv name value
+  for kv in "${expect[@]}"; do
+    name="${kv%%=*}"; value="${kv#*=}"
+    [ "$(cat "/proc/sys/$(echo "$name" | tr . /)")" = "$value" ] || leak sysctl "$name is $(cat "/proc/sys/$(echo "$name" | tr . /)"), expected $value"
+  done
+}
+
+check_processes
+check_mounts
+check_netns
+check_leases
+check_ports
+check_iptables
+check_links
+check_misc
+if [ "$found" -eq 0 ]; then
+  echo "leakcheck: clean (processes, mounts, netns, CNI leases, ports, iptables, bridge/veths, shim sockets, cgroups, sysctls)"
+fi
+exit "$found"

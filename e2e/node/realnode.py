@@ -1,0 +1,173 @@
+"""The real test node, seen from Python: its fixed facts, whether it is up, and pod parts to run our venv.
+
+Role: the Python face of ``e2e/node/*.sh``. Tests (``e2e/test_realnode_smoke.py``, the RLJob e2e test) use
+``status``/``require_up`` to know the node is usable and ``venv_python_parts`` to put the hostPath
+volumes, mounts and env that run the project's venv Python into a pod (or an RLJob role template).
+``cluster_overrides`` lists the control-plane settings a cluster with a real node needs (kfcluster
+applies them when ``real_node`` is on).
+
+Neighbours: the shell scripts (``up.sh`` / ``down.sh`` own the processes; the constants below must match
+``lib.sh``), ``kfcluster.kube.Kubectl`` (the only kubectl wrapper), ``images/base`` (busybox rootfs with
+``/lib/<multiarch>`` and ``/lib64`` mount points).
+
+Invariants: pure functions except ``status``/``require_up`` (one kubectl call each); every hostPath
+volume is read-only; the node's address is the bridge ``kf0`` (10.88.0.1), never an external interface.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import sys
+import sysconfig
+from typing import Any, Protocol
+
+#: Must match e2e/node/lib.sh.
+NODE_NAME = "kf-real-0"
+NODE_LABEL = "kubeforge.dev/real-node"
+NODE_IP = "10.88.0.1"
+POD_CIDR = "10.88.0.0/16"
+BASE_IMAGE = "kubeforge.local/base:1"
+PAUSE_IMAGE = "kubeforge.local/pause:1"
+#: Service range of a cluster with a real node; its first address is the ``kubernetes`` Service.
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"
+KWOK_TAINT_KEY = "kwok.x-k8s.io/node"
+SCRIPTS_DIR = pathlib.Path(__file__).resolve().parent
+REPO_ROOT = SCRIPTS_DIR.parent.parent
+
+
+class KubectlLike(Protocol):
+    """What ``status`` needs from ``kfcluster.kube.Kubectl``."""
+
+    def get_json(self, *args: str) -> Any: ...
+
+
+def cluster_overrides(*, workdir: str, name: str) -> dict[str, Any]:
+    """``ClusterConfig`` fields for a cluster that gets a real node.
+
+    The apiserver listens on all addresses (its own controllers use loopback) and advertises the bridge
+    address, so the ``kubernetes`` Service leads pods to 10.88.0.1; its certificate names the bridge
+    address and the Service IP; ``kubectl logs/exec`` reach the kubelet with kwokctl's admin client cert.
+    """
+    pki = f"{workdir}/kwok/clusters/{name}/pki"
+    return {
+        "apiserver_bind_address": "0.0.0.0",
+        "apiserver_cert_sans": (NODE_IP, SERVICE_IP),
+        "extra_apiserver_args": {
+            "advertise-address": NODE_IP,
+            "service-cluster-ip-range": SERVICE_CIDR,
+            "kubelet-client-certificate": f"{pki}/admin.crt",
+            "kubelet-client-key": f"{pki}/admin.key",
+            "kubelet-preferred-address-types": "InternalIP,Hostname",
+        },
+    }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NodeStatus:
+    """Whether the real node can run pods now, and why not when it cannot."""
+
+    up: bool
+    reason: str
+
+
+def node_status_from(node: dict[str, Any] | None) -> NodeStatus:
+    """Judge a Node object (``None``: absent). Pure; ``status`` fetches the object."""
+    if node is None:
+        return NodeStatus(up=False, reason=f"node {NODE_NAME} does not exist (start with `make cluster-up REAL_NODE=1`)")
+    labels = node.get("metadata", {}).get("labels", {})
+    if labels.get(NODE_LABEL) != "true":
+        return NodeStatus(up=False, reason=f"node {NODE_NAME} lacks label {NODE_LABEL}=true")
+    if any(t.get("key") == KWOK_TAINT_KEY for t in node.get("spec", {}).get("taints", []) or []):
+        return NodeStatus(up=False, reason=f"node {NODE_NAME} carries the kwok taint")
+    if node.get("spec", {}).get("unschedulable"):
+        return NodeStatus(up=False, reason=f"node {NODE_NAME} is cordoned")
+    ready = [c for c in node.get("status", {}).get("conditions", []) if c.get("type") == "Ready"]
+    if not ready or ready[0].get("status") != "True":
+        return NodeStatus(up=False, reason=f"node {NODE_NAME} is not Ready: {ready[0].get('message') if ready else 'no condition'}")
+    return NodeStatus(up=True, reason="Ready")
+
+
+def status(kubectl: KubectlLike) -> NodeStatus:
+    """Fetch the real node and judge it; never raises for an absent node or an unreachable cluster."""
+    try:
+        items = kubectl.get_json("nodes", "-l", f"{NODE_LABEL}=true")["items"]
+    except (RuntimeError, OSError, ValueError, KeyError) as exc:
+        return NodeStatus(up=False, reason=f"cluster unreachable: {exc}")
+    return node_status_from(next((n for n in items if n["metadata"]["name"] == NODE_NAME), None))
+
+
+def is_up(kubectl: KubectlLike) -> bool:
+    return status(kubectl).up
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PodParts:
+    """Pieces of a pod spec that run the project's venv Python inside the busybox base image."""
+
+    python: str
+    volumes: list[dict[str, Any]]
+    volume_mounts: list[dict[str, Any]]
+    env: list[dict[str, str]]
+    image: str = BASE_IMAGE
+
+
+def _venv_home(venv: pathlib.Path) -> pathlib.Path:
+    """The base Python installation's prefix, from the venv's pyvenv.cfg (``home`` is its bin dir)."""
+    for line in (venv / "pyvenv.cfg").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "home":
+            return pathlib.Path(value.strip()).resolve().parent
+    raise ValueError(f"{venv}/pyvenv.cfg has no 'home' line")
+
+
+def _outermost(paths: list[pathlib.Path]) -> list[pathlib.Path]:
+    """Drop paths inside another listed path (one mount covers them), keep order."""
+    keep: list[pathlib.Path] = []
+    for p in paths:
+        if any(p != q and p.is_relative_to(q) for q in paths) or p in keep:
+            continue
+        keep.append(p)
+    return keep
+
+
+def venv_python_parts(*, venv: pathlib.Path | None = None, repo: pathlib.Path | None = None,
+                      multiarch: str | None = None) -> PodParts:
+    """hostPath volumes/mounts (read-only, same paths as on the host) and env for running the venv's Python.
+
+    Mounted: the base Python installation, the repo (editable installs point into it) and the venv when
+    it lives outside the repo, at their host paths; ``/usr/lib/<multiarch>`` at ``/lib/<multiarch>`` and
+    ``/usr/lib64`` at ``/lib64`` (the dynamic loader and libc, ssl, ... the base image lacks).
+    """
+    repo = (repo or REPO_ROOT).resolve()
+    venv = (venv or repo / ".venv").absolute()
+    multiarch = multiarch or sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
+    same_path = _outermost([_venv_home(venv), repo, venv])
+    pairs = [(str(p), str(p)) for p in same_path]
+    pairs += [(f"/usr/lib/{multiarch}", f"/lib/{multiarch}"), ("/usr/lib64", "/lib64")]
+    volumes, mounts = [], []
+    for i, (host, inside) in enumerate(pairs):
+        name = f"kf-host-{i}"
+        volumes.append({"name": name, "hostPath": {"path": host, "type": "Directory"}})
+        mounts.append({"name": name, "mountPath": inside, "readOnly": True})
+    env = [
+        {"name": "PATH", "value": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"},
+        {"name": "VIRTUAL_ENV", "value": str(venv)},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    return PodParts(python=f"{venv}/bin/python", volumes=volumes, volume_mounts=mounts, env=env)
+
+
+def on_real_node(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """Return ``pod_spec`` pinned to the real node (nodeSelector on its label); input left unchanged."""
+    spec = dict(pod_spec)
+    spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), NODE_LABEL: "true"}
+    return spec
+
+
+if __name__ == "__main__":  # debugging aid: print the pod parts for this checkout
+    import json
+
+    print(json.dumps(dataclasses.asdict(venv_python_parts()), indent=1), file=sys.stdout)
