@@ -1,0 +1,237 @@
+"""One table of invalid RLJob manifests, refused alike by the local launcher and by the API server.
+
+Role: the shared fixture of two tests. ``tests/api/test_invalid_manifests.py`` feeds every case to
+``kubeforge.api.load.parse``; ``e2e/test_crd_validation.py`` creates every case on the real kube-apiserver
+(server-side dry run, strict field validation, as ``kubectl apply`` does). Both assert that the refusal names
+``case.path`` and contains ``case.message``.
+
+Invariants:
+- ``valid()`` is a complete, valid manifest; each case breaks exactly one rule of it, so every error a side
+  reports must name the case's path (tests check that too, which keeps cases from passing by accident).
+- ``message`` is a fragment both sides' wording shares (compared case-insensitively): the launcher words its
+  messages like the API server (``kubeforge.api.load``), CEL rules and pydantic validators share one constant.
+- Paths use wire names with ``[i]`` for list items, as both sides print them. The API server names a duplicate
+  list-map key by the second item (``spec.verifiers[1]``), the launcher by the list: a path is matched as a
+  prefix.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from kubeforge.api import rljob
+
+Manifest = dict[str, Any]
+
+
+def valid() -> Manifest:
+    """A complete valid RLJob touching every section of the spec."""
+    return {
+        "apiVersion": "kubeforge.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "probe"},
+        "spec": {
+            "model": {"builtin": "tiny", "dtype": "float32"},
+            "task": {"arithmetic": {"digits": 2, "operations": ["+", "-"]}, "seed": 0},
+            "verifiers": [
+                {"name": "answer", "type": "ExactAnswer", "weight": 1.0},
+                {"name": "format", "type": "Regex", "regex": {"pattern": r"^\s*-?\d+\s*$"}, "weight": 0.1},
+            ],
+            "algorithm": {"loss": "GRPO", "groupSize": 4, "promptsPerStep": 8, "steps": 10, "maxNewTokens": 16,
+                          "temperature": 1.0, "learningRate": 1e-5, "clipEpsilon": 0.2, "klCoef": 0.0,
+                          "maxPolicyLag": 1},
+            "weightSync": {"everySteps": 1},
+            "checkpoint": {"path": "/checkpoints", "everySteps": 5},
+            "roles": {
+                "generator": {"replicas": 1, "resources": {"limits": {"nvidia.com/gpu": 1}}},
+                "verifier": {"replicas": 1},
+                "trainer": {"replicas": 1, "env": [{"name": "A", "value": "1"}]},
+            },
+            "gang": {"backend": "Coscheduling"},
+            "placement": {"topologyKey": "topology.kubernetes.io/zone", "mode": "Required"},
+            "suspend": False,
+            "activeDeadlineSeconds": 3600,
+            "ttlSecondsAfterFinished": 60,
+        },
+    }
+
+
+def _walk(doc: Manifest, dotted: str) -> tuple[Any, str | int]:
+    """The container holding the last key of ``dotted`` (``a.b.0.c``: digits index lists)."""
+    parts: list[str | int] = [int(p) if p.isdigit() else p for p in dotted.split(".")]
+    node: Any = doc
+    for part in parts[:-1]:
+        node = node[part]
+    return node, parts[-1]
+
+
+def _set(dotted: str, value: Any) -> Callable[[Manifest], None]:
+    def apply(doc: Manifest) -> None:
+        node, key = _walk(doc, dotted)
+        node[key] = copy.deepcopy(value)
+    return apply
+
+
+def _drop(dotted: str) -> Callable[[Manifest], None]:
+    def apply(doc: Manifest) -> None:
+        node, key = _walk(doc, dotted)
+        del node[key]
+    return apply
+
+
+def _all(*steps: Callable[[Manifest], None]) -> Callable[[Manifest], None]:
+    def apply(doc: Manifest) -> None:
+        for step in steps:
+            step(doc)
+    return apply
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Case:
+    """An invalid manifest: ``valid()`` changed by ``change``; refused naming ``path`` with ``message``."""
+
+    id: str
+    change: Callable[[Manifest], None]
+    path: str
+    message: str
+
+    def manifest(self) -> Manifest:
+        doc = valid()
+        self.change(doc)
+        return doc
+
+
+GE = "should be greater than or equal to"
+GT = "should be greater than "
+LE = "should be less than or equal to"
+ENUM = "Unsupported value"
+REQUIRED = "Required value"
+UNKNOWN = "unknown field"
+DUP = "Duplicate value"
+
+CASES: tuple[Case, ...] = (
+    # ---- metadata (root CEL rules at .metadata.name)
+    Case(id="name-too-long", change=_set("metadata.name", "a" * 41), path="metadata.name",
+         message=rljob.MSG_NAME_TOO_LONG),
+    Case(id="name-starts-with-digit", change=_set("metadata.name", "1job"), path="metadata.name",
+         message=rljob.MSG_NAME_NOT_DNS1035),
+    Case(id="name-with-dot", change=_set("metadata.name", "my.job"), path="metadata.name",
+         message=rljob.MSG_NAME_NOT_DNS1035),
+    # ---- spec and unknown fields
+    Case(id="spec-missing", change=_drop("spec"), path="spec", message=REQUIRED),
+    Case(id="unknown-spec-field", change=_set("spec.learningRate", 0.1), path="spec.learningRate", message=UNKNOWN),
+    Case(id="unknown-algorithm-field", change=_set("spec.algorithm.lr", 0.1), path="spec.algorithm.lr",
+         message=UNKNOWN),
+    Case(id="unknown-role", change=_set("spec.roles.worker", {"replicas": 1}), path="spec.roles.worker",
+         message=UNKNOWN),
+    # ---- model: exactly one source, closed enums
+    Case(id="model-no-source", change=_drop("spec.model.builtin"), path="spec.model", message=rljob.MSG_ONE_MODEL),
+    Case(id="model-two-sources", change=_set("spec.model.path", "/models/x"), path="spec.model",
+         message=rljob.MSG_ONE_MODEL),
+    Case(id="model-unknown-builtin", change=_set("spec.model.builtin", "gpt-9"), path="spec.model.builtin",
+         message=ENUM),
+    Case(id="model-dtype", change=_set("spec.model.dtype", "int8"), path="spec.model.dtype", message=ENUM),
+    Case(id="model-missing", change=_drop("spec.model"), path="spec.model", message=REQUIRED),
+    Case(id="model-path-empty", change=_all(_drop("spec.model.builtin"), _set("spec.model.path", "")),
+         path="spec.model.path", message="should be at least 1 chars long"),
+    # ---- task: exactly one source
+    Case(id="task-no-source", change=_drop("spec.task.arithmetic"), path="spec.task", message=rljob.MSG_ONE_TASK),
+    Case(id="task-two-sources", change=_set("spec.task.copy", {"length": 1}), path="spec.task",
+         message=rljob.MSG_ONE_TASK),
+    Case(id="task-seed-negative", change=_set("spec.task.seed", -1), path="spec.task.seed", message=f"{GE} 0"),
+    Case(id="arithmetic-digits-zero", change=_set("spec.task.arithmetic.digits", 0),
+         path="spec.task.arithmetic.digits", message=f"{GE} 1"),
+    Case(id="arithmetic-digits-huge", change=_set("spec.task.arithmetic.digits", 7),
+         path="spec.task.arithmetic.digits", message=f"{LE} 6"),
+    Case(id="arithmetic-operation", change=_set("spec.task.arithmetic.operations", ["/"]),
+         path="spec.task.arithmetic.operations[0]", message=ENUM),
+    Case(id="arithmetic-no-operations", change=_set("spec.task.arithmetic.operations", []),
+         path="spec.task.arithmetic.operations", message="should have at least 1 items"),
+    Case(id="jsonl-no-path", change=_all(_drop("spec.task.arithmetic"), _set("spec.task.jsonl", {})),
+         path="spec.task.jsonl.path", message=REQUIRED),
+    Case(id="copy-alphabet-short", change=_all(_drop("spec.task.arithmetic"), _set("spec.task.copy",
+         {"alphabet": "a"})), path="spec.task.copy.alphabet", message="should be at least 2 chars long"),
+    # ---- verifiers: a list-map keyed by name
+    Case(id="verifiers-missing", change=_drop("spec.verifiers"), path="spec.verifiers", message=REQUIRED),
+    Case(id="verifiers-empty", change=_set("spec.verifiers", []), path="spec.verifiers",
+         message="should have at least 1 items"),
+    Case(id="verifiers-too-many", change=_set("spec.verifiers", [{"name": f"v{i}", "type": "ExactAnswer"}
+         for i in range(65)]), path="spec.verifiers", message="must have at most 64 items"),
+    Case(id="verifier-duplicate-name", change=_set("spec.verifiers.1.name", "answer"), path="spec.verifiers",
+         message=DUP),
+    Case(id="verifier-unknown-type", change=_set("spec.verifiers.0.type", "LLMJudge"), path="spec.verifiers[0].type",
+         message=ENUM),
+    Case(id="verifier-no-type", change=_drop("spec.verifiers.0.type"), path="spec.verifiers[0].type",
+         message=REQUIRED),
+    Case(id="verifier-regex-settings", change=_drop("spec.verifiers.1.regex"), path="spec.verifiers[1]",
+         message=rljob.MSG_REGEX_NEEDS_SETTINGS),
+    Case(id="verifier-name-pattern", change=_set("spec.verifiers.0.name", "Answer_1"), path="spec.verifiers[0].name",
+         message="should match"),
+    Case(id="verifier-weight", change=_set("spec.verifiers.0.weight", 1000), path="spec.verifiers[0].weight",
+         message=f"{LE} 100"),
+    # ---- algorithm: bounded counts and rates
+    Case(id="loss-unknown", change=_set("spec.algorithm.loss", "PPO"), path="spec.algorithm.loss", message=ENUM),
+    Case(id="group-size-one", change=_set("spec.algorithm.groupSize", 1), path="spec.algorithm.groupSize",
+         message=f"{GE} 2"),
+    Case(id="prompts-per-step-zero", change=_set("spec.algorithm.promptsPerStep", 0),
+         path="spec.algorithm.promptsPerStep", message=f"{GE} 1"),
+    Case(id="steps-zero", change=_set("spec.algorithm.steps", 0), path="spec.algorithm.steps", message=f"{GE} 1"),
+    Case(id="steps-not-integer", change=_set("spec.algorithm.steps", "many"), path="spec.algorithm.steps",
+         message="integer"),
+    Case(id="max-new-tokens-zero", change=_set("spec.algorithm.maxNewTokens", 0), path="spec.algorithm.maxNewTokens",
+         message=f"{GE} 1"),
+    Case(id="temperature-negative", change=_set("spec.algorithm.temperature", -0.5),
+         path="spec.algorithm.temperature", message=f"{GE} 0"),
+    Case(id="top-p-above-one", change=_set("spec.algorithm.topP", 1.5), path="spec.algorithm.topP",
+         message=f"{LE} 1"),
+    Case(id="learning-rate-zero", change=_set("spec.algorithm.learningRate", 0), path="spec.algorithm.learningRate",
+         message=f"{GT}0"),
+    Case(id="clip-epsilon-zero", change=_set("spec.algorithm.clipEpsilon", 0), path="spec.algorithm.clipEpsilon",
+         message=f"{GT}0"),
+    Case(id="clip-high-below-clip", change=_set("spec.algorithm.clipEpsilonHigh", 0.1), path="spec.algorithm",
+         message=rljob.MSG_CLIP_HIGH),
+    Case(id="kl-negative", change=_set("spec.algorithm.klCoef", -1), path="spec.algorithm.klCoef",
+         message=f"{GE} 0"),
+    Case(id="policy-lag-negative", change=_set("spec.algorithm.maxPolicyLag", -1), path="spec.algorithm.maxPolicyLag",
+         message=f"{GE} 0"),
+    # ---- weight sync and checkpoints
+    Case(id="sync-every-zero", change=_set("spec.weightSync.everySteps", 0), path="spec.weightSync.everySteps",
+         message=f"{GE} 1"),
+    Case(id="sync-backend", change=_set("spec.weightSync.backend", "MPI"), path="spec.weightSync.backend",
+         message=ENUM),
+    Case(id="checkpoint-every-zero", change=_set("spec.checkpoint.everySteps", 0), path="spec.checkpoint.everySteps",
+         message=f"{GE} 1"),
+    Case(id="checkpoint-keep-zero", change=_set("spec.checkpoint.keep", 0), path="spec.checkpoint.keep",
+         message=f"{GE} 1"),
+    # ---- roles
+    Case(id="generator-replicas-zero", change=_set("spec.roles.generator.replicas", 0),
+         path="spec.roles.generator.replicas", message=f"{GE} 1"),
+    Case(id="trainer-replicas-zero", change=_set("spec.roles.trainer.replicas", 0), path="spec.roles.trainer.replicas",
+         message=f"{GE} 1"),
+    Case(id="verifier-replicas-zero", change=_set("spec.roles.verifier.replicas", 0),
+         path="spec.roles.verifier.replicas", message=f"{GE} 1"),
+    Case(id="tensor-parallel-zero", change=_set("spec.roles.generator.tensorParallelSize", 0),
+         path="spec.roles.generator.tensorParallelSize", message=f"{GE} 1"),
+    Case(id="gpu-memory-zero", change=_set("spec.roles.generator.gpuMemoryUtilization", 0),
+         path="spec.roles.generator.gpuMemoryUtilization", message=f"{GT}0"),
+    Case(id="env-duplicate", change=_set("spec.roles.trainer.env", [{"name": "A"}, {"name": "A", "value": "2"}]),
+         path="spec.roles.trainer.env", message=DUP),
+    Case(id="node-selector-not-string", change=_set("spec.roles.generator.nodeSelector", {"zone": 1}),
+         path="spec.roles.generator.nodeSelector.zone", message="string"),
+    # ---- cluster-only fields
+    Case(id="gang-backend", change=_set("spec.gang.backend", "Slurm"), path="spec.gang.backend", message=ENUM),
+    Case(id="gang-timeout-zero", change=_set("spec.gang.scheduleTimeoutSeconds", 0),
+         path="spec.gang.scheduleTimeoutSeconds", message=f"{GE} 1"),
+    Case(id="placement-mode", change=_set("spec.placement.mode", "Maybe"), path="spec.placement.mode", message=ENUM),
+    Case(id="placement-exclusive-no-key", change=_all(_drop("spec.placement.topologyKey"),
+         _set("spec.placement.exclusive", True)), path="spec.placement", message=rljob.MSG_EXCLUSIVE_NEEDS_KEY),
+    Case(id="max-restarts-negative", change=_set("spec.failurePolicy", {"maxRestarts": -1}),
+         path="spec.failurePolicy.maxRestarts", message=f"{GE} 0"),
+    Case(id="suspend-not-bool", change=_set("spec.suspend", "maybe"), path="spec.suspend", message="boolean"),
+    Case(id="deadline-zero", change=_set("spec.activeDeadlineSeconds", 0), path="spec.activeDeadlineSeconds",
+         message=f"{GE} 1"),
+    Case(id="ttl-negative", change=_set("spec.ttlSecondsAfterFinished", -1), path="spec.ttlSecondsAfterFinished",
+         message=f"{GE} 0"),
+)
