@@ -122,6 +122,7 @@ authorization:
 clusterDomain: cluster.local
 clusterDNS: [$KF_NODE_IP]
 resolvConf: $KF_N/etc/resolv.conf
+podLogsDir: $KF_N/pod-logs
 maxPods: 64
 serializeImagePulls: false
 # Small disks on test machines: evict only when really short of space.

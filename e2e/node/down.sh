@@ -9,7 +9,8 @@
 #   3. kill any task containerd still has, stop containerd, then its shims (found by our socket);
 #   4. `kube-proxy --cleanup` and the kubelet's canary chains, our guard chain;
 #   5. leftover pod netns (cni-* made after pre-up), mounts under the node dir, the node dir itself
-#      (logs are kept), kubepods cgroups, the bridge, and the sysctls pre-up.sh changed.
+#      (logs are kept), host paths the runtime created (/run/containerd, /var/lib/cni, ...: only those
+#      that did not exist before pre-up.sh), kubepods cgroups, the bridge, and the sysctls pre-up.sh saved.
 # Idempotent and safe on a half-started node; prints "real node down in <s> s" last.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -107,6 +108,19 @@ clean_node_dir() {
   find "$KF_N" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf --one-file-system {} +
 }
 
+# Paths containerd/CNI/kubelet made outside our dirs: drop our entries; remove the path if it is new.
+clean_host_paths() {
+  local p
+  [ -d /var/log/containers ] && find /var/log/containers -maxdepth 1 -type l -lname "$KF_N/*" -delete 2>/dev/null
+  [ -f "$KF_HOST_STATE/paths.before" ] || return 0
+  for p in "${KF_HOST_PATHS[@]}"; do
+    [ -e "$p" ] || continue
+    grep -qx "$p" "$KF_HOST_STATE/paths.before" && continue
+    if [ -n "$(kf_mounts_under "$p")" ]; then kf_log "warning: mounts remain under $p; leaving it"; continue; fi
+    rm -rf --one-file-system "$p"
+  done
+}
+
 clean_cgroups() {
   local d
   for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
@@ -136,6 +150,7 @@ main() {
   clean_netns
   clean_node_dir
   local rc=$?
+  clean_host_paths
   clean_cgroups
   restore_host
   [ "$rc" -eq 0 ] || { kf_log "real node down with errors (see above)"; exit 1; }

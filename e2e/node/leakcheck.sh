@@ -88,6 +88,13 @@ check_misc() {
   for s in /run/containerd/s/*; do [ -e "$s" ] && leak socket "$s"; done
   for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do [ -d "$d" ] && leak cgroup "$d"; done
   [ -e "$KF_HOST_STATE" ] && leak state "$KF_HOST_STATE"
+  for d in "${KF_HOST_PATHS[@]}"; do
+    [ -e "$d" ] || continue
+    case " ${KF_LEAKCHECK_PREEXISTING:-} " in *" $d "*) continue ;; esac
+    leak path "$d exists (created by the runtime; remove or list it in KF_LEAKCHECK_PREEXISTING)"
+  done
+  [ -d /var/log/containers ] && [ -n "$(find /var/log/containers -maxdepth 1 -type l -lname '*/node/pod-logs/*')" ] &&
+    leak path "/var/log/containers holds links into a node's pod-logs"
   [ -n "$W" ] && [ -d "$W/node" ] && [ -n "$(find "$W/node" -mindepth 1 -maxdepth 1 ! -name logs)" ] &&
     leak state "$W/node still holds: $(find "$W/node" -mindepth 1 -maxdepth 1 ! -name logs -printf '%f ')"
   local kv name value

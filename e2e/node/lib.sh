@@ -34,6 +34,11 @@ KF_HOST_STATE="${KF_HOST_STATE:-/run/kubeforge-node}"
 KF_KUBELET_PORT=10250
 KF_PROXY_HEALTHZ_PORT=10256
 KF_PROXY_METRICS_PORT=10249
+# Host paths containerd, CNI and the kubelet create on their own (outside our dirs). pre-up.sh records which
+# existed before; down.sh removes the others once empty of anything but our leftovers.
+KF_HOST_PATHS=(/run/containerd /var/run/netns /var/lib/cni /var/log/pods /var/log/containers /var/lib/kubelet /var/lib/containerd /etc/cni)
+# Kernel settings the kubelet sets when protectKernelDefaults is false: saved by pre-up.sh, restored by down.sh.
+KF_KUBELET_SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
 # The processes we start, in start order (down.sh stops them in reverse).
 KF_PROCS=(containerd coredns kube-proxy kubelet)
 

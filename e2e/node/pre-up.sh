@@ -15,11 +15,18 @@ mkdir -p "$KF_HOST_STATE/saved"
 # Network namespaces that exist before us are not ours: down.sh only removes cni-* ones made later.
 [ -f "$KF_HOST_STATE/netns.before" ] || ls /var/run/netns 2>/dev/null >"$KF_HOST_STATE/netns.before" || true
 
+save_only() { # sysctl-path
+  local saved="$KF_HOST_STATE/saved/$(echo "$1" | tr / .)"
+  [ -f "$saved" ] || cat "/proc/sys/$1" >"$saved"
+}
 save_and_set() { # sysctl-path value
   local path="/proc/sys/$1" saved="$KF_HOST_STATE/saved/$(echo "$1" | tr / .)"
   [ -f "$saved" ] || cat "$path" >"$saved"
   [ "$(cat "$path")" = "$2" ] || echo "$2" >"$path"
 }
+
+[ -f "$KF_HOST_STATE/paths.before" ] || for p in "${KF_HOST_PATHS[@]}"; do [ ! -e "$p" ] || echo "$p"; done >"$KF_HOST_STATE/paths.before"
+for p in "${KF_KUBELET_SYSCTLS[@]}"; do [ ! -e "/proc/sys/$p" ] || save_only "$p"; done
 
 if ! ip link show "$KF_BRIDGE" >/dev/null 2>&1; then
   ip link add "$KF_BRIDGE" type bridge
