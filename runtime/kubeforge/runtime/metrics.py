@@ -1,0 +1,202 @@
+"""Prometheus metrics of one role process, and its HTTP endpoints: ``/metrics``, ``/healthz``, ``/readyz``.
+
+Neighbours: the role loops (``roles/``) create one ``Metrics(role=..., replica=...)`` per process and update it;
+``transport`` receivers report refused frames through ``Metrics.drop_hook()``; the verifier role feeds
+``observe_scores``; ``serve`` exposes everything on ``port_base + contract.PORT_METRICS`` (the pod's metrics port,
+scraped by Prometheus; the kubelet probes ``/healthz`` and ``/readyz``).
+
+Invariants:
+- Each process has its own ``CollectorRegistry`` (never the global default one), so tests can build many.
+- Every series carries ``role`` and ``replica`` labels; families with more labels say which (``reason``,
+  ``verifier``, ``phase``). Names are ``kubeforge_*``; counters end in ``_total``.
+- ``/readyz`` is 503 until the role calls ``set_ready(True)`` (e.g. engine loaded, sockets handshaken);
+  ``/healthz`` is 200 while the process serves, 503 after ``set_healthy(False)``.
+
+Threads and shutdown::
+
+    role main thread ──updates──▶ Metrics (prometheus_client objects are thread-safe)
+    MetricsServer thread ── serve_forever ──▶ GET /metrics → generate_latest(registry)
+    server.stop(): shutdown() (serve_forever returns) → server_close() (socket freed) → join(thread)
+"""
+from __future__ import annotations
+
+import http.server
+import threading
+from typing import Any, Callable, Sequence
+
+import prometheus_client as prom
+
+from kubeforge.api import contract
+
+BASE_LABELS = ("role", "replica")
+DROP_REASONS = ("stale", "malformed", "foreign", "version")
+PHASES = ("wait", "generate", "score", "forward", "backward", "optimizer", "sync", "checkpoint", "step")
+_SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_UNIT = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_LAG = (0, 1, 2, 3, 4, 6, 8, 16)
+
+
+class Family:
+    """A labelled metric family with ``role``/``replica`` bound: ``family.labels(reason="stale").inc()``."""
+
+    def __init__(self, metric: Any, base: dict[str, str]) -> None:
+        self._metric = metric
+        self._base = base
+
+    def labels(self, **labels: str) -> Any:
+        return self._metric.labels(**self._base, **labels)
+
+
+class Metrics:
+    """Every metric family of a kubeforge role process, bound to its role and replica."""
+
+    def __init__(self, *, role: str, replica: int, registry: prom.CollectorRegistry | None = None) -> None:
+        self.registry = registry or prom.CollectorRegistry(auto_describe=True)
+        self.role, self.replica = role, replica
+        self._base = {"role": role, "replica": str(replica)}
+        c, g, h = self._counter, self._gauge, self._histogram
+        # generator
+        self.tokens_generated = c("tokens_generated_total", "Completion tokens sampled.")
+        self.completions_generated = c("completions_generated_total", "Completions sampled.")
+        self.generate_seconds = h("generate_seconds", "Wall time of one generate call (a WORK batch).", _SECONDS)
+        # data plane
+        self.rollouts_sent = c("rollouts_sent_total", "Rollout groups sent (generator: ROLLOUT; verifier: SCORED).")
+        self.rollouts_received = c("rollouts_received_total", "Rollout groups received.")
+        self.rollouts_dropped = Family(self._raw(prom.Counter, "rollouts_dropped_total", "Groups or frames dropped, "
+                                                 "by reason: stale (policy lag), malformed, foreign, version.",
+                                                 ("reason",)), self._base)
+        # verifier
+        self.verifier_score = Family(self._raw(prom.Histogram, "verifier_score", "Score of each completion by each "
+                                               "verifier.", ("verifier",), buckets=_UNIT), self._base)
+        self.verifier_errors = Family(self._raw(prom.Counter, "verifier_errors_total", "Verifier calls that failed "
+                                                "(their group scored 0).", ("verifier",)), self._base)
+        self.reward = h("reward", "Reward (weighted sum of verifier scores) of each completion.", _UNIT)
+        self.reward_mean = g("reward_mean", "Mean reward of the last optimizer step.")
+        # trainer
+        self.step = g("step", "Last completed optimizer step.")
+        self.loss = g("loss", "Loss of the last optimizer step.")
+        self.kl = g("kl", "Mean k3 KL to the reference model at the last step.")
+        self.clip_fraction = g("clip_fraction", "Fraction of tokens whose importance ratio was clipped (last step).")
+        self.grad_norm = g("grad_norm", "Gradient norm before clipping (last step).")
+        self.policy_version = g("policy_version", "Policy version of this process's weights.")
+        self.policy_lag = h("policy_lag", "Trainer version minus the version a consumed group was sampled with.",
+                            _LAG)
+        self.buffer_groups = g("buffer_groups", "Scored groups waiting in the trainer's buffer.")
+        # weight sync
+        self.weight_sync_bytes = c("weight_sync_bytes_total", "Bytes of weights broadcast or received.")
+        self.weight_sync_seconds = h("weight_sync_seconds", "Wall time of one weight sync.", _SECONDS)
+        self.phase_seconds = Family(self._raw(prom.Histogram, "phase_seconds", "Wall time of each phase of a step.",
+                                              ("phase",), buckets=_SECONDS), self._base)
+        self.ready = g("ready", "1 once the role reported ready.")
+
+    # -- constructors: every family carries role/replica (+ extra labels)
+    def _raw(self, cls: Any, name: str, doc: str, extra: Sequence[str] = (), **kw: Any) -> Any:
+        return cls(f"kubeforge_{name}", doc, labelnames=BASE_LABELS + tuple(extra), registry=self.registry, **kw)
+
+    def _counter(self, name: str, doc: str) -> Any:
+        return self._raw(prom.Counter, name.removesuffix("_total"), doc).labels(**self._base)
+
+    def _gauge(self, name: str, doc: str) -> Any:
+        return self._raw(prom.Gauge, name, doc).labels(**self._base)
+
+    def _histogram(self, name: str, doc: str, buckets: Sequence[float]) -> Any:
+        return self._raw(prom.Histogram, name, doc, buckets=buckets).labels(**self._base)
+
+    # -- helpers the roles use
+    def drop_hook(self) -> Callable[[str], None]:
+        """A ``transport`` ``on_drop`` callback counting refused frames in ``rollouts_dropped``."""
+        return lambda reason: self.rollouts_dropped.labels(reason=reason).inc()
+
+    def observe_scores(self, *, rewards: Sequence[float], scores: dict[str, list[float]],
+                       errors: dict[str, int] | None = None) -> None:
+        """Record one scored group (rewards and per-verifier scores); ``errors`` are new failures per verifier."""
+        for r in rewards:
+            self.reward.observe(r)
+        for name, vals in scores.items():
+            child = self.verifier_score.labels(verifier=name)
+            for v in vals:
+                child.observe(v)
+        for name, n in (errors or {}).items():
+            if n:
+                self.verifier_errors.labels(verifier=name).inc(n)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this registry."""
+        return prom.generate_latest(self.registry)
+
+
+# ---------------------------------------------------------------- HTTP server
+
+
+class MetricsServer:
+    """``/metrics``, ``/healthz``, ``/readyz`` on one port, served from a daemon thread."""
+
+    def __init__(self, metrics: Metrics, *, host: str, port: int) -> None:
+        self.metrics = metrics
+        self._ready = threading.Event()
+        self._healthy = threading.Event()
+        self._healthy.set()
+        self._httpd = http.server.ThreadingHTTPServer((host, port), _handler(self))
+        self._httpd.daemon_threads = True
+        self.host, self.port = self._httpd.server_address[0], int(self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name=f"metrics-{metrics.role}-{metrics.replica}", daemon=True)
+        self._thread.start()
+        self._stopped = False
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def is_healthy(self) -> bool:
+        return self._healthy.is_set()
+
+    def set_ready(self, ready: bool = True) -> None:
+        (self._ready.set if ready else self._ready.clear)()
+        self.metrics.ready.set(1 if ready else 0)
+
+    def set_healthy(self, healthy: bool = True) -> None:
+        (self._healthy.set if healthy else self._healthy.clear)()
+
+    def stop(self) -> None:
+        """Stop serving and free the port; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._reply(200, server.metrics.render(), prom.CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                ok = server.is_healthy
+                self._reply(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n")
+            elif path == "/readyz":
+                ok = server.is_ready
+                self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")
+            else:
+                self._reply(404, b"not found\n")
+
+        def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # scrapes every few seconds: keep logs quiet
+            pass
+
+    return Handler
+
+
+def serve(metrics: Metrics, *, host: str, port_base: int) -> MetricsServer:
+    """Serve ``metrics`` on ``port_base + contract.PORT_METRICS`` (port_base 0: an ephemeral port, for tests)."""
+    return MetricsServer(metrics, host=host, port=port_base + contract.PORT_METRICS if port_base else 0)
