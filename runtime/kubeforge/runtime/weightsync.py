@@ -1,0 +1,375 @@
+"""Weight sync: trainer rank 0 broadcasts new policy weights to every generator's engine worker(s).
+
+API::
+
+    world_size(generators=G, tensor_parallel_size=T) -> int            # 1 + G*T
+    rank_base(generator_index=g, tensor_parallel_size=T) -> int        # 1 + g*T; worker rank = base + tp_rank
+    sender = WeightSender(host=..., port=..., world_size=..., timeout=..., backend="gloo")   # trainer rank 0
+    stats = sender.send(named_tensors, version=v)                      # -> SyncStats(bytes, seconds, ...)
+    receiver = WeightReceiver(host=..., port=..., world_size=..., rank=..., timeout=...)    # a vLLM worker
+    stats = receiver.receive(load)   # load(iterator of (name, tensor)) consumes the new weights
+    sender.close(); receiver.close()
+
+Neighbours: the trainer's rank 0 owns a ``WeightSender``; ``generator.extension`` owns a ``WeightReceiver`` inside
+each vLLM worker (reached through ``collective_rpc``); ``roles/`` tell generators over ZeroMQ when to call in.
+
+The group is private: a ``TCPStore`` served by rank 0 (port ``contract.PORT_WEIGHTS`` of trainer 0) plus a
+``ProcessGroupGloo`` (``ProcessGroupNCCL`` with GPUs) built directly on it, never through
+``torch.distributed.init_process_group``, so it leaves vLLM's own groups and the trainers' data-parallel group
+alone. Ranks: the sender is 0, generator ``g``'s worker with TP rank ``t`` is ``1 + g*T + t``.
+
+One sync, every step a collective over the whole group::
+
+    rank 0 (sender)                            ranks 1..N (receivers)
+    header  int64[MAGIC, PROTOCOL, version, len(meta)]  ──broadcast──▶ check magic/protocol
+    meta    uint8[JSON: names, shapes, dtypes,        ──broadcast──▶ validate, plan buffers
+            bucket/offset of each tensor]
+    bucket 0..B-1  uint8 buffers (~bucket_mb each;    ──broadcast──▶ views handed to load() as they arrive
+            a big tensor travels alone, uncopied)
+    ack    int64[failures, count]  ◀──all-reduce(sum)── 0 or 1 per receiver, after load() returned
+
+Invariants:
+- Nothing is pickled: metadata is JSON bytes in a uint8 tensor, decoded and validated by the receiver.
+- Every receiver takes part in every step even when its ``load`` fails (it drains the remaining buckets and
+  acks a failure), so one failing loader never leaves the others blocked.
+- Every collective is bounded by ``timeout``: a peer that dies mid-sync makes the others raise
+  ``WeightSyncError`` instead of hanging. After an error the group is unusable; close it (the job restarts).
+- Each bucket is a fresh buffer: a loader may keep the views it was given (vLLM's layer-wise reload does).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+MAGIC = 0x4B46_5753  # "KFWS"
+PROTOCOL = 1
+ALIGN = 16  # bytes; every tensor starts at a multiple of this inside its bucket
+DEFAULT_BUCKET_MB = 64
+MAX_META_BYTES = 64 << 20
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
+    "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+Loader = Callable[[Iterator[tuple[str, torch.Tensor]]], None]
+
+
+class WeightSyncError(RuntimeError):
+    """A sync failed: a peer timed out or died, a loader failed, or a message was malformed."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyncStats:
+    """What one sync moved and how long it took (sender: header to ack; receiver: header to ack)."""
+
+    version: int
+    bytes: int
+    seconds: float
+    tensors: int
+    buckets: int
+
+    @property
+    def gb_per_s(self) -> float:
+        """Payload throughput in GB/s (10^9 bytes)."""
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {**dataclasses.asdict(self), "gb_per_s": self.gb_per_s}
+
+
+def world_size(*, generators: int, tensor_parallel_size: int) -> int:
+    """Size of the weight-sync group: trainer rank 0 plus every generator worker."""
+    return 1 + generators * tensor_parallel_size
+
+
+def rank_base(*, generator_index: int, tensor_parallel_size: int) -> int:
+    """Rank of generator ``generator_index``'s TP rank 0 worker; its TP rank ``t`` worker is ``base + t``."""
+    return 1 + generator_index * tensor_parallel_size
+
+
+# ---------------------------------------------------------------- the process group
+
+
+class Group(Protocol):
+    """The collectives the protocol needs; rank 0 is always the root."""
+
+    rank: int
+    size: int
+    device: torch.device
+
+    def broadcast(self, tensor: torch.Tensor) -> None: ...
+    def all_reduce_sum(self, tensor: torch.Tensor) -> None: ...
+    def close(self) -> None: ...
+
+
+class TorchGroup:
+    """A private ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) over a ``TCPStore`` served by rank 0."""
+
+    def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float,
+                 backend: str = "gloo", device: torch.device | None = None) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"weight sync: rank {rank} outside world of {world_size}")
+        td = datetime.timedelta(seconds=timeout)
+        self.rank, self.size = rank, world_size
+        self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=td, wait_for_workers=False)
+        if backend == "gloo":
+            self.device = torch.device("cpu")
+            self.pg: Any = dist.ProcessGroupGloo(self.store, rank, world_size, td)
+        elif backend == "nccl":
+            self.device = device or torch.device("cuda", torch.cuda.current_device())
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = td
+            self.pg = dist.ProcessGroupNCCL(self.store, rank, world_size, opts)
+        else:
+            raise ValueError(f"weight sync: unknown backend {backend!r} (gloo | nccl)")
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([tensor], opts).wait()
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> None:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        self.pg.allreduce([tensor], opts).wait()
+
+    def close(self) -> None:
+        shutdown = getattr(self.pg, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # already broken: nothing left to release
+                pass
+        self.pg = None
+        self.store = None
+
+
+def _open(*, host: str, port: int, world_size: int, rank: int, timeout: float, backend: str) -> TorchGroup:
+    try:
+        return TorchGroup(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout, backend=backend)
+    except (RuntimeError, dist.DistError) as e:
+        raise WeightSyncError(f"weight sync: rank {rank} could not join {host}:{port} (world {world_size}): {e}") from e
+
+
+# ---------------------------------------------------------------- planning and metadata (pure)
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def plan_buckets(sizes: list[int], *, bucket_bytes: int) -> list[tuple[int, int]]:
+    """Place tensors of ``sizes`` bytes into buckets, in order: (bucket index, byte offset) per tensor.
+
+    Consecutive tensors share a bucket while it stays within ``bucket_bytes``; a tensor larger than that travels
+    alone. Offsets are aligned to :data:`ALIGN` so every view is aligned for its dtype.
+    """
+    out: list[tuple[int, int]] = []
+    bucket, used = -1, 0
+    for size in sizes:
+        start = _aligned(used)
+        if bucket < 0 or start + size > bucket_bytes:
+            bucket, start = bucket + 1, 0
+        out.append((bucket, start))
+        used = start + size
+    return out
+
+
+def encode_meta(*, version: int, entries: list[dict[str, Any]], bucket_sizes: list[int]) -> bytes:
+    return json.dumps({"version": version, "tensors": entries, "buckets": bucket_sizes},
+                      separators=(",", ":")).encode()
+
+
+def decode_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int]]:
+    """Parse and validate the metadata message; raise WeightSyncError naming what is wrong."""
+    try:
+        doc = json.loads(raw.decode())
+        version, entries, buckets = int(doc["version"]), list(doc["tensors"]), [int(b) for b in doc["buckets"]]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise WeightSyncError(f"weight sync: malformed metadata: {e}") from e
+    for i, e in enumerate(entries):
+        try:
+            numel = 1
+            for d in e["shape"]:
+                numel *= int(d)
+            nbytes = numel * torch.empty((), dtype=DTYPES[e["dtype"]]).element_size()
+            ok = (isinstance(e["name"], str) and 0 <= e["bucket"] < len(buckets)
+                  and e["offset"] % ALIGN == 0 and 0 <= e["offset"] and e["offset"] + nbytes <= buckets[e["bucket"]])
+        except (KeyError, TypeError, ValueError) as err:
+            raise WeightSyncError(f"weight sync: malformed metadata entry {i}: {err}") from err
+        if not ok:
+            raise WeightSyncError(f"weight sync: metadata entry {i} ({e.get('name')!r}) is out of bounds")
+    return version, entries, buckets
+
+
+def _unique(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Detached, contiguous CPU/GPU tensors; a tensor sharing storage with an earlier one (a tied weight) is
+    sent once, under its first name."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    out = []
+    for name, t in named:
+        key = (t.data_ptr(), tuple(t.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((name, t.detach().contiguous()))
+    return out
+
+
+# ---------------------------------------------------------------- the two ends
+
+
+class WeightSender:
+    """Trainer rank 0's end. ``send`` joins the group on first use (blocks until every receiver joined)."""
+
+    def __init__(self, *, host: str, port: int, world_size: int, timeout: float = 120.0,
+                 backend: str = "gloo", bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+        if world_size < 2:
+            raise ValueError("weight sync: world_size must count the sender and at least one receiver")
+        self._args = dict(host=host, port=port, world_size=world_size, rank=0, timeout=timeout, backend=backend)
+        self.bucket_bytes = max(ALIGN, int(bucket_mb * (1 << 20)))
+        self.group: Group | None = None
+
+    def connect(self) -> None:
+        if self.group is None:
+            self.group = _open(**self._args)  # type: ignore[arg-type]
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> SyncStats:
+        """Broadcast the tensors (HF names) as policy ``version``; return once every receiver has loaded them."""
+        self.connect()
+        assert self.group is not None
+        group = self.group
+        tensors = [(n, t.to(group.device)) for n, t in _unique(named_tensors)]
+        sizes = [t.numel() * t.element_size() for _, t in tensors]
+        places = plan_buckets(sizes, bucket_bytes=self.bucket_bytes)
+        nb = places[-1][0] + 1 if places else 0
+        bucket_sizes = [0] * nb
+        for (b, off), size in zip(places, sizes):
+            bucket_sizes[b] = max(bucket_sizes[b], off + size)
+        entries = [{"name": n, "shape": list(t.shape), "dtype": _dtype_name(t.dtype), "bucket": b, "offset": off}
+                   for (n, t), (b, off) in zip(tensors, places)]
+        meta = encode_meta(version=version, entries=entries, bucket_sizes=bucket_sizes)
+        start = time.perf_counter()
+        try:
+            group.broadcast(torch.tensor([MAGIC, PROTOCOL, version, len(meta)], dtype=torch.int64,
+                                         device=group.device))
+            group.broadcast(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(group.device))
+            for b in range(nb):
+                group.broadcast(_pack(tensors, places, b, bucket_sizes[b], group.device))
+            ack = torch.zeros(2, dtype=torch.int64, device=group.device)
+            group.all_reduce_sum(ack)
+        except (RuntimeError, dist.DistError) as e:
+            raise WeightSyncError(f"weight sync v{version} failed: {e}") from e
+        seconds = time.perf_counter() - start
+        failures, count = int(ack[0]), int(ack[1])
+        if failures or count != group.size - 1:
+            raise WeightSyncError(f"weight sync v{version}: {failures} of {group.size - 1} receivers failed to "
+                                  f"load ({count} acked)")
+        return SyncStats(version=version, bytes=sum(sizes), seconds=seconds, tensors=len(tensors), buckets=nb)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    if dtype not in DTYPE_NAMES:
+        raise WeightSyncError(f"weight sync: dtype {dtype} cannot be sent")
+    return DTYPE_NAMES[dtype]
+
+
+def _pack(tensors: list[tuple[str, torch.Tensor]], places: list[tuple[int, int]], bucket: int, size: int,
+          device: torch.device) -> torch.Tensor:
+    members = [(t, off) for (_, t), (b, off) in zip(tensors, places) if b == bucket]
+    if len(members) == 1 and members[0][1] == 0:
+        return members[0][0].reshape(-1).view(torch.uint8)  # a big tensor travels as itself, uncopied
+    buf = torch.empty(size, dtype=torch.uint8, device=device)
+    for t, off in members:
+        flat = t.reshape(-1).view(torch.uint8)
+        buf[off:off + flat.numel()].copy_(flat)
+    return buf
+
+
+class WeightReceiver:
+    """A generator worker's end. ``receive`` blocks until the sender's next sync and hands tensors to ``load``."""
+
+    def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float = 120.0,
+                 backend: str = "gloo") -> None:
+        if rank < 1:
+            raise ValueError("weight sync: receivers have ranks >= 1 (rank 0 is the trainer)")
+        self.group: Group = _open(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
+                                  backend=backend)
+
+    def receive(self, load: Loader) -> SyncStats:
+        """Receive one sync; ``load`` gets an iterator of (HF name, tensor) that receives buckets lazily."""
+        group = self.group
+        start = time.perf_counter()
+        try:
+            header = torch.zeros(4, dtype=torch.int64, device=group.device)
+            group.broadcast(header)
+            magic, proto, version, meta_len = (int(x) for x in header.tolist())
+            if magic != MAGIC or proto != PROTOCOL or not 0 < meta_len <= MAX_META_BYTES:
+                raise WeightSyncError(f"weight sync: bad header {header.tolist()} (protocol {PROTOCOL} expected)")
+            raw = torch.empty(meta_len, dtype=torch.uint8, device=group.device)
+            group.broadcast(raw)
+            meta_version, entries, buckets = decode_meta(bytes(raw.cpu().numpy()))
+            stream = _BucketStream(group, entries, buckets)
+            error: BaseException | None = None
+            try:
+                load(iter(stream))
+            except Exception as e:  # noqa: BLE001 - reported to the sender through the ack, then re-raised
+                error = e
+            stream.drain()
+            group.all_reduce_sum(torch.tensor([1 if error else 0, 1], dtype=torch.int64, device=group.device))
+        except (RuntimeError, dist.DistError) as e:
+            if isinstance(e, WeightSyncError):
+                raise
+            raise WeightSyncError(f"weight sync receive failed on rank {group.rank}: {e}") from e
+        if error is not None:
+            raise WeightSyncError(f"weight sync v{version}: loading failed: {error}") from error
+        return SyncStats(version=meta_version, bytes=stream.bytes, seconds=time.perf_counter() - start,
+                         tensors=len(entries), buckets=len(buckets))
+
+    def close(self) -> None:
+        self.group.close()
+
+
+class _BucketStream:
+    """Receives buckets in order as the loader iterates; ``drain`` receives whatever the loader left."""
+
+    def __init__(self, group: Group, entries: list[dict[str, Any]], buckets: list[int]) -> None:
+        self.group, self.entries, self.buckets = group, entries, buckets
+        self.received = 0
+        self.bytes = 0
+
+    def _next_bucket(self) -> torch.Tensor:
+        buf = torch.empty(self.buckets[self.received], dtype=torch.uint8, device=self.group.device)
+        self.group.broadcast(buf)
+        self.received += 1
+        return buf
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        by_bucket: dict[int, list[dict[str, Any]]] = {}
+        for e in self.entries:
+            by_bucket.setdefault(e["bucket"], []).append(e)
+        while self.received < len(self.buckets):
+            b = self.received
+            buf = self._next_bucket()
+            for e in by_bucket.get(b, []):
+                dtype = DTYPES[e["dtype"]]
+                n = torch.Size(e["shape"]).numel() * torch.empty((), dtype=dtype).element_size()
+                self.bytes += n
+                yield e["name"], buf[e["offset"]:e["offset"] + n].view(dtype).view(e["shape"])
+
+    def drain(self) -> None:
+        while self.received < len(self.buckets):
+            self._next_bucket()
