@@ -22,8 +22,8 @@ Translation rules (``_convert``):
 Any other keyword raises: a new model feature must be taught here rather than silently lost.
 
 Invariants: every property carries a description (``kubectl explain``); every node has a type (structural);
-defaults are those of the model, including ``{}`` for nested objects built by a default factory, so fields
-that carry ``self == oldSelf`` rules are always present in old and new objects; status holds only the typed
+defaults are those of the model, including nested objects built by a default factory (written out in full),
+so fields that carry ``self == oldSelf`` rules are always present in old and new objects; status holds only the typed
 ``RLJobStatus`` (kopf keeps its own bookkeeping in annotations).
 """
 from __future__ import annotations
@@ -67,16 +67,17 @@ _ROOT_DESCRIPTIONS = {
     "apiVersion": "APIVersion defines the versioned schema of this representation of an object "
                   f"({contract.API_VERSION}).",
     "kind": f"Kind is the REST resource this object represents ({contract.KIND}).",
-    "metadata": "Standard object metadata. The name is a DNS-1035 label of at most "
-                f"{contract.MAX_JOB_NAME_LENGTH} characters: the names of the job's children derive from it.",
+    "metadata.name": f"The job's name: a DNS-1035 label of at most {contract.MAX_JOB_NAME_LENGTH} characters, "
+                     "as the names of the job's children derive from it.",
 }
 
 
 class _Generator(pydantic.json_schema.GenerateJsonSchema):
     """JSON schema generation that also reports defaults built by a ``default_factory``.
 
-    A nested model built from its own defaults becomes ``{}`` (the API server then applies the nested
-    defaults); empty lists and dicts and ``None`` give no default at all (absent means empty or unset).
+    A nested model's default is written out in full (the API server validates a default, CEL rules included,
+    without applying the nested defaults first); empty lists and maps and ``None`` give no default (absent means
+    empty or unset on both sides).
     """
 
     def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
@@ -84,11 +85,21 @@ class _Generator(pydantic.json_schema.GenerateJsonSchema):
             value = schema["default_factory"]()  # type: ignore[call-arg]
         else:
             value = schema.get("default", pydantic.json_schema.NoDefault)
+        if isinstance(value, pydantic.BaseModel):
+            value = _compact(value.model_dump(mode="json", by_alias=True, exclude_none=True))
         if value is None or value in ([], {}):
             return pydantic.json_schema.NoDefault
-        if isinstance(value, pydantic.BaseModel) and value == type(value)():
-            return {}
         return value
+
+
+def _compact(value: Any) -> Any:
+    """``value`` without empty lists and maps, at every depth."""
+    if isinstance(value, dict):
+        out = {k: _compact(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in ({}, [])}
+    if isinstance(value, list):
+        return [_compact(v) for v in value]
+    return value
 
 
 def json_schema() -> dict[str, Any]:
@@ -201,7 +212,9 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": _ROOT_DESCRIPTIONS["apiVersion"]},
             "kind": {"type": "string", "description": _ROOT_DESCRIPTIONS["kind"]},
-            "metadata": {"type": "object", "description": _ROOT_DESCRIPTIONS["metadata"]},
+            # a CRD may only say that metadata.name is a string (the API server refuses a description here)
+            "metadata": {"type": "object", "properties": {
+                "name": {"type": "string", "description": _ROOT_DESCRIPTIONS["metadata.name"]}}},
             "spec": spec,
             "status": status,
         },
