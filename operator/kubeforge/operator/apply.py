@@ -1,0 +1,158 @@
+"""The only module that talks to the Kubernetes API: raw REST over one pooled HTTPS connection set.
+
+Role: the "apply" and "write" steps. Server-side apply (field manager ``contract.FIELD_MANAGER``, force) for every
+desired child; deletes (404 is success) for objects that must be absent; one merge patch of ``/status``; events.
+Why raw REST: the API needs a handful of verbs on known paths; a static kind → path table avoids discovery round
+trips, and the ``kubernetes`` package is used only to load credentials (kubeconfig or in-cluster).
+Concurrency: the client is synchronous and thread-safe (urllib3 pool); the router calls it from worker threads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import ssl
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import urllib3
+
+from kubeforge.api import contract
+
+Obj = dict[str, Any]
+
+#: kind → (API path prefix, plural): every kind the operator reads or writes.
+KINDS: dict[tuple[str, str], str] = {
+    ("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "Pod"): "pods", ("v1", "Event"): "events",
+    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles", ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups",
+    ("scheduling.run.ai/v2alpha2", "PodGroup"): "podgroups",
+    (contract.API_VERSION, contract.KIND): contract.PLURAL,
+}
+
+
+class ApiError(RuntimeError):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, method: str, path: str, body: str) -> None:
+        self.status = status
+        super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Credentials:
+    server: str
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify: bool = True
+    token: str | None = None
+
+
+def load_credentials(kubeconfig: str | None = None) -> Credentials:
+    """Credentials from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account."""
+    import kubernetes.client
+    import kubernetes.config
+
+    cfg = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    except (kubernetes.config.ConfigException, FileNotFoundError, TypeError):
+        kubernetes.config.load_incluster_config(client_configuration=cfg)
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    token = header.split(" ", 1)[-1] if header else None
+    return Credentials(server=cfg.host.rstrip("/"), ca_file=cfg.ssl_ca_cert, cert_file=cfg.cert_file,
+                       key_file=cfg.key_file, verify=bool(cfg.verify_ssl), token=token)
+
+
+def path_of(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    """REST path of a namespaced object (or of its collection when ``name`` is None)."""
+    plural = KINDS[(api_version, kind)]
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    out = f"{base}/namespaces/{namespace}/{plural}"
+    return f"{out}/{name}" if name else out
+
+
+class Cluster:
+    """Typed verbs on the API server (everything the reconcile needs, nothing more)."""
+
+    def __init__(self, creds: Credentials, *, pool_size: int = 16, timeout: float = 30.0) -> None:
+        self._server = creds.server
+        self._headers = {"Accept": "application/json"}
+        if creds.token:
+            self._headers["Authorization"] = f"Bearer {creds.token}"
+        kw: dict[str, Any] = {"maxsize": pool_size, "timeout": urllib3.Timeout(total=timeout), "retries": False}
+        if self._server.startswith("https"):
+            kw["cert_reqs"] = ssl.CERT_REQUIRED if creds.verify else ssl.CERT_NONE
+            kw.update(ca_certs=creds.ca_file, cert_file=creds.cert_file, key_file=creds.key_file)
+            if not creds.verify:
+                urllib3.disable_warnings()
+        self._http = urllib3.PoolManager(**kw)
+
+    # ---- transport ----
+    def request(self, method: str, path: str, *, body: Any = None, query: Mapping[str, str] | None = None,
+                content_type: str = "application/json") -> Obj | None:
+        """One call; returns the decoded body, None on 404 for GET/DELETE; raises ApiError otherwise."""
+        url = self._server + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        headers = dict(self._headers)
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body).encode()
+        resp = self._http.request(method, url, body=data, headers=headers)
+        text = resp.data.decode("utf-8", "replace")
+        if resp.status == 404 and method in ("GET", "DELETE"):
+            return None
+        if resp.status >= 300:
+            raise ApiError(resp.status, method, path, text)
+        return json.loads(text) if text else {}
+
+    # ---- verbs ----
+    def get_rljob(self, namespace: str, name: str) -> Obj | None:
+        return self.request("GET", path_of(contract.API_VERSION, contract.KIND, namespace, name))
+
+    def list_pods(self, namespace: str, job: str) -> list[Obj]:
+        out = self.request("GET", path_of("v1", "Pod", namespace),
+                           query={"labelSelector": f"{contract.LABEL_JOB}={job}"}) or {}
+        return list(out.get("items", []))
+
+    def apply(self, obj: Obj) -> Obj | None:
+        """Server-side apply of ``obj`` (force: the operator owns every field it renders)."""
+        md = obj["metadata"]
+        return self.request(
+            "PATCH", path_of(obj["apiVersion"], obj["kind"], md["namespace"], md["name"]), body=obj,
+            query={"fieldManager": contract.FIELD_MANAGER, "force": "true"},
+            content_type="application/apply-patch+yaml")
+
+    def delete(self, obj: Obj, *, propagation: str = "Background") -> None:
+        """Delete ``obj`` if it exists."""
+        md = obj["metadata"]
+        self.request("DELETE", path_of(obj["apiVersion"], obj["kind"], md["namespace"], md["name"]),
+                     body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
+
+    def patch_status(self, namespace: str, name: str, status: Obj) -> None:
+        """Merge-patch the RLJob's status subresource (null deletes a field)."""
+        self.request("PATCH", path_of(contract.API_VERSION, contract.KIND, namespace, name) + "/status",
+                     body={"status": status}, content_type="application/merge-patch+json")
+
+    def delete_rljob(self, namespace: str, name: str) -> None:
+        self.request("DELETE", path_of(contract.API_VERSION, contract.KIND, namespace, name),
+                     body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})
+
+    def post_event(self, job: Obj, *, type: str, reason: str, message: str, now: str) -> None:
+        """A core/v1 Event about the RLJob."""
+        md = job["metadata"]
+        ns = md["namespace"]
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{md['name']}.", "namespace": ns},
+            "involvedObject": {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "name": md["name"],
+                               "namespace": ns, "uid": md.get("uid")},
+            "type": type, "reason": reason, "message": message[:1024],
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "source": {"component": contract.FIELD_MANAGER}, "reportingComponent": contract.FIELD_MANAGER,
+        }
+        self.request("POST", path_of("v1", "Event", ns), body=event)

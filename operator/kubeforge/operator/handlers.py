@@ -1,0 +1,75 @@
+"""kopf handlers: they only route events to the router; all decisions live in ``reconcile``.
+
+Watches: RLJobs; StatefulSets and pods carrying ``contract.LABEL_JOB`` (label-selected, so the operator never
+caches unrelated objects). A pod event that shows a failure hands it to the router too, because the StatefulSet
+controller may replace a Failed pod before the next pass lists pods.
+Kopf's bookkeeping stays out of ``status``: progress and diff-base storage are annotations, and only event
+handlers are used, so kopf writes nothing to an RLJob and adds no finalizer.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from kubeforge.api import contract
+from kubeforge.operator import apply, metrics, observed, router as router_mod
+
+ANNOTATION_PREFIX = "kopf.kubeforge.dev"
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf settings: annotation storages, no kopf event posting for routine logs, quick watch reconnects."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.posting.level = logging.ERROR
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.connect_timeout = 10
+
+
+def build_registry(router: router_mod.Router, creds: apply.Credentials) -> kopf.OperatorRegistry:
+    """A registry with the operator's handlers bound to ``router``."""
+    reg = kopf.OperatorRegistry()
+    present = {contract.LABEL_JOB: kopf.PRESENT}
+
+    @kopf.on.startup(registry=reg)
+    def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings)
+
+    @kopf.on.login(registry=reg)
+    def _login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(
+            server=creds.server, ca_path=creds.ca_file, insecure=not creds.verify, scheme="Bearer" if creds.token
+            else None, token=creds.token, certificate_path=creds.cert_file, private_key_path=creds.key_file)
+
+    @kopf.on.probe(id="reconciles", registry=reg)
+    def _probe(**_: Any) -> float:
+        return sum(s.get() for s in metrics.RECONCILES.collect()[0].samples if s.name.endswith("_total"))
+
+    @kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL, registry=reg)
+    async def _rljob(event: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+        metrics.EVENTS.labels("rljob").inc()
+        if event.get("type") == "DELETED":
+            router.forget((namespace, name))
+        else:
+            router.request((namespace, name), trigger="rljob")
+
+    @kopf.on.event("apps", "v1", "statefulsets", labels=present, registry=reg)
+    async def _statefulset(event: dict[str, Any], namespace: str, labels: dict[str, str], **_: Any) -> None:
+        metrics.EVENTS.labels("statefulset").inc()
+        router.request((namespace, labels[contract.LABEL_JOB]), trigger="statefulset",
+                       invalidate=event.get("type") == "DELETED")
+
+    @kopf.on.event("v1", "pods", labels=present, registry=reg)
+    async def _pod(body: Any, namespace: str, labels: dict[str, str], **_: Any) -> None:
+        metrics.EVENTS.labels("pod").inc()
+        key = (namespace, labels[contract.LABEL_JOB])
+        failure = observed.pod_failure(body)
+        if failure is not None:
+            router.note_failure(key, failure)
+        router.request(key, trigger="pod")
+
+    return reg

@@ -1,0 +1,140 @@
+"""Lifecycle: from the job, its last status and the observed pods, decide this pass's facts (a ``Plan``).
+
+Role: the pure "decide" step between observe and render. It answers: which attempt runs, should pods exist,
+should the gang object exist, is the job over (and why), must a finished job be deleted now, and when must the
+operator look again even if nothing happens (deadline, TTL). Policies live in their own modules
+(``completion``, ``deadline``, ``ttl``, ``failure_policy``); this module only orders them.
+
+Invariants:
+- Succeeded and Failed are terminal: once written, nothing restarts the job.
+- Two attempts never overlap: pods of attempt N+1 are wanted only once no pod of another attempt exists
+  (``active`` is False while stale pods drain; their StatefulSets are rendered with 0 replicas).
+- A replica change (allowed spec change) starts a new attempt that does not count as a restart.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from kubeforge.api import rljob
+from kubeforge.operator import completion, deadline, failure_policy, names, observed, reasons, timefmt, ttl
+from kubeforge.operator.render import statefulset
+
+Phase = rljob.Phase
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    attempt: int
+    restarts: int
+    suspended: bool
+    active: bool                       # pods of ``attempt`` should exist now
+    gang_active: bool                  # the gang object should exist now
+    draining: bool                     # pods of another attempt still exist
+    terminal: str | None               # Phase.SUCCEEDED / Phase.FAILED value, or None
+    terminal_reason: str = ""
+    terminal_message: str = ""
+    new_attempt_reason: str | None = None   # reasons.RESTARTING / reasons.RESCALED when this pass bumped it
+    new_failure: observed.Failure | None = None
+    last_failure: rljob.FailureInfo | None = None
+    progress: rljob.Progress = dataclasses.field(default_factory=rljob.Progress)
+    start_time: str | None = None
+    completion_time: str | None = None
+    delete_job: bool = False
+    requeue_after: float | None = None
+
+
+def trainer_report(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> observed.ProgressReport | None:
+    """Progress reported on trainer rank 0's pod of the current attempt."""
+    rank0 = names.pod(job.metadata.name, "trainer", 0)
+    for p in obs.of_attempt(attempt):
+        if p.name == rank0 and p.progress is not None:
+            return p.progress
+    return None
+
+
+def _progress(report: observed.ProgressReport | None, prev: rljob.Progress) -> rljob.Progress:
+    if report is None:
+        return prev
+    return rljob.Progress(step=report.step, mean_reward=report.mean_reward, policy_version=report.policy_version)
+
+
+def _failure_info(f: observed.Failure, now: dt.datetime) -> rljob.FailureInfo:
+    return rljob.FailureInfo(role=f.role, pod=f.pod, exit_code=f.exit_code, reason=f.reason,
+                             time=f.time or timefmt.fmt(now))
+
+
+def _rescaled(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> bool:
+    want = statefulset.world(job)
+    return any(p.world is not None and p.world != want for p in obs.of_attempt(attempt))
+
+
+def _prev_terminal(prev: rljob.RLJobStatus) -> tuple[str | None, str, str]:
+    if prev.phase not in (Phase.SUCCEEDED.value, Phase.FAILED.value):
+        return None, "", ""
+    kind = reasons.COMPLETE if prev.phase == Phase.SUCCEEDED.value else reasons.FAILED
+    for c in prev.conditions:
+        if c.type == kind:
+            return prev.phase, c.reason, c.message
+    return prev.phase, "", ""
+
+
+def _min(*values: float | None) -> float | None:
+    present = [max(v, 0.0) for v in values if v is not None]
+    return min(present) if present else None
+
+
+def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Plan:
+    """This pass's facts for ``job`` (its ``status`` is the previous pass's result)."""
+    prev = job.status or rljob.RLJobStatus()
+    attempt, restarts = prev.attempt, prev.restarts
+    terminal, t_reason, t_message = _prev_terminal(prev)
+    report = trainer_report(job, obs, attempt)
+    progress = _progress(report, prev.progress)
+    start_time, completion_time = prev.start_time, prev.completion_time
+    last_failure, new_failure, new_reason = prev.last_failure, None, None
+    suspended = job.spec.suspend and terminal is None
+
+    if terminal is None and not suspended:
+        left = deadline.remaining(job, start_time, now)
+        verdict = failure_policy.judge(job, obs, attempt=attempt, restarts=restarts)
+        if completion.done(job, report):
+            terminal, t_reason = Phase.SUCCEEDED.value, reasons.TRAINING_COMPLETE
+            t_message = f"trainer reported step {progress.step} of {job.spec.algorithm.steps}"
+        elif left is not None and left <= 0:
+            terminal, t_reason = Phase.FAILED.value, reasons.DEADLINE_EXCEEDED
+            t_message = f"job ran longer than activeDeadlineSeconds={job.spec.active_deadline_seconds}"
+        elif verdict.failure is not None:
+            new_failure = verdict.failure
+            last_failure = _failure_info(verdict.failure, now)
+            if verdict.restart:
+                attempt, restarts, new_reason = attempt + 1, restarts + 1, reasons.RESTARTING
+            else:
+                terminal, t_reason = Phase.FAILED.value, reasons.BACKOFF_LIMIT_EXCEEDED
+                t_message = (f"{verdict.failure.role} pod {verdict.failure.pod} failed after "
+                             f"{restarts} restarts (maxRestarts={job.spec.failure_policy.max_restarts})")
+        elif _rescaled(job, obs, attempt):
+            attempt, new_reason = attempt + 1, reasons.RESCALED
+        if terminal is not None:
+            completion_time = timefmt.fmt(now)
+
+    draining = bool(obs.stale(attempt))
+    active = terminal is None and not suspended and not draining
+    if suspended:
+        start_time = None      # as for a Job: the deadline restarts on resume
+    elif active and start_time is None:
+        start_time = timefmt.fmt(now)
+    ttl_left = ttl.remaining(job, completion_time, now) if terminal else None
+    deadline_left = deadline.remaining(job, start_time, now) if terminal is None and not suspended else None
+    return Plan(
+        attempt=attempt, restarts=restarts, suspended=suspended, active=active,
+        gang_active=terminal is None and not suspended, draining=draining,
+        terminal=terminal, terminal_reason=t_reason, terminal_message=t_message,
+        new_attempt_reason=new_reason, new_failure=new_failure, last_failure=last_failure, progress=progress,
+        start_time=start_time, completion_time=completion_time,
+        delete_job=ttl_left is not None and ttl_left <= 0,
+        requeue_after=_min(ttl_left, deadline_left),
+    )
+
+
+__all__ = ["Plan", "decide"]

@@ -1,0 +1,98 @@
+"""``kubeforge operator``: parse flags, wire the parts together, run kopf until stopped.
+
+    argv ──▶ Options ──▶ credentials ──▶ apply.Cluster ─┐
+                                 └──▶ kopf login       ├─▶ Router(work=reconcile) ◀── kopf handlers (events)
+    metrics.serve(--metrics-port)   kopf liveness on --health-port (/healthz)
+
+Namespace scoping: ``--namespace`` (repeatable) watches those namespaces only; ``--all-namespaces`` (the default
+when none is named) watches the whole cluster. Logs are JSON lines (``--log-format text`` for humans).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+
+from kubeforge.operator import apply, handlers, metrics, names, reconcile, router as router_mod
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Options:
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = True
+    kubeconfig: str | None = None
+    metrics_port: int = 8080
+    health_port: int = 8081
+    runtime_image: str = names.DEFAULT_RUNTIME_IMAGE
+    workers: int = 8
+    log_format: str = "json"
+    verbose: bool = False
+
+
+def parse_args(argv: Sequence[str]) -> Options:
+    p = argparse.ArgumentParser(prog="kubeforge operator", description="Run the RLJob operator.")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], help="Watch this namespace (repeatable).")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="Watch every namespace (default).")
+    p.add_argument("--kubeconfig", help="Kubeconfig path (default: $KUBECONFIG, ~/.kube/config, in-cluster).")
+    p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off).")
+    p.add_argument("--health-port", type=int, default=8081, help="Liveness /healthz port (0: off).")
+    p.add_argument("--runtime-image", default=names.DEFAULT_RUNTIME_IMAGE, help="Image of roles that name none.")
+    p.add_argument("--workers", type=int, default=8, help="Reconcile worker threads.")
+    p.add_argument("--log-format", choices=["json", "text"], default="json")
+    p.add_argument("-v", "--verbose", action="store_true")
+    a = p.parse_args(list(argv))
+    return Options(namespaces=tuple(a.namespace), all_namespaces=a.all_namespaces or not a.namespace,
+                   kubeconfig=a.kubeconfig, metrics_port=a.metrics_port, health_port=a.health_port,
+                   runtime_image=a.runtime_image, workers=a.workers, log_format=a.log_format, verbose=a.verbose)
+
+
+def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry]:
+    """The router (with its reconcile work) and the kopf registry routing into it."""
+    creds = apply.load_credentials(opts.kubeconfig)
+    cluster = apply.Cluster(creds, pool_size=max(opts.workers * 2, 8))
+    cache = reconcile.ApplyCache()
+
+    def work(key: tuple[str, str], failures: list[Any]) -> reconcile.Outcome:
+        return reconcile.reconcile(cluster, key, image=opts.runtime_image, cache=cache, seen_failures=failures)
+
+    router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
+    return router, handlers.build_registry(router, creds)
+
+
+async def serve(opts: Options, *, stop_flag: Any = None, ready_flag: Any = None) -> None:
+    """Run the operator until ``stop_flag`` is set (or forever)."""
+    router, registry = build(opts)
+    metrics.serve(opts.metrics_port)
+    try:
+        await kopf.operator(
+            registry=registry, standalone=True, clusterwide=opts.all_namespaces, namespaces=list(opts.namespaces),
+            liveness_endpoint=f"http://0.0.0.0:{opts.health_port}/healthz" if opts.health_port else None,
+            stop_flag=stop_flag, ready_flag=ready_flag)
+    finally:
+        router.shutdown()
+
+
+def run_in_thread(opts: Options) -> tuple[threading.Thread, threading.Event]:
+    """Start the operator in a daemon thread (tests); set the returned event to stop it."""
+    stop, ready = threading.Event(), threading.Event()
+    thread = threading.Thread(target=lambda: asyncio.run(serve(opts, stop_flag=stop, ready_flag=ready)),
+                              name="kubeforge-operator", daemon=True)
+    thread.start()
+    ready.wait(60)
+    return thread, stop
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = parse_args(argv or [])
+    fmt = kopf.LogFormat.JSON if opts.log_format == "json" else kopf.LogFormat.FULL
+    kopf.configure(verbose=opts.verbose, log_format=fmt)
+    logging.getLogger("kubeforge").setLevel(logging.DEBUG if opts.verbose else logging.INFO)
+    asyncio.run(serve(opts))
+    return 0

@@ -1,0 +1,60 @@
+"""Names the operator alone spells: child object names, operator-only labels and annotations, mount paths.
+
+Role: the single home of every string the operator writes that the runtime never reads (those live in
+``kubeforge.api.contract``). Neighbours: ``render/`` builds objects with these names; ``observed`` and ``status``
+read them back. Invariants: every child name is a pure function of the RLJob's name, so replaying a reconcile
+creates nothing twice; the longest child name (``<job>-generator``) fits the StatefulSet limit because the CRD caps
+the job name at ``contract.MAX_JOB_NAME_LENGTH``.
+"""
+from __future__ import annotations
+
+from kubeforge.api import contract
+
+# ---- operator-only labels and annotations ----
+#: Replica counts the pod was rendered for ("generator=2,verifier=1,trainer=1"); a pod of another world is stale.
+ANNOTATION_WORLD = "kubeforge.dev/world"
+#: Downward-API label the StatefulSet controller puts on every pod (Kubernetes >= 1.28).
+LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
+
+# ---- the runtime config mount ----
+CONFIG_DIR = "/etc/kubeforge"
+CONFIG_FILE = "rljob.yaml"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
+CONFIG_VOLUME = "kubeforge-config"
+
+#: Image of the role containers when the role sets none (overridable by the operator's --runtime-image flag).
+DEFAULT_RUNTIME_IMAGE = "kubeforge/runtime:0.1.0"
+
+# ---- named ports (offsets from contract.DEFAULT_PORT_BASE) ----
+PORT_NAMES = {
+    "metrics": contract.PORT_METRICS,
+    "data": contract.PORT_DATA,
+    "control": contract.PORT_CONTROL,
+    "dist": contract.PORT_DIST,
+    "weights": contract.PORT_WEIGHTS,
+}
+
+
+def config_map(job: str) -> str:
+    """The ConfigMap that holds the runtime config (the RLJob manifest)."""
+    return f"{job}-config"
+
+
+def service_account(job: str) -> str:
+    """The per-job ServiceAccount, Role and RoleBinding (one name for all three)."""
+    return f"{job}-runtime"
+
+
+def pod_group(job: str) -> str:
+    """The gang object (PodGroup or workload) spanning every role."""
+    return job
+
+
+def pod(job: str, role: str, index: int) -> str:
+    """Name of replica ``index`` of ``role`` (StatefulSet ordinal naming)."""
+    return f"{contract.child_name(job, role)}-{index}"
+
+
+def peer_host(job: str, role: str, index: int, namespace: str) -> str:
+    """Stable DNS name of a pod behind its role's headless Service."""
+    return f"{pod(job, role, index)}.{contract.child_name(job, role)}.{namespace}.svc"

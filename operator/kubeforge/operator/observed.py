@@ -1,0 +1,156 @@
+"""Observed facts: the few things the operator needs from its children's raw API objects, typed and frozen.
+
+Role: the boundary between the API's JSON and the pure decision code (``lifecycle``, ``status``). Parsing is
+tolerant — a malformed progress annotation or a pod without labels yields "unknown", never an exception — because
+the cluster, not the operator, owns these objects. Neighbours: ``apply`` lists the raw pods; ``router`` also
+hands over pods it saw fail in watch events (a Failed pod can be replaced before the next list sees it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kubeforge.api import contract
+from kubeforge.operator import names
+
+Raw = Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Failure:
+    """A container (or pod) failure of one pod of one attempt."""
+
+    role: str
+    pod: str
+    attempt: int | None
+    exit_code: int | None
+    reason: str
+    time: str | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProgressReport:
+    """The trainer rank 0's progress annotation, parsed."""
+
+    step: int = 0
+    mean_reward: float | None = None
+    policy_version: int = 0
+    done: bool = False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PodFacts:
+    """One pod of the job."""
+
+    name: str
+    role: str
+    index: int | None
+    attempt: int | None
+    world: str | None
+    phase: str
+    scheduled: bool
+    ready: bool
+    terminating: bool
+    restarts: int
+    unschedulable: str | None        # the scheduler's message while the pod cannot be placed
+    failure: Failure | None
+    progress: ProgressReport | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Observed:
+    """Everything a reconcile pass saw: the job's pods plus failures reported by watch events."""
+
+    pods: tuple[PodFacts, ...] = ()
+    seen_failures: tuple[Failure, ...] = ()
+
+    def of_attempt(self, attempt: int) -> list[PodFacts]:
+        return [p for p in self.pods if p.attempt == attempt]
+
+    def stale(self, attempt: int) -> list[PodFacts]:
+        """Pods that belong to another attempt (they must be gone before the next attempt starts)."""
+        return [p for p in self.pods if p.attempt != attempt]
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_progress(text: str | None) -> ProgressReport | None:
+    """``contract.ANNOTATION_PROGRESS`` as a report, or None when absent or malformed."""
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            return None
+        reward = doc.get("meanReward")
+        return ProgressReport(
+            step=int(doc.get("step", 0)), policy_version=int(doc.get("policyVersion", 0)),
+            mean_reward=None if reward is None else float(reward), done=bool(doc.get("done", False)))
+    except (ValueError, TypeError):
+        return None
+
+
+def _terminated_failure(term: Raw, *, role: str, pod: str, attempt: int | None) -> Failure | None:
+    code = _int(term.get("exitCode"))
+    if code == 0:
+        return None
+    return Failure(role=role, pod=pod, attempt=attempt, exit_code=code, reason=str(term.get("reason") or "Error"),
+                   time=term.get("finishedAt"))
+
+
+def pod_failure(pod: Raw) -> Failure | None:
+    """The failure a pod shows: a Failed pod, a container terminated non-zero now or before its last restart."""
+    md, st = pod.get("metadata", {}), pod.get("status", {}) or {}
+    labels = md.get("labels", {}) or {}
+    role, name, attempt = labels.get(contract.LABEL_ROLE, ""), md.get("name", ""), _int(labels.get(contract.LABEL_ATTEMPT))
+    statuses = st.get("containerStatuses") or []
+    for cs in statuses:
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            term = state.get("terminated")
+            if term:
+                found = _terminated_failure(term, role=role, pod=name, attempt=attempt)
+                if found:
+                    return found
+    if st.get("phase") == "Failed":
+        return Failure(role=role, pod=name, attempt=attempt, exit_code=None, reason=str(st.get("reason") or "Failed"),
+                       time=None)
+    return None
+
+
+def _condition(st: Raw, kind: str) -> Raw:
+    for c in st.get("conditions") or []:
+        if c.get("type") == kind:
+            return c
+    return {}
+
+
+def pod_facts(pod: Raw) -> PodFacts:
+    """Typed facts of one raw pod."""
+    md, spec, st = pod.get("metadata", {}), pod.get("spec", {}) or {}, pod.get("status", {}) or {}
+    labels, ann = md.get("labels", {}) or {}, md.get("annotations", {}) or {}
+    sched = _condition(st, "PodScheduled")
+    unsched = sched.get("message") or "unschedulable" if (
+        sched.get("status") == "False" and sched.get("reason") == "Unschedulable") else None
+    return PodFacts(
+        name=md.get("name", ""), role=labels.get(contract.LABEL_ROLE, ""),
+        index=_int(labels.get(names.LABEL_POD_INDEX)), attempt=_int(labels.get(contract.LABEL_ATTEMPT)),
+        world=ann.get(names.ANNOTATION_WORLD), phase=st.get("phase", "Pending"),
+        scheduled=bool(spec.get("nodeName")), ready=_condition(st, "Ready").get("status") == "True",
+        terminating=md.get("deletionTimestamp") is not None,
+        restarts=sum(int(cs.get("restartCount", 0)) for cs in st.get("containerStatuses") or []),
+        unschedulable=unsched, failure=pod_failure(pod),
+        progress=parse_progress(ann.get(contract.ANNOTATION_PROGRESS)),
+    )
+
+
+def observe(pods: Iterable[Raw], seen_failures: Iterable[Failure] = ()) -> Observed:
+    """Observed facts from raw pods (sorted by name, so decisions never depend on list order)."""
+    facts = sorted((pod_facts(p) for p in pods), key=lambda p: p.name)
+    return Observed(pods=tuple(facts), seen_failures=tuple(seen_failures))

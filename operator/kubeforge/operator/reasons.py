@@ -1,0 +1,32 @@
+"""Condition types, condition reasons and event reasons the operator writes (CamelCase, as Kubernetes wants).
+
+Role: one documented home for every reason string, so status tables, events, docs and tests spell them alike.
+Neighbours: ``status`` and ``lifecycle`` pick them; ``reconcile`` posts events with them.
+"""
+from __future__ import annotations
+
+# ---- condition types ----
+GANG_SCHEDULED = "GangScheduled"   # every pod of the current attempt is bound to a node
+READY = "Ready"                    # every role has all replicas ready
+SUSPENDED = "Suspended"            # spec.suspend is true
+COMPLETE = "Complete"              # training finished (terminal)
+FAILED = "Failed"                  # the job failed (terminal)
+
+# ---- reasons ----
+WAITING_FOR_PODS = "WaitingForPods"      # pods of the attempt are not all created yet
+UNSCHEDULABLE = "Unschedulable"          # the scheduler refused the gang (message copied from a pod)
+SCHEDULED = "Scheduled"
+ALL_ROLES_READY = "AllRolesReady"
+ROLES_NOT_READY = "RolesNotReady"
+JOB_SUSPENDED = "JobSuspended"
+JOB_RESUMED = "JobResumed"
+TRAINING_COMPLETE = "TrainingComplete"
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+RESTARTING = "Restarting"                # a failure triggered a restart from checkpoint
+RESCALED = "Rescaled"                    # replicas changed: the job restarts with the new world
+NOT_FINISHED = "NotFinished"
+NOT_SUSPENDED = "NotSuspended"
+FINISHED = "Finished"                    # the job is over: nothing is scheduled any more
+TTL_EXPIRED = "TTLExpired"               # event: a finished job was deleted after ttlSecondsAfterFinished
+CONTAINER_FAILED = "ContainerFailed"      # event: a container of the current attempt failed

@@ -1,0 +1,115 @@
+"""One idempotent reconcile pass for one RLJob: observe → decide → render → apply → status → write once → events.
+
+Role: the single function every event routes to (``router`` calls it from a worker thread). Neighbours: ``apply``
+(the API), ``observed``/``lifecycle``/``render``/``status`` (pure). Invariants:
+- replaying a pass is harmless: child names are deterministic and server-side apply is declarative;
+- the status is written at most once per pass, and only when it changed; events go out after that write;
+- a pass never trusts in-memory state for correctness: the ``ApplyCache`` only skips re-sending an object this
+  process already applied unchanged (it is dropped when a child is deleted, and expires), so a restarted
+  operator re-applies everything once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kubeforge.api import load, rljob
+from kubeforge.operator import apply, lifecycle, observed, render, status, timefmt
+from kubeforge.operator.render import context, meta
+
+log = logging.getLogger("kubeforge.operator")
+Key = tuple[str, str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What a pass did, for the router (requeue) and the metrics."""
+
+    gone: bool = False                   # the RLJob no longer exists (or was deleted by its TTL)
+    phase: str | None = None
+    previous_phase: str | None = None
+    requeue_after: float | None = None
+    created: str | None = None           # the RLJob's creationTimestamp
+
+
+class ApplyCache:
+    """Digests of objects this process applied, per job, so unchanged objects are not re-sent every pass."""
+
+    def __init__(self, *, max_age: float = 120.0) -> None:
+        self._max_age = max_age
+        self._lock = threading.Lock()
+        self._seen: dict[Key, dict[tuple[str, str, str, str], tuple[str, float]]] = {}
+
+    @staticmethod
+    def digest(obj: meta.Obj) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+    def fresh(self, job: Key, obj: meta.Obj) -> bool:
+        with self._lock:
+            hit = self._seen.get(job, {}).get(meta.key(obj))
+        return hit is not None and hit[0] == self.digest(obj) and time.monotonic() - hit[1] < self._max_age
+
+    def remember(self, job: Key, obj: meta.Obj) -> None:
+        with self._lock:
+            self._seen.setdefault(job, {})[meta.key(obj)] = (self.digest(obj), time.monotonic())
+
+    def forget(self, job: Key) -> None:
+        with self._lock:
+            self._seen.pop(job, None)
+
+
+def _status_doc(s: rljob.RLJobStatus | None) -> dict[str, Any] | None:
+    return None if s is None else s.model_dump(mode="json", by_alias=True)
+
+
+def _parse(raw: meta.Obj) -> rljob.RLJob | None:
+    try:
+        return load.parse({k: raw[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in raw})
+    except load.InvalidRLJob as exc:
+        log.error("RLJob %s/%s is invalid: %s", raw["metadata"].get("namespace"), raw["metadata"]["name"], exc)
+        return None
+
+
+def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache,
+              seen_failures: Iterable[observed.Failure] = (),
+              clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> Outcome:
+    """Bring the children and the status of RLJob ``key`` (namespace, name) in line with its spec."""
+    namespace, name = key
+    raw = cluster.get_rljob(namespace, name)
+    if raw is None or raw["metadata"].get("deletionTimestamp"):
+        cache.forget(key)
+        return Outcome(gone=True)
+    job = _parse(raw)
+    if job is None:
+        return Outcome()
+    now = clock()
+    obs = observed.observe(cluster.list_pods(namespace, name), seen_failures)
+    plan = lifecycle.decide(job, obs, now=now)
+    if plan.delete_job:
+        log.info("deleting %s/%s: ttlSecondsAfterFinished expired", namespace, name)
+        cluster.delete_rljob(namespace, name)
+        cache.forget(key)
+        return Outcome(gone=True, phase=job.status.phase if job.status else None)
+    ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
+                                active=plan.active, gang_active=plan.gang_active, image=image)
+    rendered = render.render(job, ctx)
+    for obj in rendered.desired:
+        if not cache.fresh(key, obj):
+            cluster.apply(obj)
+            cache.remember(key, obj)
+    for obj in rendered.absent:
+        cluster.delete(obj)
+    new = status.compute(job, obs, plan, generation=raw["metadata"].get("generation"), now=now)
+    if _status_doc(new) != _status_doc(job.status):
+        cluster.patch_status(namespace, name, _status_doc(new) or {})
+    for ev in status.transitions(job.status, new, plan):
+        cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
+    return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
+                   requeue_after=plan.requeue_after, created=raw["metadata"].get("creationTimestamp"))

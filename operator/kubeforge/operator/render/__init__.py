@@ -1,0 +1,31 @@
+"""Pure renderers: (RLJob, RenderContext) → the desired child objects, and the objects that must not exist.
+
+Role: the "render" step of observe → render → apply → status → write. Nothing here talks to the API server or
+reads a clock. Neighbours: ``lifecycle`` builds the context; ``apply`` server-side-applies ``desired`` and deletes
+``absent``. Invariant: ``desired`` is ordered so that what pods need (config, identity, Services, the gang object)
+is applied before the StatefulSets that create pods.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from kubeforge.api import contract, rljob
+from kubeforge.operator.render import config, context, meta, rbac, service, statefulset
+from kubeforge.operator.render import gang as gangs
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Rendered:
+    desired: tuple[meta.Obj, ...]
+    absent: tuple[meta.Obj, ...] = ()
+
+
+def render(job: rljob.RLJob, ctx: context.RenderContext) -> Rendered:
+    """Every child of ``job`` for this context."""
+    gang = gangs.render(job, ctx)
+    desired: list[meta.Obj] = [config.config_map(job, ctx), *rbac.objects(job, ctx)]
+    desired += [service.headless_service(job, ctx, role=r) for r in contract.ROLES]
+    absent: list[meta.Obj] = []
+    (desired if ctx.gang_active else absent).extend(gang.objects)
+    desired += [statefulset.statefulset(job, ctx, gang, role=r) for r in contract.ROLES]
+    return Rendered(desired=tuple(desired), absent=tuple(absent))

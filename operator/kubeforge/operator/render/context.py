@@ -1,0 +1,30 @@
+"""What the renderers know besides the spec: observed facts and operator settings, frozen.
+
+Role: the second argument of every renderer. ``lifecycle`` decides these facts from the observed cluster; the
+renderers stay pure functions of (RLJob, RenderContext). Invariant: the same inputs render the same objects, byte
+for byte, so server-side apply of a replayed pass is a no-op.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from kubeforge.operator import names
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RenderContext:
+    """Facts a render depends on.
+
+    namespace/uid: the RLJob's namespace and UID (owner references).
+    attempt: the restart attempt the pods belong to (labels and ``KUBEFORGE_ATTEMPT``).
+    active: pods should exist (False while suspended, finished, or while an old attempt drains).
+    gang_active: the gang object should exist (False while suspended or finished; kept while an attempt drains).
+    image: the role image used when a role names none.
+    """
+
+    namespace: str
+    uid: str
+    attempt: int = 0
+    active: bool = True
+    gang_active: bool = True
+    image: str = names.DEFAULT_RUNTIME_IMAGE

@@ -1,0 +1,45 @@
+"""What a gang backend contributes to a job's objects, and the helpers the backends share.
+
+Role: the Protocol every backend module implements (a pure ``render(job, ctx) -> GangParts``). Neighbours:
+``render.gang`` (the registry) picks the backend by ``spec.gang.backend``; ``render.statefulset`` stamps
+``pod_labels``/``pod_annotations``/``scheduler_name`` on every pod; ``render.job`` decides whether ``objects`` are
+desired (gang active) or must be absent (suspended, finished).
+Invariant: one gang spans every role; its minimum is the sum of all replicas (never one gang per role: roles
+that wait on each other across gangs deadlock).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from kubeforge.api import contract, rljob
+from kubeforge.operator.render import context, meta
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GangParts:
+    """A backend's contribution: its own objects plus what every pod of the job must carry."""
+
+    objects: tuple[meta.Obj, ...] = ()
+    pod_labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    pod_annotations: dict[str, str] = dataclasses.field(default_factory=dict)
+    scheduler_name: str | None = None
+    #: per role: extra pod labels/annotations (e.g. the backend's task or sub-group name)
+    role_labels: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    role_annotations: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """A gang backend: a pure function from the job to its gang parts."""
+
+    def __call__(self, job: rljob.RLJob, ctx: context.RenderContext) -> GangParts: ...
+
+
+def replicas(job: rljob.RLJob) -> dict[str, int]:
+    """Replica count per role, in ``contract.ROLES`` order."""
+    return {role: getattr(job.spec.roles, role).replicas for role in contract.ROLES}
+
+
+def min_member(job: rljob.RLJob) -> int:
+    """Pods that must be placed together: every replica of every role."""
+    return sum(replicas(job).values())

@@ -1,0 +1,91 @@
+"""One StatefulSet per role: ``<job>-<role>``, Parallel pod management, pods labelled with job, role, attempt.
+
+Role: the pod template is where the env contract, the config mount, resources, ports, the readiness probe,
+placement and the gang's pod labels meet. Invariants:
+- ``podManagementPolicy: Parallel`` (ordered creation deadlocks a gang);
+- the selector holds only job and role (immutable, attempt-independent);
+- ``updateStrategy: OnDelete``: the operator alone decides when pods go (a whole attempt at a time), so the
+  StatefulSet controller never rolls pods one by one into a mixed world;
+- replicas are 0 unless the context is active (suspended, finished, or an old attempt still draining).
+"""
+from __future__ import annotations
+
+from kubeforge.api import contract, rljob
+from kubeforge.operator import names
+from kubeforge.operator.render import context, env, meta, placement, service
+from kubeforge.operator.render.gang import base
+
+ENTRYPOINT = "kubeforge"
+
+
+def world(job: rljob.RLJob) -> str:
+    """Replica counts a pod was rendered for, e.g. ``generator=1,verifier=1,trainer=1``."""
+    return ",".join(f"{r}={n}" for r, n in base.replicas(job).items())
+
+
+def _resources(spec: rljob.RoleSpec) -> meta.Obj:
+    out: meta.Obj = {}
+    if spec.resources.limits:
+        out["limits"] = {k: str(v) for k, v in sorted(spec.resources.limits.items())}
+    if spec.resources.requests:
+        out["requests"] = {k: str(v) for k, v in sorted(spec.resources.requests.items())}
+    return out
+
+
+def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> meta.Obj:
+    """The role's container: ``kubeforge role <role>`` (``command`` replaces the ``kubeforge`` executable)."""
+    spec: rljob.RoleSpec = getattr(job.spec.roles, role)
+    c: meta.Obj = {
+        "name": role,
+        "image": spec.image or ctx.image,
+        "command": list(spec.command) if spec.command else [ENTRYPOINT],
+        "args": ["role", role],
+        "env": env.role_env(job, ctx, role=role),
+        "ports": [{"name": p["name"], "containerPort": p["port"], "protocol": "TCP"} for p in service.ports()],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
+                           "periodSeconds": 5, "failureThreshold": 3},
+        "volumeMounts": [{"name": names.CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
+                         *[dict(m) for m in spec.volume_mounts]],
+    }
+    res = _resources(spec)
+    if res:
+        c["resources"] = res
+    return c
+
+
+def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangParts, *, role: str) -> meta.Obj:
+    spec: rljob.RoleSpec = getattr(job.spec.roles, role)
+    labels = {**meta.job_labels(job), contract.LABEL_ROLE: role, contract.LABEL_ATTEMPT: str(ctx.attempt),
+              **gang.pod_labels, **gang.role_labels.get(role, {})}
+    annotations = {names.ANNOTATION_WORLD: world(job), **gang.pod_annotations, **gang.role_annotations.get(role, {})}
+    pod: meta.Obj = {
+        "serviceAccountName": names.service_account(job.metadata.name),
+        "restartPolicy": "Always",
+        "containers": [container(job, ctx, role=role)],
+        "volumes": [{"name": names.CONFIG_VOLUME, "configMap": {"name": names.config_map(job.metadata.name)}},
+                    *[dict(v) for v in spec.volumes]],
+        **placement.pod_placement(job, role),
+    }
+    if gang.scheduler_name:
+        pod["schedulerName"] = gang.scheduler_name
+    if spec.priority_class_name:
+        pod["priorityClassName"] = spec.priority_class_name
+    return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
+
+
+def statefulset(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangParts, *, role: str) -> meta.Obj:
+    """The StatefulSet ``<job>-<role>``."""
+    name = contract.child_name(job.metadata.name, role)
+    replicas = getattr(job.spec.roles, role).replicas if ctx.active else 0
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": meta.metadata(job, ctx, name=name, labels={contract.LABEL_ROLE: role}),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": meta.role_labels(job, role)},
+            "template": pod_template(job, ctx, gang, role=role),
+        },
+    }

@@ -1,0 +1,147 @@
+"""Status: the RLJob's observed state, computed (pure) from the plan and the pods, then written once per pass.
+
+Role: the "status" step of observe → render → apply → status → write. Neighbours: ``lifecycle`` supplies the
+plan; ``reconcile`` writes the result only when it differs from the stored status and posts ``transitions`` as
+events after the write. Invariants:
+- phases: Pending (the gang is not placed yet) → Starting (placed, not all ready) → Running (all ready);
+  Restarting (an older attempt drains); Suspended; Succeeded / Failed (terminal);
+- every condition carries ``observedGeneration``; ``lastTransitionTime`` moves only when its status flips;
+- per-role counts and the gang's state come from pods of the current attempt only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from kubeforge.api import contract, rljob
+from kubeforge.operator import lifecycle, observed, reasons, timefmt
+
+Phase = rljob.Phase
+Cond = tuple[bool, str, str]   # status, reason, message
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Event:
+    """A Kubernetes event to post after the status write."""
+
+    type: str      # Normal | Warning
+    reason: str
+    message: str
+
+
+def role_statuses(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan) -> dict[str, rljob.RoleStatus]:
+    """Desired, ready and restarted pods per role in the current attempt."""
+    pods = [p for p in obs.of_attempt(plan.attempt) if not p.terminating]
+    out = {}
+    for role in contract.ROLES:
+        mine = [p for p in pods if p.role == role]
+        out[role] = rljob.RoleStatus(
+            replicas=getattr(job.spec.roles, role).replicas if plan.active else 0,
+            ready=sum(p.ready for p in mine), restarts=sum(p.restarts for p in mine))
+    return out
+
+
+def gang_condition(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan) -> Cond:
+    """Is every pod of the current attempt bound to a node?"""
+    if plan.terminal:
+        return False, reasons.FINISHED, "the job is finished; nothing is scheduled"
+    if plan.suspended:
+        return False, reasons.JOB_SUSPENDED, "the job is suspended; the gang is released"
+    pods = [p for p in obs.of_attempt(plan.attempt) if not p.terminating]
+    stuck = [p for p in pods if p.unschedulable]
+    if stuck:
+        return False, reasons.UNSCHEDULABLE, f"{len(stuck)} pods unschedulable: {stuck[0].unschedulable}"
+    want = sum(getattr(job.spec.roles, r).replicas for r in contract.ROLES)
+    placed = sum(p.scheduled for p in pods)
+    if plan.active and placed >= want:
+        return True, reasons.SCHEDULED, f"all {want} pods are bound to nodes"
+    return False, reasons.WAITING_FOR_PODS, f"{placed}/{want} pods bound to nodes"
+
+
+def ready_condition(roles: dict[str, rljob.RoleStatus], plan: lifecycle.Plan) -> Cond:
+    lagging = [f"{r} {s.ready}/{s.replicas}" for r, s in roles.items() if s.ready < s.replicas]
+    if plan.active and not lagging:
+        return True, reasons.ALL_ROLES_READY, "every role has all replicas ready"
+    return False, reasons.ROLES_NOT_READY, ", ".join(lagging) or "no pods are wanted now"
+
+
+def phase_of(plan: lifecycle.Plan, gang: Cond, ready: Cond) -> str:
+    if plan.terminal:
+        return plan.terminal
+    if plan.suspended:
+        return Phase.SUSPENDED.value
+    if plan.draining:
+        return Phase.RESTARTING.value
+    if ready[0]:
+        return Phase.RUNNING.value
+    if gang[0]:
+        return Phase.STARTING.value
+    return Phase.PENDING.value
+
+
+def _conditions(job: rljob.RLJob, plan: lifecycle.Plan, gang: Cond, ready: Cond) -> dict[str, Cond]:
+    out = {reasons.GANG_SCHEDULED: gang, reasons.READY: ready,
+           reasons.SUSPENDED: (True, reasons.JOB_SUSPENDED, "spec.suspend is true") if plan.suspended
+           else (False, reasons.NOT_SUSPENDED, "")}
+    if plan.terminal == Phase.SUCCEEDED.value:
+        out[reasons.COMPLETE] = (True, plan.terminal_reason, plan.terminal_message)
+    if plan.terminal == Phase.FAILED.value:
+        out[reasons.FAILED] = (True, plan.terminal_reason, plan.terminal_message)
+    return out
+
+
+def merge_conditions(prev: list[rljob.Condition], new: dict[str, Cond], *, generation: int | None,
+                     now: dt.datetime) -> list[rljob.Condition]:
+    """Conditions in a stable order; a condition's transition time moves only when its status flips."""
+    old = {c.type: c for c in prev}
+    out = []
+    for kind, (ok, reason, message) in new.items():
+        status = "True" if ok else "False"
+        before = old.get(kind)
+        when = before.last_transition_time if before and before.status == status else timefmt.fmt(now)
+        out.append(rljob.Condition(type=kind, status=status, reason=reason, message=message,
+                                   last_transition_time=when, observed_generation=generation))
+    return out
+
+
+def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, generation: int | None,
+            now: dt.datetime) -> rljob.RLJobStatus:
+    """The status to store for this pass."""
+    prev = job.status or rljob.RLJobStatus()
+    roles = role_statuses(job, obs, plan)
+    gang, ready = gang_condition(job, obs, plan), ready_condition(roles, plan)
+    ready_roles = sum(1 for s in roles.values() if s.replicas and s.ready >= s.replicas)
+    return rljob.RLJobStatus(
+        phase=phase_of(plan, gang, ready), observed_generation=generation,
+        conditions=merge_conditions(prev.conditions, _conditions(job, plan, gang, ready), generation=generation,
+                                    now=now),
+        roles=roles, ready=f"{ready_roles}/{len(roles)}", restarts=plan.restarts, attempt=plan.attempt,
+        last_failure=plan.last_failure, progress=plan.progress, start_time=plan.start_time,
+        completion_time=plan.completion_time,
+    )
+
+
+_PHASE_EVENT = {
+    Phase.PENDING.value: ("Normal", "Pending"), Phase.STARTING.value: ("Normal", "Starting"),
+    Phase.RUNNING.value: ("Normal", "Running"), Phase.RESTARTING.value: ("Warning", "Restarting"),
+    Phase.SUSPENDED.value: ("Normal", "Suspended"), Phase.SUCCEEDED.value: ("Normal", "Succeeded"),
+    Phase.FAILED.value: ("Warning", "Failed"),
+}
+
+
+def transitions(prev: rljob.RLJobStatus | None, new: rljob.RLJobStatus, plan: lifecycle.Plan) -> list[Event]:
+    """Events for this pass: a failure seen, a new attempt, a phase change (in that order)."""
+    out = []
+    if plan.new_failure is not None:
+        f = plan.new_failure
+        out.append(Event(type="Warning", reason=reasons.CONTAINER_FAILED,
+                         message=f"{f.role} pod {f.pod} failed: exit code {f.exit_code}, reason {f.reason}"))
+    if plan.new_attempt_reason:
+        out.append(Event(type="Warning" if plan.new_attempt_reason == reasons.RESTARTING else "Normal",
+                         reason=plan.new_attempt_reason,
+                         message=f"starting attempt {plan.attempt} (restart {plan.restarts})"))
+    if prev is None or prev.phase != new.phase:
+        kind, reason = _PHASE_EVENT[new.phase]
+        detail = next((c.message for c in new.conditions if c.type in (reasons.COMPLETE, reasons.FAILED)), "")
+        out.append(Event(type=kind, reason=reason, message=f"phase {new.phase}" + (f": {detail}" if detail else "")))
+    return out
