@@ -1,0 +1,88 @@
+"""The generator role's loop: work in, ``groupSize`` completions per prompt out; new weights between batches.
+
+```
+ trainer 0 ──WORK(step, prompts) / SYNC(v) / STOP──▶ inbox            (one ordered channel: a SYNC is seen
+                                                      │                 between batches, never mid-batch)
+      WORK ─▶ sampler.sample(prompts) ─▶ groups stamped (policy version, step, generator) ─▶ ROLLOUT ─▶ verifiers
+      SYNC ─▶ weights.load(sync): join the broadcast, load in place ─▶ version = v ─▶ ACK ─▶ trainer 0
+```
+
+Neighbours: the sampler wraps the vLLM engine (``generator.Engine``), ``weights`` wraps its weight receiver
+(``weightsync``); both are injected by ``roles.main`` (unit tests inject in-process ones). ``transport`` gives the
+inbox, the sender towards the verifiers (round robin) and the control sender towards trainer 0.
+
+Invariants: every group carries the policy version of the weights that sampled it; the engine is never reloaded
+while it is sampling (this loop is single-threaded); READY goes to trainer 0 once the engine is up.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from kubeforge.runtime import transport, types, wire
+
+POLL_SECONDS = 0.2
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyncResult:
+    """What one weight load cost."""
+
+    seconds: float
+    bytes: int
+
+
+class Sampler(Protocol):
+    def sample(self, prompts: Sequence[types.Prompt]) -> list[types.RolloutGroup]:
+        """One group per prompt (``groupSize`` completions, behaviour logprobs); version/step set by the loop."""
+
+
+class WeightLoader(Protocol):
+    def load(self, sync: wire.Sync) -> SyncResult:
+        """Join the weight broadcast announced by ``sync`` and load the weights in place."""
+
+
+class GeneratorObserver(Protocol):
+    def sampled(self, *, groups: Sequence[types.RolloutGroup], seconds: float) -> None: ...
+    def synced(self, *, version: int, result: SyncResult) -> None: ...
+    def unexpected(self, *, kind: str) -> None: ...
+
+
+def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, control: transport.Sender,
+        sampler: Sampler, weights: WeightLoader, observer: GeneratorObserver, policy_version: int = 0,
+        should_stop: Callable[[], bool] = lambda: False) -> None:
+    """Serve until STOP (or ``should_stop``)."""
+    version = policy_version
+    control.send(wire.Ready(role="generator", index=index, policy_version=version))
+    while not should_stop():
+        msg = inbox.recv(timeout=POLL_SECONDS)
+        if msg is None:
+            continue
+        if isinstance(msg, wire.Stop):
+            return
+        if isinstance(msg, wire.Work):
+            _work(msg, index=index, version=version, sampler=sampler, verifiers=verifiers, observer=observer)
+        elif isinstance(msg, wire.Sync):
+            result = weights.load(msg)
+            version = msg.version
+            observer.synced(version=version, result=result)
+            control.send(wire.Ack(role="generator", index=index, of=wire.Kind.SYNC, version=version,
+                                  detail=json.dumps({"seconds": result.seconds, "bytes": result.bytes})))
+        else:
+            observer.unexpected(kind=type(msg).__name__)
+
+
+def _work(msg: wire.Work, *, index: int, version: int, sampler: Sampler, verifiers: transport.Sender,
+          observer: GeneratorObserver) -> None:
+    started = time.monotonic()
+    groups = sampler.sample(msg.prompts)
+    for g in groups:
+        g.policy_version = version
+        g.step = msg.step
+        g.generator = index
+    observer.sampled(groups=groups, seconds=time.monotonic() - started)
+    for g in groups:
+        verifiers.send(wire.Rollout(group=g))

@@ -1,0 +1,98 @@
+"""``kubeforge role generator|verifier|trainer``: env contract → real parts (ZeroMQ, vLLM, torch) → role loop.
+
+```
+ config.from_env (fails with one message per problem, exit 2) → Metrics + /metrics /healthz /readyz server
+   verifier : bind data port ─ senders to every trainer ─ ready ─ roles.verifier.run
+   generator: bind data port ─ senders to verifiers, to trainer 0's control port ─ start vLLM ─ ready
+              ─ roles.generator.run
+   trainer  : data-parallel group ─ learner (model) ─ bind data port (rank 0: control port too) ─ sender to every
+              generator ─ rank 0: weight sender + reporter ─ ready ─ roles.trainer.Loop.run
+```
+
+Every receiver is bound before any sender waits for its peers, so start order never matters. SIGTERM/SIGINT end the
+generator and verifier loops between messages (exit 0); the trainer exits 0 only after its last step.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from kubeforge.api import contract
+from kubeforge.runtime import config, metrics, transport
+
+EXIT_CONFIG = 2
+
+
+def _stop_flag() -> threading.Event:
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, handler)
+    return stop
+
+
+def load_config(role: str, environ: Mapping[str, str]) -> config.RoleConfig:
+    env = dict(environ)
+    env.setdefault(contract.ENV_ROLE, role)
+    if env[contract.ENV_ROLE] != role:
+        raise config.ConfigError([f"{contract.ENV_ROLE}: Invalid value: {env[contract.ENV_ROLE]!r}: the command "
+                                  f"runs role {role!r}"])
+    return config.from_env(env)
+
+
+def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
+    """Entry point of ``kubeforge role ROLE``; returns the exit status."""
+    try:
+        cfg = load_config(role, os.environ if environ is None else environ)
+    except config.ConfigError as exc:
+        for p in exc.problems:
+            print(f"kubeforge role {role}: {p}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
+    m = metrics.Metrics(role=role, replica=cfg.index)
+    server = metrics.serve(m, host=cfg.bind_host, port_base=cfg.port_base)
+    print(f"{cfg.name}: metrics on {cfg.bind_host}:{server.port} (attempt {cfg.attempt})", flush=True)
+    try:
+        if role == "verifier":
+            return _verifier(cfg, m, server, _stop_flag())
+        if role == "generator":
+            from kubeforge.runtime.roles import start_generator
+            return start_generator.main(cfg, m, server, _stop_flag())
+        from kubeforge.runtime.roles import start_trainer
+        return start_trainer.main(cfg, m, server)
+    finally:
+        server.stop()
+
+
+def data_addresses(cfg: config.RoleConfig, role: str) -> list[str]:
+    """Every replica of ``role``'s data port, by index."""
+    return [transport.tcp_address(p.host, p.port(contract.PORT_DATA)) for p in cfg.peers[role]]
+
+
+def bind(cfg: config.RoleConfig, offset: int) -> str:
+    return transport.tcp_address(cfg.bind_host, cfg.port(offset))
+
+
+def _verifier(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer,
+              stop: threading.Event) -> int:
+    from kubeforge.runtime import verifiers
+    from kubeforge.runtime.roles import observe
+    from kubeforge.runtime.roles import verifier as loop
+
+    scorer = verifiers.Scorer(cfg.spec.verifiers)
+    inbox = transport.open_receiver(bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
+    trainers = transport.open_sender(data_addresses(cfg, "trainer"), role="verifier", index=cfg.index)
+    server.set_ready(True)
+    try:
+        loop.run(inbox=inbox, trainers=trainers, score=scorer.apply, observer=observe.VerifierObserver(m, scorer.errors),
+                 should_stop=stop.is_set)
+    finally:
+        trainers.close()
+        inbox.close()
+    return 0

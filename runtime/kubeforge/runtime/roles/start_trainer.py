@@ -1,0 +1,93 @@
+"""Wiring of a trainer rank: data-parallel group, learner, sockets, and on rank 0 the weight push and reporter.
+
+Neighbours: ``roles.main`` calls :func:`main`; ``roles.trainer.Loop`` is the loop it runs. The weight-sync store
+lives on trainer 0 at ``contract.PORT_WEIGHTS``, the data-parallel store at ``contract.PORT_DIST``.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+from kubeforge.api import contract, rljob
+from kubeforge.runtime import config, metrics, models, tasks, transport, weightsync
+from kubeforge.runtime.roles import main as role_main
+from kubeforge.runtime.roles import observe, report, sync
+from kubeforge.runtime.roles import trainer as loop
+from kubeforge.runtime.trainer import parallel, step
+
+
+def backend(spec: rljob.WeightSyncSpec) -> str:
+    if spec.backend == rljob.WeightSyncBackend.AUTO.value:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if spec.backend == rljob.WeightSyncBackend.NCCL.value else "gloo"
+
+
+def settings(cfg: config.RoleConfig) -> loop.Settings:
+    spec = cfg.spec
+    return loop.Settings(
+        rank=cfg.index, world=cfg.replicas("trainer"), steps=spec.algorithm.steps,
+        prompts_per_step=spec.algorithm.prompts_per_step, max_policy_lag=spec.algorithm.max_policy_lag,
+        sync_every=spec.weight_sync.every_steps, checkpoint_every=spec.checkpoint.every_steps,
+        checkpoint_dir=cfg.checkpoint_dir, checkpoint_keep=spec.checkpoint.keep)
+
+
+def reporter(cfg: config.RoleConfig) -> report.Reporter:
+    if cfg.report == config.REPORT_POD_ANNOTATION:
+        if not cfg.pod_name or not cfg.namespace:
+            raise config.ConfigError([f"{contract.ENV_POD_NAME}/{contract.ENV_NAMESPACE}: Required value: "
+                                      f"{contract.ENV_REPORT}=pod-annotation needs both"])
+        return report.Tee(report.StdoutReporter(),
+                          report.PodAnnotationReporter(pod=cfg.pod_name, namespace=cfg.namespace))
+    if cfg.report == config.REPORT_JSONL and cfg.run_dir is not None:
+        return report.JsonlReporter(path=pathlib.Path(cfg.run_dir) / "metrics.jsonl")
+    return report.StdoutReporter()
+
+
+def _group(cfg: config.RoleConfig) -> parallel.DataParallel:
+    master = cfg.peer("trainer", 0)
+    dist = parallel.DistConfig(
+        rank=cfg.index, world_size=cfg.replicas("trainer"), master_host=master.host,
+        master_port=master.port(contract.PORT_DIST), backend="nccl" if torch.cuda.is_available() else "gloo")
+    return parallel.DataParallel(config=dist, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transport.Sender,
+           m: metrics.Metrics) -> loop.Rank0:
+    spec = cfg.spec
+    control = transport.open_receiver(role_main.bind(cfg, contract.PORT_CONTROL), on_drop=m.drop_hook())
+    me = cfg.peer("trainer", 0)
+    world = weightsync.world_size(generators=cfg.replicas("generator"),
+                                  tensor_parallel_size=spec.roles.generator.tensor_parallel_size)
+    be = backend(spec.weight_sync)
+    sender = weightsync.WeightSender(host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world,
+                                     timeout=spec.weight_sync.timeout_seconds, backend=be)
+    pusher = sync.Pusher(generators=generators, control=control, sender=sender, tensors=learner.named_tensors,
+                         host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world, backend=be,
+                         timeout_s=spec.weight_sync.timeout_seconds)
+    return loop.Rank0(control=control, pusher=pusher, reporter=reporter(cfg))
+
+
+def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer) -> int:
+    spec = cfg.spec
+    s = settings(cfg)
+    inbox = transport.open_receiver(role_main.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook(),
+                                    hwm=(s.max_policy_lag + 2) * s.prompts_per_step + 64)
+    group = _group(cfg)
+    learner = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm, dtype=spec.model.dtype,
+                           group=group, device=str(group.device))
+    generators = transport.open_sender(role_main.data_addresses(cfg, "generator"), role="trainer", index=cfg.index)
+    rank0 = _rank0(cfg, learner=learner, generators=generators, m=m) if cfg.index == 0 else None
+    server.set_ready(True)
+    stream = tasks.stream(spec.task)
+    try:
+        loop.Loop(settings=s, inbox=inbox, generators=generators, learner=learner, prompt_at=stream.prompt_at,
+                  observer=observe.TrainerObserver(m), rank0=rank0).run()
+    finally:
+        if rank0 is not None:
+            rank0.pusher.close()  # type: ignore[attr-defined]
+            rank0.control.close()
+        generators.close()
+        inbox.close()
+        group.close()
+    return 0

@@ -1,0 +1,82 @@
+"""Trainer rank 0's weight push: a SYNC notice to every generator over ZeroMQ, then the broadcast, then the ACKs.
+
+```
+ rank 0 ──SYNC(v, store host:port, world)──▶ generator g inbox   (g reads it between batches)
+ rank 0 ══ weightsync.WeightSender.send(named tensors, v) ══▶ every generator worker (gloo/NCCL, private group)
+ generator g ──ACK(SYNC, v, detail={"seconds", "bytes"})──▶ rank 0 control inbox
+```
+
+Neighbours: ``weightsync`` (the group and the bucketed broadcast), ``roles.trainer`` (calls :meth:`Pusher.push`
+after a step), ``roles.generator`` (answers SYNC, reports its receive+load time in the ACK).
+
+Reported figures: ``seconds`` is the slowest generator's receive-and-load time (from the first header it receives
+to its ack: the time generation actually pauses); the sender's own time also counts the wait until every generator
+finished its current batch, so it is kept only as a fallback. ``bytes`` is the payload of one copy.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from kubeforge.runtime import transport, weightsync, wire
+from kubeforge.runtime.roles import generator as generator_role
+
+ACK_TIMEOUT_SECONDS = 30.0
+
+
+def ack_detail(result: generator_role.SyncResult) -> str:
+    return json.dumps({"seconds": result.seconds, "bytes": result.bytes})
+
+
+def parse_ack_detail(detail: str) -> generator_role.SyncResult | None:
+    try:
+        doc = json.loads(detail)
+        return generator_role.SyncResult(seconds=float(doc["seconds"]), bytes=int(doc["bytes"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class Pusher:
+    """Implements ``roles.trainer.WeightPusher`` over ZeroMQ notices and a ``weightsync.WeightSender``."""
+
+    def __init__(self, *, generators: transport.Sender, control: transport.Receiver,
+                 sender: weightsync.WeightSender, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
+                 host: str, port: int, world_size: int, backend: str, timeout_s: int,
+                 on_other: Callable[[wire.Message], Any] = lambda m: None) -> None:
+        self.generators = generators
+        self.control = control
+        self.sender = sender
+        self.tensors = tensors
+        self.notice = dict(host=host, port=port, world_size=world_size, backend=backend, timeout_s=timeout_s)
+        self.on_other = on_other
+
+    def push(self, *, version: int, step: int) -> generator_role.SyncResult:
+        sync = wire.Sync(version=version, step=step, **self.notice)  # type: ignore[arg-type]
+        for g in range(self.generators.peers):
+            self.generators.send(sync, to=g)
+        stats = self.sender.send(self.tensors(), version=version)
+        acks = self._acks(version)
+        seconds = max((a.seconds for a in acks), default=stats.seconds)
+        return generator_role.SyncResult(seconds=seconds, bytes=stats.bytes)
+
+    def _acks(self, version: int) -> list[generator_role.SyncResult]:
+        want = set(range(self.generators.peers))
+        got: list[generator_role.SyncResult] = []
+        deadline = time.monotonic() + ACK_TIMEOUT_SECONDS
+        while want and time.monotonic() < deadline:
+            msg = self.control.recv(timeout=0.5)
+            if isinstance(msg, wire.Ack) and msg.of == wire.Kind.SYNC and msg.version == version:
+                want.discard(msg.index)
+                parsed = parse_ack_detail(msg.detail)
+                if parsed is not None:
+                    got.append(parsed)
+            elif msg is not None:
+                self.on_other(msg)
+        return got if not want else []
+
+    def close(self) -> None:
+        self.sender.close()

@@ -1,0 +1,263 @@
+"""The trainer role's loop (every rank), with the data cursor and the weight push on rank 0.
+
+```
+ resume from the newest complete checkpoint → step s0, policy version v = s0 (all ranks, rank 0 broadcasts)
+ rank 0: wait for READY from every generator; if v > 0 push weights v (generators start from the base model)
+ for s in s0 .. steps-1:
+   rank 0: issue WORK for steps up to s + ahead, ahead = maxPolicyLag - (weightSync.everySteps - 1)
+   collect my share of step s: SCORED → buffer (stale/duplicate/late dropped and counted)
+       dropped-but-needed prompts → re-issued by this rank straight to a generator (round robin)
+   train_step(my groups) ── all-reduce ──▶ v = s + 1
+   rank 0: push weights v every weightSync.everySteps (SYNC notice, then the broadcast; generators ACK)
+   rank 0: checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
+   rank 0: report the step (JSONL locally, pod annotation on a cluster)
+ rank 0: STOP every generator, report done
+```
+
+Neighbours: ``trainer.step.Trainer`` (learner, checkpoints), ``trainer.buffer.RolloutBuffer`` (staleness),
+``tasks`` (``prompt_at(k)``, injected), ``roles.report`` (Reporter), the weight pusher (``roles.sync``), the
+transport (inbox and a sender to every generator; rank 0 also a control inbox for READY/ACK).
+
+Invariants:
+- The cursor is the step: prompts of step s are ``[s*P, (s+1)*P)``, a pure function of the task and seed. A
+  checkpoint after step s stores cursor s+1, so a restarted job re-issues exactly the untrained steps.
+- Rank r trains on prompts with ``index % trainers == r``; every rank calls ``train_step`` once per step.
+- Outstanding work never exceeds ``ahead + 1`` steps: the only queue growth is bounded by it.
+- A generator's weights are at most ``everySteps - 1`` versions behind the trainer's when it samples, and work is
+  issued ``ahead`` steps early, so a group's lag at training is at most ``ahead + everySteps - 1 = maxPolicyLag``:
+  in a healthy run nothing is stale (``config.spec_problems`` refuses ``maxPolicyLag < everySteps - 1``).
+- Re-issues go from the rank that needs them straight to a generator, never through rank 0, so no rank ever
+  waits inside a collective for a message another rank has yet to forward.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from kubeforge.runtime import transport, types, wire
+from kubeforge.runtime.roles import generator as generator_role
+from kubeforge.runtime.roles import report
+from kubeforge.runtime.trainer import buffer as buffer_mod
+
+POLL_SECONDS = 0.05
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The numbers of the loop, from the spec and the env contract."""
+
+    rank: int
+    world: int
+    steps: int
+    prompts_per_step: int
+    max_policy_lag: int
+    sync_every: int
+    checkpoint_every: int
+    checkpoint_dir: str
+    checkpoint_keep: int
+
+
+class Learner(Protocol):
+    """What the loop needs of ``trainer.step.Trainer``."""
+
+    step: int
+    policy_version: int
+
+    def train_step(self, *, groups: Sequence[types.RolloutGroup]) -> Any: ...
+    def resume(self, *, directory: str) -> dict[str, Any] | None: ...
+    def save_checkpoint(self, *, directory: str, keep: int, data_cursor: int,
+                        extra: Mapping[str, Any] | None = None) -> Any: ...
+
+
+class WeightPusher(Protocol):
+    def push(self, *, version: int, step: int) -> generator_role.SyncResult:
+        """Announce SYNC to every generator, broadcast the weights, wait for every ACK."""
+
+
+class TrainerObserver(Protocol):
+    def trained(self, *, record: Mapping[str, Any]) -> None: ...
+    def dropped(self, *, reason: str) -> None: ...
+    def unexpected(self, *, kind: str) -> None: ...
+
+
+@dataclasses.dataclass(kw_only=True)
+class Rank0:
+    """The parts only trainer rank 0 has."""
+
+    control: transport.Receiver           # READY/ACK from generators
+    pusher: WeightPusher
+    reporter: report.Reporter
+
+
+def prompt_indices(*, step: int, prompts_per_step: int) -> range:
+    return range(step * prompts_per_step, (step + 1) * prompts_per_step)
+
+
+def my_share(*, step: int, settings: Settings) -> int:
+    """How many groups of ``step`` belong to this rank."""
+    return sum(1 for k in prompt_indices(step=step, prompts_per_step=settings.prompts_per_step)
+               if k % settings.world == settings.rank)
+
+
+def split(items: Sequence[types.Prompt], parts: int) -> list[list[types.Prompt]]:
+    """Contiguous, nearly equal chunks (some empty when there are fewer items than parts)."""
+    n = len(items)
+    return [list(items[i * n // parts:(i + 1) * n // parts]) for i in range(parts)]
+
+
+class Loop:
+    """State of one trainer rank's run (see the module docstring for the order of things)."""
+
+    def __init__(self, *, settings: Settings, inbox: transport.Receiver, generators: transport.Sender,
+                 learner: Learner, prompt_at: Callable[[int], types.Prompt], observer: TrainerObserver,
+                 rank0: Rank0 | None = None, clock: Callable[[], float] = time.time) -> None:
+        if (rank0 is None) == (settings.rank == 0):
+            raise ValueError("rank 0, and only rank 0, needs the Rank0 parts")
+        self.s = settings
+        self.inbox = inbox
+        self.learner = learner
+        self.prompt_at = prompt_at
+        self.observer = observer
+        self.generators = generators
+        self.rank0 = rank0
+        self.clock = clock
+        capacity = (settings.max_policy_lag + 2) * settings.prompts_per_step + 16
+        self.buffer = buffer_mod.RolloutBuffer(max_policy_lag=settings.max_policy_lag, capacity=capacity)
+        self.issued = 0                   # rank 0: next step whose work has not been handed out
+        self._next_generator = settings.rank
+        self.ahead = settings.max_policy_lag - (settings.sync_every - 1)
+        if self.ahead < 0:
+            raise ValueError("spec.algorithm.maxPolicyLag must be >= spec.weightSync.everySteps - 1")
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        start = self._resume()
+        if self.rank0 is not None:
+            self._wait_for_generators()
+            if start > 0:
+                self._push(step=start)
+        for s in range(start, self.s.steps):
+            self._issue_window(current=s)
+            groups = self._collect(s)
+            t0 = self.clock()
+            stats = self.learner.train_step(groups=groups)
+            self._after_step(s, stats, groups, train_seconds=self.clock() - t0)
+        if self.rank0 is not None:
+            self._finish()
+
+    def _resume(self) -> int:
+        state = self.learner.resume(directory=self.s.checkpoint_dir)
+        start = int(state["data_cursor"]) if state else 0
+        self.buffer.advance(next_step=start)
+        self.issued = start
+        if self.rank0 is not None:
+            self.rank0.reporter.resumed(step=start)
+        return start
+
+    def _wait_for_generators(self) -> None:
+        assert self.rank0 is not None
+        waiting = set(range(self.generators.peers))
+        while waiting:
+            msg = self.rank0.control.recv(timeout=1.0)
+            if isinstance(msg, wire.Ready) and msg.role == "generator":
+                waiting.discard(msg.index)
+            elif msg is not None:
+                self._control(msg)
+
+    # ------------------------------------------------------------ work out (rank 0)
+
+    def _issue_window(self, *, current: int) -> None:
+        if self.rank0 is None:
+            return
+        last = min(current + self.ahead, self.s.steps - 1)
+        while self.issued <= last:
+            step = self.issued
+            prompts = [self.prompt_at(k) for k in prompt_indices(step=step, prompts_per_step=self.s.prompts_per_step)]
+            for g, chunk in enumerate(split(prompts, self.generators.peers)):
+                if chunk:
+                    self.generators.send(self._work(step, chunk), to=g)
+            self.issued += 1
+
+    def _work(self, step: int, prompts: Sequence[types.Prompt]) -> wire.Work:
+        return wire.Work(step=step, policy_version=self.learner.policy_version, prompts=tuple(prompts))
+
+    def _control(self, msg: wire.Message) -> None:
+        if not isinstance(msg, (wire.Ready, wire.Ack)):
+            self.observer.unexpected(kind=type(msg).__name__)
+
+    # ------------------------------------------------------------ groups in (every rank)
+
+    def _collect(self, step: int) -> list[types.RolloutGroup]:
+        expected = my_share(step=step, settings=self.s)
+        while not self.buffer.ready(step=step, expected=expected):
+            msg = self.inbox.recv(timeout=POLL_SECONDS)
+            if isinstance(msg, wire.Scored):
+                reason = self.buffer.add(group=msg.group, policy_version=self.learner.policy_version)
+                if reason is not None:
+                    self.observer.dropped(reason=reason)
+            elif msg is not None:
+                self.observer.unexpected(kind=type(msg).__name__)
+            self._drain_control()
+            self._forward_reissues()
+        return self.buffer.take(step=step, policy_version=self.learner.policy_version)
+
+    def _drain_control(self) -> None:
+        if self.rank0 is None:
+            return
+        while (msg := self.rank0.control.recv(timeout=0)) is not None:
+            self._control(msg)
+
+    def _forward_reissues(self) -> None:
+        """Hand dropped-but-needed prompts out again, round robin over generators."""
+        for r in self.buffer.drain_reissue():
+            g = self._next_generator % self.generators.peers
+            self._next_generator = g + 1
+            self.generators.send(self._work(r.step, [r.prompt]), to=g)
+
+    # ------------------------------------------------------------ after a step
+
+    def _after_step(self, s: int, stats: Any, groups: Sequence[types.RolloutGroup], *, train_seconds: float) -> None:
+        done = s + 1
+        last = done == self.s.steps
+        sync: generator_role.SyncResult | None = None
+        if self.rank0 is not None and (done % self.s.sync_every == 0) and not last:
+            sync = self._push(step=done)
+        if done % self.s.checkpoint_every == 0 or last:
+            self.learner.save_checkpoint(directory=self.s.checkpoint_dir, keep=self.s.checkpoint_keep,
+                                         data_cursor=done)
+        record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
+        self.observer.trained(record=record)
+        if self.rank0 is not None:
+            self.rank0.reporter.step(record)
+
+    def _push(self, *, step: int) -> generator_role.SyncResult:
+        assert self.rank0 is not None
+        return self.rank0.pusher.push(version=self.learner.policy_version, step=step)
+
+    def _record(self, stats: Any, groups: Sequence[types.RolloutGroup], *,
+                sync: generator_role.SyncResult | None, train_seconds: float) -> dict[str, Any]:
+        base = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+        drops = sum(self.buffer.drops.values())
+        record = {
+            **base,
+            "time": self.clock(),
+            "step_seconds": train_seconds,
+            "weight_sync_seconds": sync.seconds if sync else None,
+            "weight_sync_bytes": sync.bytes if sync else None,
+            "dropped_stale": self.buffer.drops.get(buffer_mod.STALE, 0),
+            "dropped_total": drops,
+            "policy_lag": {str(k): v for k, v in sorted(self.buffer.lag_counts.items())},
+        }
+        return record
+
+    def _finish(self) -> None:
+        assert self.rank0 is not None
+        for g in range(self.generators.peers):
+            try:
+                self.generators.send(wire.Stop(reason="done"), to=g, timeout=5.0)
+            except transport.TransportError:
+                pass
+        self.rank0.reporter.done({"step": self.learner.step, "policy_version": self.learner.policy_version})

@@ -1,0 +1,51 @@
+"""The verifier role's loop: rollout groups in, one batched scoring call per group, scored groups out.
+
+```
+ generators ──ROLLOUT──▶ inbox ──score(group)──▶ SCORED ──▶ trainer rank (prompt.index % trainers)
+```
+
+Neighbours: ``verifiers.score_group`` does the scoring (injected as ``score``); ``transport`` gives the inbox and
+the sender towards the trainer ranks; ``roles.main`` wires the real parts.
+
+Invariants: malformed frames never reach this loop (the transport refuses and counts them); a message of a kind
+the verifier does not expect is counted and skipped; a group whose scoring raises is counted and skipped (its
+prompt is re-issued by the trainer's buffer rules), so one bad group never stops the role. STOP ends the loop.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from kubeforge.runtime import transport, types, wire
+
+POLL_SECONDS = 0.2
+
+
+class VerifierObserver(Protocol):
+    def scored(self, *, group: types.RolloutGroup, seconds: float) -> None: ...
+    def unexpected(self, *, kind: str) -> None: ...
+    def failed(self, *, error: BaseException) -> None: ...
+
+
+def run(*, inbox: transport.Receiver, trainers: transport.Sender,
+        score: Callable[[types.RolloutGroup], types.RolloutGroup], observer: VerifierObserver,
+        should_stop: Callable[[], bool] = lambda: False) -> None:
+    """Serve until STOP (or ``should_stop``)."""
+    while not should_stop():
+        msg = inbox.recv(timeout=POLL_SECONDS)
+        if msg is None:
+            continue
+        if isinstance(msg, wire.Stop):
+            return
+        if not isinstance(msg, wire.Rollout):
+            observer.unexpected(kind=type(msg).__name__)
+            continue
+        started = time.monotonic()
+        try:
+            scored = score(msg.group)
+        except Exception as exc:  # a verifier bug on one group must not take the role down
+            observer.failed(error=exc)
+            continue
+        observer.scored(group=scored, seconds=time.monotonic() - started)
+        trainers.send(wire.Scored(group=scored), to=scored.prompt.index % trainers.peers)
