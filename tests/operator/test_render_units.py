@@ -1,0 +1,92 @@
+"""Focused checks of render invariants (the golden files pin the full objects)."""
+from __future__ import annotations
+
+import opbuilders
+from kubeforge.api import contract
+from kubeforge.operator import names, render
+from kubeforge.operator.render import context, env, gang, placement
+
+CTX = context.RenderContext(namespace="ns", uid="u")
+
+
+def _by_kind(out: render.Rendered, kind: str) -> list[dict]:
+    return [o for o in out.desired if o["kind"] == kind]
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    out = render.render(opbuilders.job("tiny"), CTX)
+    assert len(out.desired) == 1 + 3 + 3 + 1 + 3  # config, rbac, services, podgroup, statefulsets
+    for obj in out.desired:
+        assert obj["metadata"]["labels"][contract.LABEL_JOB] == "tiny"
+        ref = obj["metadata"]["ownerReferences"][0]
+        assert ref["uid"] == "u" and ref["controller"] is True and ref["kind"] == "RLJob"
+
+
+def test_env_contract_peers_and_world_sizes() -> None:
+    job = opbuilders.job("tiny", spec__roles__generator={"replicas": 3})
+    envs = {e["name"]: e for e in env.role_env(job, CTX, role="trainer")}
+    assert envs[contract.env_replicas("generator")]["value"] == "3"
+    peers = envs[contract.env_peers("generator")]["value"].split(",")
+    assert peers == [f"tiny-generator-{i}.tiny-generator.ns.svc:{contract.DEFAULT_PORT_BASE}" for i in range(3)]
+    assert envs[contract.ENV_INDEX]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        f"metadata.labels['{names.LABEL_POD_INDEX}']"
+    assert envs[contract.ENV_BIND_HOST]["value"] == "0.0.0.0"
+    assert envs[contract.ENV_REPORT]["value"] == "pod-annotation"
+
+
+def test_role_env_cannot_override_contract() -> None:
+    job = opbuilders.job("tiny", spec__roles__trainer={"env": [{"name": contract.ENV_ROLE, "value": "x"},
+                                                              {"name": "MINE", "value": "1"}]})
+    envs = env.role_env(job, CTX, role="trainer")
+    assert [e["value"] for e in envs if e["name"] == contract.ENV_ROLE] == ["trainer"]
+    assert {"name": "MINE", "value": "1"} in envs
+
+
+def test_inactive_context_scales_to_zero_and_drops_gang() -> None:
+    job = opbuilders.job("tiny")
+    out = render.render(job, context.RenderContext(namespace="ns", uid="u", active=False, gang_active=False))
+    assert all(s["spec"]["replicas"] == 0 for s in _by_kind(out, "StatefulSet"))
+    assert [o["kind"] for o in out.absent] == ["PodGroup"]
+    draining = render.render(job, context.RenderContext(namespace="ns", uid="u", attempt=1, active=False))
+    assert _by_kind(draining, "PodGroup") and not draining.absent
+    sts = _by_kind(draining, "StatefulSet")[0]
+    assert sts["spec"]["template"]["metadata"]["labels"][contract.LABEL_ATTEMPT] == "1"
+    assert sts["spec"]["selector"]["matchLabels"] == {contract.LABEL_JOB: "tiny", contract.LABEL_ROLE: "generator"}
+
+
+def test_coscheduling_gang_spans_all_roles() -> None:
+    job = opbuilders.job("tiny", spec__roles__generator={"replicas": 4}, spec__roles__verifier={"replicas": 2},
+                         spec__gang__scheduleTimeoutSeconds=30)
+    parts = gang.render(job, CTX)
+    (group,) = parts.objects
+    assert group["spec"] == {"minMember": 7, "scheduleTimeoutSeconds": 30}
+    assert parts.pod_labels == {"scheduling.x-k8s.io/pod-group": "tiny"}
+
+
+def test_gang_registry_covers_every_backend() -> None:
+    from kubeforge.api import rljob
+    assert set(gang.REGISTRY) == {b.value for b in rljob.GangBackend}
+
+
+def test_placement_required_packs_and_exclusive_repels_other_jobs() -> None:
+    job = opbuilders.job("tiny", spec__placement={"topologyKey": "zone", "mode": "Required", "exclusive": True})
+    aff = placement.affinity(job)
+    assert aff is not None
+    (term,) = aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {"labelSelector": {"matchLabels": {contract.LABEL_JOB: "tiny"}}, "topologyKey": "zone"}
+    (anti,) = aff["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    ops = {(e["operator"], tuple(e.get("values", ()))) for e in anti["labelSelector"]["matchExpressions"]}
+    assert ops == {("Exists", ()), ("NotIn", ("tiny",))}
+
+
+def test_no_placement_means_no_affinity() -> None:
+    assert placement.affinity(opbuilders.job("tiny")) is None
+
+
+def test_rbac_names_only_the_jobs_pods() -> None:
+    out = render.render(opbuilders.job("tiny", spec__roles__generator={"replicas": 2}), CTX)
+    (role,) = _by_kind(out, "Role")
+    (rule,) = role["rules"]
+    assert rule["verbs"] == ["get", "patch"] and rule["resources"] == ["pods"]
+    assert sorted(rule["resourceNames"]) == ["tiny-generator-0", "tiny-generator-1", "tiny-trainer-0",
+                                             "tiny-verifier-0"]
