@@ -56,6 +56,8 @@ REASON_MALFORMED = "malformed"
 REASON_FOREIGN = "foreign"
 REASON_VERSION = "version"
 REASONS = (REASON_MALFORMED, REASON_FOREIGN, REASON_VERSION)
+# Detail prefix of a refusal that came from decode's safety net rather than a validator (tests assert it never fires).
+UNEXPECTED = "unexpected error while decoding"
 
 # Bounds. Generous for real jobs (the API caps groupSize at 1024 and promptsPerStep at 100000), tight enough that a
 # hostile or corrupt frame cannot make a receiver allocate without limit.
@@ -199,7 +201,10 @@ def encode(msg: Message, *, check: bool = True) -> bytes:
     payload = _ENCODERS[kind](msg)
     if check:
         _DECODERS[kind](_Reader(payload, kind.name))
-    body = msgpack.packb(payload, use_bin_type=True)
+    try:
+        body = msgpack.packb(payload, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise WireError(REASON_MALFORMED, f"{kind.name}: cannot encode ({e})") from None
     frame = HEADER.pack(MAGIC, SCHEMA_VERSION, int(kind)) + body
     if len(frame) > MAX_FRAME_BYTES:
         raise WireError(REASON_MALFORMED, f"{kind.name}: frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
@@ -266,7 +271,7 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
     except WireError:
         raise
     except Exception as e:  # defence in depth: a validator bug must still read as a refused frame, not a crash
-        raise WireError(REASON_MALFORMED, f"undecodable frame ({type(e).__name__}: {e})") from None
+        raise WireError(REASON_MALFORMED, f"{UNEXPECTED}: {type(e).__name__}: {e}") from None
 
 
 def _decode(data: bytes | bytearray | memoryview) -> Message:
