@@ -1,0 +1,273 @@
+"""Integration tests of the operator on the real control plane (kube-apiserver, controller-manager, the
+Coscheduling kube-scheduler, kwok GPU nodes). The operator runs as a subprocess against the test cluster.
+
+Each test works in its own namespace and cleans up after itself, so GPU capacity (4 kwok nodes x 8 GPUs in two
+zones) is free for the next one. Run: ``make cluster-up`` then ``pytest -m cluster e2e/test_operator.py``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "operator"))
+import harness  # noqa: E402
+from harness import wait  # noqa: E402
+
+from kfcluster import config as kfconfig  # noqa: E402
+from kfcluster import lifecycle  # noqa: E402
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+ROOT = harness.ROOT
+LABEL_JOB = "kubeforge.dev/job"
+CHILD_KINDS = ("statefulsets", "services", "configmaps", "serviceaccounts", "roles", "rolebindings",
+               "podgroups.scheduling.x-k8s.io", "pods")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[lifecycle.Cluster, harness.K, harness.Operator]]:
+    cluster = lifecycle.up()
+    k = harness.K(kubectl=cluster.kubectl.binary, kubeconfig=cluster.kubeconfig)
+    k.ensure_crd()
+    op = harness.Operator(kubeconfig=cluster.kubeconfig,
+                          log_path=tmp_path_factory.mktemp("operator") / "operator.log").start()
+    yield cluster, k, op
+    op.stop()
+
+
+@pytest.fixture
+def ns(env: Any) -> Iterator[str]:
+    _, k, _ = env
+    name = k.namespace(f"op-{uuid.uuid4().hex[:8]}")
+    yield name
+    k.run("delete", "rljobs", "--all", "-n", name, "--wait=false", check=False)
+    k.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+def example(name: str, ns: str, **spec: Any) -> dict[str, Any]:
+    doc = yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text())
+    doc["metadata"]["namespace"] = ns
+    doc["spec"].update(copy.deepcopy(spec))
+    return doc
+
+
+def job(k: harness.K, ns: str, name: str) -> dict[str, Any]:
+    return k.get("rljob", name, "-n", ns)
+
+
+def phase_is(k: harness.K, ns: str, name: str, phase: str) -> Any:
+    def probe() -> Any:
+        st = job(k, ns, name).get("status", {})
+        return st if st.get("phase") == phase else None
+    return probe
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status.get("conditions", []) if c["type"] == kind)
+
+
+def pods(k: harness.K, ns: str, name: str) -> list[dict[str, Any]]:
+    return k.items("pods", ns, f"{LABEL_JOB}={name}")
+
+
+def children(k: harness.K, ns: str, name: str) -> dict[str, list[str]]:
+    return {kind: sorted(o["metadata"]["name"] for o in k.items(kind, ns, f"{LABEL_JOB}={name}"))
+            for kind in CHILD_KINDS}
+
+
+def event_reasons(k: harness.K, ns: str, name: str) -> list[str]:
+    evs = k.items("events", ns)
+    evs = [e for e in evs if e["involvedObject"].get("name") == name and e["involvedObject"].get("kind") == "RLJob"]
+    return [e["reason"] for e in sorted(evs, key=lambda e: e["metadata"]["creationTimestamp"])]
+
+
+# ------------------------------------------------------------------------------------------------ tests
+
+
+def test_examples_create_every_child_and_run(env: Any, ns: str) -> None:
+    _, k, _ = env
+    for name, file in (("tiny", "tiny"), ("arith", "arithmetic-smollm2")):
+        k.apply(example(file, ns))
+    for name in ("tiny", "arith"):
+        st = wait(f"{name} Running", phase_is(k, ns, name, "Running"))
+        assert st["ready"] == "3/3" and all(r["ready"] == r["replicas"] == 1 for r in st["roles"].values())
+        assert condition(st, "GangScheduled")["status"] == "True"
+        assert all(c["observedGeneration"] == job(k, ns, name)["metadata"]["generation"] for c in st["conditions"])
+        got = children(k, ns, name)
+        assert got["statefulsets"] == got["services"] == [f"{name}-generator", f"{name}-trainer", f"{name}-verifier"]
+        assert got["configmaps"] == [f"{name}-config"] and got["podgroups.scheduling.x-k8s.io"] == [name]
+        assert got["serviceaccounts"] == got["roles"] == got["rolebindings"] == [f"{name}-runtime"]
+        ps = pods(k, ns, name)
+        assert len(ps) == 3 and all(p["spec"]["nodeName"].startswith("kwok-") for p in ps)
+        assert [r for r in event_reasons(k, ns, name) if r in ("Pending", "Starting", "Running")][-1] == "Running"
+    # the demo's generator asks for a GPU and the job is packed into one zone
+    arith = pods(k, ns, "arith")
+    gen = next(p for p in arith if p["metadata"]["labels"]["kubeforge.dev/role"] == "generator")
+    assert gen["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    zones = {k.get("node", p["spec"]["nodeName"])["metadata"]["labels"][kfconfig.ZONE_LABEL] for p in arith}
+    assert len(zones) == 1
+    table = k.run("get", "rljobs", "-n", ns).stdout
+    assert table.split("\n")[0].split()[:5] == ["NAME", "PHASE", "READY", "RESTARTS", "STEP"]
+    assert "Running" in table and "3/3" in table
+
+
+def test_gang_waits_for_gpus_then_starts_whole(env: Any, ns: str) -> None:
+    cluster, k, _ = env
+    # 5 generators x 8 GPUs + trainer 8 GPUs = 48 GPUs; the cluster has 32
+    big = example("tiny", ns, roles={"generator": {"replicas": 5, "resources": {"limits": {"nvidia.com/gpu": 8}}},
+                                     "verifier": {"replicas": 1},
+                                     "trainer": {"replicas": 1, "resources": {"limits": {"nvidia.com/gpu": 8}}}},
+                  gang={"backend": "Coscheduling", "scheduleTimeoutSeconds": 600})
+    big["metadata"]["name"] = "big"
+    k.apply(big)
+    st = wait("GangScheduled=False Unschedulable", lambda: (
+        (s := job(k, ns, "big").get("status", {})) and s.get("conditions") and
+        condition(s, "GangScheduled")["reason"] == "Unschedulable" and s))
+    assert st["phase"] == "Pending" and condition(st, "GangScheduled")["message"]
+    time.sleep(5)
+    assert not any(p["spec"].get("nodeName") for p in pods(k, ns, "big")), "part of the gang was bound"
+    pool = kfconfig.NodePool(count=2, prefix="kwok-extra", zones=("zone-c",))
+    lifecycle.add_nodes(cluster, [pool])
+    try:
+        wait("big Running after nodes were added", phase_is(k, ns, "big", "Running"), timeout_s=180)
+        assert len([p for p in pods(k, ns, "big") if p["spec"].get("nodeName")]) == 7
+    finally:
+        k.run("delete", "rljob", "big", "-n", ns, "--wait=true", check=False)
+        wait("big's pods gone", lambda: not pods(k, ns, "big"), timeout_s=120)
+        k.run("delete", "node", "kwok-extra-0", "kwok-extra-1", check=False)
+
+
+def test_required_placement_and_exclusive_domains(env: Any, ns: str) -> None:
+    _, k, _ = env
+    placement = {"topologyKey": kfconfig.ZONE_LABEL, "mode": "Required", "exclusive": True}
+    roles = {"generator": {"replicas": 3, "resources": {"limits": {"nvidia.com/gpu": 1}}}}
+    for name in ("pa", "pb"):
+        doc = example("tiny", ns, placement=placement, roles=roles)
+        doc["metadata"]["name"] = name
+        k.apply(doc)
+    zones = {}
+    for name in ("pa", "pb"):
+        wait(f"{name} Running", phase_is(k, ns, name, "Running"))
+        zs = {k.get("node", p["spec"]["nodeName"])["metadata"]["labels"][kfconfig.ZONE_LABEL]
+              for p in pods(k, ns, name)}
+        assert len(zs) == 1, f"{name} spans zones {zs}"
+        zones[name] = zs.pop()
+    assert zones["pa"] != zones["pb"]
+
+
+def test_suspend_and_resume(env: Any, ns: str) -> None:
+    _, k, _ = env
+    k.apply(example("tiny", ns))
+    wait("Running", phase_is(k, ns, "tiny", "Running"))
+    k.run("patch", "rljob", "tiny", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    st = wait("Suspended", phase_is(k, ns, "tiny", "Suspended"))
+    assert condition(st, "Suspended")["status"] == "True"
+    wait("pods gone", lambda: not pods(k, ns, "tiny"))
+    wait("PodGroup released", lambda: not k.items("podgroups.scheduling.x-k8s.io", ns))
+    k.run("patch", "rljob", "tiny", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    wait("Running again", phase_is(k, ns, "tiny", "Running"))
+    assert k.items("podgroups.scheduling.x-k8s.io", ns)
+
+
+def test_active_deadline_fails_the_job(env: Any, ns: str) -> None:
+    _, k, _ = env
+    k.apply(example("tiny", ns, activeDeadlineSeconds=8))
+    st = wait("Failed", phase_is(k, ns, "tiny", "Failed"), timeout_s=60)
+    assert condition(st, "Failed")["reason"] == "DeadlineExceeded" and st["completionTime"]
+    wait("pods gone", lambda: not pods(k, ns, "tiny"))
+
+
+def test_completion_then_ttl_deletes_everything(env: Any, ns: str) -> None:
+    _, k, _ = env
+    k.apply(example("tiny", ns, ttlSecondsAfterFinished=4))
+    wait("Running", phase_is(k, ns, "tiny", "Running"))
+    steps = job(k, ns, "tiny")["spec"]["algorithm"]["steps"]
+    progress = json.dumps({"step": steps, "meanReward": 0.9, "policyVersion": steps, "done": True})
+    k.run("annotate", "pod", "tiny-trainer-0", "-n", ns, f"kubeforge.dev/progress={progress}", "--overwrite")
+    st = wait("Succeeded", phase_is(k, ns, "tiny", "Succeeded"))
+    assert condition(st, "Complete")["reason"] == "TrainingComplete"
+    assert st["progress"]["step"] == steps and st["progress"]["meanReward"] == 0.9
+    wait("RLJob deleted by TTL", lambda: k.run("get", "rljob", "tiny", "-n", ns, check=False).returncode != 0,
+         timeout_s=60)
+    wait("no child left", lambda: not any(children(k, ns, "tiny").values()), timeout_s=90)
+
+
+def test_delete_garbage_collects_every_child(env: Any, ns: str) -> None:
+    _, k, _ = env
+    k.apply(example("tiny", ns))
+    wait("Running", phase_is(k, ns, "tiny", "Running"))
+    assert all(children(k, ns, "tiny")[kind] for kind in CHILD_KINDS)
+    k.run("delete", "rljob", "tiny", "-n", ns)
+    wait("no child left", lambda: not any(children(k, ns, "tiny").values()), timeout_s=90)
+
+
+@pytest.mark.parametrize("style", ["pod-failed", "container-restart"])
+def test_container_failure_restarts_the_job(env: Any, ns: str, style: str) -> None:
+    _, k, _ = env
+    k.apply(example("tiny", ns))
+    wait("Running", phase_is(k, ns, "tiny", "Running"))
+    prefix = ("pod-container-running-failed.stage.kwok.x-k8s.io" if style == "pod-failed"
+              else "container-restart.stage.kubeforge.dev")
+    k.run("annotate", "pod", "tiny-verifier-0", "-n", ns, f"{prefix}/exit-code=3", f"{prefix}/reason=Error")
+    k.run("label", "pod", "tiny-verifier-0", "-n", ns, f"{prefix}=true")
+    st = wait("a restart recorded", lambda: (s := job(k, ns, "tiny").get("status", {})).get("restarts") == 1 and s)
+    assert st["attempt"] == 1
+    assert st["lastFailure"]["role"] == "verifier" and st["lastFailure"]["exitCode"] == 3
+    assert st["lastFailure"]["pod"] == "tiny-verifier-0" and st["lastFailure"]["reason"] == "Error"
+    wait("Running in attempt 1", phase_is(k, ns, "tiny", "Running"), timeout_s=120)
+    ps = pods(k, ns, "tiny")
+    assert len(ps) == 3 and {p["metadata"]["labels"]["kubeforge.dev/attempt"] for p in ps} == {"1"}
+    reasons = event_reasons(k, ns, "tiny")
+    assert "ContainerFailed" in reasons and "Restarting" in reasons
+
+
+def test_replica_change_rolls_out(env: Any, ns: str) -> None:
+    _, k, _ = env
+    k.apply(example("tiny", ns))
+    wait("Running", phase_is(k, ns, "tiny", "Running"))
+    k.run("patch", "rljob", "tiny", "-n", ns, "--type=merge", "-p",
+          '{"spec":{"roles":{"generator":{"replicas":2}}}}')
+    wait("2 generators ready", lambda: (s := job(k, ns, "tiny").get("status", {})).get("phase") == "Running"
+         and s["roles"]["generator"]["ready"] == 2)
+    st = job(k, ns, "tiny")["status"]
+    assert st["restarts"] == 0 and st["attempt"] == 1
+    env_vars = {e["name"]: e.get("value") for e in
+                k.get("pod", "tiny-trainer-0", "-n", ns)["spec"]["containers"][0]["env"]}
+    assert env_vars["KUBEFORGE_GENERATOR_REPLICAS"] == "2"
+
+
+def test_operator_killed_mid_reconcile_leaves_no_duplicate_or_orphan(env: Any, ns: str,
+                                                                     tmp_path: pathlib.Path) -> None:
+    cluster, k, op = env
+    names = [f"j{i}" for i in range(10)]
+    docs = []
+    for name in names:
+        doc = example("tiny", ns)
+        doc["metadata"]["name"] = name
+        docs.append(doc)
+    k.apply({"apiVersion": "v1", "kind": "List", "items": docs})
+    time.sleep(1.5)           # the operator is now in the middle of creating children
+    op.kill()
+    partial = sum(len(v) for n in names for v in children(k, ns, n).values())
+    op.start()
+    for name in names:
+        wait(f"{name} Running", phase_is(k, ns, name, "Running"), timeout_s=180)
+    for name in names:
+        uid = job(k, ns, name)["metadata"]["uid"]
+        got = children(k, ns, name)
+        assert len(got["statefulsets"]) == len(got["services"]) == 3 and len(got["pods"]) == 3
+        assert len(got["configmaps"]) == len(got["podgroups.scheduling.x-k8s.io"]) == 1
+        for kind in CHILD_KINDS[:-1]:
+            for obj in k.items(kind, ns, f"{LABEL_JOB}={name}"):
+                refs = obj["metadata"].get("ownerReferences", [])
+                assert [r["uid"] for r in refs] == [uid], f"{kind}/{obj['metadata']['name']} owner {refs}"
+    every = {o["metadata"]["labels"][LABEL_JOB] for kind in CHILD_KINDS for o in k.items(kind, ns, LABEL_JOB)}
+    assert every == set(names), f"orphans: {every - set(names)} (partial before restart: {partial})"

@@ -1,0 +1,132 @@
+"""Harness for tests and benches that run the real operator against the test cluster (no cluster needed to import).
+
+``Operator`` runs ``python -m kubeforge.operator`` as a subprocess (so a test can SIGKILL it mid-flight) with its
+logs in a file; ``K`` wraps the cluster's kubectl for the few reads tests need. Used by ``e2e/test_operator.py``
+and ``bench/bench_operator.py``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CRD = ROOT / "crds" / "kubeforge.dev_rljobs.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Operator:
+    """The operator as a child process."""
+
+    def __init__(self, *, kubeconfig: str, log_path: pathlib.Path, extra: tuple[str, ...] = ()) -> None:
+        self.kubeconfig, self.log_path, self.extra = kubeconfig, log_path, extra
+        self.metrics_port, self.health_port = free_port(), free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, *, timeout_s: float = 60.0) -> Operator:
+        cmd = [sys.executable, "-m", "kubeforge.operator", "--kubeconfig", self.kubeconfig,
+               "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
+               "--runtime-image", "kubeforge/runtime:test", *(self.extra or ("--all-namespaces",))]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"operator exited {self.proc.returncode}; log: {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"operator not healthy after {timeout_s}s; log: {self.log_path}")
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, as a crashed or evicted operator."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def peak_rss_kib(self) -> int:
+        """VmHWM of the operator process (peak resident set)."""
+        assert self.proc is not None
+        for line in pathlib.Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        return 0
+
+
+class K:
+    """kubectl for one kubeconfig (JSON in, JSON out)."""
+
+    def __init__(self, *, kubectl: str, kubeconfig: str) -> None:
+        self.kubectl, self.kubeconfig = kubectl, kubeconfig
+
+    def run(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run([self.kubectl, f"--kubeconfig={self.kubeconfig}", *args], input=stdin,
+                           capture_output=True, text=True, timeout=120)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {p.stderr.strip()}")
+        return p
+
+    def apply(self, doc: Any) -> None:
+        self.run("apply", "-f", "-", stdin=doc if isinstance(doc, str) else json.dumps(doc))
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.run("get", *args, "-o", "json").stdout)
+
+    def items(self, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+        args = [kind, "-n", namespace] + (["-l", selector] if selector else [])
+        return list(self.get(*args)["items"])
+
+    def ensure_crd(self) -> None:
+        self.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+        self.run("wait", "--for=condition=Established", "crd/rljobs.kubeforge.dev", "--timeout=60s")
+
+    def namespace(self, name: str) -> str:
+        self.run("create", "namespace", name, check=False)
+        return name
+
+
+def wait(what: str, probe: Any, *, timeout_s: float = 90.0, interval_s: float = 0.3) -> Any:
+    """Poll ``probe`` until truthy; on timeout raise with the last value seen."""
+    deadline, last = time.monotonic() + timeout_s, None
+    while True:
+        try:
+            last = probe()
+            if last:
+                return last
+        except Exception as exc:  # noqa: BLE001 - reported at the deadline
+            last = exc
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
+        time.sleep(interval_s)
+
+
+def env_kubeconfig() -> str | None:
+    return os.environ.get("KUBECONFIG")
