@@ -21,9 +21,9 @@ Why nothing is silently dropped:
   into a pipe towards a peer that has not joined (slow joiners) or never will.
 - Every connection starts with a ``HELLO`` frame (re-sent after a reconnect), and ``open_sender`` waits, up to
   ``ready_timeout``, until every peer has completed the handshake: a missing peer is an error naming it.
-- High-water marks are bounded (``SNDHWM``/``RCVHWM`` = ``hwm`` frames). When a peer's queue is full the sender
-  blocks (polling for room) instead of queueing more or dropping: backpressure reaches the trainer's bounded work
-  window. A send that cannot complete by its timeout raises ``TransportTimeout``: the caller knows it was not sent.
+- High-water marks are bounded (``SNDHWM``/``RCVHWM`` = ``hwm`` frames; the kernel's socket buffers add a few MB
+  on top). When a peer's queue is full the sender blocks (polling for room) instead of queueing more or dropping:
+  backpressure reaches the trainer's bounded work window. A send that cannot complete by its timeout raises ``TransportTimeout``: the caller knows it was not sent.
 - The only frames a receiver discards are ones ``wire.decode`` refuses (foreign, wrong version, malformed,
   multi-part): each is counted by reason in ``Receiver.dropped`` and reported to ``on_drop``; the receiver keeps
   delivering the good frames that follow. Frames queued towards a peer that dies are lost with it; the trainer's

@@ -5,7 +5,7 @@ group (then ``apply`` fills ``group.rewards``/``group.scores`` before sending it
 reads ``errors`` and the per-verifier scores.
 
 Invariants:
-- One call per verifier per group, with only the completions that are not cached; the cache key is a hash of
+- One call per verifier per group, with only the distinct completions that are not cached; the cache key is a hash of
   (verifier name, prompt text, reference answer, completion text), so a cached score is the score that call would
   have given. The cache is an LRU bounded by ``cache_size`` entries.
 - A verifier that raises, returns the wrong number of scores or a non-finite/non-number score gives 0 to every
@@ -55,16 +55,24 @@ class Scorer:
 
     def _score_one(self, name: str, verifier: base.Verifier, prompt: types.Prompt, texts: list[str]) -> list[float]:
         keys = [_key(name, prompt, t) for t in texts]
-        out: list[float | None] = [self._cached(k) for k in keys]
-        todo = [i for i, s in enumerate(out) if s is None]
+        known: dict[bytes, float] = {}
+        todo: dict[bytes, str] = {}  # uncached, deduplicated: identical completions are scored once
+        for k, t in zip(keys, texts):
+            if k in known or k in todo:
+                continue
+            s = self._cached(k)
+            if s is None:
+                todo[k] = t
+            else:
+                known[k] = s
         if todo:
-            fresh = self._call(name, verifier, prompt, [texts[i] for i in todo])
+            fresh = self._call(name, verifier, prompt, list(todo.values()))
             if fresh is None:
                 return [0.0] * len(texts)
-            for i, s in zip(todo, fresh):
-                out[i] = s
-                self._store(keys[i], s)
-        return [float(s) for s in out if s is not None]
+            for k, s in zip(todo, fresh):
+                known[k] = s
+                self._store(k, s)
+        return [known[k] for k in keys]
 
     def _call(self, name: str, verifier: base.Verifier, prompt: types.Prompt, texts: list[str]) -> list[float] | None:
         try:
