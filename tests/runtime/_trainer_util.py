@@ -1,0 +1,128 @@
+"""Helpers for the trainer tests: a tiny Qwen2 built from a config, an on-policy sampler, synthetic groups, and a
+data-parallel worker entrypoint (``python _trainer_util.py worker ...``) run as a real separate process.
+
+Not a conftest (others own those): test files import it as a sibling module.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import socket
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+
+from kubeforge.api import rljob
+from kubeforge.runtime import types
+
+VOCAB = 12
+TARGET = 3            # the token the toy reward likes ("a")
+
+
+def build_tiny(path: Path, *, seed: int = 0) -> Path:
+    """A random tiny Qwen2 (hidden 128, 2 heads -> head_dim 64, 2 layers, tied embeddings) saved as an HF folder."""
+    cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=True, pad_token_id=0)
+    torch.manual_seed(seed)
+    transformers.Qwen2ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@torch.no_grad()
+def sample(model: torch.nn.Module, prompt: list[int], *, n: int, max_new: int,
+           gen: torch.Generator) -> list[types.Completion]:
+    """``n`` completions of ``prompt`` sampled at temperature 1 with their raw logprobs (vLLM's convention)."""
+    ids = torch.tensor([prompt] * n, dtype=torch.long)
+    lps: list[torch.Tensor] = []
+    for _ in range(max_new):
+        logits = model(input_ids=ids, use_cache=False).logits[:, -1, :].float()
+        logsm = torch.log_softmax(logits, dim=-1)
+        nxt = torch.multinomial(logsm.exp(), 1, generator=gen)
+        lps.append(logsm.gather(-1, nxt).squeeze(-1))
+        ids = torch.cat([ids, nxt], dim=1)
+    out = []
+    for i in range(n):
+        toks = ids[i, len(prompt):].tolist()
+        out.append(types.Completion(token_ids=toks, logprobs=[float(lp[i]) for lp in lps], text=""))
+    return out
+
+
+def target_reward(c: types.Completion) -> float:
+    """Share of completion tokens equal to TARGET."""
+    return sum(1.0 for t in c.token_ids if t == TARGET) / max(len(c.token_ids), 1)
+
+
+def on_policy_groups(model: torch.nn.Module, *, step: int, version: int, prompts: int, group_size: int,
+                     max_new: int, seed: int) -> list[types.RolloutGroup]:
+    gen = torch.Generator().manual_seed(seed * 1000 + step)
+    groups = []
+    for k in range(prompts):
+        p = [1 + (k % 3), 2 + (k % 5)]
+        comps = sample(model, p, n=group_size, max_new=max_new, gen=gen)
+        groups.append(types.RolloutGroup(prompt=types.Prompt(index=step * prompts + k, text="", answer=""),
+                                         prompt_token_ids=p, completions=comps, policy_version=version,
+                                         step=step, rewards=[target_reward(c) for c in comps]))
+    return groups
+
+
+def synthetic_groups(*, step: int, prompts: int, group_size: int) -> list[types.RolloutGroup]:
+    """Deterministic off-policy groups (random tokens of varying lengths, fixed behaviour logprobs, random rewards)
+    for step ``step``; prompt indices ``step * prompts + k``."""
+    rng = random.Random(step)
+    groups = []
+    for k in range(prompts):
+        p = [rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 4))]
+        comps = []
+        for _ in range(group_size):
+            toks = [rng.randrange(1, VOCAB) for _ in range(rng.randint(1, 5))]
+            comps.append(types.Completion(token_ids=toks, logprobs=[-2.3 + 0.1 * rng.random() for _ in toks],
+                                          text=""))
+        groups.append(types.RolloutGroup(prompt=types.Prompt(index=step * prompts + k, text="", answer=""),
+                                         prompt_token_ids=p, completions=comps, policy_version=step, step=step,
+                                         rewards=[float(rng.randint(0, 2)) for _ in comps]))
+    return groups
+
+
+def algorithm(**kw: object) -> rljob.AlgorithmSpec:
+    base: dict[str, object] = {"learningRate": 1e-3, "maxNewTokens": 5}
+    base.update(kw)
+    return rljob.AlgorithmSpec.model_validate(base)
+
+
+def _worker(argv: list[str]) -> None:
+    """One data-parallel trainer rank: train ``--steps`` steps on its share of the synthetic groups, then save
+    its parameters and metrics for the parent test to compare."""
+    from kubeforge.runtime.trainer import parallel, step
+
+    ap = argparse.ArgumentParser()
+    for name in ("--model", "--out", "--loss"):
+        ap.add_argument(name, required=True)
+    for name in ("--rank", "--world", "--port", "--steps", "--prompts"):
+        ap.add_argument(name, type=int, required=True)
+    a = ap.parse_args(argv)
+    cfg = parallel.DistConfig(rank=a.rank, world_size=a.world, master_port=a.port, timeout_s=60)
+    group = parallel.DataParallel(config=cfg)
+    t = step.Trainer(model_path=a.model, algorithm=algorithm(loss=a.loss), group=group)
+    history = []
+    for s in range(a.steps):
+        mine = [g for g in synthetic_groups(step=s, prompts=a.prompts, group_size=4)
+                if g.prompt.index % a.world == a.rank]
+        history.append(t.train_step(groups=mine).as_dict())
+    torch.save({k: v.detach().clone() for k, v in t.model.state_dict().items()}, Path(a.out) / f"rank{a.rank}.pt")
+    (Path(a.out) / f"rank{a.rank}.json").write_text(json.dumps(history))
+    group.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["worker"]:
+        _worker(sys.argv[2:])

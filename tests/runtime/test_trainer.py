@@ -1,0 +1,117 @@
+"""The Trainer on a tiny real model: logprob gathering, learning a toy reward, and 2 gloo ranks in 2 processes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import _trainer_util as util
+from kubeforge.runtime.trainer import batch as batch_mod
+from kubeforge.runtime.trainer import logprobs, parallel, step
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return util.build_tiny(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def test_padded_batch_logprobs_match_each_sequence_alone(tiny: Path) -> None:
+    t = step.Trainer(model_path=tiny, algorithm=util.algorithm())
+    groups = util.synthetic_groups(step=0, prompts=3, group_size=3)
+    b = batch_mod.collate(groups=groups, pad_id=t.pad_id, scale_by_std=True)
+    with torch.no_grad():
+        got = logprobs.completion_logprobs(model=t.model, batch=b).logp
+        row = 0
+        for g in groups:
+            for c in g.completions:
+                ids = torch.tensor([g.prompt_token_ids + c.token_ids])
+                logsm = torch.log_softmax(t.model(input_ids=ids).logits[0].float(), dim=-1)
+                p = len(g.prompt_token_ids)
+                want = [float(logsm[p - 1 + j, tok]) for j, tok in enumerate(c.token_ids)]
+                assert got[row, :len(want)].tolist() == pytest.approx(want, abs=1e-5)
+                row += 1
+
+
+def test_mean_reward_improves_on_toy_problem(tiny: Path) -> None:
+    # reward = share of sampled tokens equal to TARGET; a random 12-token model starts near 1/12
+    torch.manual_seed(0)
+    t = step.Trainer(model_path=tiny, algorithm=util.algorithm(learningRate=3e-3, maxNewTokens=4))
+    rewards = []
+    for s in range(15):
+        groups = util.on_policy_groups(t.model, step=s, version=t.policy_version, prompts=8, group_size=8,
+                                       max_new=4, seed=1)
+        m = t.train_step(groups=groups)
+        rewards.append(m.mean_reward)
+        assert m.tokens == 8 * 8 * 4 and m.completions == 64 and m.groups == 8
+        assert m.ratio_mean == pytest.approx(1.0, abs=1e-3)   # on-policy: ratio 1 before the update
+        assert m.grad_norm > 0 or m.zero_signal_groups == 8   # no gradient only once every group is solved
+    assert t.step == t.policy_version == 15
+    final = util.on_policy_groups(t.model, step=99, version=t.policy_version, prompts=8, group_size=32,
+                                  max_new=4, seed=2)
+    final_reward = sum(r for g in final for r in (g.rewards or [])) / (8 * 32)
+    first = sum(rewards[:3]) / 3
+    assert final_reward > first + 0.3, (rewards, final_reward)
+
+
+def test_kl_reference_is_frozen_and_reported(tiny: Path) -> None:
+    t = step.Trainer(model_path=tiny, algorithm=util.algorithm(klCoef=0.5, learningRate=1e-2))
+    assert t.reference is not None and not any(p.requires_grad for p in t.reference.parameters())
+    before = [p.clone() for p in t.reference.parameters()]
+    m0 = t.train_step(groups=util.synthetic_groups(step=0, prompts=2, group_size=4))
+    m1 = t.train_step(groups=util.synthetic_groups(step=1, prompts=2, group_size=4))
+    assert m0.kl == pytest.approx(0.0, abs=1e-7)   # policy == reference at step 0
+    assert m1.kl > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, t.reference.parameters()))
+
+
+def test_named_tensors_are_hf_names_of_the_live_weights(tiny: Path) -> None:
+    t = step.Trainer(model_path=tiny, algorithm=util.algorithm())
+    named = dict(t.named_tensors())
+    assert "model.embed_tokens.weight" in named and "model.layers.0.self_attn.q_proj.weight" in named
+    t.train_step(groups=util.synthetic_groups(step=0, prompts=2, group_size=4))
+    assert torch.equal(dict(t.named_tensors())["model.norm.weight"], t.model.model.norm.weight)
+
+
+def test_dist_config_from_env_contract() -> None:
+    env = {"KUBEFORGE_INDEX": "1", "KUBEFORGE_TRAINER_REPLICAS": "2",
+           "KUBEFORGE_PEERS_TRAINER": "tiny-trainer-0.tiny-trainer:29500,tiny-trainer-1.tiny-trainer:29500"}
+    c = parallel.DistConfig.from_env(env=env, backend="gloo")
+    assert (c.rank, c.world_size, c.master_host, c.master_port) == (1, 2, "tiny-trainer-0.tiny-trainer", 29503)
+    with pytest.raises(ValueError, match="KUBEFORGE_INDEX"):
+        parallel.DistConfig.from_env(env={**env, "KUBEFORGE_INDEX": "2"})
+
+
+@pytest.mark.parametrize("loss", ["GRPO", "DAPO"])
+def test_two_gloo_ranks_stay_bit_identical_and_equal_one_big_batch(tiny: Path, tmp_path: Path, loss: str) -> None:
+    port, steps, prompts = util.free_port(), 3, 5   # 5 prompts: rank 0 gets 3, rank 1 gets 2 (uneven shares)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(HERE / "_trainer_util.py"), "worker", "--model", str(tiny),
+                               "--out", str(tmp_path), "--loss", loss, "--rank", str(r), "--world", "2",
+                               "--port", str(port), "--steps", str(steps), "--prompts", str(prompts)], env=env)
+             for r in range(2)]
+    for p in procs:
+        assert p.wait(timeout=240) == 0
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    h0, h1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert [m["loss"] for m in h0] == [m["loss"] for m in h1]
+    assert h0[-1]["step"] == h1[-1]["step"] == steps
+    # the same steps in one process on all groups: the same model up to float summation order
+    single = step.Trainer(model_path=tiny, algorithm=util.algorithm(loss=loss))
+    base = {k: v.clone() for k, v in single.model.state_dict().items()}
+    for s in range(steps):
+        m = single.train_step(groups=util.synthetic_groups(step=s, prompts=prompts, group_size=4))
+        assert m.loss == pytest.approx(h0[s]["loss"], rel=1e-4, abs=1e-6)
+        assert m.tokens == h0[s]["tokens"]
+    for k, v in single.model.state_dict().items():
+        assert torch.allclose(v, r0[k], atol=1e-5), k
+    assert any(not torch.equal(base[k], r0[k]) for k in r0)   # and training did move the weights
