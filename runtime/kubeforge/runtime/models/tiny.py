@@ -21,7 +21,7 @@ import torch
 import transformers
 from tokenizers import decoders, normalizers, pre_tokenizers
 
-VERSION = "v1"
+VERSION = "v2"
 NAME = f"tiny-{VERSION}"
 SEED = 1234
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"

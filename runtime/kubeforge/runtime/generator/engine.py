@@ -1,0 +1,175 @@
+"""The vLLM engine wrapper: one ``vllm.LLM`` per generator process, sampling groups with behaviour logprobs.
+
+API (used by ``roles/generator`` and tests)::
+
+    eng = Engine(model_dir=path, dtype="float32", role=rljob.GeneratorRole(...), seed=0)
+    out = eng.generate(prompts, n=4, max_tokens=16, temperature=1.0, top_p=1.0, seed=7, chat_template=True)
+          # -> [(prompt_token_ids, [types.Completion x n]) per prompt], in prompt order
+    eng.greedy(prompts, max_tokens=8)                      # -> [types.Completion] (temperature 0)
+    eng.join_weight_sync(host=..., port=..., world_size=..., rank_base=..., timeout=...)   # once
+    stats = eng.receive_weights()                          # one sync: load in place, reset prefix cache
+    eng.close()
+
+Neighbours: ``extension.WeightSyncExtension`` runs inside vLLM's worker(s); ``weightsync`` is the protocol;
+``models.resolve`` gives ``model_dir``.
+
+Process model: by default the engine core runs in the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+set here unless the caller set it), so no ``if __name__ == "__main__"`` guard is needed, ``collective_rpc``
+is a direct call and tests can share one engine with the test process. Tensor parallelism > 1 still starts
+worker processes (spawned: their caller needs the guard).
+
+Invariants:
+- Logprobs: ``logprobs_mode="processed_logprobs"``; each completion token carries
+  ``log_softmax(logits / T)[token]`` in float32 (T = 1 when greedy), after top-p masking when top_p < 1.
+  See docs/runtime.md "Logprob convention": the trainer computes the same quantity.
+- KV cache blocks are 32 tokens (a multiple of 32 as CPU attention needs; small enough that a stale prefix cache
+  shows up in tests), KV space is ``role.kv_cache_gib`` (``VLLM_CPU_KVCACHE_SPACE``).
+- ``receive_weights`` must not overlap ``generate`` (both run on the caller's thread; the roles alternate).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import time
+from typing import Any
+
+import transformers
+
+from kubeforge.api import rljob
+from kubeforge.runtime import types, weightsync
+
+EXTENSION = "kubeforge.runtime.generator.extension.WeightSyncExtension"
+BLOCK_SIZE = 32
+DEFAULT_MAX_MODEL_LEN = 2048
+LOGPROBS_MODE = "processed_logprobs"
+SEED_STRIDE = 1_000_003
+
+
+def engine_kwargs(*, model_dir: pathlib.Path, dtype: str, role: rljob.GeneratorRole, seed: int,
+                  max_model_len: int | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` for a generator (pure: tests and the bench read them)."""
+    return {
+        "model": str(model_dir),
+        "dtype": dtype,
+        "seed": seed,
+        "tensor_parallel_size": role.tensor_parallel_size,
+        "gpu_memory_utilization": role.gpu_memory_utilization,
+        "max_model_len": max_model_len or role.max_model_len or _default_max_len(model_dir),
+        "enforce_eager": role.enforce_eager,
+        "block_size": BLOCK_SIZE,
+        "logprobs_mode": LOGPROBS_MODE,
+        "worker_extension_cls": EXTENSION,
+        "enable_prefix_caching": True,
+    }
+
+
+def _default_max_len(model_dir: pathlib.Path) -> int:
+    cfg = json.loads((model_dir / "config.json").read_text())
+    return int(min(cfg.get("max_position_embeddings", DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_MODEL_LEN))
+
+
+def request_seed(seed: int, *, prompt_index: int, n: int) -> int:
+    """Seed of prompt ``prompt_index``'s request; vLLM gives its ``n`` samples ``seed + i``, so none collide."""
+    return (seed * SEED_STRIDE + prompt_index * n) % (1 << 62)
+
+
+class Engine:
+    """A warm vLLM engine plus the glue for prompts, logprobs and weight sync."""
+
+    def __init__(self, *, model_dir: pathlib.Path, dtype: str = "float32",
+                 role: rljob.GeneratorRole | None = None, seed: int = 0, max_model_len: int | None = None,
+                 in_process: bool = True) -> None:
+        role = role or rljob.GeneratorRole()
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(role.kv_cache_gib))
+        if in_process:
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        import vllm  # late: importing vLLM is slow and reads the env set above
+
+        self._vllm = vllm
+        self.model_dir = pathlib.Path(model_dir)
+        self.kwargs = engine_kwargs(model_dir=self.model_dir, dtype=dtype, role=role, seed=seed,
+                                    max_model_len=max_model_len)
+        start = time.perf_counter()
+        self.llm = vllm.LLM(**self.kwargs)
+        self.start_seconds = time.perf_counter() - start
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_dir)
+        self.joined = False
+
+    # ------------------------------------------------------------ sampling
+
+    def encode(self, prompt: types.Prompt, *, chat_template: bool) -> list[int]:
+        """Prompt token ids; the chat template wraps the text when asked and the tokenizer has one."""
+        if chat_template and getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+                ids = ids["input_ids"]
+            return [int(x) for x in ids]
+        return [int(x) for x in self.tokenizer.encode(prompt.text, add_special_tokens=True)]
+
+    def generate(self, prompts: list[types.Prompt], *, n: int, max_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int | None = None,
+                 chat_template: bool = True) -> list[tuple[list[int], list[types.Completion]]]:
+        """Sample ``n`` completions of every prompt; each token comes with its behaviour logprob."""
+        vllm = self._vllm
+        encoded = [self.encode(p, chat_template=chat_template) for p in prompts]
+        params = [vllm.SamplingParams(
+            n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=0,
+            seed=None if seed is None else request_seed(seed, prompt_index=p.index, n=n))
+            for p in prompts]
+        inputs = [{"prompt_token_ids": ids} for ids in encoded]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        return [(ids, [_completion(c) for c in out.outputs]) for ids, out in zip(encoded, outputs)]
+
+    def greedy(self, prompts: list[types.Prompt], *, max_tokens: int = 8,
+               chat_template: bool = False) -> list[types.Completion]:
+        """One greedy completion per prompt (temperature 0), for tests and evaluation."""
+        out = self.generate(prompts, n=1, max_tokens=max_tokens, temperature=0.0, chat_template=chat_template)
+        return [completions[0] for _, completions in out]
+
+    # ------------------------------------------------------------ weight sync
+
+    def join_weight_sync(self, *, host: str, port: int, world_size: int, rank_base: int, timeout: float,
+                         backend: str = "gloo") -> list[int]:
+        """Every worker joins the trainer's weight-sync group (blocks until the whole group is there)."""
+        ranks = self.llm.collective_rpc(
+            "kf_join_weight_sync", args=(host, port, world_size, rank_base, float(timeout), backend))
+        self.joined = True
+        return [int(r) for r in ranks]
+
+    def receive_weights(self, *, refresh_tied: bool = True) -> weightsync.SyncStats:
+        """Receive and load one sync in place, then drop cached prefixes; stats of worker 0 plus the reset.
+
+        ``refresh_tied`` is for tests only (False leaves a tied lm_head stale)."""
+        start = time.perf_counter()
+        results = self.llm.collective_rpc("kf_receive_weights", args=(refresh_tied,))
+        self.llm.reset_prefix_cache()
+        first = results[0]
+        return weightsync.SyncStats(version=int(first["version"]), bytes=int(first["bytes"]),
+                                    seconds=time.perf_counter() - start, tensors=int(first["tensors"]),
+                                    buckets=int(first["buckets"]))
+
+    def leave_weight_sync(self) -> None:
+        if self.joined:
+            self.llm.collective_rpc("kf_leave_weight_sync")
+            self.joined = False
+
+    def close(self) -> None:
+        """Leave the sync group and stop the engine core (and its workers)."""
+        try:
+            self.leave_weight_sync()
+        finally:
+            shutdown = getattr(self.llm.llm_engine, "shutdown", None) or getattr(
+                getattr(self.llm.llm_engine, "engine_core", None), "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+
+
+def _completion(c: Any) -> types.Completion:
+    ids = [int(t) for t in c.token_ids]
+    lps = c.logprobs or []
+    logprobs = [float(lps[i][tok].logprob) for i, tok in enumerate(ids)] if lps else []
+    if len(logprobs) != len(ids):
+        raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(ids)} tokens")
+    return types.Completion(token_ids=ids, logprobs=logprobs, text=c.text, finish_reason=str(c.finish_reason or ""))

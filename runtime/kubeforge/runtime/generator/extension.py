@@ -1,0 +1,85 @@
+"""The vLLM worker extension: the generator end of weight sync, running inside each vLLM worker process.
+
+vLLM mixes :class:`WeightSyncExtension` into its worker class (engine option ``worker_extension_cls``); the
+``Engine`` reaches its methods with ``llm.collective_rpc("kf_...")``, once per worker. Every method is prefixed
+``kf_`` so none collides with the worker's own (``reload_weights``, ``update_weights``, ...); vLLM refuses
+collisions at start-up. Arguments and results are plain values (str/int/float/dict): they may cross a process
+boundary through vLLM's RPC, which never needs pickle for them.
+
+Loading (why each step is needed, all checked by tests/runtime/test_weightsync.py):
+1. ``reload_weights(weights_iterator=..., is_checkpoint_format=True)``: HF-named tensors go through the model's
+   own ``load_weights`` (name mapping, QKV/gate-up fusion, TP sharding), then vLLM re-runs the post-load
+   processing, which on CPU repacks linear weights for oneDNN. A plain ``model.load_weights`` skips that repack
+   and leaves the model half-updated.
+2. Tied weights: a module that shares its ``weight`` Parameter with another (lm_head tied to the embedding) is not
+   "loaded" by name, so its repacked copy stays stale while checksums look right; we re-run its
+   ``quant_method.process_weights_after_loading``.
+3. The Engine resets the prefix cache after the RPC returns (cached blocks hold keys/values of the old weights).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from kubeforge.runtime import weightsync
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker: ``self`` is the worker (``self.model_runner``, ``self.reload_weights``)."""
+
+    _kf_receiver: weightsync.WeightReceiver | None = None
+
+    def kf_join_weight_sync(self, host: str, port: int, world_size: int, rank_base: int, timeout: float,
+                            backend: str = "gloo") -> int:
+        """Join the weight-sync group as rank ``rank_base + tp_rank``; blocks until the whole group has joined."""
+        self.kf_leave_weight_sync()
+        rank = rank_base + _tp_rank()
+        self._kf_receiver = weightsync.WeightReceiver(
+            host=host, port=port, world_size=world_size, rank=rank, timeout=timeout, backend=backend)
+        return rank
+
+    def kf_receive_weights(self, refresh_tied: bool = True) -> dict[str, Any]:
+        """Receive one sync and load it in place; returns ``SyncStats.as_dict()``.
+
+        ``refresh_tied=False`` skips step 2 above; it exists only so a test can show the stale tied head."""
+        if self._kf_receiver is None:
+            raise RuntimeError("kf_receive_weights before kf_join_weight_sync")
+
+        def load(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+            self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
+            if refresh_tied:
+                refresh_shared_weights(self.model_runner.get_model())  # type: ignore[attr-defined]
+
+        return self._kf_receiver.receive(load).as_dict()
+
+    def kf_leave_weight_sync(self) -> None:
+        if self._kf_receiver is not None:
+            self._kf_receiver.close()
+            self._kf_receiver = None
+
+
+def refresh_shared_weights(model: torch.nn.Module) -> list[str]:
+    """Re-run post-load processing for modules whose ``weight`` Parameter is shared (tied); returns their names."""
+    owners: dict[int, list[tuple[str, torch.nn.Module]]] = {}
+    for name, module in model.named_modules():
+        weight = module.__dict__.get("_parameters", {}).get("weight")
+        if weight is not None and hasattr(module, "quant_method"):
+            owners.setdefault(id(weight), []).append((name, module))
+    refreshed = []
+    for group in owners.values():
+        if len(group) < 2:
+            continue
+        for name, module in group:
+            method = module.quant_method
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(module)
+                refreshed.append(name)
+    return refreshed
+
+
+def _tp_rank() -> int:
+    from vllm.distributed import parallel_state
+
+    return int(parallel_state.get_tensor_model_parallel_rank())
