@@ -31,11 +31,11 @@ unit: venv
 test: venv
 	$(PYTEST) tests e2e
 
-# The CRD is generated from the typed model (kubeforge.api.crd) and copied into the Helm chart;
-# tests/api/test_crd.py fails when either committed copy differs from what the model generates.
+# The CRD is generated from the typed model (kubeforge.api.crd) and copied into the Helm chart, and the field
+# table of docs/api.md refreshed; tests/api/test_crd.py fails when any of them differs from the model.
 CRD_FILES := crds/kubeforge.dev_rljobs.yaml helm/kubeforge/crds/kubeforge.dev_rljobs.yaml
 crd: venv
-	$(VENV)/bin/python -m kubeforge.api.crd --write $(CRD_FILES)
+	$(VENV)/bin/python -m kubeforge.api.crd --write $(CRD_FILES) --docs docs/api.md
 
 clean:
 	rm -rf $(VENV) runs

@@ -52,6 +52,22 @@ def test_committed_crd_is_the_generated_one(path: pathlib.Path) -> None:
     assert path.read_text() == crd.render(), f"{path} differs from the model: run `make crd` (never edit by hand)"
 
 
+def test_docs_field_table_is_current() -> None:
+    doc = ROOT / "docs" / "api.md"
+    assert crd.with_table(doc.read_text()) == doc.read_text(), "docs/api.md field table is stale: run `make crd`"
+    assert crd.main(["--check", *map(str, COMMITTED), "--docs", str(doc)]) == 0
+
+
+def test_field_table_lists_every_field(schema: Node) -> None:
+    table = crd.field_table()
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    described = [p for p, _ in walk(schema["properties"]["spec"]) if p and not p.endswith("[*]")]
+    assert len([r for r in rows if r.startswith("| `spec.")]) == len(described)
+    for name in ("spec.algorithm.groupSize", "spec.roles.trainer.replicas", "spec.verifiers[].regex.pattern",
+                 "status.roles.*.ready", "status.progress.meanReward"):
+        assert f"| `{name}` |" in table
+
+
 def test_check_mode_reports_stale_files(tmp_path: pathlib.Path) -> None:
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     assert crd.main(["--write", str(good), str(bad)]) == 0

@@ -1,0 +1,186 @@
+"""The Helm chart (helm/kubeforge): lint, render for the cluster's Kubernetes version, check what it grants, and
+(marker ``cluster``) have the real API server accept every rendered object with a server-side dry run.
+
+helm and kubectl come from the test cluster's binary cache (``e2e/build/build.sh helm`` builds helm; ``make
+cluster-up`` builds kubectl); without them these tests skip and say so.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import yaml
+
+from kfcluster import binaries
+from kubeforge.api import contract, crd
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "kubeforge"
+KUBE_VERSION = binaries.versions()["K8S_VERSION"]
+RELEASE, RELEASE_NS = "kf", "kubeforge-system"
+
+Obj = dict[str, Any]
+
+
+def tool(name: str) -> pathlib.Path:
+    path = binaries.bin_dir() / name
+    if not path.is_file():
+        pytest.skip(f"{name} is not built at {path} (run e2e/build/build.sh {name})")
+    return path
+
+
+def helm(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/kubeforge-helm/cache", "HELM_CONFIG_HOME": "/tmp/kubeforge-helm/config",
+           "HELM_DATA_HOME": "/tmp/kubeforge-helm/data"}
+    return subprocess.run([str(tool("helm")), *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def render(*sets: str, include_crds: bool = True) -> list[Obj]:
+    args = ["template", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--kube-version", KUBE_VERSION]
+    args += ["--include-crds"] if include_crds else []
+    for s in sets:
+        args += ["--set", s]
+    run = helm(*args)
+    assert run.returncode == 0, run.stderr
+    return [d for d in yaml.safe_load_all(run.stdout) if d]
+
+
+def one(objs: Sequence[Obj], kind: str, name: str | None = None) -> Obj:
+    found = [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''}"
+    return found[0]
+
+
+NAMESPACED = ("watchNamespaces={team-a,team-b}",)
+MONITORING = ("metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true",
+              "metrics.dashboard.enabled=true")
+
+
+# ---------------------------------------------------------------- lint and render (helm only)
+
+
+@pytest.mark.parametrize("sets", [(), NAMESPACED, MONITORING], ids=["defaults", "namespaced", "monitoring"])
+def test_helm_lint(sets: tuple[str, ...]) -> None:
+    args = ["lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    run = helm(*args)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_chart_installs_the_generated_crd() -> None:
+    objs = render()
+    assert one(objs, "CustomResourceDefinition") == crd.crd()
+
+
+def test_operator_deployment() -> None:
+    deploy = one(render(), "Deployment")
+    spec = deploy["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}, "kopf has no leader election"
+    (container,) = spec["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[0] == "operator" and "--all-namespaces" in args
+    assert "--runtime-image=kubeforge/runtime:0.1.0" in args and "--metrics-port=8080" in args
+    assert container["image"] == "kubeforge/operator:0.1.0"
+    assert {p["name"] for p in container["ports"]} == {"metrics", "health"}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert spec["template"]["spec"]["serviceAccountName"] == one(render(), "ServiceAccount")["metadata"]["name"]
+
+
+def test_operator_flags_are_ones_it_parses() -> None:
+    main = pytest.importorskip("kubeforge.operator.main")
+    for sets in ((), NAMESPACED):
+        (container,) = one(render(*sets), "Deployment")["spec"]["template"]["spec"]["containers"]
+        opts = main.parse_args(container["args"][1:])
+        assert opts.metrics_port == 8080 and opts.health_port == 8081
+        assert opts.namespaces == (("team-a", "team-b") if sets else ())
+
+
+def rules_by_resource(rules: Sequence[Obj]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
+    objs = render()
+    granted = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge")["rules"])
+    assert all("*" not in verbs for verbs in granted.values()) and ("*", "*") not in granted
+    assert not any(r in ("secrets", "nodes") for _, r in granted), "nothing beyond what the operator touches"
+    write = {"get", "list", "watch", "create", "patch", "delete"}
+    assert granted[("kubeforge.dev", "rljobs")] >= {"get", "list", "watch", "patch"}
+    assert granted[("kubeforge.dev", "rljobs/status")] >= {"patch"}
+    assert granted[("", "pods")] == {"get", "list", "watch", "patch"}
+    assert "create" in granted[("", "events")]
+    apply = pytest.importorskip("kubeforge.operator.apply")
+    for (api_version, kind), plural in apply.KINDS.items():
+        group = api_version.rpartition("/")[0]
+        if kind in ("Pod", "Event", contract.KIND):
+            continue
+        assert granted.get((group, plural), set()) >= write, f"{kind} ({api_version}): {granted.get((group, plural))}"
+    scanning = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge-scanning")["rules"])
+    assert scanning == {("", "namespaces"): {"list", "watch"},
+                        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+
+
+def test_namespaced_mode_uses_roles() -> None:
+    objs = render(*NAMESPACED)
+    roles = [o for o in objs if o["kind"] == "Role"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in objs if b["kind"] == "RoleBinding") == ["team-a", "team-b"]
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRole"] == [f"{RELEASE}-kubeforge-scanning"]
+
+
+def test_monitoring_objects() -> None:
+    objs = render(*MONITORING)
+    assert one(objs, "ServiceMonitor")["spec"]["endpoints"][0]["port"] == "metrics"
+    pod_monitor = one(objs, "PodMonitor")
+    assert pod_monitor["spec"]["selector"]["matchLabels"] == {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+    dashboard = one(objs, "ConfigMap", f"{RELEASE}-kubeforge-dashboard")
+    assert dashboard["data"]["kubeforge.json"].strip() == (CHART / "dashboards" / "kubeforge.json").read_text().strip()
+    assert not [o for o in render() if o["kind"] in ("ServiceMonitor", "PodMonitor")], "off by default"
+
+
+# ---------------------------------------------------------------- the real API server accepts the objects
+
+
+@pytest.fixture(scope="module")
+def namespaces(cluster: Any) -> Iterator[list[str]]:
+    """The release namespace and the two watched ones, created for real (dry runs need them), then deleted."""
+    kubectl = tool("kubectl")
+    suffix = uuid.uuid4().hex[:5]
+    names = [f"{RELEASE_NS}-{suffix}", f"team-a-{suffix}", f"team-b-{suffix}"]
+    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
+    for name in names:
+        subprocess.run([str(kubectl), "create", "namespace", name], check=True, capture_output=True, env=env)
+    yield names
+    subprocess.run([str(kubectl), "delete", "namespace", *names, "--wait=false"], capture_output=True, env=env)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])
+def test_api_server_accepts_the_rendered_chart(cluster: Any, namespaces: list[str], mode: str) -> None:
+    release_ns, team_a, team_b = namespaces
+    sets = ["metrics.dashboard.enabled=true"] + ([f"watchNamespaces={{{team_a},{team_b}}}"] if mode == "namespaced"
+                                                   else [])
+    args = ["template", RELEASE, str(CHART), "--namespace", release_ns, "--kube-version", KUBE_VERSION,
+            "--include-crds"]
+    for s in sets:
+        args += ["--set", s]
+    rendered = helm(*args)
+    assert rendered.returncode == 0, rendered.stderr
+    run = subprocess.run([str(tool("kubectl")), "apply", "--server-side", "--dry-run=server",
+                          "--field-manager=kubeforge-e2e", "-f", "-"], input=rendered.stdout, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "KUBECONFIG": cluster.kubeconfig})
+    assert run.returncode == 0, run.stderr
+    kinds = [line.split("/")[0] for line in run.stdout.splitlines() if "serverside-applied" in line]
+    expected = len([d for d in yaml.safe_load_all(rendered.stdout) if d])
+    assert len(kinds) == expected, run.stdout
