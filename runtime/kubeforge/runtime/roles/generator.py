@@ -11,6 +11,8 @@ Neighbours: the sampler wraps the vLLM engine (``generator.Engine``), ``weights`
 (``weightsync``); both are injected by ``roles.main`` (unit tests inject in-process ones). ``transport`` gives the
 inbox, the sender towards the verifiers (round robin) and the control sender towards trainer 0.
 
+STOP ends the loop and is passed on to every verifier.
+
 Invariants: every group carries the policy version of the weights that sampled it; the engine is never reloaded
 while it is sampling (this loop is single-threaded); READY goes to trainer 0 once the engine is up.
 """
@@ -62,6 +64,7 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
         if msg is None:
             continue
         if isinstance(msg, wire.Stop):
+            _pass_on(msg, verifiers)
             return
         if isinstance(msg, wire.Work):
             _work(msg, index=index, version=version, sampler=sampler, verifiers=verifiers, observer=observer)
@@ -86,3 +89,12 @@ def _work(msg: wire.Work, *, index: int, version: int, sampler: Sampler, verifie
     observer.sampled(groups=groups, seconds=time.monotonic() - started)
     for g in groups:
         verifiers.send(wire.Rollout(group=g))
+
+
+def _pass_on(stop: wire.Stop, verifiers: transport.Sender) -> None:
+    """The end of the run travels down the pipeline: every verifier gets the STOP too (best effort)."""
+    for v in range(verifiers.peers):
+        try:
+            verifiers.send(stop, to=v, timeout=2.0)
+        except transport.TransportError:
+            pass

@@ -192,7 +192,7 @@ class Loop:
 
     def _collect(self, step: int) -> list[types.RolloutGroup]:
         expected = my_share(step=step, settings=self.s)
-        while not self.buffer.ready(step=step, expected=expected):
+        while not self.buffer.ready(step=step, expected=expected, policy_version=self.learner.policy_version):
             msg = self.inbox.recv(timeout=POLL_SECONDS)
             if isinstance(msg, wire.Scored):
                 reason = self.buffer.add(group=msg.group, policy_version=self.learner.policy_version)

@@ -1,0 +1,220 @@
+"""The three role loops running together in one process over the in-process (``mem://``) transport.
+
+Real parts: the tiny built-in model, the real ``Trainer`` (GRPO step, checkpoints), the real verifiers, the real
+wire encoding. In-process parts (the injection points of the loops): the transport, a small HF sampler standing
+in for the vLLM engine (same Protocol: completions with behaviour logprobs) and a weight loader that copies the
+learner's tensors (the vLLM broadcast path is covered by the multi-process tests in test_launcher.py).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from kubeforge.api import load, rljob
+from kubeforge.runtime import metrics, models, tasks, transport, types, verifiers, wire
+from kubeforge.runtime.roles import generator as generator_role
+from kubeforge.runtime.roles import observe, report
+from kubeforge.runtime.roles import trainer as trainer_role
+from kubeforge.runtime.roles import verifier as verifier_role
+from kubeforge.runtime.trainer import step
+
+_ids = itertools.count()
+
+MANIFEST = {
+    "apiVersion": "kubeforge.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "inproc"},
+    "spec": {
+        "model": {"builtin": "tiny"},
+        "task": {"copy": {"length": 1, "alphabet": "ab"}, "seed": 0},
+        "verifiers": [{"name": "answer", "type": "ExactAnswer"},
+                      {"name": "format", "type": "Regex", "regex": {"pattern": "^[ab]"}, "weight": 0.5}],
+        "algorithm": {"groupSize": 4, "promptsPerStep": 4, "steps": 3, "maxNewTokens": 2, "learningRate": 1e-3,
+                      "maxPolicyLag": 1},
+        "checkpoint": {"everySteps": 2},
+    },
+}
+
+
+def job(*, sync_every: int = 1, **algorithm: object) -> rljob.RLJob:
+    doc = json.loads(json.dumps(MANIFEST))
+    doc["spec"]["algorithm"].update(algorithm)
+    doc["spec"]["weightSync"] = {"everySteps": sync_every}
+    return load.parse(doc)
+
+
+class HFSampler:
+    """Samples ``n`` completions per prompt from an HF model with their raw logprobs (the engine's contract)."""
+
+    def __init__(self, *, path: Path, n: int, max_new: int) -> None:
+        self.tok = transformers.AutoTokenizer.from_pretrained(str(path))
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(path)).eval()
+        self.n, self.max_new = n, max_new
+        self.gen = torch.Generator().manual_seed(0)
+
+    @torch.no_grad()
+    def sample(self, prompts: Sequence[types.Prompt]) -> list[types.RolloutGroup]:
+        out = []
+        for p in prompts:
+            ids = self.tok(p.text)["input_ids"]
+            x = torch.tensor([ids] * self.n)
+            lps = []
+            for _ in range(self.max_new):
+                logsm = torch.log_softmax(self.model(input_ids=x).logits[:, -1, :].float(), dim=-1)
+                nxt = torch.multinomial(logsm.exp(), 1, generator=self.gen)
+                lps.append(logsm.gather(-1, nxt).squeeze(-1))
+                x = torch.cat([x, nxt], dim=1)
+            comps = [types.Completion(token_ids=x[i, len(ids):].tolist(), logprobs=[float(lp[i]) for lp in lps],
+                                      text=self.tok.decode(x[i, len(ids):])) for i in range(self.n)]
+            out.append(types.RolloutGroup(prompt=p, prompt_token_ids=ids, completions=comps, policy_version=0))
+        return out
+
+
+class CopyWeights:
+    """In-process weight loader: copies the learner's current tensors into the sampler's model."""
+
+    def __init__(self, sampler: HFSampler) -> None:
+        self.sampler = sampler
+        self.learner: step.Trainer | None = None
+        self.versions: list[int] = []
+
+    def load(self, sync: wire.Sync) -> generator_role.SyncResult:
+        assert self.learner is not None
+        state = dict(self.learner.named_tensors())
+        self.sampler.model.load_state_dict(state, strict=False)
+        self.versions.append(sync.version)
+        return generator_role.SyncResult(seconds=0.0, bytes=sum(t.numel() * t.element_size() for t in state.values()))
+
+
+class InProcessPusher:
+    """Rank 0's push in one process: SYNC notices through the transport, ACKs awaited on the control inbox."""
+
+    def __init__(self, generators: transport.Sender, control: transport.Receiver) -> None:
+        self.generators, self.control = generators, control
+
+    def push(self, *, version: int, step: int) -> generator_role.SyncResult:
+        for g in range(self.generators.peers):
+            self.generators.send(wire.Sync(version=version, step=step, host="mem", port=1, world_size=2), to=g)
+        acked: set[int] = set()
+        while len(acked) < self.generators.peers:
+            msg = self.control.recv(timeout=30)
+            assert msg is not None, "no ACK from the generator"
+            if isinstance(msg, wire.Ack) and msg.version == version:
+                acked.add(msg.index)
+        return generator_role.SyncResult(seconds=0.01, bytes=1)
+
+
+def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = ()) -> dict[str, object]:
+    """Run generator, verifier and trainer loops to completion; returns observations."""
+    n = next(_ids)
+    a = {k: f"mem://t{n}-{k}" for k in ("gen", "ver", "trn", "ctl")}
+    spec = spec_job.spec
+    path = models.resolve(spec.model)
+    m = {r: metrics.Metrics(role=r, replica=0) for r in ("generator", "verifier", "trainer")}
+    gen_in = transport.open_receiver(a["gen"], on_drop=m["generator"].drop_hook())
+    ver_in = transport.open_receiver(a["ver"], on_drop=m["verifier"].drop_hook())
+    trn_in = transport.open_receiver(a["trn"], on_drop=m["trainer"].drop_hook(), hwm=256)
+    ctl_in = transport.open_receiver(a["ctl"], on_drop=m["trainer"].drop_hook())
+    sampler = HFSampler(path=path, n=spec.algorithm.group_size, max_new=spec.algorithm.max_new_tokens)
+    weights = CopyWeights(sampler)
+    stop = threading.Event()
+    scorer = verifiers.Scorer(spec.verifiers)
+
+    def generator() -> None:
+        generator_role.run(index=0, inbox=gen_in, verifiers=transport.open_sender([a["ver"]], role="generator", index=0),
+                           control=transport.open_sender([a["ctl"]], role="generator", index=0), sampler=sampler,
+                           weights=weights, observer=observe.GeneratorObserver(m["generator"]),
+                           should_stop=stop.is_set)
+
+    def verifier() -> None:
+        verifier_role.run(inbox=ver_in, trainers=transport.open_sender([a["trn"]], role="verifier", index=0),
+                          score=scorer.apply, observer=observe.VerifierObserver(m["verifier"], scorer.errors),
+                          should_stop=stop.is_set)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (generator, verifier)]
+    for t in threads:
+        t.start()
+    raw = transport.open_sender([a["gen"], a["ver"], a["trn"], a["ctl"]], role="fuzz", index=0)
+    for frame in inject:                      # malformed frames into every receiver of every role
+        for i in range(4):
+            raw.send_frame(frame, to=i)       # type: ignore[attr-defined]
+    learner = step.Trainer(model_path=path, algorithm=spec.algorithm)
+    weights.learner = learner
+    to_gen = transport.open_sender([a["gen"]], role="trainer", index=0)
+    records = tmp / "metrics.jsonl"
+    loop = trainer_role.Loop(
+        settings=trainer_role.Settings(rank=0, world=1, steps=spec.algorithm.steps,
+                                       prompts_per_step=spec.algorithm.prompts_per_step,
+                                       max_policy_lag=spec.algorithm.max_policy_lag,
+                                       sync_every=spec.weight_sync.every_steps,
+                                       checkpoint_every=spec.checkpoint.every_steps, checkpoint_dir=str(tmp / "ckpt"),
+                                       checkpoint_keep=2),
+        inbox=trn_in, generators=to_gen, learner=learner, prompt_at=tasks.stream(spec.task).prompt_at,
+        observer=observe.TrainerObserver(m["trainer"]),
+        rank0=trainer_role.Rank0(control=ctl_in, pusher=InProcessPusher(to_gen, ctl_in),
+                                 reporter=report.JsonlReporter(path=records, echo=False)))
+    loop.run()
+    for t in threads:
+        t.join(timeout=30)
+        assert not t.is_alive(), "a role loop did not stop on STOP"
+    stop.set()
+    for r in (gen_in, ver_in, trn_in, ctl_in):
+        r.close()
+    return {"records": [json.loads(x) for x in records.read_text().splitlines()], "versions": weights.versions,
+            "dropped": {"gen": dict(gen_in.dropped), "ver": dict(ver_in.dropped), "trn": dict(trn_in.dropped),
+                        "ctl": dict(ctl_in.dropped)},
+            "learner": learner, "buffer": loop.buffer, "metrics": m}
+
+
+def test_three_loops_train_sync_checkpoint_and_resume(tmp_path: Path) -> None:
+    out = run_job(job(steps=3), tmp_path)
+    records = out["records"]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["policy_version"] for r in records] == [1, 2, 3]
+    assert all(r["completions"] == 16 for r in records)
+    assert out["versions"] == [1, 2]                 # a push after each step but the last
+    assert all(r["weight_sync_seconds"] is not None for r in records[:2])
+    assert sum(out["buffer"].lag_counts.values()) == 12 and max(out["buffer"].lag_counts) <= 1
+    ckpts = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert ckpts == ["step-000000002", "step-000000003"]
+    # resume: the same job with 5 steps continues at step 4 with contiguous records, after pushing v3 first
+    out2 = run_job(job(steps=5), tmp_path)
+    assert [r["step"] for r in out2["records"]] == [1, 2, 3, 4, 5]
+    assert out2["versions"][0] == 3
+    assert out2["learner"].policy_version == 5
+    assert b"kubeforge_step" in out2["metrics"]["trainer"].render()
+
+
+def test_receivers_of_every_role_survive_malformed_frames(tmp_path: Path) -> None:
+    good_other = wire.encode(wire.Ready(role="x", index=0))        # valid but unexpected everywhere but control
+    junk = [b"\x00" * 3, b"GET / HTTP/1.1\r\n\r\n", wire.MAGIC + b"\x02\x00\x10garbage",
+            wire.encode(wire.Stop())[:7] + b"\xc1\xc1", bytes(range(256)), good_other]
+    out = run_job(job(steps=2), tmp_path, inject=junk)
+    assert [r["step"] for r in out["records"]] == [1, 2]
+    for name, dropped in out["dropped"].items():
+        assert sum(dropped.values()) == len(junk) - 1, (name, dropped)   # all but the valid READY
+    rendered = out["metrics"]["verifier"].render().decode()
+    assert 'reason="malformed"' in rendered
+
+
+@pytest.mark.parametrize("lag,every", [(0, 1), (2, 1), (1, 2)])
+def test_window_never_lets_a_group_go_stale(tmp_path: Path, lag: int, every: int) -> None:
+    spec = job(steps=4, maxPolicyLag=lag, sync_every=every)
+    out = run_job(spec, tmp_path)
+    assert [r["step"] for r in out["records"]] == [1, 2, 3, 4]
+    assert out["buffer"].drops.get("stale", 0) == 0
+    assert max(out["buffer"].lag_counts) <= lag
+
+
+def test_split_and_share_are_exact() -> None:
+    prompts = [types.Prompt(index=i, text="", answer="") for i in range(5)]
+    parts = trainer_role.split(prompts, 3)
+    assert [len(p) for p in parts] == [1, 2, 2] and sum(parts, []) == prompts
+    s = trainer_role.Settings(rank=1, world=3, steps=1, prompts_per_step=7, max_policy_lag=0, sync_every=1,
+                              checkpoint_every=1, checkpoint_dir="", checkpoint_keep=1)
+    assert trainer_role.my_share(step=2, settings=s) == sum(1 for k in range(14, 21) if k % 3 == 1)
