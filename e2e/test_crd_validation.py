@@ -55,6 +55,13 @@ table = _load_table()
 
 
 @pytest.fixture(scope="module")
+def cluster() -> Any:
+    """The test cluster (``make cluster-up``'s; started here when none runs: ``lifecycle.up`` is idempotent)."""
+    from kfcluster import lifecycle
+    return lifecycle.up()
+
+
+@pytest.fixture(scope="module")
 def api(cluster: Any) -> Iterator[Any]:
     """An API client for the test cluster, with the CRD applied (server-side apply) and Established."""
     client = kubernetes.config.new_client_from_config(config_file=cluster.kubeconfig)

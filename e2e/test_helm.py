@@ -153,6 +153,13 @@ def test_monitoring_objects() -> None:
 
 
 @pytest.fixture(scope="module")
+def cluster() -> Any:
+    """The test cluster (``make cluster-up``'s; started here when none runs: ``lifecycle.up`` is idempotent)."""
+    from kfcluster import lifecycle
+    return lifecycle.up()
+
+
+@pytest.fixture(scope="module")
 def namespaces(cluster: Any) -> Iterator[list[str]]:
     """The release namespace and the two watched ones, created for real (dry runs need them), then deleted."""
     kubectl = tool("kubectl")
