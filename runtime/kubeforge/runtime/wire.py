@@ -200,7 +200,7 @@ def encode(msg: Message, *, check: bool = True) -> bytes:
     kind = kind_of(msg)
     payload = _ENCODERS[kind](msg)
     if check:
-        _DECODERS[kind](_Reader(payload, kind.name))
+        _DECODERS[kind](_Reader(payload, kind.name, lists=False))
     try:
         body = msgpack.packb(payload, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as e:
@@ -302,12 +302,16 @@ def _decode(data: bytes | bytearray | memoryview) -> Message:
 class _Reader:
     """Typed, bounded access to one msgpack map; every error names the field path."""
 
-    def __init__(self, obj: Any, path: str) -> None:
+    def __init__(self, obj: Any, path: str, *, lists: bool = True) -> None:
         if type(obj) is not dict:
             raise WireError(REASON_MALFORMED, f"{path}: expected a map, got {type(obj).__name__}")
         self.obj: dict[str, Any] = obj
         self.path = path
         self.seen: set[str] = set()
+        self.lists = lists  # False: packed arrays stay arrays (encode's check: validated, not materialised)
+
+    def child(self, obj: Any, path: str) -> _Reader:
+        return _Reader(obj, path, lists=self.lists)
 
     def _get(self, key: str) -> Any:
         if key not in self.obj:
@@ -346,7 +350,7 @@ class _Reader:
         return v
 
     def map(self, key: str) -> _Reader:
-        return _Reader(self._get(key), f"{self.path}.{key}")
+        return self.child(self._get(key), f"{self.path}.{key}")
 
     def list(self, key: str, max_len: int) -> list[Any]:
         v = self._get(key)
@@ -364,13 +368,15 @@ class _Reader:
         return v
 
     def u32s(self, key: str, max_len: int = MAX_TOKENS) -> list[int]:
-        return self._packed(key, _U32, max_len).tolist()
+        a = self._packed(key, _U32, max_len)
+        return a.tolist() if self.lists else a  # type: ignore[return-value]
 
     def f64s(self, key: str, max_len: int = MAX_TOKENS) -> list[float]:
         a = self._packed(key, _F64, max_len)
-        if not all(map(math.isfinite, a)):
+        # sum() is a fast C loop: a finite sum proves every item finite (inf/nan propagate); else check one by one
+        if not math.isfinite(sum(a)) and not all(map(math.isfinite, a)):
             raise self.fail(key, "contains a non-finite value")
-        return a.tolist()
+        return a.tolist() if self.lists else a  # type: ignore[return-value]
 
     def _packed(self, key: str, code: str, max_len: int) -> array.array[Any]:
         v = self._get(key)
@@ -407,7 +413,7 @@ def _group_in(r: _Reader, *, scored: bool) -> types.RolloutGroup:
     raw = r.list("completions", MAX_COMPLETIONS)
     if not raw:
         raise r.fail("completions", "a group needs at least one completion")
-    comps = [_completion_in(_Reader(c, f"{r.path}.completions[{i}]")) for i, c in enumerate(raw)]
+    comps = [_completion_in(r.child(c, f"{r.path}.completions[{i}]")) for i, c in enumerate(raw)]
     g = types.RolloutGroup(
         prompt=prompt, prompt_token_ids=r.u32s("prompt_token_ids"), completions=comps,
         policy_version=r.int("policy_version"), step=r.int("step"), generator=r.int("generator"),
@@ -472,7 +478,7 @@ def _stop_in(r: _Reader) -> Stop:
 
 def _work_in(r: _Reader) -> Work:
     raw = r.list("prompts", MAX_PROMPTS)
-    prompts = tuple(_prompt_in(_Reader(p, f"{r.path}.prompts[{i}]")) for i, p in enumerate(raw))
+    prompts = tuple(_prompt_in(r.child(p, f"{r.path}.prompts[{i}]")) for i, p in enumerate(raw))
     m = Work(step=r.int("step"), policy_version=r.int("policy_version"), prompts=prompts)
     r.done()
     return m

@@ -1,0 +1,134 @@
+"""Throughput of the data plane's transport: kubeforge (wire encode + ZeroMQ PUSH/PULL + validated decode) against
+a raw ZeroMQ PUSH/PULL baseline moving byte strings of the same size, measured in the same run, same machine.
+
+    .venv/bin/python bench/bench_transport.py [--seconds 3] [--json]
+
+Each case sends rollout groups (``groupSize`` completions of ``tokens`` tokens, with logprobs and text) from this
+process to a receiver in a child process over tcp://127.0.0.1. Time runs from the first send to the receiver
+having the last message (CLOCK_MONOTONIC is shared by processes). Reported: messages/s, MB/s of frame bytes,
+tokens/s, and the ratio kubeforge / raw. Also encode-only and decode-only rates in one process, for the breakdown.
+The last line of stdout is a JSON summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import time
+from typing import Any
+
+import zmq
+
+from kubeforge.runtime import transport, types, wire
+
+CASES = [("small", 8, 32), ("medium", 8, 256), ("large", 16, 2048)]  # (name, groupSize, tokens per completion)
+
+
+def rollout(group_size: int, tokens: int, seed: int = 0) -> wire.Rollout:
+    rng = random.Random(seed)
+    comps = [types.Completion(token_ids=[rng.randrange(150_000) for _ in range(tokens)],
+                              logprobs=[-rng.random() * 5 for _ in range(tokens)],
+                              text="".join(rng.choice("abcdefgh ") for _ in range(tokens * 3)), finish_reason="length")
+             for _ in range(group_size)]
+    g = types.RolloutGroup(prompt=types.Prompt(index=1, text="What is 23 + 45? " * 4, answer="68"),
+                           prompt_token_ids=list(range(40)), completions=comps, policy_version=3, step=3)
+    return wire.Rollout(group=g)
+
+
+def _receiver(kind: str, address: str, count: int, out: Any) -> None:
+    if kind == "raw":
+        sock = zmq.Context.instance().socket(zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, transport.DEFAULT_HWM)
+        sock.bind(address)
+        out.send("bound")
+        for _ in range(count):
+            sock.recv(copy=False)
+        out.send(time.monotonic())
+        sock.close(0)
+    else:
+        rx = transport.open_receiver(address)
+        out.send("bound")
+        for _ in range(count):
+            if rx.recv(60) is None:
+                raise SystemExit("receiver timed out")
+        out.send((time.monotonic(), dict(rx.dropped)))
+        rx.close()
+
+
+def _free_address() -> str:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def run_case(kind: str, msg: wire.Rollout, count: int) -> float:
+    """Seconds to move ``count`` messages (kind raw: bytes of the encoded size; kind kubeforge: encode + decode)."""
+    address = _free_address()
+    parent, child = mp.get_context("spawn").Pipe()
+    proc = mp.get_context("spawn").Process(target=_receiver, args=(kind, address, count, child), daemon=True)
+    proc.start()
+    assert parent.recv() == "bound"
+    tx = transport.open_sender([address], role="bench", index=0, ready_timeout=30)
+    assert isinstance(tx, transport.ZmqSender)
+    frame = wire.encode(msg)
+    start = time.monotonic()
+    if kind == "raw":
+        for _ in range(count):
+            tx.send_frame(frame)
+    else:
+        for _ in range(count):
+            tx.send(msg)
+    result = parent.recv()
+    proc.join(30)
+    tx.close()
+    end = result if kind == "raw" else result[0]
+    if kind != "raw" and result[1]:
+        raise SystemExit(f"receiver dropped frames: {result[1]}")
+    return end - start
+
+
+def local_rates(msg: wire.Rollout, seconds: float) -> tuple[float, float]:
+    """(encodes/s, decodes/s) in this process."""
+    frame = wire.encode(msg)
+    rates = []
+    for fn in (lambda: wire.encode(msg), lambda: wire.decode(frame)):
+        n, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            fn()
+            n += 1
+        rates.append(n / (time.monotonic() - start))
+    return rates[0], rates[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=2.0, help="target duration of each measurement")
+    args = ap.parse_args()
+    results = []
+    for name, group_size, tokens in CASES:
+        msg = rollout(group_size, tokens)
+        size = len(wire.encode(msg))
+        enc, dec = local_rates(msg, args.seconds / 4)
+        count = max(50, int(min(enc, dec) * args.seconds / 2))
+        raw_s = run_case("raw", msg, count)
+        kf_s = run_case("kubeforge", msg, count)
+        row = {
+            "case": name, "group_size": group_size, "tokens": tokens, "frame_bytes": size, "messages": count,
+            "raw_msgs_per_s": round(count / raw_s, 1), "raw_MB_per_s": round(count * size / raw_s / 1e6, 1),
+            "kf_msgs_per_s": round(count / kf_s, 1), "kf_MB_per_s": round(count * size / kf_s / 1e6, 1),
+            "kf_tokens_per_s": round(count * group_size * tokens / kf_s),
+            "kf_over_raw": round(raw_s / kf_s, 3),
+            "encode_per_s": round(enc, 1), "decode_per_s": round(dec, 1),
+        }
+        results.append(row)
+        print(f"{name:7s} G={group_size:<3d} T={tokens:<5d} frame={size/1e3:8.1f} kB  raw {row['raw_msgs_per_s']:9.1f} "
+              f"msg/s {row['raw_MB_per_s']:7.1f} MB/s | kubeforge {row['kf_msgs_per_s']:9.1f} msg/s "
+              f"{row['kf_MB_per_s']:7.1f} MB/s ({row['kf_over_raw']:.2f}x raw) | encode {enc:8.1f}/s decode "
+              f"{dec:8.1f}/s", flush=True)
+    print(json.dumps({"bench": "transport", "results": results}))
+
+
+if __name__ == "__main__":
+    main()
