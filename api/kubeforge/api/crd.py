@@ -11,9 +11,9 @@ Neighbours: ``kubeforge.api.rljob`` (the model, its descriptions, bounds, enums 
 Translation rules (``_convert``):
   $ref                     -> inlined; the field's description comes first, the type's docstring after it
   anyOf [X, null]          -> X, not nullable: the API server prunes a null in a non-nullable field before
-                              defaulting, so ``null`` means "unset" on both sides, as ``None`` does in the
-                              model (``nullable: true`` would keep the null, and CEL's ``has()`` would count
-                              it as set, so the one-of rules would disagree with the local launcher)
+                              defaulting, so ``null`` means "unset" as ``None`` does in the model, and the
+                              stored object carries no nulls, like ``load.dump`` (``nullable: true`` would
+                              store them; checked on kube-apiserver 1.34: CEL's ``has()`` is false either way)
   anyOf [integer, string]  -> ``x-kubernetes-int-or-string: true`` (resource quantities)
   exclusiveMinimum: n      -> ``minimum: n, exclusiveMinimum: true`` (OpenAPI v3.0 spelling)
   additionalProperties     -> false: dropped (the API server prunes, or refuses with strict field
