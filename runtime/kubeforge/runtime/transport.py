@@ -49,6 +49,7 @@ DEFAULT_READY_TIMEOUT = 300.0
 RECONNECT_IVL_MS = 100
 RECONNECT_IVL_MAX_MS = 2000
 _POLL_SLICE_S = 0.05
+_PUMP_EVERY_S = 0.05  # how stale a peer's connected/disconnected state may be on the fast send path
 
 DropHook = Callable[[str], None]
 
@@ -211,6 +212,9 @@ class ZmqReceiver:
     def recv(self, timeout: float | None = None) -> wire.Message | None:
         if self._closed:
             raise TransportError("receiver is closed")
+        msg = self._drain()  # fast path: a frame is already queued
+        if msg is not None:
+            return msg
         deadline = _deadline(timeout)
         while True:
             left = _remaining(deadline)
@@ -218,15 +222,27 @@ class ZmqReceiver:
                 if left is None:
                     continue
                 return None
-            parts = self._sock.recv_multipart(copy=False)
-            if len(parts) != 1:
-                self._inbox.refuse(wire.REASON_MALFORMED)
-                continue
-            msg = self._inbox.accept(parts[0].buffer)
+            msg = self._drain()
             if msg is not None:
                 return msg
             if deadline is not None and time.monotonic() >= deadline:
                 return None
+
+    def _drain(self) -> wire.Message | None:
+        """Read frames while any are queued (no poll per frame); the first valid message, or None when empty."""
+        while True:
+            try:
+                frame = self._sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            if frame.more:  # multi-part messages are not ours: drain the rest, count once
+                while self._sock.recv(copy=False).more:
+                    pass
+                self._inbox.refuse(wire.REASON_MALFORMED)
+                continue
+            msg = self._inbox.accept(frame.buffer)
+            if msg is not None:
+                return msg
 
     def close(self) -> None:
         if not self._closed:
@@ -251,9 +267,11 @@ class _Peer:
             raise TransportError(f"cannot connect to {address}: {e}") from e
         self.connected = False
         self.greeted = False
+        self.pumped = 0.0
 
     def pump(self, wait_s: float = 0.0) -> None:
         """Apply pending monitor events (connected / disconnected); wait up to ``wait_s`` for the first."""
+        self.pumped = time.monotonic()
         timeout_ms = int(wait_s * 1000)
         while self.monitor.poll(timeout_ms):
             event = zmq_monitor.recv_monitor_message(self.monitor)["event"]
@@ -317,11 +335,18 @@ class ZmqSender:
                 raise TransportError(f"peer index {to} out of range [0, {len(self._peers)})")
             self._send_on(self._peers[to], frame, deadline)
             return
+        n = len(self._peers)
+        for k in range(n):  # fast path: the next peer in turn has room
+            p = self._peers[(self._next + k) % n]
+            if time.monotonic() - p.pumped > _PUMP_EVERY_S:
+                p.pump()
+            if p.connected and self._try_send(p, frame):
+                self._next = (self._next + k + 1) % n
+                return
         while True:
             for p in self._peers:
                 p.pump()
             ready = dict(self._poller.poll(self._slice_ms(deadline)))
-            n = len(self._peers)
             for k in range(n):
                 p = self._peers[(self._next + k) % n]
                 if ready.get(p.sock, 0) & zmq.POLLOUT and self._try_send(p, frame):
@@ -331,6 +356,10 @@ class ZmqSender:
 
     def _send_on(self, p: _Peer, frame: bytes, deadline: float | None) -> None:
         """Blocking send to one peer (b"" sends only the pending HELLO)."""
+        if time.monotonic() - p.pumped > _PUMP_EVERY_S:
+            p.pump()
+        if self._try_send(p, frame):  # fast path: room in the queue
+            return
         while True:
             p.pump()
             if p.sock.poll(self._slice_ms(deadline), zmq.POLLOUT) and self._try_send(p, frame):
