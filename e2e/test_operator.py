@@ -107,7 +107,7 @@ def test_examples_create_every_child_and_run(env: Any, ns: str) -> None:
         assert got["serviceaccounts"] == got["roles"] == got["rolebindings"] == [f"{name}-runtime"]
         ps = pods(k, ns, name)
         assert len(ps) == 3 and all(p["spec"]["nodeName"].startswith("kwok-") for p in ps)
-        assert [r for r in event_reasons(k, ns, name) if r in ("Pending", "Starting", "Running")][-1] == "Running"
+        assert {"Pending", "Running"} <= set(event_reasons(k, ns, name))
     # the demo's generator asks for a GPU and the job is packed into one zone
     arith = pods(k, ns, "arith")
     gen = next(p for p in arith if p["metadata"]["labels"]["kubeforge.dev/role"] == "generator")

@@ -94,5 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fmt = kopf.LogFormat.JSON if opts.log_format == "json" else kopf.LogFormat.FULL
     kopf.configure(verbose=opts.verbose, log_format=fmt)
     logging.getLogger("kubeforge").setLevel(logging.DEBUG if opts.verbose else logging.INFO)
+    if not opts.verbose:   # kopf logs every handler success at INFO: one line per watch event
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     asyncio.run(serve(opts))
     return 0

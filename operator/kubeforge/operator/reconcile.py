@@ -60,6 +60,11 @@ class ApplyCache:
         with self._lock:
             self._seen.setdefault(job, {})[meta.key(obj)] = (self.digest(obj), time.monotonic())
 
+    def drop(self, job: Key, obj: meta.Obj) -> None:
+        """``obj`` was deleted: the next pass that wants it must send it again."""
+        with self._lock:
+            self._seen.get(job, {}).pop(meta.key(obj), None)
+
     def forget(self, job: Key) -> None:
         with self._lock:
             self._seen.pop(job, None)
@@ -106,6 +111,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
             cache.remember(key, obj)
     for obj in rendered.absent:
         cluster.delete(obj)
+        cache.drop(key, obj)
     new = status.compute(job, obs, plan, generation=raw["metadata"].get("generation"), now=now)
     if _status_doc(new) != _status_doc(job.status):
         cluster.patch_status(namespace, name, _status_doc(new) or {})

@@ -1,0 +1,77 @@
+"""The reconcile pass against an in-memory fake of ``apply.Cluster`` (the real one is tested in e2e/)."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import opbuilders
+from kubeforge.api import load
+from kubeforge.operator import reconcile
+
+
+class FakeCluster:
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job = job
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.status_writes = 0
+        self.events: list[str] = []
+        self.applies = 0
+
+    def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.job)
+
+    def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return []
+
+    def apply(self, obj: dict[str, Any]) -> None:
+        self.applies += 1
+        self.objects[(obj["kind"], obj["metadata"]["name"])] = obj
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        self.objects.pop((obj["kind"], obj["metadata"]["name"]), None)
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.status_writes += 1
+        self.job["status"] = status
+
+    def post_event(self, job: dict[str, Any], *, type: str, reason: str, message: str, now: str) -> None:
+        self.events.append(reason)
+
+    def delete_rljob(self, namespace: str, name: str) -> None:
+        self.job = None  # type: ignore[assignment]
+
+
+def raw_job(**overrides: Any) -> dict[str, Any]:
+    doc = load.dump(opbuilders.job("tiny", **overrides))
+    doc["metadata"].update(uid="u-1", generation=1, creationTimestamp="2026-11-22T12:00:00Z")
+    return doc
+
+
+def test_replayed_pass_writes_status_once_and_skips_unchanged_objects() -> None:
+    fake = FakeCluster(raw_job())
+    cache = reconcile.ApplyCache()
+    out = reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
+    assert out.phase == "Pending" and fake.status_writes == 1 and fake.events == ["Pending"]
+    assert ("PodGroup", "tiny") in fake.objects and fake.applies == 11
+    reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
+    assert fake.status_writes == 1 and fake.applies == 11 and fake.events == ["Pending"]
+
+
+def test_suspend_then_resume_recreates_the_gang_object() -> None:
+    fake = FakeCluster(raw_job())
+    cache = reconcile.ApplyCache()
+    reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
+    fake.job["spec"]["suspend"] = True
+    reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
+    assert ("PodGroup", "tiny") not in fake.objects
+    assert fake.objects[("StatefulSet", "tiny-trainer")]["spec"]["replicas"] == 0
+    fake.job["spec"]["suspend"] = False
+    reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
+    assert ("PodGroup", "tiny") in fake.objects
+    assert fake.objects[("StatefulSet", "tiny-trainer")]["spec"]["replicas"] == 1
+
+
+def test_gone_job_is_reported() -> None:
+    fake = FakeCluster(raw_job())
+    fake.job = None  # type: ignore[assignment]
+    assert reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache()).gone
