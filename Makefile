@@ -39,3 +39,20 @@ crd: venv
 
 clean:
 	rm -rf $(VENV) runs
+
+# --- test cluster (issue 4; owner: test-cluster engineer). See docs/test-cluster.md. ---
+.PHONY: build-cluster e2e-kind
+# Builds into ~/.cache/kubeforge/k8s-<version>/bin; skips what is built. COMPONENTS=... to pick.
+build-cluster:
+	bash e2e/build/build.sh $(COMPONENTS)
+
+# Prints `export KUBECONFIG=<path>` last. REAL_NODE=1 (or KUBEFORGE_REAL_NODE=1) adds the real node.
+cluster-up:
+	@KUBEFORGE_REAL_NODE=$(if $(REAL_NODE),$(REAL_NODE),$(KUBEFORGE_REAL_NODE)) PYTHONPATH=e2e $(PY) -m kfcluster up
+
+cluster-down:
+	@KUBEFORGE_REAL_NODE=$(if $(REAL_NODE),$(REAL_NODE),$(KUBEFORGE_REAL_NODE)) PYTHONPATH=e2e $(PY) -m kfcluster down
+
+# Same e2e suite on a kind cluster (needs Docker + kind + network; cannot run on the build machines).
+e2e-kind: venv
+	bash e2e/kind/run.sh

@@ -1,0 +1,11 @@
+"""kfcluster: the kubeforge test cluster (real control plane + kwok GPU nodes) for Make and pytest.
+
+Public surface: ``up(config)``, ``down(workdir=...)``, ``add_nodes(cluster, pools)``, ``ClusterConfig``,
+``NodePool``, ``Cluster``, ``from_env``. See docs/test-cluster.md for the work-dir layout and knobs.
+Importable when ``e2e/`` is on ``sys.path`` (the root conftest.py adds it); stdlib only.
+"""
+
+from kfcluster.config import ClusterConfig, NodePool, from_env
+from kfcluster.lifecycle import Cluster, add_nodes, down, up
+
+__all__ = ["Cluster", "ClusterConfig", "NodePool", "add_nodes", "down", "from_env", "up"]

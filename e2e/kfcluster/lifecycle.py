@@ -1,0 +1,262 @@
+"""Start, extend and stop one test cluster: etcd, kube-apiserver, kube-controller-manager, a Coscheduling
+kube-scheduler and the kwok controller, as local processes run by ``kwokctl --runtime binary``.
+
+Role: orchestration with side effects (files in the work dir, processes, kubectl). Pure parts live in
+``render``; typed inputs in ``config``; binaries in ``binaries``. Contract with the real-node scripts
+(issue 6): after the control plane is ready ``e2e/node/up.sh <workdir>`` runs (when enabled and present);
+``e2e/node/down.sh <workdir>`` runs before the control plane stops.
+
+    up():   build-if-missing -> render configs -> kwokctl create -> /readyz -> PodGroup CRD
+            -> kwok nodes Ready -> default ServiceAccount -> cluster.json -> [node/up.sh]
+    down(): [node/down.sh] -> kwokctl delete -> kill leftovers naming the work dir -> ports closed -> rm
+
+Invariants: everything of a cluster lives under its work dir; every process of it names the work dir in
+its command line (so leftovers are found by that, never by process name); ``down`` returns only when no
+such process and none of its recorded ports is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from kfcluster import binaries, kube, procs, render
+from kfcluster import config as cfg
+
+NODE_SCRIPTS = binaries.E2E_DIR / "node"
+PORT_NAMES = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
+
+
+def log(msg: str) -> None:
+    print(f"[kfcluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """A running cluster, as recorded in ``<workdir>/cluster.json``."""
+
+    name: str
+    workdir: str
+    kubeconfig: str
+    server: str
+    ports: dict[str, int]
+    bin_dir: str
+    kwok_dir: str
+    real_node: bool = False
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def kubectl(self) -> kube.Kubectl:
+        return kube.Kubectl(binary=os.path.join(self.bin_dir, "kubectl"), kubeconfig=self.kubeconfig)
+
+    def save(self) -> None:
+        path = pathlib.Path(self.workdir, "cluster.json")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, workdir: str) -> Cluster:
+        data = json.loads(pathlib.Path(workdir, "cluster.json").read_text())
+        data["nodes"] = tuple(data.get("nodes", ()))
+        return cls(**data)
+
+
+def _kwok_env(*, kwok_dir: str, bin_dir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "KWOK_WORKDIR": kwok_dir,
+        "KWOK_KUBE_VERSION": binaries.versions()["K8S_VERSION"],
+        "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+    })
+    env.pop("KUBECONFIG", None)
+    return env
+
+
+def _kwokctl(args: list[str], *, kwok_dir: str, bin_dir: str, log_path: pathlib.Path, timeout_s: float) -> None:
+    with open(log_path, "a") as out:
+        proc = subprocess.run([os.path.join(bin_dir, "kwokctl"), *args], stdout=out, stderr=subprocess.STDOUT,
+                              env=_kwok_env(kwok_dir=kwok_dir, bin_dir=bin_dir), timeout=timeout_s, check=False)
+    if proc.returncode != 0:
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-20:])
+        raise RuntimeError(f"kwokctl {args[0]} {args[1]} failed ({proc.returncode}); see {log_path}:\n{tail}")
+
+
+def _write_kubeconfig(*, src: pathlib.Path, dst: pathlib.Path, server: str) -> None:
+    """Copy kwokctl's admin kubeconfig, pointing it at ``server`` when given."""
+    text = src.read_text()
+    if server:
+        text = re.sub(r"(server:\s*)\S+", lambda m: m.group(1) + server, text)
+    tmp = dst.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o600)
+    tmp.replace(dst)
+
+
+def _healthy(workdir: str) -> Cluster | None:
+    try:
+        cluster = Cluster.load(workdir)
+        return cluster if cluster.kubectl.readyz() else None
+    except (OSError, ValueError, KeyError, RuntimeError, subprocess.TimeoutExpired):
+        return None
+
+
+def up(config: cfg.ClusterConfig | None = None) -> Cluster:
+    """Start the cluster described by ``config`` (default: ``config.from_env()``) and wait until ready.
+
+    Idempotent: a healthy cluster already running in the same work dir is returned as is; a stale one
+    is stopped first.
+    """
+    config = config or cfg.from_env()
+    t0 = time.monotonic()
+    existing = _healthy(config.workdir)
+    if existing:
+        log(f"cluster {config.name} already running ({existing.server})")
+        return existing
+    if os.path.exists(config.workdir):
+        log(f"stale work dir {config.workdir}: cleaning it first")
+        down(workdir=config.workdir)
+    bins = binaries.require()
+    workdir = pathlib.Path(config.workdir)
+    kwok_dir = workdir / "kwok"
+    kwok_dir.mkdir(parents=True, exist_ok=True)
+    ports = dict(zip(PORT_NAMES, procs.free_ports(len(PORT_NAMES)), strict=True))
+    sched_path = workdir / "scheduler-config.yaml"
+    sched_path.write_text(json.dumps(render.scheduler_config(config), indent=1) + "\n")
+    doc = render.kwokctl_config(config=config, bins=bins, ports=ports, scheduler_config_path=str(sched_path),
+                                k8s_version=binaries.versions()["K8S_VERSION"])
+    kwokctl_cfg = workdir / "kwokctl.yaml"
+    kwokctl_cfg.write_text(render.kwokctl_config_text(doc))
+    bin_dir = str(binaries.bin_dir())
+    log(f"starting control plane {config.name} in {workdir} (apiserver port {ports['kube-apiserver']})")
+    _kwokctl(["create", "cluster", f"--name={config.name}", f"--config={kwokctl_cfg}", "--runtime=binary",
+              "--kubeconfig=", "--wait=0s"], kwok_dir=str(kwok_dir), bin_dir=bin_dir,
+             log_path=workdir / "kwokctl.log", timeout_s=config.ready_timeout_s)
+    cdir = kwok_dir / "clusters" / config.name
+    kubeconfig = workdir / "kubeconfig"
+    _write_kubeconfig(src=cdir / "kubeconfig.yaml", dst=kubeconfig, server=config.kubeconfig_server)
+    server = config.kubeconfig_server or f"https://127.0.0.1:{ports['kube-apiserver']}"
+    cluster = Cluster(name=config.name, workdir=str(workdir), kubeconfig=str(kubeconfig), server=server,
+                      ports=ports, bin_dir=bin_dir, kwok_dir=str(kwok_dir), real_node=config.real_node)
+    cluster.save()
+    local = kube.Kubectl(binary=bins["kubectl"], kubeconfig=str(cdir / "kubeconfig.yaml"))
+    kube.wait_for("kube-apiserver /readyz", local.readyz, timeout_s=config.ready_timeout_s)
+    log(f"apiserver ready after {time.monotonic() - t0:.1f}s")
+    local.run("apply", "--server-side", "-f", str(binaries.podgroup_crd()))
+    local.run("wait", "--for=condition=Established", "crd/podgroups.scheduling.x-k8s.io", "--timeout=60s")
+    cluster = add_nodes(cluster, config.nodes, timeout_s=config.ready_timeout_s)
+    kube.wait_for("ServiceAccount default/default",
+                  lambda: local.run("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
+                  timeout_s=config.ready_timeout_s)
+    log(f"control plane ready with {len(cluster.nodes)} kwok nodes in {time.monotonic() - t0:.1f}s")
+    if config.real_node:
+        _node_script("up.sh", workdir=str(workdir), required=True)
+    return cluster
+
+
+def add_nodes(cluster: Cluster, pools: Iterable[cfg.NodePool], *, timeout_s: float = 60.0) -> Cluster:
+    """Create the simulated nodes of ``pools`` and wait until kwok has made each Ready."""
+    pools = list(pools)
+    manifest = render.node_list(pools)
+    names = tuple(item["metadata"]["name"] for item in manifest["items"])
+    if not names:
+        return cluster
+    k = cluster.kubectl
+    k.apply(manifest)
+    k.run("wait", "--for=condition=Ready", *[f"node/{n}" for n in names], f"--timeout={int(timeout_s)}s",
+          timeout_s=timeout_s + 10)
+    updated = dataclasses.replace(cluster, nodes=tuple(dict.fromkeys(cluster.nodes + names)))
+    updated.save()
+    log(f"nodes Ready: {', '.join(names)}")
+    return updated
+
+
+def with_real_node_settings(config: cfg.ClusterConfig) -> cfg.ClusterConfig:
+    """``config`` plus the control-plane settings the real node needs (from e2e/node/realnode.py's
+    ``cluster_overrides``, owned by the real-node scripts), when ``config.real_node`` is on.
+    Flags the caller set explicitly win."""
+    path = NODE_SCRIPTS / "realnode.py"
+    if not config.real_node or not path.is_file():
+        return config
+    spec = importlib.util.spec_from_file_location("kubeforge_e2e_realnode", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    over: dict[str, Any] = dict(module.cluster_overrides(workdir=config.workdir, name=config.name))
+    for key in ("extra_apiserver_args", "extra_kwok_args", "extra_scheduler_args"):
+        if key in over:
+            over[key] = {**over[key], **getattr(config, key)}
+    return dataclasses.replace(config, **over)
+
+
+def _node_script(script: str, *, workdir: str, required: bool) -> None:
+    path = NODE_SCRIPTS / script
+    if not path.is_file():
+        msg = f"real node requested but {path} does not exist"
+        if required:
+            raise FileNotFoundError(msg)
+        log(msg + " (skipped)")
+        return
+    log(f"running {path} {workdir}")
+    subprocess.run(["bash", str(path), workdir], check=True)
+
+
+def _leftovers(workdir: str) -> dict[int, str]:
+    return procs.processes_mentioning(os.path.join(workdir, "kwok"))
+
+
+def down(*, workdir: str | None = None, config: cfg.ClusterConfig | None = None, timeout_s: float = 60.0) -> None:
+    """Stop the cluster in ``workdir`` (or ``config``'s) and remove its work dir.
+
+    Returns only when no process naming the work dir is alive and none of its ports listens.
+    """
+    workdir = workdir or (config or cfg.from_env()).workdir
+    if not os.path.isdir(workdir):
+        log(f"no cluster at {workdir}")
+        return
+    try:
+        cluster: Cluster | None = Cluster.load(workdir)
+    except (OSError, ValueError, TypeError):
+        cluster = None
+    real = (cluster.real_node if cluster else False) or os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true")
+    if real:
+        _node_script("down.sh", workdir=workdir, required=False)
+    kwok_dir = os.path.join(workdir, "kwok")
+    bin_dir = cluster.bin_dir if cluster else str(binaries.bin_dir())
+    name = cluster.name if cluster else os.path.basename(workdir.rstrip("/"))
+    if os.path.isdir(os.path.join(kwok_dir, "clusters", name)):
+        try:
+            _kwokctl(["delete", "cluster", f"--name={name}", "--kubeconfig="], kwok_dir=kwok_dir, bin_dir=bin_dir,
+                     log_path=pathlib.Path(workdir, "kwokctl.log"), timeout_s=timeout_s)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            log(f"kwokctl delete failed, stopping processes directly: {exc}")
+    left = _leftovers(workdir)
+    if left:
+        log(f"terminating {len(left)} leftover process(es): {sorted(left)}")
+        procs.terminate(sorted(left))
+    ports = set(cluster.ports.values()) if cluster else set()
+    kube.wait_for(f"no process naming {kwok_dir} and ports {sorted(ports)} closed",
+                  lambda: not _leftovers(workdir) and not (ports & procs.listening_ports()),
+                  timeout_s=timeout_s)
+    shutil.rmtree(workdir, ignore_errors=True)
+    log(f"cluster {name} stopped; {workdir} removed")
+
+
+def cluster_rss_kib(cluster: Cluster) -> dict[str, Any]:
+    """RSS per cluster process (KiB), keyed by the program name, for measurements."""
+    out: dict[str, Any] = {}
+    for pid, cmd in _leftovers(cluster.workdir).items():
+        prog = os.path.basename(cmd.split(" ", 1)[0])
+        out[f"{prog}[{pid}]"] = procs.rss_kib(pid)
+    out["total"] = sum(v for v in out.values())
+    return out

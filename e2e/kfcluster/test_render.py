@@ -1,0 +1,101 @@
+"""Unit tests of the pure parts of kfcluster (no cluster, no binaries)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kfcluster import config as cfg
+from kfcluster import render
+
+BINS = {k: f"/b/{k}" for k in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
+                               "kwok")}
+PORTS = {k: 1000 + i for i, k in enumerate(("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager",
+                                            "kube-scheduler", "kwok-controller"))}
+
+
+def _doc(config: cfg.ClusterConfig) -> dict:
+    return render.kwokctl_config(config=config, bins=BINS, ports=PORTS, scheduler_config_path="/s.yaml",
+                                 k8s_version="v1.34.10")
+
+
+def _patch(doc: dict, component: str) -> dict[str, tuple[str, bool]]:
+    for p in doc["componentsPatches"]:
+        if p["name"] == component:
+            return {a["key"]: (a["value"], a["override"]) for a in p["extraArgs"]}
+    return {}
+
+
+def test_default_pool_is_four_8gpu_nodes_in_two_zones() -> None:
+    items = render.node_list([cfg.NodePool()])["items"]
+    assert [i["metadata"]["name"] for i in items] == [f"kwok-gpu-{i}" for i in range(4)]
+    assert {i["metadata"]["labels"][cfg.ZONE_LABEL] for i in items} == {"zone-a", "zone-b"}
+    assert all(i["status"]["capacity"]["nvidia.com/gpu"] == "8" for i in items)
+    assert all(i["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake" for i in items)
+
+
+@pytest.mark.parametrize(("index", "zone", "rack"), [
+    (0, "zone-a", "zone-a-block-0-rack-0"), (1, "zone-b", "zone-b-block-0-rack-0"),
+    (2, "zone-a", "zone-a-block-0-rack-1"), (3, "zone-b", "zone-b-block-0-rack-1"),
+    (4, "zone-a", "zone-a-block-0-rack-0"),
+])
+def test_topology_labels_follow_the_index(index: int, zone: str, rack: str) -> None:
+    labels = render.node_labels(cfg.NodePool(), index)
+    assert (labels[cfg.ZONE_LABEL], labels[cfg.RACK_LABEL]) == (zone, rack)
+
+
+def test_kwok_manages_only_fake_nodes_and_extra_flags_override_or_append() -> None:
+    doc = _doc(cfg.ClusterConfig(extra_kwok_args={"v": "4", "node-lease-parallelism": "2"}))
+    kwok = _patch(doc, "kwok-controller")
+    assert kwok["manage-all-nodes"] == ("false", True)
+    assert kwok["manage-nodes-with-annotation-selector"] == ("kwok.x-k8s.io/node=fake", True)
+    assert kwok["v"] == ("4", True) and kwok["node-lease-parallelism"] == ("2", False)
+
+
+def test_apiserver_bind_and_kubelet_flags_go_through_components_patches() -> None:
+    doc = _doc(cfg.ClusterConfig(apiserver_bind_address="0.0.0.0", apiserver_cert_sans=("10.88.0.1",),
+                                 extra_apiserver_args={"kubelet-preferred-address-types": "InternalIP,Hostname"}))
+    api = _patch(doc, "kube-apiserver")
+    assert api["bind-address"] == ("0.0.0.0", True)
+    assert api["kubelet-preferred-address-types"] == ("InternalIP,Hostname", False)
+    assert doc["options"]["kubeApiserverCertSANs"] == ["10.88.0.1"]
+    assert doc["options"]["bindAddress"] == "127.0.0.1"
+    assert _patch(_doc(cfg.ClusterConfig()), "kube-apiserver") == {}
+
+
+def test_config_text_is_json_plus_all_stages() -> None:
+    text = render.kwokctl_config_text(_doc(cfg.ClusterConfig()))
+    head, _, rest = text.partition("\n---\n")
+    assert json.loads(head)["kind"] == "KwokctlConfiguration"
+    for stage in ("node-initialize", "node-heartbeat", "pod-ready", "pod-complete", "pod-delete",
+                  "pod-container-running-failed", "container-restart"):
+        assert f"name: {stage}\n" in rest
+
+
+def test_scheduler_uses_coscheduling_for_queue_sort_and_retries_unschedulable_pods() -> None:
+    config = cfg.ClusterConfig()
+    plugins = render.scheduler_config(config)["profiles"][0]["plugins"]
+    assert plugins["queueSort"] == {"enabled": [{"name": "Coscheduling"}], "disabled": [{"name": "*"}]}
+    assert render.scheduler_flags(config)["pod-max-in-unschedulable-pods-duration"] == "10s"
+
+
+@pytest.mark.parametrize(("field", "kwargs"), [
+    ("name", {"name": "Bad_Name"}),
+    ("apiserver_bind_address", {"apiserver_bind_address": "10.88.0.1"}),
+    ("kubeconfig_server", {"kubeconfig_server": "http://x"}),
+])
+def test_bad_config_names_the_field(field: str, kwargs: dict) -> None:
+    with pytest.raises(ValueError, match=field):
+        cfg.ClusterConfig(**kwargs)
+
+
+def test_env_flags_parse_and_errors_name_the_variable() -> None:
+    config = cfg.from_env({"KF_NODES": "6", "KF_GPUS_PER_NODE": "4", "KF_ZONES": "z1,z2,z3",
+                           "KF_APISERVER_EXTRA_ARGS": "kubelet-client-key=/k.pem,v=2"})
+    assert (config.nodes[0].count, config.nodes[0].gpus, config.nodes[0].zones) == (6, 4, ("z1", "z2", "z3"))
+    assert config.extra_apiserver_args == {"kubelet-client-key": "/k.pem", "v": "2"}
+    with pytest.raises(ValueError, match="KF_NODES"):
+        cfg.from_env({"KF_NODES": "four"})
+    with pytest.raises(ValueError, match="KF_KWOK_EXTRA_ARGS"):
+        cfg.from_env({"KF_KWOK_EXTRA_ARGS": "novalue"})
