@@ -1,7 +1,8 @@
 """Integration tests of the operator on the real control plane (kube-apiserver, controller-manager, the
 Coscheduling kube-scheduler, kwok GPU nodes). The operator runs as a subprocess against the test cluster.
 
-Each test works in its own namespace and cleans up after itself, so GPU capacity (4 kwok nodes x 8 GPUs in two
+The cluster is the session's ``kube_cluster`` (``KUBECONFIG`` if it answers, else a private one). Each test
+works in its own namespace and cleans up after itself, so GPU capacity (4 kwok nodes x 8 GPUs in two
 zones) is free for the next one. Run: ``make cluster-up`` then ``pytest -m cluster e2e/test_operator.py``.
 """
 from __future__ import annotations
@@ -33,8 +34,9 @@ CHILD_KINDS = ("statefulsets", "services", "configmaps", "serviceaccounts", "rol
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[lifecycle.Cluster, harness.K, harness.Operator]]:
-    cluster = lifecycle.up()
+def env(kube_cluster: lifecycle.Cluster,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[lifecycle.Cluster, harness.K, harness.Operator]]:
+    cluster = kube_cluster
     k = harness.K(kubectl=cluster.kubectl.binary, kubeconfig=cluster.kubeconfig)
     k.ensure_crd()
     op = harness.Operator(kubeconfig=cluster.kubeconfig,
