@@ -45,7 +45,8 @@ def valid() -> Manifest:
             "weightSync": {"everySteps": 1},
             "checkpoint": {"path": "/checkpoints", "everySteps": 5},
             "roles": {
-                "generator": {"replicas": 1, "resources": {"limits": {"nvidia.com/gpu": 1}}},
+                "generator": {"replicas": 1, "resources": {"limits": {"nvidia.com/gpu": 1},
+                                                           "requests": {"cpu": "500m", "memory": "1.5Gi"}}},
                 "verifier": {"replicas": 1},
                 "trainer": {"replicas": 1, "env": [{"name": "A", "value": "1"}]},
             },
@@ -218,6 +219,8 @@ CASES: tuple[Case, ...] = (
          path="spec.roles.generator.gpuMemoryUtilization", message=f"{GT}0"),
     Case(id="env-duplicate", change=_set("spec.roles.trainer.env", [{"name": "A"}, {"name": "A", "value": "2"}]),
          path="spec.roles.trainer.env", message=DUP),
+    Case(id="resource-quantity", change=_set("spec.roles.generator.resources.limits.cpu", "lots"),
+         path="spec.roles.generator.resources.limits.cpu", message="should match"),
     Case(id="node-selector-not-string", change=_set("spec.roles.generator.nodeSelector", {"zone": 1}),
          path="spec.roles.generator.nodeSelector.zone", message="string"),
     # ---- cluster-only fields

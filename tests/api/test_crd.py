@@ -130,6 +130,8 @@ def test_schema_is_structural(schema: Node) -> None:
             if bad in node:
                 problems.append(f"{path}: {bad}")
         free = node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
+        if node.get("x-kubernetes-int-or-string") and "type" in node:
+            problems.append(f"{path}: int-or-string with a type")
         if "type" not in node and not free:
             problems.append(f"{path}: no type")
         if node.get("type") == "object" and "properties" in node and "additionalProperties" in node:
@@ -160,7 +162,8 @@ def test_status_is_typed_and_prunes_unknown_fields(schema: Node) -> None:
 def test_free_form_fields(schema: Node) -> None:
     gen = ".spec.roles.generator"
     assert at(schema, f"{gen}.nodeSelector")["additionalProperties"] == {"type": "string"}
-    assert at(schema, f"{gen}.resources.limits")["additionalProperties"] == {"x-kubernetes-int-or-string": True}
+    quantity = at(schema, f"{gen}.resources.limits")["additionalProperties"]
+    assert quantity["x-kubernetes-int-or-string"] is True and "type" not in quantity and "pattern" in quantity
     tolerations = at(schema, f"{gen}.tolerations")["items"]
     assert tolerations == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 

@@ -14,7 +14,8 @@ Translation rules (``_convert``):
                               defaulting, so ``null`` means "unset" as ``None`` does in the model, and the
                               stored object carries no nulls, like ``load.dump`` (``nullable: true`` would
                               store them; checked on kube-apiserver 1.34: CEL's ``has()`` is false either way)
-  anyOf [integer, string]  -> ``x-kubernetes-int-or-string: true`` (resource quantities)
+  anyOf [integer, string]  -> ``x-kubernetes-int-or-string: true`` (resource quantities; the string's pattern,
+                              if any, is kept: it applies to string values only)
   exclusiveMinimum: n      -> ``minimum: n, exclusiveMinimum: true`` (OpenAPI v3.0 spelling)
   additionalProperties     -> false: dropped (the API server prunes, or refuses with strict field
                               validation); true: ``x-kubernetes-preserve-unknown-fields``; a schema: kept
@@ -134,7 +135,8 @@ def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         types = sorted(str(o.get("type")) for o in options)
         if types == ["integer", "string"]:
-            return {**node, "x-kubernetes-int-or-string": True}
+            patterns = [o["pattern"] for o in options if "pattern" in o]
+            return {**node, "x-kubernetes-int-or-string": True, **({"pattern": patterns[0]} if patterns else {})}
         if len(options) != 1:
             raise ValueError(f"cannot express anyOf {options} in a structural schema")
         inner = _resolve(options[0], defs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import Field
@@ -269,11 +269,16 @@ class EnvVar(Model):
     value: str = Field("", description="Value.")
 
 
+# A Kubernetes resource quantity written as a string ("500m", "4Gi", "1e3"), as the API server's own pattern.
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+Quantity = Annotated[str, pydantic.StringConstraints(pattern=QUANTITY_PATTERN)]
+
+
 class ResourceRequirements(Model):
     """A Kubernetes ResourceRequirements: quantities per resource name (cpu, memory, nvidia.com/gpu, ...)."""
 
-    limits: dict[str, int | str] = Field(default_factory=dict, description="Limits per resource name.")
-    requests: dict[str, int | str] = Field(default_factory=dict, description="Requests per resource name.")
+    limits: dict[str, int | Quantity] = Field(default_factory=dict, description="Limits per resource name.")
+    requests: dict[str, int | Quantity] = Field(default_factory=dict, description="Requests per resource name.")
 
 
 _FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
