@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shutil
 import uuid
 from collections.abc import Iterator
 
@@ -31,14 +32,15 @@ def _external_cluster(kubeconfig: str) -> lifecycle.Cluster | None:
             return cluster if cluster.kubectl.readyz() else None
         except (OSError, ValueError, RuntimeError):
             return None
-    kubectl = binaries.bin_dir() / "kubectl"
-    if not kubectl.is_file():
+    cached = binaries.bin_dir() / "kubectl"
+    kubectl = str(cached) if cached.is_file() else shutil.which("kubectl")
+    if not kubectl:
         return None
-    k = kube.Kubectl(binary=str(kubectl), kubeconfig=kubeconfig)
+    k = kube.Kubectl(binary=kubectl, kubeconfig=kubeconfig)
     if not k.readyz():
         return None
     return lifecycle.Cluster(name="external", workdir=str(workdir), kubeconfig=kubeconfig, server="", ports={},
-                             bin_dir=str(binaries.bin_dir()), kwok_dir="")
+                             bin_dir=os.path.dirname(kubectl), kwok_dir="")
 
 
 @pytest.fixture(scope="session")
