@@ -73,6 +73,12 @@ def test_helm_lint(sets: tuple[str, ...]) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+@pytest.mark.parametrize("bad", ["workers=0", "logFormat=xml", "watchNamespaces={Team_A}", "metrics.port=0"])
+def test_values_schema_refuses_bad_values(bad: str) -> None:
+    run = helm("template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION, "--set", bad)
+    assert run.returncode != 0 and "values don't meet the specifications of the schema" in run.stderr, run.stderr
+
+
 def test_chart_installs_the_generated_crd() -> None:
     objs = render()
     assert one(objs, "CustomResourceDefinition") == crd.crd()
