@@ -100,26 +100,40 @@ def algorithm(**kw: object) -> rljob.AlgorithmSpec:
 
 
 def _worker(argv: list[str]) -> None:
-    """One data-parallel trainer rank: train ``--steps`` steps on its share of the synthetic groups, then save
-    its parameters and metrics for the parent test to compare."""
+    """One data-parallel trainer rank. For each loss in ``--losses``: train ``--steps`` steps on this rank's share
+    of the synthetic groups, save parameters and metrics. Then rank 0 checkpoints the last trainer, fresh trainers
+    on every rank resume (only rank 0 can see the checkpoint folder: the rest get it by broadcast) and take one
+    more step; their parameters are saved too."""
     from kubeforge.runtime.trainer import parallel, step
 
     ap = argparse.ArgumentParser()
-    for name in ("--model", "--out", "--loss"):
+    for name in ("--model", "--out", "--losses"):
         ap.add_argument(name, required=True)
     for name in ("--rank", "--world", "--port", "--steps", "--prompts"):
         ap.add_argument(name, type=int, required=True)
     a = ap.parse_args(argv)
-    cfg = parallel.DistConfig(rank=a.rank, world_size=a.world, master_port=a.port, timeout_s=60)
-    group = parallel.DataParallel(config=cfg)
-    t = step.Trainer(model_path=a.model, algorithm=algorithm(loss=a.loss), group=group)
-    history = []
-    for s in range(a.steps):
-        mine = [g for g in synthetic_groups(step=s, prompts=a.prompts, group_size=4)
-                if g.prompt.index % a.world == a.rank]
-        history.append(t.train_step(groups=mine).as_dict())
-    torch.save({k: v.detach().clone() for k, v in t.model.state_dict().items()}, Path(a.out) / f"rank{a.rank}.pt")
-    (Path(a.out) / f"rank{a.rank}.json").write_text(json.dumps(history))
+    out = Path(a.out)
+    group = parallel.DataParallel(config=parallel.DistConfig(rank=a.rank, world_size=a.world, master_port=a.port,
+                                                             timeout_s=60))
+
+    def share(s: int) -> list[types.RolloutGroup]:
+        return [g for g in synthetic_groups(step=s, prompts=a.prompts, group_size=4) if g.prompt.index % a.world == a.rank]
+
+    t = None
+    for loss in a.losses.split(","):
+        t = step.Trainer(model_path=a.model, algorithm=algorithm(loss=loss), group=group)
+        history = [t.train_step(groups=share(s)).as_dict() for s in range(a.steps)]
+        torch.save(dict(t.model.state_dict()), out / f"{loss}-rank{a.rank}.pt")
+        (out / f"{loss}-rank{a.rank}.json").write_text(json.dumps(history))
+    assert t is not None
+    t.save_checkpoint(directory=out / f"ckpt-rank{a.rank}", keep=1, data_cursor=a.steps * a.prompts)
+    resumed = step.Trainer(model_path=a.model, algorithm=algorithm(loss=loss), group=group)
+    state = resumed.resume(directory=out / f"ckpt-rank{a.rank}")
+    assert state is not None and state["data_cursor"] == a.steps * a.prompts and resumed.step == a.steps
+    resumed.train_step(groups=share(a.steps))
+    t.train_step(groups=share(a.steps))
+    torch.save(dict(resumed.model.state_dict()), out / f"resumed-rank{a.rank}.pt")
+    torch.save(dict(t.model.state_dict()), out / f"continued-rank{a.rank}.pt")
     group.close()
 
 

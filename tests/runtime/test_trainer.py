@@ -88,30 +88,41 @@ def test_dist_config_from_env_contract() -> None:
         parallel.DistConfig.from_env(env={**env, "KUBEFORGE_INDEX": "2"})
 
 
-@pytest.mark.parametrize("loss", ["GRPO", "DAPO"])
-def test_two_gloo_ranks_stay_bit_identical_and_equal_one_big_batch(tiny: Path, tmp_path: Path, loss: str) -> None:
+@pytest.mark.slow
+def test_two_gloo_ranks_stay_bit_identical_equal_one_big_batch_and_resume(tiny: Path, tmp_path: Path) -> None:
     port, steps, prompts = util.free_port(), 3, 5   # 5 prompts: rank 0 gets 3, rank 1 gets 2 (uneven shares)
+    losses = ["GRPO", "DAPO"]                       # DAPO: the token denominator must be reduced across ranks
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, str(HERE / "_trainer_util.py"), "worker", "--model", str(tiny),
-                               "--out", str(tmp_path), "--loss", loss, "--rank", str(r), "--world", "2",
-                               "--port", str(port), "--steps", str(steps), "--prompts", str(prompts)], env=env)
+                               "--out", str(tmp_path), "--losses", ",".join(losses), "--rank", str(r),
+                               "--world", "2", "--port", str(port), "--steps", str(steps),
+                               "--prompts", str(prompts)], env=env)
              for r in range(2)]
     for p in procs:
-        assert p.wait(timeout=240) == 0
-    r0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
-    r1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
-    assert all(torch.equal(r0[k], r1[k]) for k in r0)
-    h0, h1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
-    assert [m["loss"] for m in h0] == [m["loss"] for m in h1]
-    assert h0[-1]["step"] == h1[-1]["step"] == steps
-    # the same steps in one process on all groups: the same model up to float summation order
-    single = step.Trainer(model_path=tiny, algorithm=util.algorithm(loss=loss))
-    base = {k: v.clone() for k, v in single.model.state_dict().items()}
-    for s in range(steps):
-        m = single.train_step(groups=util.synthetic_groups(step=s, prompts=prompts, group_size=4))
-        assert m.loss == pytest.approx(h0[s]["loss"], rel=1e-4, abs=1e-6)
-        assert m.tokens == h0[s]["tokens"]
-    for k, v in single.model.state_dict().items():
-        assert torch.allclose(v, r0[k], atol=1e-5), k
-    assert any(not torch.equal(base[k], r0[k]) for k in r0)   # and training did move the weights
+        assert p.wait(timeout=300) == 0
+
+    def params(name: str) -> dict[str, torch.Tensor]:
+        return dict(torch.load(tmp_path / name, weights_only=True))
+
+    for loss in losses:
+        r0, r1 = params(f"{loss}-rank0.pt"), params(f"{loss}-rank1.pt")
+        assert all(torch.equal(r0[k], r1[k]) for k in r0)
+        h0, h1 = (json.loads((tmp_path / f"{loss}-rank{r}.json").read_text()) for r in range(2))
+        assert [m["loss"] for m in h0] == [m["loss"] for m in h1]
+        assert h0[-1]["step"] == h1[-1]["step"] == steps
+        # the same steps in one process on all groups: the same model up to float summation order
+        single = step.Trainer(model_path=tiny, algorithm=util.algorithm(loss=loss))
+        base = {k: v.clone() for k, v in single.model.state_dict().items()}
+        for s in range(steps):
+            m = single.train_step(groups=util.synthetic_groups(step=s, prompts=prompts, group_size=4))
+            assert m.loss == pytest.approx(h0[s]["loss"], rel=1e-4, abs=1e-6)
+            assert m.tokens == h0[s]["tokens"]
+        for k, v in single.model.state_dict().items():
+            assert torch.allclose(v, r0[k], atol=1e-5), k
+        assert any(not torch.equal(base[k], r0[k]) for k in r0)   # and training did move the weights
+    # resume on 2 ranks from rank 0's checkpoint (rank 1 has no folder): same weights as never stopping
+    assert not (tmp_path / "ckpt-rank1").exists()
+    c0, c1 = params("continued-rank0.pt"), params("continued-rank1.pt")
+    s0, s1 = params("resumed-rank0.pt"), params("resumed-rank1.pt")
+    assert all(torch.equal(c0[k], s0[k]) and torch.equal(c0[k], s1[k]) and torch.equal(c0[k], c1[k]) for k in c0)
