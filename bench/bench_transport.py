@@ -38,7 +38,7 @@ def rollout(group_size: int, tokens: int, seed: int = 0) -> wire.Rollout:
 
 def _receiver(kind: str, address: str, count: int, out: Any) -> None:
     if kind == "raw":
-        sock = zmq.Context.instance().socket(zmq.PULL)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
         sock.setsockopt(zmq.RCVHWM, transport.DEFAULT_HWM)
         sock.bind(address)
         out.send("bound")
@@ -86,7 +86,7 @@ def run_case(kind: str, msg: wire.Rollout, count: int) -> float:
     end = result if kind == "raw" else result[0]
     if kind != "raw" and result[1]:
         raise SystemExit(f"receiver dropped frames: {result[1]}")
-    return end - start
+    return float(end - start)
 
 
 def local_rates(msg: wire.Rollout, seconds: float) -> tuple[float, float]:

@@ -184,7 +184,7 @@ def test_zmq_backpressure_blocks_instead_of_growing() -> None:
 def raw_pair() -> Iterator[tuple[transport.Receiver, zmq.Socket[bytes], list[str]]]:
     hooked: list[str] = []
     rx = transport.open_receiver("tcp://127.0.0.1:*", on_drop=hooked.append)
-    push = zmq.Context.instance().socket(zmq.PUSH)
+    push: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
     push.connect(rx.address)
     yield rx, push, hooked

@@ -65,11 +65,13 @@ def test_logprobs_round_trip_exactly() -> None:
 
 
 def frame_of(kind: wire.Kind, payload: Any, *, version: int = wire.SCHEMA_VERSION, magic: bytes = wire.MAGIC) -> bytes:
-    return struct.pack("<4sHB", magic, version, int(kind)) + msgpack.packb(payload, use_bin_type=True)
+    body: bytes = msgpack.packb(payload, use_bin_type=True)
+    return struct.pack("<4sHB", magic, version, int(kind)) + body
 
 
 def payload_of(msg: wire.Message) -> dict[str, Any]:
-    return msgpack.unpackb(wire.encode(msg)[wire.HEADER.size:], raw=False)
+    payload: dict[str, Any] = msgpack.unpackb(wire.encode(msg)[wire.HEADER.size:], raw=False)
+    return payload
 
 
 def expect(frame: bytes, reason: str, needle: str = "") -> None:

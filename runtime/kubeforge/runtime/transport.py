@@ -184,7 +184,7 @@ class ZmqReceiver:
     """A bound PULL socket; fair-queues frames from every connected sender."""
 
     def __init__(self, address: str, *, hwm: int, on_drop: DropHook | None) -> None:
-        self._sock = zmq.Context.instance().socket(zmq.PULL)
+        self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)  # an oversize peer is cut off, not buffered
@@ -193,7 +193,7 @@ class ZmqReceiver:
         except zmq.ZMQError as e:
             self._sock.close(0)
             raise TransportError(f"cannot bind {address}: {e}") from e
-        self._address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._address = str(self._sock.getsockopt_string(zmq.LAST_ENDPOINT))
         self._inbox = _Inbox(on_drop)
         self._closed = False
 
@@ -291,7 +291,7 @@ class ZmqSender:
     """One PUSH socket per peer: chosen-peer routing and round robin over peers that have room."""
 
     def __init__(self, peers: Sequence[str], *, hello: bytes, hwm: int, send_timeout: float | None) -> None:
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._peers: list[_Peer] = []
         try:
             for address in peers:

@@ -202,7 +202,7 @@ def encode(msg: Message, *, check: bool = True) -> bytes:
     if check:
         _DECODERS[kind](_Reader(payload, kind.name, lists=False))
     try:
-        body = msgpack.packb(payload, use_bin_type=True)
+        body: bytes = msgpack.packb(payload, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as e:
         raise WireError(REASON_MALFORMED, f"{kind.name}: cannot encode ({e})") from None
     frame = HEADER.pack(MAGIC, SCHEMA_VERSION, int(kind)) + body
@@ -327,7 +327,7 @@ class _Reader:
         if extra:
             raise WireError(REASON_MALFORMED, f"{self.path}: unknown field(s) {', '.join(extra)}")
 
-    def int(self, key: str, lo: int = 0, hi: int = MAX_INT) -> int:
+    def integer(self, key: str, lo: int = 0, hi: int = MAX_INT) -> int:
         v = self._get(key)
         if type(v) is not int:
             raise self.fail(key, f"expected an integer, got {type(v).__name__}")
@@ -335,13 +335,13 @@ class _Reader:
             raise self.fail(key, f"{v} out of range [{lo}, {hi}]")
         return v
 
-    def bool(self, key: str) -> bool:
+    def flag(self, key: str) -> bool:
         v = self._get(key)
         if type(v) is not bool:
             raise self.fail(key, f"expected a bool, got {type(v).__name__}")
         return v
 
-    def str(self, key: str, max_len: int = MAX_TEXT_CHARS) -> str:
+    def text(self, key: str, max_len: int = MAX_TEXT_CHARS) -> str:
         v = self._get(key)
         if type(v) is not str:
             raise self.fail(key, f"expected a string, got {type(v).__name__}")
@@ -349,10 +349,10 @@ class _Reader:
             raise self.fail(key, f"{len(v)} characters exceed {max_len}")
         return v
 
-    def map(self, key: str) -> _Reader:
+    def sub(self, key: str) -> _Reader:
         return self.child(self._get(key), f"{self.path}.{key}")
 
-    def list(self, key: str, max_len: int) -> list[Any]:
+    def items(self, key: str, max_len: int) -> list[Any]:
         v = self._get(key)
         if type(v) is not list:
             raise self.fail(key, f"expected a list, got {type(v).__name__}")
@@ -361,7 +361,7 @@ class _Reader:
         return v
 
     def floats(self, key: str, max_len: int, value: Any = None) -> list[float]:
-        v = self.list(key, max_len) if value is None else value
+        v = self.items(key, max_len) if value is None else value
         for i, x in enumerate(v):
             if type(x) is not float or not math.isfinite(x):
                 raise self.fail(key, f"item {i} is not a finite float ({x!r})")
@@ -392,7 +392,7 @@ class _Reader:
 
 
 def _prompt_in(r: _Reader) -> types.Prompt:
-    p = types.Prompt(index=r.int("index"), text=r.str("text"), answer=r.str("answer"))
+    p = types.Prompt(index=r.integer("index"), text=r.text("text"), answer=r.text("answer"))
     r.done()
     return p
 
@@ -402,21 +402,21 @@ def _completion_in(r: _Reader) -> types.Completion:
     lps = r.f64s("logprobs")
     if len(lps) != len(ids):
         raise r.fail("logprobs", f"{len(lps)} logprobs for {len(ids)} token_ids")
-    c = types.Completion(token_ids=ids, logprobs=lps, text=r.str("text"),
-                         finish_reason=r.str("finish_reason", MAX_NAME_CHARS))
+    c = types.Completion(token_ids=ids, logprobs=lps, text=r.text("text"),
+                         finish_reason=r.text("finish_reason", MAX_NAME_CHARS))
     r.done()
     return c
 
 
 def _group_in(r: _Reader, *, scored: bool) -> types.RolloutGroup:
-    prompt = _prompt_in(r.map("prompt"))
-    raw = r.list("completions", MAX_COMPLETIONS)
+    prompt = _prompt_in(r.sub("prompt"))
+    raw = r.items("completions", MAX_COMPLETIONS)
     if not raw:
         raise r.fail("completions", "a group needs at least one completion")
     comps = [_completion_in(r.child(c, f"{r.path}.completions[{i}]")) for i, c in enumerate(raw)]
     g = types.RolloutGroup(
         prompt=prompt, prompt_token_ids=r.u32s("prompt_token_ids"), completions=comps,
-        policy_version=r.int("policy_version"), step=r.int("step"), generator=r.int("generator"),
+        policy_version=r.integer("policy_version"), step=r.integer("step"), generator=r.integer("generator"),
         rewards=_rewards_in(r, len(comps), scored=scored), scores=_scores_in(r, len(comps)))
     r.done()
     return g
@@ -434,14 +434,14 @@ def _rewards_in(r: _Reader, n: int, *, scored: bool) -> list[float] | None:
 
 
 def _scores_in(r: _Reader, n: int) -> dict[str, list[float]]:
-    m = r.map("scores")
+    m = r.sub("scores")
     if len(m.obj) > MAX_VERIFIERS:
         raise r.fail("scores", f"{len(m.obj)} verifiers exceed {MAX_VERIFIERS}")
     out: dict[str, list[float]] = {}
     for name in list(m.obj):
         if type(name) is not str or not 0 < len(name) <= MAX_NAME_CHARS:
             raise r.fail("scores", f"bad verifier name {name!r}")
-        vals = m.list(name, n)
+        vals = m.items(name, n)
         if len(vals) != n:
             raise m.fail(name, f"{len(vals)} scores for {n} completions")
         out[name] = m.floats(name, n, vals)
@@ -449,54 +449,54 @@ def _scores_in(r: _Reader, n: int) -> dict[str, list[float]]:
 
 
 def _hello_in(r: _Reader) -> Hello:
-    m = Hello(role=r.str("role", MAX_NAME_CHARS), index=r.int("index"))
+    m = Hello(role=r.text("role", MAX_NAME_CHARS), index=r.integer("index"))
     r.done()
     return m
 
 
 def _ready_in(r: _Reader) -> Ready:
-    m = Ready(role=r.str("role", MAX_NAME_CHARS), index=r.int("index"), policy_version=r.int("policy_version"))
+    m = Ready(role=r.text("role", MAX_NAME_CHARS), index=r.integer("index"), policy_version=r.integer("policy_version"))
     r.done()
     return m
 
 
 def _ack_in(r: _Reader) -> Ack:
-    of = r.int("of", 0, 255)
+    of = r.integer("of", 0, 255)
     if of not in Kind._value2member_map_:
         raise r.fail("of", f"unknown kind {of}")
-    m = Ack(role=r.str("role", MAX_NAME_CHARS), index=r.int("index"), of=Kind(of), version=r.int("version"),
-            ok=r.bool("ok"), detail=r.str("detail"))
+    m = Ack(role=r.text("role", MAX_NAME_CHARS), index=r.integer("index"), of=Kind(of), version=r.integer("version"),
+            ok=r.flag("ok"), detail=r.text("detail"))
     r.done()
     return m
 
 
 def _stop_in(r: _Reader) -> Stop:
-    m = Stop(reason=r.str("reason"))
+    m = Stop(reason=r.text("reason"))
     r.done()
     return m
 
 
 def _work_in(r: _Reader) -> Work:
-    raw = r.list("prompts", MAX_PROMPTS)
+    raw = r.items("prompts", MAX_PROMPTS)
     prompts = tuple(_prompt_in(r.child(p, f"{r.path}.prompts[{i}]")) for i, p in enumerate(raw))
-    m = Work(step=r.int("step"), policy_version=r.int("policy_version"), prompts=prompts)
+    m = Work(step=r.integer("step"), policy_version=r.integer("policy_version"), prompts=prompts)
     r.done()
     return m
 
 
 def _group_msg_in(r: _Reader, *, scored: bool) -> Rollout | Scored:
-    g = _group_in(r.map("group"), scored=scored)
+    g = _group_in(r.sub("group"), scored=scored)
     r.done()
     return Scored(group=g) if scored else Rollout(group=g)
 
 
 def _sync_in(r: _Reader) -> Sync:
-    backend = r.str("backend", 16)
+    backend = r.text("backend", 16)
     if backend not in ("gloo", "nccl"):
         raise r.fail("backend", f"{backend!r} is not gloo or nccl")
-    m = Sync(version=r.int("version"), step=r.int("step"), host=r.str("host", MAX_NAME_CHARS),
-             port=r.int("port", 1, MAX_PORT), world_size=r.int("world_size", 1, 1 << 20), backend=backend,
-             timeout_s=r.int("timeout_s", 1, 86400))
+    m = Sync(version=r.integer("version"), step=r.integer("step"), host=r.text("host", MAX_NAME_CHARS),
+             port=r.integer("port", 1, MAX_PORT), world_size=r.integer("world_size", 1, 1 << 20), backend=backend,
+             timeout_s=r.integer("timeout_s", 1, 86400))
     r.done()
     return m
 

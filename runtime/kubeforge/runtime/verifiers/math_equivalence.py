@@ -29,7 +29,7 @@ class MathEquivalence:
             raise ValueError(f"reference answer {prompt.answer!r} of prompt {prompt.index} does not parse")
         out = []
         for c in completions:
-            pred = math_verify.parse(c, parsing_timeout=timeout)  # type: ignore[arg-type]
+            pred = math_verify.parse(c, parsing_timeout=timeout)
             ok = bool(pred) and math_verify.verify(gold, pred, timeout_seconds=timeout)
             out.append(1.0 if ok else 0.0)
         return out
@@ -37,5 +37,5 @@ class MathEquivalence:
     @staticmethod
     def _parse_gold(answer: str, timeout: int | None) -> list[Any]:
         text = answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
-        gold: list[Any] = math_verify.parse(text, parsing_timeout=timeout)  # type: ignore[arg-type]
-        return gold or math_verify.parse(answer, parsing_timeout=timeout)  # type: ignore[arg-type]
+        gold: list[Any] = math_verify.parse(text, parsing_timeout=timeout)
+        return gold or math_verify.parse(answer, parsing_timeout=timeout)
