@@ -4,7 +4,7 @@ API::
 
     world_size(generators=G, tensor_parallel_size=T) -> int            # 1 + G*T
     rank_base(generator_index=g, tensor_parallel_size=T) -> int        # 1 + g*T; worker rank = base + tp_rank
-    sender = WeightSender(host=..., port=..., world_size=..., timeout=..., backend="gloo")   # trainer rank 0
+    sender = WeightSender(host=..., port=..., world_size=..., timeout=..., join_timeout=...)  # trainer rank 0
     stats = sender.send(named_tensors, version=v)                      # -> SyncStats(bytes, seconds, ...)
     receiver = WeightReceiver(host=..., port=..., world_size=..., rank=..., timeout=...)    # a vLLM worker
     stats = receiver.receive(load)   # load(iterator of (name, tensor)) consumes the new weights
@@ -32,8 +32,10 @@ Invariants:
 - Nothing is pickled: metadata is JSON bytes in a uint8 tensor, decoded and validated by the receiver.
 - Every receiver takes part in every step even when its ``load`` fails (it drains the remaining buckets and
   acks a failure), so one failing loader never leaves the others blocked.
-- Every collective is bounded by ``timeout``: a peer that dies mid-sync makes the others raise
-  ``WeightSyncError`` instead of hanging. After an error the group is unusable; close it (the job restarts).
+- Joining waits up to ``join_timeout`` (long: a generator joins between rollout batches, an engine may still be
+  starting) for every rank at a store barrier; after that every collective is bounded by ``timeout`` (short): a
+  peer that dies mid-sync makes the others raise ``WeightSyncError`` instead of hanging. After an error the
+  group is unusable; close it (the job restarts).
 - Each bucket is a fresh buffer: a loader may keep the views it was given (vLLM's layer-wise reload does).
 """
 from __future__ import annotations
@@ -53,6 +55,8 @@ PROTOCOL = 1
 ALIGN = 16  # bytes; every tensor starts at a multiple of this inside its bucket
 DEFAULT_BUCKET_MB = 64
 MAX_META_BYTES = 64 << 20
+DEFAULT_JOIN_TIMEOUT = 600.0  # generators join between rollout batches, maybe long after the trainer
+JOIN_KEY, ALL_JOINED_KEY = "kubeforge/joined", "kubeforge/all-joined"
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
     "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
@@ -114,12 +118,15 @@ class TorchGroup:
     """A private ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) over a ``TCPStore`` served by rank 0."""
 
     def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float,
-                 backend: str = "gloo", device: torch.device | None = None) -> None:
+                 join_timeout: float, backend: str = "gloo", device: torch.device | None = None) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"weight sync: rank {rank} outside world of {world_size}")
         td = datetime.timedelta(seconds=timeout)
         self.rank, self.size = rank, world_size
-        self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=td, wait_for_workers=False)
+        self.store = dist.TCPStore(host, port, world_size, rank == 0,
+                                   timeout=datetime.timedelta(seconds=join_timeout), wait_for_workers=False)
+        _barrier(self.store, world_size)  # everyone is here: the group below connects within `timeout`
+        self.store.set_timeout(td)
         if backend == "gloo":
             self.device = torch.device("cpu")
             self.pg: Any = dist.ProcessGroupGloo(self.store, rank, world_size, td)
@@ -152,9 +159,18 @@ class TorchGroup:
         self.store = None
 
 
-def _open(*, host: str, port: int, world_size: int, rank: int, timeout: float, backend: str) -> TorchGroup:
+def _barrier(store: Any, world_size: int) -> None:
+    """Wait (up to the store's timeout, the join timeout) until all ``world_size`` ranks reached the store."""
+    if store.add(JOIN_KEY, 1) == world_size:
+        store.set(ALL_JOINED_KEY, b"1")
+    store.wait([ALL_JOINED_KEY])
+
+
+def _open(*, host: str, port: int, world_size: int, rank: int, timeout: float, join_timeout: float,
+          backend: str) -> TorchGroup:
     try:
-        return TorchGroup(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout, backend=backend)
+        return TorchGroup(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
+                          join_timeout=join_timeout, backend=backend)
     except (RuntimeError, dist.DistError) as e:
         raise WeightSyncError(f"weight sync: rank {rank} could not join {host}:{port} (world {world_size}): {e}") from e
 
@@ -231,10 +247,12 @@ class WeightSender:
     """Trainer rank 0's end. ``send`` joins the group on first use (blocks until every receiver joined)."""
 
     def __init__(self, *, host: str, port: int, world_size: int, timeout: float = 120.0,
-                 backend: str = "gloo", bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
+                 join_timeout: float = DEFAULT_JOIN_TIMEOUT, backend: str = "gloo",
+                 bucket_mb: float = DEFAULT_BUCKET_MB) -> None:
         if world_size < 2:
             raise ValueError("weight sync: world_size must count the sender and at least one receiver")
-        self._args = dict(host=host, port=port, world_size=world_size, rank=0, timeout=timeout, backend=backend)
+        self._args = dict(host=host, port=port, world_size=world_size, rank=0, timeout=timeout,
+                          join_timeout=join_timeout, backend=backend)
         self.bucket_bytes = max(ALIGN, int(bucket_mb * (1 << 20)))
         self.group: Group | None = None
 
@@ -303,11 +321,11 @@ class WeightReceiver:
     """A generator worker's end. ``receive`` blocks until the sender's next sync and hands tensors to ``load``."""
 
     def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float = 120.0,
-                 backend: str = "gloo") -> None:
+                 join_timeout: float = DEFAULT_JOIN_TIMEOUT, backend: str = "gloo") -> None:
         if rank < 1:
             raise ValueError("weight sync: receivers have ranks >= 1 (rank 0 is the trainer)")
         self.group: Group = _open(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
-                                  backend=backend)
+                                  join_timeout=join_timeout, backend=backend)
 
     def receive(self, load: Loader) -> SyncStats:
         """Receive one sync; ``load`` gets an iterator of (HF name, tensor) that receives buckets lazily."""

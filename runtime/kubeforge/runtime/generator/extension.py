@@ -32,12 +32,13 @@ class WeightSyncExtension:
     _kf_receiver: weightsync.WeightReceiver | None = None
 
     def kf_join_weight_sync(self, host: str, port: int, world_size: int, rank_base: int, timeout: float,
-                            backend: str = "gloo") -> int:
+                            join_timeout: float = weightsync.DEFAULT_JOIN_TIMEOUT, backend: str = "gloo") -> int:
         """Join the weight-sync group as rank ``rank_base + tp_rank``; blocks until the whole group has joined."""
         self.kf_leave_weight_sync()
         rank = rank_base + _tp_rank()
         self._kf_receiver = weightsync.WeightReceiver(
-            host=host, port=port, world_size=world_size, rank=rank, timeout=timeout, backend=backend)
+            host=host, port=port, world_size=world_size, rank=rank, timeout=timeout, join_timeout=join_timeout,
+            backend=backend)
         return rank
 
     def kf_receive_weights(self, refresh_tied: bool = True) -> dict[str, Any]:

@@ -1,0 +1,299 @@
+"""Weight sync over real gloo groups; the ``vllm`` tests push weights into the shared real engine.
+
+What the engine tests prove: after a sync, the engine's greedy tokens AND their logprobs equal the trainer's own
+HF model on fixed prompts (long enough to fill prefix-cache blocks cached before the sync). Parameter checksums
+would not do: on CPU vLLM repacks weights, and a tied lm_head can stay stale while sums look right.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+import transformers
+
+from kubeforge.runtime import types, weightsync
+
+PROMPTS = [types.Prompt(index=i, text=f"Please copy this string exactly, twice: {w}\nAnswer:", answer="")
+           for i, w in enumerate(["abcd", "dcba", "12+34=?", "hello world"])]
+MAX_TOKENS = 8
+ATOL = 2e-3
+
+
+# ---------------------------------------------------------------- HF reference computations
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def trainer_model(model_dir: object, *, noise_seed: int, scale: float = 0.05) -> transformers.PreTrainedModel:
+    """The tiny HF model with every parameter perturbed (as after some optimizer steps)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(noise_seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+    return model
+
+
+def hf_greedy(model: transformers.PreTrainedModel, prompt_ids: list[int], max_tokens: int,
+              eos: int) -> tuple[list[int], list[float]]:
+    ids, out, lps = list(prompt_ids), [], []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            lp = torch.log_softmax(logits, dim=-1)
+            tok = int(torch.argmax(lp))
+            out.append(tok)
+            lps.append(float(lp[tok]))
+            ids.append(tok)
+            if tok == eos:
+                break
+    return out, lps
+
+
+def hf_logprobs(model: transformers.PreTrainedModel, prompt_ids: list[int], completion: list[int],
+                temperature: float) -> list[float]:
+    """Teacher-forced log_softmax(logits / T) of each completion token: the documented convention."""
+    ids = torch.tensor([prompt_ids + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1:-1].float()
+    lp = torch.log_softmax(logits / temperature, dim=-1)
+    return [float(lp[i, t]) for i, t in enumerate(completion)]
+
+
+def engine_vs_hf(engine: object, model: transformers.PreTrainedModel) -> tuple[bool, float]:
+    """(greedy tokens all equal, max |logprob difference| over matching prefixes)."""
+    got = engine.greedy(PROMPTS, max_tokens=MAX_TOKENS)  # type: ignore[attr-defined]
+    same, worst = True, 0.0
+    for prompt, comp in zip(PROMPTS, got):
+        ids = engine.encode(prompt, chat_template=False)  # type: ignore[attr-defined]
+        want, want_lps = hf_greedy(model, ids, MAX_TOKENS, engine.tokenizer.eos_token_id)  # type: ignore[attr-defined]
+        same = same and want == comp.token_ids
+        n = next((i for i, (a, b) in enumerate(zip(want, comp.token_ids)) if a != b), min(len(want), len(comp.token_ids)))
+        if n == 0:
+            return False, float("inf")
+        worst = max(worst, max(abs(a - b) for a, b in zip(want_lps[:n], comp.logprobs[:n])))
+    return same, worst
+
+
+# ---------------------------------------------------------------- into the real engine
+
+
+@pytest.mark.vllm
+def test_sync_makes_engine_match_trainer(weight_sync: object, tiny_engine: object, tiny_model_dir: object) -> None:
+    model = trainer_model(tiny_model_dir, noise_seed=1)
+    assert len(PROMPTS[0].text) > 2 * 32  # fills prefix-cache blocks (32 tokens) that must not survive the sync
+    same, worst = engine_vs_hf(tiny_engine, model)
+    assert not (same and worst < ATOL), "the perturbed model must differ from the engine's before the sync"
+
+    sent, got = weight_sync.sync(model.named_parameters(), version=1)  # type: ignore[attr-defined]
+
+    same, worst = engine_vs_hf(tiny_engine, model)
+    assert same, "greedy tokens differ from the trainer's model after the sync"
+    assert worst < ATOL, f"logprobs differ by {worst}"
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied embedding counted once
+    assert sent.version == got.version == 1
+    assert sent.bytes == got.bytes == param_bytes
+    assert sent.tensors == len(list(model.parameters())) and sent.buckets >= 1
+    assert sent.seconds > 0 and sent.gb_per_s > 0
+
+
+@pytest.mark.vllm
+def test_tied_head_needs_the_refresh(weight_sync: object, tiny_engine: object, tiny_model_dir: object) -> None:
+    assert transformers.AutoConfig.from_pretrained(tiny_model_dir).tie_word_embeddings
+    model = trainer_model(tiny_model_dir, noise_seed=2)
+    weight_sync.sync(model.named_parameters(), version=2, refresh_tied=False)  # type: ignore[attr-defined]
+    same, worst = engine_vs_hf(tiny_engine, model)
+    assert not (same and worst < ATOL), "without the refresh the tied lm_head should be stale"
+    weight_sync.sync(model.named_parameters(), version=3)  # type: ignore[attr-defined]
+    same, worst = engine_vs_hf(tiny_engine, model)
+    assert same and worst < ATOL, f"after the refresh: tokens equal={same}, logprob diff {worst}"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_logprobs_follow_the_convention(weight_sync: object, tiny_engine: object, tiny_model_dir: object,
+                                                temperature: float) -> None:
+    model = trainer_model(tiny_model_dir, noise_seed=4)
+    weight_sync.sync(model.named_parameters(), version=4)  # type: ignore[attr-defined]
+    out = tiny_engine.generate(PROMPTS[:2], n=3, max_tokens=MAX_TOKENS,  # type: ignore[attr-defined]
+                               temperature=temperature, seed=11, chat_template=False)
+    for prompt_ids, comps in out:
+        for c in comps:
+            want = hf_logprobs(model, prompt_ids, c.token_ids, temperature)
+            assert max(abs(a - b) for a, b in zip(want, c.logprobs)) < ATOL
+
+
+# ---------------------------------------------------------------- gloo only (no engine)
+
+
+def _tensors() -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randn(64, 32, generator=g)
+    return [("embed.weight", shared), ("a", torch.randn(3, generator=g)), ("big", torch.randn(600, 600, generator=g)),
+            ("b16", torch.randn(5, 7, generator=g).to(torch.bfloat16)), ("tied_head.weight", shared),
+            ("i", torch.arange(10))]
+
+
+def _threads_receive(port: int, world: int, got: list[dict[str, torch.Tensor]], errors: list[BaseException],
+                     fail_rank: int | None = None) -> list[threading.Thread]:
+    def run(rank: int) -> None:
+        try:
+            r = weightsync.WeightReceiver(host="127.0.0.1", port=port, world_size=world, rank=rank, timeout=20)
+            for attempt in range(2):
+                box: dict[str, torch.Tensor] = {}
+
+                def load(it: object) -> None:
+                    for n, t in it:  # type: ignore[attr-defined]
+                        if rank == fail_rank and attempt == 0:
+                            raise ValueError("loader broke")
+                        box[n] = t.clone()
+                try:
+                    r.receive(load)
+                    got.append(box)
+                except weightsync.WeightSyncError as e:
+                    errors.append(e)
+            r.close()
+        except BaseException as e:  # surfaced by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(1, world)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_broadcast_reaches_every_receiver_exactly() -> None:
+    port, world = free_port(), 3
+    got: list[dict[str, torch.Tensor]] = []
+    errors: list[BaseException] = []
+    threads = _threads_receive(port, world, got, errors)
+    sender = weightsync.WeightSender(host="127.0.0.1", port=port, world_size=world, timeout=20, bucket_mb=0.5)
+    stats = [sender.send(_tensors(), version=v) for v in (5, 6)]
+    for t in threads:
+        t.join(timeout=30)
+    sender.close()
+    assert not errors and len(got) == 4
+    want = {n: t for n, t in _tensors() if n != "tied_head.weight"}  # shares storage with embed.weight: sent once
+    for box in got:
+        assert box.keys() == want.keys()
+        assert all(torch.equal(box[n], t) and box[n].dtype == t.dtype for n, t in want.items())
+    assert stats[1].version == 6 and stats[0].bytes == sum(t.numel() * t.element_size() for t in want.values())
+    assert stats[0].buckets >= 2 and stats[0].gb_per_s > 0
+
+
+def test_a_failing_loader_is_reported_and_the_group_stays_usable() -> None:
+    port, world = free_port(), 3
+    got: list[dict[str, torch.Tensor]] = []
+    errors: list[BaseException] = []
+    threads = _threads_receive(port, world, got, errors, fail_rank=2)
+    sender = weightsync.WeightSender(host="127.0.0.1", port=port, world_size=world, timeout=20, bucket_mb=0.5)
+    with pytest.raises(weightsync.WeightSyncError, match="1 of 2 receivers failed"):
+        sender.send(_tensors(), version=1)
+    assert sender.send(_tensors(), version=2).version == 2
+    for t in threads:
+        t.join(timeout=30)
+    sender.close()
+    assert len(errors) == 1 and "loader broke" in str(errors[0])
+    assert len(got) == 3  # rank 1 twice, rank 2 once (its second attempt)
+
+
+PEER = textwrap.dedent("""
+    import os, sys, torch
+    from kubeforge.runtime import weightsync as ws
+    role, port = sys.argv[1], int(sys.argv[2])
+    if role == "receiver":
+        r = ws.WeightReceiver(host="127.0.0.1", port=port, world_size=2, rank=1, timeout=30)
+        def load(it):
+            next(it)
+            os._exit(3)  # dies mid-broadcast: buckets still to come
+        r.receive(load)
+    else:
+        s = ws.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=30, bucket_mb=1)
+        s.connect()
+        os._exit(3)  # dies before sending anything
+""")
+
+
+def _peer(role: str, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", PEER, role, str(port)], env={**os.environ})
+
+
+def _reap(peer: subprocess.Popen[bytes]) -> None:
+    try:
+        peer.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        peer.kill()
+        peer.wait()
+
+
+def test_sender_fails_within_timeout_when_a_receiver_dies() -> None:
+    port, timeout = free_port(), 5.0
+    peer = _peer("receiver", port)
+    sender = weightsync.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=timeout, join_timeout=60,
+                                     bucket_mb=1)
+    tensors = [(f"w{i}", torch.randn(512, 1024)) for i in range(16)]  # 16 buckets of 2 MiB
+    try:
+        start = time.monotonic()
+        with pytest.raises(weightsync.WeightSyncError):
+            sender.send(tensors, version=1)
+        elapsed = time.monotonic() - start
+    finally:
+        sender.close()
+        _reap(peer)
+    assert peer.returncode == 3
+    assert elapsed < timeout + 5, f"took {elapsed:.1f}s"
+
+
+def test_receiver_fails_within_timeout_when_the_sender_dies() -> None:
+    port, timeout = free_port(), 5.0
+    peer = _peer("sender", port)
+    try:
+        receiver = weightsync.WeightReceiver(host="127.0.0.1", port=port, world_size=2, rank=1, timeout=timeout,
+                                             join_timeout=60)
+        start = time.monotonic()
+        with pytest.raises(weightsync.WeightSyncError):
+            receiver.receive(lambda it: None)
+        elapsed = time.monotonic() - start
+        receiver.close()
+    finally:
+        _reap(peer)
+    assert elapsed < timeout + 5, f"took {elapsed:.1f}s"
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+@pytest.mark.parametrize(("sizes", "bucket", "want"), [
+    ([10, 10, 10], 64, [(0, 0), (0, 16), (0, 32)]),
+    ([10, 100, 10], 64, [(0, 0), (1, 0), (2, 0)]),
+    ([60, 10], 64, [(0, 0), (1, 0)]),
+    ([], 64, []),
+])
+def test_plan_buckets(sizes: list[int], bucket: int, want: list[tuple[int, int]]) -> None:
+    assert weightsync.plan_buckets(sizes, bucket_bytes=bucket) == want
+
+
+@pytest.mark.parametrize("raw", [
+    b"not json", b'{"version": 1}', b'{"version":1,"tensors":[{"name":"x"}],"buckets":[4]}',
+    b'{"version":1,"tensors":[{"name":"x","shape":[2],"dtype":"float32","bucket":0,"offset":0}],"buckets":[4]}',
+    b'{"version":1,"tensors":[{"name":"x","shape":[1],"dtype":"complex64","bucket":0,"offset":0}],"buckets":[8]}',
+])
+def test_malformed_metadata_is_refused(raw: bytes) -> None:
+    with pytest.raises(weightsync.WeightSyncError):
+        weightsync.decode_meta(raw)
+
+
+def test_rank_layout() -> None:
+    assert weightsync.world_size(generators=3, tensor_parallel_size=2) == 7
+    assert [weightsync.rank_base(generator_index=g, tensor_parallel_size=2) for g in range(3)] == [1, 3, 5]
