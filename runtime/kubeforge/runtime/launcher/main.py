@@ -89,7 +89,7 @@ def _watch(group: supervisor.Group, *, job: rljob.RLJob, restarts: int, bar: pro
 
 
 def _first_failure(exits: list[supervisor.Exit]) -> supervisor.Exit:
-    return next(e for e in exits if e.code != 0 or e.role != "trainer")
+    return next(e for e in exits if e.code != 0)
 
 
 def supervise(job: rljob.RLJob, run: rundir.RunDir, bar: progress.Progress) -> tuple[int, int]:

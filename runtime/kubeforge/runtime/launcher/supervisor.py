@@ -10,8 +10,8 @@ Invariants:
 - Every child leads its own process group (``start_new_session``), so Ctrl-C in the terminal reaches only the
   launcher, and stopping a child kills everything it spawned (vLLM engine processes included): nothing is left
   behind.
-- The restart policy is pure (:func:`decide`): a run succeeds when every trainer exits 0; any other exit of any
-  role fails the attempt; a failed attempt restarts the whole job (all roles, trainers resume from their last
+- The restart policy is pure (:func:`decide`): a run succeeds when every trainer exits 0; a non-zero exit of any
+  role fails the attempt (generators and verifiers exit 0 only on the STOP that follows the last step); a failed attempt restarts the whole job (all roles, trainers resume from their last
   complete checkpoint) while fewer than ``spec.failurePolicy.maxRestarts`` restarts were used, else the run fails.
   Whole-job restarts match what the operator does on a cluster, and re-form the trainers' data-parallel group and
   the weight-sync group from scratch.
@@ -55,7 +55,7 @@ class Verdict(enum.Enum):
 
 def decide(*, exits: Sequence[Exit], trainers: int, restarts: int, max_restarts: int) -> Verdict:
     """The local restart policy (pure): see the module docstring."""
-    if any(e.code != 0 or e.role != "trainer" for e in exits):
+    if any(e.code != 0 for e in exits):
         return Verdict.RESTART if restarts < max_restarts else Verdict.FAILED
     if sum(1 for e in exits if e.role == "trainer") == trainers:
         return Verdict.SUCCEEDED

@@ -57,7 +57,7 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         return EXIT_CONFIG
     m = metrics.Metrics(role=role, replica=cfg.index)
     server = metrics.serve(m, host=cfg.bind_host, port_base=cfg.port_base)
-    print(f"{cfg.name}: metrics on {cfg.bind_host}:{server.port} (attempt {cfg.attempt})", flush=True)
+    print(f"{cfg.name}: pid {os.getpid()} metrics on {cfg.bind_host}:{server.port} (attempt {cfg.attempt})", flush=True)
     try:
         if role == "verifier":
             return _verifier(cfg, m, server, _stop_flag())

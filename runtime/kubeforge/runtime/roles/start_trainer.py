@@ -75,7 +75,8 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                                     hwm=(s.max_policy_lag + 2) * s.prompts_per_step + 64)
     group = _group(cfg)
     learner = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm, dtype=spec.model.dtype,
-                           group=group, device=str(group.device))
+                           group=group, device=str(group.device),
+                           logit_temperature=spec.algorithm.temperature or 1.0)
     generators = transport.open_sender(role_main.data_addresses(cfg, "generator"), role="trainer", index=cfg.index)
     rank0 = _rank0(cfg, learner=learner, generators=generators, m=m) if cfg.index == 0 else None
     server.set_ready(True)

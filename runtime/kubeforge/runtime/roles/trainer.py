@@ -135,7 +135,7 @@ class Loop:
 
     def run(self) -> None:
         start = self._resume()
-        if self.rank0 is not None:
+        if self.rank0 is not None and start < self.s.steps:
             self._wait_for_generators()
             if start > 0:
                 self._push(step=start)

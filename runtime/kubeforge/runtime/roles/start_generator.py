@@ -1,0 +1,84 @@
+"""Wiring of a generator: sockets first, then the vLLM engine, then the loop.
+
+Neighbours: ``roles.main`` calls :func:`main`; ``generator.engine.Engine`` is the vLLM wrapper; the adapters below
+turn it into the loop's ``Sampler`` and ``WeightLoader`` (``roles.generator``).
+
+The data port is bound before the engine starts (about a minute on 2 CPU cores), so trainer 0's sender handshakes
+at once and its WORK waits, bounded by the high-water mark, in this process's queue. The weight-sync group is
+joined on the first SYNC (``weightsync`` world = trainer 0 + every generator worker).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from kubeforge.api import contract
+from kubeforge.runtime import config, metrics, models, transport, types, weightsync, wire
+from kubeforge.runtime.roles import generator as loop
+from kubeforge.runtime.roles import main as role_main
+from kubeforge.runtime.roles import observe
+
+
+class EngineSampler:
+    """``roles.generator.Sampler`` over the vLLM engine: one request per prompt, ``groupSize`` samples each."""
+
+    def __init__(self, engine: object, cfg: config.RoleConfig) -> None:
+        self.engine = engine
+        self.algo = cfg.spec.algorithm
+        self.chat_template = cfg.spec.task.chat_template
+        self.seed = cfg.spec.task.seed * 7919 + cfg.attempt * 104729 + cfg.index
+        self.calls = 0
+
+    def sample(self, prompts: Sequence[types.Prompt]) -> list[types.RolloutGroup]:
+        self.calls += 1
+        out = self.engine.generate(  # type: ignore[attr-defined]
+            list(prompts), n=self.algo.group_size, max_tokens=self.algo.max_new_tokens,
+            temperature=self.algo.temperature, top_p=self.algo.top_p, seed=self.seed + self.calls * 31,
+            chat_template=self.chat_template)
+        return [types.RolloutGroup(prompt=p, prompt_token_ids=ids, completions=comps, policy_version=0)
+                for p, (ids, comps) in zip(prompts, out)]
+
+
+class EngineWeights:
+    """``roles.generator.WeightLoader``: join the group on the first SYNC, then receive and load in place."""
+
+    def __init__(self, engine: object, *, index: int, tensor_parallel_size: int) -> None:
+        self.engine = engine
+        self.rank_base = weightsync.rank_base(generator_index=index, tensor_parallel_size=tensor_parallel_size)
+        self.joined_at: tuple[str, int] | None = None
+
+    def load(self, sync: wire.Sync) -> loop.SyncResult:
+        if self.joined_at != (sync.host, sync.port):
+            self.engine.join_weight_sync(  # type: ignore[attr-defined]
+                host=sync.host, port=sync.port, world_size=sync.world_size, rank_base=self.rank_base,
+                timeout=sync.timeout_s, backend=sync.backend)
+            self.joined_at = (sync.host, sync.port)
+        stats = self.engine.receive_weights()  # type: ignore[attr-defined]
+        return loop.SyncResult(seconds=stats.seconds, bytes=stats.bytes)
+
+
+def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer, stop: threading.Event) -> int:
+    from kubeforge.runtime.generator import engine as engine_mod
+
+    spec = cfg.spec
+    inbox = transport.open_receiver(role_main.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
+    trainer0 = cfg.peer("trainer", 0)
+    control = transport.open_sender([transport.tcp_address(trainer0.host, trainer0.port(contract.PORT_CONTROL))],
+                                    role="generator", index=cfg.index)
+    to_verifiers = transport.open_sender(role_main.data_addresses(cfg, "verifier"), role="generator", index=cfg.index)
+    engine = engine_mod.Engine(model_dir=models.resolve(spec.model), dtype=spec.model.dtype,
+                               role=spec.roles.generator, seed=spec.task.seed + cfg.index)
+    print(f"{cfg.name}: vLLM engine up in {engine.start_seconds:.1f}s", flush=True)
+    server.set_ready(True)
+    try:
+        loop.run(index=cfg.index, inbox=inbox, verifiers=to_verifiers, control=control,
+                 sampler=EngineSampler(engine, cfg),
+                 weights=EngineWeights(engine, index=cfg.index,
+                                       tensor_parallel_size=spec.roles.generator.tensor_parallel_size),
+                 observer=observe.GeneratorObserver(m), should_stop=stop.is_set)
+    finally:
+        to_verifiers.close()
+        control.close()
+        inbox.close()
+        engine.close()
+    return 0
