@@ -65,7 +65,7 @@ def test_copy_format() -> None:
     answers = set()
     for k in range(100):
         p = s.prompt_at(k)
-        assert p.text == f"copy: {p.answer}\n"
+        assert p.text == f"copy: {p.answer}"
         assert len(p.answer) == 3 and set(p.answer) <= set("xyz")
         answers.add(p.answer)
     assert len(answers) > 10

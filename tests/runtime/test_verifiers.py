@@ -45,6 +45,9 @@ def vspec(name: str, kind: str, weight: float = 1.0, **kw: object) -> rljob.Veri
     ("ab", "ab. more", 1.0),
     ("ab", "  AB  ", 1.0),
     ("ab", "abc", 0.0),
+    ("ab", "ab\x06\ufffd", 1.0),      # a char model's garbage after the answer ends the word
+    ("a-b", "a-b!", 1.0),              # the reference's own characters belong to the word
+    ("ab", "ab-c", 1.0),
     ("ab", "a", 0.0),
     ("ab", "\nba", 0.0),
     ("Paris", "paris, France", 1.0),

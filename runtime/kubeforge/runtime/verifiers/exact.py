@@ -23,8 +23,7 @@ class ExactAnswer:
         if ref_num is not None:
             return [1.0 if extract.last_number(extract.region(c)) == ref_num else 0.0 for c in completions]
         ref = extract.normalise(prompt.answer)
-        single = len(ref.split()) <= 1
-        return [self._text_score(extract.text_answer(c, single_word=single), ref) for c in completions]
+        return [self._text_score(extract.text_answer(c, reference=ref), ref) for c in completions]
 
     def _text_score(self, got: str, ref: str) -> float:
         if got == ref:

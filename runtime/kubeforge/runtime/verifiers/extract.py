@@ -8,7 +8,8 @@ Rules, first that applies:
 3. the whole completion.
 Then, for a numeric reference (e.g. ``-27``, ``3.5``): the last number in that region, compared by value
 (``1,234`` == ``1234``, ``68.0`` == ``68``). For any other reference: the first non-empty line; when the reference is
-a single word, the first whitespace-delimited word of it; ``normalise``d (whitespace collapsed, surrounding quotes,
+a single word, its first word (the leading run of letters, digits and characters that occur in the reference, so
+``ab<garbage>`` and ``ab.`` answer ``ab``); ``normalise``d (whitespace collapsed, surrounding quotes,
 ``$`` and trailing ``.,;:!?`` removed, case folded).
 """
 from __future__ import annotations
@@ -67,10 +68,19 @@ def normalise(text: str) -> str:
     return t.casefold()
 
 
-def text_answer(completion: str, *, single_word: bool) -> str:
-    """The normalised textual final answer of a completion."""
+def first_word(line: str, *, allowed: str = "") -> str:
+    """The leading run of letters, digits and ``allowed`` characters (after leading whitespace)."""
+    t = line.lstrip()
+    n = 0
+    while n < len(t) and (t[n].isalnum() or t[n] in allowed):
+        n += 1
+    return t[:n]
+
+
+def text_answer(completion: str, *, reference: str) -> str:
+    """The normalised textual final answer of a completion, shaped like ``reference`` (one word or a line)."""
     lines = [ln for ln in region(completion).splitlines() if ln.strip()]
     first = lines[0].strip() if lines else ""
-    if single_word and first:
-        first = first.split()[0]
+    if len(reference.split()) <= 1:
+        first = first_word(first, allowed="".join(set(reference) - set(" ")))
     return normalise(first)
