@@ -1,0 +1,229 @@
+"""``kubeforge run`` end to end with real processes: real vLLM, real ZeroMQ, real torch.distributed, no mocks.
+
+One full run does most of the work (a vLLM engine takes about a minute to start on 2 cores): 2 generators and 2
+data-parallel trainers; while it trains, every role's receivers are fuzzed with malformed frames; then trainer 0
+is killed with SIGKILL; the launcher restarts the job (policy: whole job, bounded by maxRestarts) and the trainers
+resume from the last complete checkpoint, so the metrics hold each step exactly once. A second, short test checks
+that a role dying for good stops the run with a clear message, and that Ctrl-C leaves no process behind.
+
+The pure parts of the launcher (summary, restart policy) are tested at the bottom without processes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+import zmq
+
+from kubeforge.api import contract
+from kubeforge.runtime import wire
+from kubeforge.runtime.launcher import summary, supervisor
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "kubeforge.cli"]
+PID_LINE = re.compile(r"^(?P<name>\w+-\d+): pid (?P<pid>\d+) metrics on (?P<host>[\d.]+):(?P<port>\d+) "
+                      r"\(attempt (?P<attempt>\d+)\)", re.M)
+JUNK = [b"\x00", b"GET / HTTP/1.0\r\n\r\n", wire.MAGIC + b"\x07\x00\x10", wire.MAGIC + b"\x01\x00\x10\xc1\xc1",
+        bytes(range(256)) * 2]
+
+
+def manifest(tmp: Path, **over: Any) -> Path:
+    doc = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+    spec = doc["spec"]
+    for path, value in over.items():
+        node = spec
+        keys = path.split(".")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    p = tmp / "job.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def processes(run_dir: Path) -> dict[tuple[str, int], dict[str, int]]:
+    """(name, attempt) -> {pid, port_base} from the role logs."""
+    out = {}
+    for log in (run_dir / "logs").glob("*.log"):
+        for m in PID_LINE.finditer(log.read_text(errors="replace")):
+            out[(m["name"], int(m["attempt"]))] = {"pid": int(m["pid"]),
+                                                   "port_base": int(m["port"]) - contract.PORT_METRICS}
+    return out
+
+
+def steps_done(run_dir: Path) -> list[int]:
+    return [r["step"] for r in summary.read_records(run_dir / "metrics.jsonl")]
+
+
+def wait_for(pred: Any, *, timeout: float, proc: subprocess.Popen[str] | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"launcher exited early with {proc.returncode}")
+        time.sleep(0.5)
+    raise AssertionError("timed out waiting")
+
+
+def gone(pid: int) -> bool:
+    """Neither the process nor any member of its process group is alive."""
+    try:
+        os.killpg(pid, 0)
+        return False
+    except ProcessLookupError:
+        pass
+    try:
+        os.kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+
+
+def http(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except OSError:
+        return 0, ""
+
+
+def dropped_frames(metrics_text: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+               if line.startswith("kubeforge_rollouts_dropped_total{") and 'reason="stale"' not in line)
+
+
+def fuzz(port: int) -> None:
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    for frame in JUNK:
+        sock.send(frame)
+    sock.send_multipart([b"x", b"y"])
+    sock.close()
+
+
+def launch(path: Path, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*CLI, "run", str(path), "--run-dir", str(run_dir), *extra], cwd=run_dir.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_two_generators_two_trainers_fuzzed_killed_and_resumed(tmp_path: Path) -> None:
+    steps = 16
+    path = manifest(tmp_path, **{"algorithm.steps": steps, "algorithm.promptsPerStep": 8,
+                                 "algorithm.groupSize": 8, "checkpoint.everySteps": 3,
+                                 "roles.generator.replicas": 2, "roles.trainer.replicas": 2,
+                                 "failurePolicy.maxRestarts": 2})
+    run_dir = tmp_path / "run"
+    proc = launch(path, run_dir)
+    try:
+        wait_for(lambda: len(steps_done(run_dir)) >= 4, timeout=600, proc=proc)
+        procs = processes(run_dir)
+        assert {n for n, a in procs} == {"generator-0", "generator-1", "verifier-0", "trainer-0", "trainer-1"}
+        # fuzz every receiver of every running role, then check each still serves and counted the frames
+        for (name, _), p in procs.items():
+            fuzz(p["port_base"] + contract.PORT_DATA)
+            if name == "trainer-0":
+                fuzz(p["port_base"] + contract.PORT_CONTROL)
+        for (name, _), p in procs.items():
+            port = p["port_base"] + contract.PORT_METRICS
+            assert wait_for(lambda: dropped_frames(http(port, "/metrics")[1]) >= len(JUNK) + 1, timeout=60), name
+            assert http(port, "/healthz")[0] == 200 and http(port, "/readyz")[0] == 200, name
+        # kill -9 trainer 0 once a checkpoint exists and training has moved past it
+        ckpts = run_dir / "checkpoints"
+        wait_for(lambda: any(ckpts.glob("step-*/COMPLETE")) and len(steps_done(run_dir)) >= 5, timeout=300, proc=proc)
+        os.kill(procs[("trainer-0", 0)]["pid"], signal.SIGKILL)
+        killed_at = time.time()
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    for key in ("steps", "wall_seconds", "completions_per_second", "reward_first", "reward_last",
+                "weight_sync_seconds", "weight_sync_gb_per_second", "metrics_path"):
+        assert result.get(key) is not None, (key, result)
+    assert result["steps"] == steps and result["restarts"] == 1
+    assert "trainer-0 killed by SIGKILL; restarting" in err
+    records = summary.read_records(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))        # none lost, none repeated
+    assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
+    resumed = [r["step"] for r in records if r["time"] > killed_at]
+    kept = [r["step"] for r in records if r["time"] <= killed_at]
+    assert resumed and kept and resumed[0] == kept[-1] + 1 and kept[-1] % 3 == 0   # resumed at a checkpoint
+    assert (run_dir / "summary.json").exists() and (run_dir / "reward.png").stat().st_size > 1000
+    assert {n for n, a in processes(run_dir) if a == 1} == {"generator-0", "generator-1", "verifier-0",
+                                                            "trainer-0", "trainer-1"}
+    assert all(gone(p["pid"]) for p in processes(run_dir).values())
+
+
+@pytest.mark.slow
+def test_dead_role_stops_the_run_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
+    path = manifest(tmp_path, **{"failurePolicy.maxRestarts": 0})
+    run_dir = tmp_path / "dies"
+    proc = launch(path, run_dir)
+    wait_for(lambda: len(processes(run_dir)) == 3, timeout=180, proc=proc)
+    os.kill(processes(run_dir)[("verifier-0", 0)]["pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "verifier-0 killed by SIGKILL" in err and "maxRestarts (0) used up" in err
+    assert json.loads(out.strip().splitlines()[-1])["succeeded"] is False
+    assert all(gone(p["pid"]) for p in processes(run_dir).values())
+
+    run_dir = tmp_path / "interrupted"
+    proc = launch(path, run_dir)
+    wait_for(lambda: len(processes(run_dir)) == 3, timeout=180, proc=proc)
+    time.sleep(3)                                                   # the generator is importing/starting vLLM
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert all(gone(p["pid"]) for p in processes(run_dir).values())
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_restart_policy() -> None:
+    ok = supervisor.Exit(name="trainer-0", role="trainer", code=0)
+    dead = supervisor.Exit(name="generator-1", role="generator", code=-9)
+    stop = supervisor.Exit(name="verifier-0", role="verifier", code=0)
+    d = supervisor.decide
+    assert d(exits=[], trainers=1, restarts=0, max_restarts=0) is supervisor.Verdict.RUNNING
+    assert d(exits=[stop], trainers=1, restarts=0, max_restarts=0) is supervisor.Verdict.RUNNING
+    assert d(exits=[stop, ok], trainers=1, restarts=0, max_restarts=0) is supervisor.Verdict.SUCCEEDED
+    assert d(exits=[ok], trainers=2, restarts=0, max_restarts=0) is supervisor.Verdict.RUNNING
+    assert d(exits=[dead], trainers=1, restarts=1, max_restarts=2) is supervisor.Verdict.RESTART
+    assert d(exits=[dead], trainers=1, restarts=2, max_restarts=2) is supervisor.Verdict.FAILED
+    assert supervisor.describe(-9) == "killed by SIGKILL" and supervisor.describe(3) == "exit code 3"
+
+
+def test_summary_figures() -> None:
+    recs = [{"step": s, "mean_reward": s / 20, "completions": 10, "time": 100.0 + 2 * s, "step_seconds": 1.0,
+             "weight_sync_seconds": 0.5 if s < 20 else None, "weight_sync_bytes": 1e9 if s < 20 else None}
+            for s in range(1, 21)]
+    recs.append({**recs[4], "mean_reward": 9.0})                      # a repeated step: the last record wins
+    out = summary.summarize(recs, wall_seconds=60.0, metrics_path="m.jsonl")
+    assert out["steps"] == 20 and out["completions"] == 200
+    assert out["completions_per_second"] == pytest.approx(190 / 38)
+    assert out["reward_first"] == pytest.approx((sum(s / 20 for s in range(1, 11)) - 5 / 20 + 9.0) / 10)
+    assert out["reward_last"] == pytest.approx(sum(s / 20 for s in range(11, 21)) / 10)
+    assert out["weight_sync_seconds"] == 0.5 and out["weight_sync_gb_per_second"] == 2.0
+    empty = summary.summarize([], wall_seconds=1.0, metrics_path="m")
+    assert empty["steps"] == 0 and empty["reward_first"] is None
