@@ -63,7 +63,7 @@ class Loaded:
 def capture_rng() -> dict[str, Any]:
     """Python, numpy and torch (CPU, and CUDA when present) RNG states as JSON-serialisable data."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     out: dict[str, Any] = {
         "python": [version, list(internal), gauss],
         "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],

@@ -40,7 +40,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def load_model(*, path: str | Path, dtype: str, device: torch.device) -> torch.nn.Module:
     """An HF causal LM from a folder (``models.resolve(spec)`` gives it), on ``device``."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    model: torch.nn.Module = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
     return model.to(device)
 
 
@@ -92,7 +92,7 @@ class Trainer:
             raise ValueError("train_step: no completion tokens on any trainer rank")
         self.optimizer.zero_grad(set_to_none=True)
         if out is not None:
-            (out.total * (self.group.world_size / g[0])).backward()
+            torch.autograd.backward([out.total * (self.group.world_size / g[0])])
         clock.lap("backward")
         self.group.average_gradients(self.params)
         clock.lap("allreduce")

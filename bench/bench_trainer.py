@@ -1,0 +1,121 @@
+"""Trainer step throughput vs a plain forward/backward baseline, measured in the same run.
+
+What is compared, on the same model, batch and optimizer settings (CPU by default):
+- baseline: HF ``model(input_ids, attention_mask, labels=...)`` (cross entropy over completion tokens, full
+  logits), backward, grad-norm clip, AdamW step — the least a training step can do;
+- trainer: ``kubeforge.runtime.trainer.step.Trainer.train_step`` (collate from RolloutGroups, advantages, logprob
+  gather with ``logits_to_keep``, entropy, the GRPO loss, the all-reduce bookkeeping for world size 1, clip, AdamW).
+The two are interleaved step by step so machine noise hits both alike; warm-up steps are dropped.
+Tokens = completion tokens trained on (prompt tokens excluded). Prints one JSON object last.
+
+    .venv/bin/python bench/bench_trainer.py [--steps 8] [--hidden 256] [--layers 4] [--vocab 4096]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from kubeforge.api import rljob
+from kubeforge.runtime import types
+from kubeforge.runtime.trainer import batch as batch_mod
+from kubeforge.runtime.trainer import step
+
+
+def build_model(path: Path, *, hidden: int, layers: int, vocab: int) -> None:
+    cfg = transformers.Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 3,
+                                   num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                                   num_key_value_heads=hidden // 64, max_position_embeddings=512,
+                                   tie_word_embeddings=True, pad_token_id=0)
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(cfg).save_pretrained(path)
+
+
+def groups(*, prompts: int, group_size: int, prompt_len: int, completion_len: int, vocab: int,
+           seed: int) -> list[types.RolloutGroup]:
+    rng = random.Random(seed)
+    out = []
+    for k in range(prompts):
+        comps = [types.Completion(token_ids=[rng.randrange(1, vocab) for _ in range(completion_len)],
+                                  logprobs=[-8.0] * completion_len, text="") for _ in range(group_size)]
+        out.append(types.RolloutGroup(prompt=types.Prompt(index=k, text="", answer=""),
+                                      prompt_token_ids=[rng.randrange(1, vocab) for _ in range(prompt_len)],
+                                      completions=comps, policy_version=0,
+                                      rewards=[float(rng.random() < 0.5) for _ in comps]))
+    return out
+
+
+def baseline_step(model: torch.nn.Module, opt: torch.optim.Optimizer, b: batch_mod.Batch, max_norm: float) -> None:
+    p = b.input_ids.shape[1] - b.completion_len
+    labels = torch.full_like(b.input_ids, -100)
+    labels[:, p:] = torch.where(b.completion_mask > 0, b.completion_ids, torch.full_like(b.completion_ids, -100))
+    out = model(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids, labels=labels)
+    opt.zero_grad(set_to_none=True)
+    torch.autograd.backward([out.loss])
+    torch.nn.utils.clip_grad_norm_(list(model.parameters()), max_norm)
+    opt.step()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--completion-len", type=int, default=32)
+    ap.add_argument("--loss", default="GRPO")
+    a = ap.parse_args()
+    algo = rljob.AlgorithmSpec.model_validate({"loss": a.loss, "learningRate": 1e-5,
+                                               "maxNewTokens": a.completion_len})
+    with tempfile.TemporaryDirectory() as d:
+        build_model(Path(d), hidden=a.hidden, layers=a.layers, vocab=a.vocab)
+        trainer = step.Trainer(model_path=d, algorithm=algo)
+        base = step.load_model(path=d, dtype="float32", device=torch.device("cpu"))
+    base.train()
+    opt = torch.optim.AdamW(base.parameters(), lr=1e-5)
+    times: dict[str, list[float]] = {"trainer": [], "baseline": []}
+    phases: list[dict[str, float]] = []
+    tokens = 0
+    for s in range(a.warmup + a.steps):
+        gs = groups(prompts=a.prompts, group_size=a.group_size, prompt_len=a.prompt_len,
+                    completion_len=a.completion_len, vocab=a.vocab, seed=s)
+        t0 = time.perf_counter()
+        m = trainer.train_step(groups=gs)
+        t1 = time.perf_counter()
+        b = batch_mod.collate(groups=gs, pad_id=0, scale_by_std=True)
+        baseline_step(base, opt, b, algo.max_grad_norm)
+        t2 = time.perf_counter()
+        if s >= a.warmup:
+            times["trainer"].append(t1 - t0)
+            times["baseline"].append(t2 - t1)
+            phases.append(m.seconds)
+            tokens = m.tokens
+    med = {k: statistics.median(v) for k, v in times.items()}
+    result = {
+        "model": {"hidden": a.hidden, "layers": a.layers, "vocab": a.vocab,
+                  "params": sum(p.numel() for p in base.parameters())},
+        "batch": {"completions": a.prompts * a.group_size, "prompt_len": a.prompt_len,
+                  "completion_len": a.completion_len, "completion_tokens": tokens},
+        "steps_measured": a.steps, "torch_threads": torch.get_num_threads(),
+        "trainer_step_s_median": round(med["trainer"], 4), "baseline_step_s_median": round(med["baseline"], 4),
+        "trainer_tokens_per_s": round(tokens / med["trainer"], 1),
+        "baseline_tokens_per_s": round(tokens / med["baseline"], 1),
+        "trainer_over_baseline_time": round(med["trainer"] / med["baseline"], 3),
+        "trainer_phases_s_median": {k: round(statistics.median(p[k] for p in phases), 4) for k in phases[0]},
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
