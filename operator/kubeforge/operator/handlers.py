@@ -47,7 +47,7 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials) -> kopf.
 
     @kopf.on.probe(id="reconciles", registry=reg)
     def _probe(**_: Any) -> float:
-        return sum(s.get() for s in metrics.RECONCILES.collect()[0].samples if s.name.endswith("_total"))
+        return sum(s.value for s in metrics.RECONCILES.collect()[0].samples if s.name.endswith("_total"))
 
     @kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL, registry=reg)
     async def _rljob(event: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
