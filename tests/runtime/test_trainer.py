@@ -39,6 +39,20 @@ def test_padded_batch_logprobs_match_each_sequence_alone(tiny: Path) -> None:
                 row += 1
 
 
+def test_logit_temperature_divides_logits(tiny: Path) -> None:
+    # the generator's processed logprobs are log_softmax(logits / T): the trainer must compute the same
+    t = step.Trainer(model_path=tiny, algorithm=util.algorithm())
+    g = util.synthetic_groups(step=0, prompts=1, group_size=1)[0]
+    b = batch_mod.collate(groups=[g], pad_id=t.pad_id, scale_by_std=True)
+    with torch.no_grad():
+        got = logprobs.completion_logprobs(model=t.model, batch=b, temperature=2.0).logp[0]
+        ids = torch.tensor([g.prompt_token_ids + g.completions[0].token_ids])
+        logsm = torch.log_softmax(t.model(input_ids=ids).logits[0].float() / 2.0, dim=-1)
+    p = len(g.prompt_token_ids)
+    want = [float(logsm[p - 1 + j, tok]) for j, tok in enumerate(g.completions[0].token_ids)]
+    assert got[:len(want)].tolist() == pytest.approx(want, abs=1e-5)
+
+
 def test_mean_reward_improves_on_toy_problem(tiny: Path) -> None:
     # reward = share of sampled tokens equal to TARGET; a random 12-token model starts near 1/12
     torch.manual_seed(0)

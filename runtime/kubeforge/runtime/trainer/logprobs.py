@@ -1,8 +1,10 @@
 """Current-policy logprobs of the completion tokens from one forward pass over a collated ``Batch``.
 
-Logprob convention (must match the generator's behaviour logprobs, see docs/runtime.md "Logprob convention"):
-``log_softmax(logits / temperature)`` of the sampled token. ``temperature=1.0`` gives the raw model logprobs, which
-is what vLLM returns by default (its logprobs are taken before temperature/top-p processing).
+Logprob convention (agreed with the generator, ``generator/engine.py``, vLLM ``logprobs_mode="processed_logprobs"``;
+docs/runtime.md "Logprob convention"): each completion token's logprob is ``log_softmax(logits / T)[token]`` in
+float32 with T the sampling temperature; the role wiring passes ``logit_temperature=spec.algorithm.temperature``
+(1.0 when greedy). Known gap: with ``topP < 1`` vLLM renormalises over the nucleus while this computes the
+untruncated distribution, so ratios are then approximate (default ``topP = 1`` is exact).
 
 Neighbours: ``step.Trainer`` (policy, with gradient; reference, without). The entropy of the full next-token
 distribution is returned too (detached, completion positions only) because the log-softmax is already there.

@@ -17,7 +17,8 @@ Invariants:
   of optimizer steps and stay bit-identical (same start weights: rank 0's are broadcast at construction).
 - ``policy_version`` counts optimizer steps since the base model (0 = base weights); it is stamped on the weights
   pushed to the generators and saved in checkpoints together with ``step`` and the caller's data cursor.
-- Logprob convention: see ``logprobs`` (``logit_temperature=1.0`` = raw model logprobs, vLLM's default).
+- Logprob convention: see ``logprobs``: ``log_softmax(logits / logit_temperature)``, the generator's processed
+  logprobs; pass ``logit_temperature=spec.algorithm.temperature`` (1.0 when it is 0).
 """
 from __future__ import annotations
 
