@@ -281,7 +281,7 @@ class ResourceRequirements(Model):
     requests: dict[str, int | Quantity] = Field(default_factory=dict, description="Requests per resource name.")
 
 
-_FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_FREE_FORM: dict[str, pydantic.JsonValue] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
 def _duplicates(names: list[str]) -> list[str]:
@@ -552,7 +552,7 @@ class RLJob(Model):
 
     model_config = pydantic.ConfigDict(json_schema_extra=_schema_extra(*NAME_RULES))
 
-    api_version: Literal["kubeforge.dev/v1alpha1"] = Field(contract.API_VERSION, alias="apiVersion")
+    api_version: Literal["kubeforge.dev/v1alpha1"] = Field("kubeforge.dev/v1alpha1", alias="apiVersion")
     kind: Literal["RLJob"] = "RLJob"
     metadata: ObjectMeta
     spec: RLJobSpec
