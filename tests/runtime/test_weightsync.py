@@ -20,7 +20,7 @@ import transformers
 
 from kubeforge.runtime import types, weightsync
 
-PROMPTS = [types.Prompt(index=i, text=f"Please copy this string exactly, twice: {w}\nAnswer:", answer="")
+PROMPTS = [types.Prompt(index=i, text=f"Read the string below carefully and copy it exactly, twice: {w}\nAnswer:", answer="")
            for i, w in enumerate(["abcd", "dcba", "12+34=?", "hello world"])]
 MAX_TOKENS = 8
 ATOL = 2e-3
