@@ -53,9 +53,8 @@ def _group(cfg: config.RoleConfig) -> parallel.DataParallel:
 
 
 def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transport.Sender,
-           m: metrics.Metrics) -> loop.Rank0:
+           control: transport.Receiver) -> loop.Rank0:
     spec = cfg.spec
-    control = transport.open_receiver(role_main.bind(cfg, contract.PORT_CONTROL), on_drop=m.drop_hook())
     me = cfg.peer("trainer", 0)
     world = weightsync.world_size(generators=cfg.replicas("generator"),
                                   tensor_parallel_size=spec.roles.generator.tensor_parallel_size)
@@ -73,12 +72,14 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     s = settings(cfg)
     inbox = transport.open_receiver(role_main.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook(),
                                     hwm=(s.max_policy_lag + 2) * s.prompts_per_step + 64)
+    control = (transport.open_receiver(role_main.bind(cfg, contract.PORT_CONTROL), on_drop=m.drop_hook())
+               if cfg.index == 0 else None)     # bound before the slow parts: generators connect to it at start
     group = _group(cfg)
     learner = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm, dtype=spec.model.dtype,
                            group=group, device=str(group.device),
                            logit_temperature=spec.algorithm.temperature or 1.0)
     generators = transport.open_sender(role_main.data_addresses(cfg, "generator"), role="trainer", index=cfg.index)
-    rank0 = _rank0(cfg, learner=learner, generators=generators, m=m) if cfg.index == 0 else None
+    rank0 = _rank0(cfg, learner=learner, generators=generators, control=control) if control is not None else None
     server.set_ready(True)
     stream = tasks.stream(spec.task)
     try:
@@ -87,7 +88,8 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     finally:
         if rank0 is not None:
             rank0.pusher.close()  # type: ignore[attr-defined]
-            rank0.control.close()
+        if control is not None:
+            control.close()
         generators.close()
         inbox.close()
         group.close()
