@@ -31,7 +31,9 @@ KWOKCTL_SET_FLAGS: Mapping[str, frozenset[str]] = {
         "tls-private-key-file", "tracing-config-file", "v",
     }),
     "kwok-controller": frozenset({
-        "config", "enable-crds", "kubeconfig", "manage-all-nodes", "manage-nodes-with-annotation-selector",
+        # Not manage-nodes-with-annotation-selector: kwokctl 0.7.0 (binary runtime) passes only
+        # --manage-all-nodes=true, and an override of an absent flag is dropped ("have not match override").
+        "config", "enable-crds", "kubeconfig", "manage-all-nodes",
         "node-ip", "node-lease-duration-seconds", "node-name", "node-port", "server-address",
         "tls-cert-file", "tls-private-key-file", "v",
     }),
