@@ -55,55 +55,45 @@ table = _load_table()
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Any:
-    """The test cluster (``make cluster-up``'s; started here when none runs: ``lifecycle.up`` is idempotent)."""
-    from kfcluster import lifecycle
-    return lifecycle.up()
-
-
-@pytest.fixture(scope="module")
-def api(cluster: Any) -> Iterator[Any]:
-    """An API client for the test cluster, with the CRD applied (server-side apply) and Established."""
-    client = kubernetes.config.new_client_from_config(config_file=cluster.kubeconfig)
-    ext = kubernetes.client.ApiextensionsV1Api(client)
+def api(api_client: Any) -> Any:
+    """The session's API client (e2e/conftest.py), with the CRD applied (server-side apply) and Established."""
+    ext = kubernetes.client.ApiextensionsV1Api(api_client)
     ext.patch_custom_resource_definition(crd.CRD_NAME, crd.crd(), field_manager=FIELD_MANAGER, force=True,
                                          _content_type="application/apply-patch+yaml")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         conditions = ext.read_custom_resource_definition(crd.CRD_NAME).status.conditions or []
         if any(c.type == "Established" and c.status == "True" for c in conditions):
-            break
+            return api_client
         time.sleep(0.2)
-    else:
-        pytest.fail(f"CRD {crd.CRD_NAME} not Established within 30 s")
-    yield client
-    client.close()
+    pytest.fail(f"CRD {crd.CRD_NAME} not Established within 30 s")
 
 
 @pytest.fixture(scope="module")
-def namespace(api: Any) -> Iterator[str]:
+def ns(api: Any) -> Iterator[str]:
+    """One namespace for the whole module (dry runs and one real RLJob), deleted afterwards."""
     core = kubernetes.client.CoreV1Api(api)
     name = f"kf-crd-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": name}})
     yield name
-    core.delete_namespace(name)
+    core.delete_namespace(name, propagation_policy="Background")
 
 
 def _custom(api: Any) -> Any:
     return kubernetes.client.CustomObjectsApi(api)
 
 
-def create(api: Any, namespace: str, doc: dict[str, Any], *, dry_run: bool = True) -> dict[str, Any]:
+def create(api: Any, ns: str, doc: dict[str, Any], *, dry_run: bool = True) -> dict[str, Any]:
     """Create an RLJob (server-side dry run by default, strict field validation): the stored object."""
     return _custom(api).create_namespaced_custom_object(
-        contract.GROUP, contract.VERSION, namespace, contract.PLURAL, doc, field_validation="Strict",
+        contract.GROUP, contract.VERSION, ns, contract.PLURAL, doc, field_validation="Strict",
         **({"dry_run": "All"} if dry_run else {}))  # type: ignore[no-any-return]
 
 
-def refusal(api: Any, namespace: str, doc: dict[str, Any]) -> dict[str, Any]:
+def refusal(api: Any, ns: str, doc: dict[str, Any]) -> dict[str, Any]:
     """The API server's Status for a create it must refuse (fails the test when it accepts)."""
     try:
-        create(api, namespace, doc)
+        create(api, ns, doc)
     except kubernetes.client.ApiException as exc:
         status: dict[str, Any] = json.loads(exc.body)
         assert exc.status in (400, 422), status
@@ -129,14 +119,14 @@ def compact(value: Any) -> Any:
 # ---------------------------------------------------------------- the shared table
 
 
-def test_the_base_manifest_is_accepted(api: Any, namespace: str) -> None:
-    create(api, namespace, table.valid())
+def test_the_base_manifest_is_accepted(api: Any, ns: str) -> None:
+    create(api, ns, table.valid())
 
 
 @pytest.mark.parametrize("case", table.CASES, ids=lambda c: c.id)
-def test_api_server_and_launcher_refuse_alike(api: Any, namespace: str, case: Any) -> None:
+def test_api_server_and_launcher_refuse_alike(api: Any, ns: str, case: Any) -> None:
     manifest = case.manifest()
-    status = refusal(api, namespace, manifest)
+    status = refusal(api, ns, manifest)
     message = status["message"]
     assert case.path in message, message
     assert case.message.lower() in message.lower(), message
@@ -155,9 +145,9 @@ def test_the_table_has_at_least_thirty_cases() -> None:
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_is_accepted_with_the_model_defaults(api: Any, namespace: str, path: pathlib.Path) -> None:
+def test_example_is_accepted_with_the_model_defaults(api: Any, ns: str, path: pathlib.Path) -> None:
     doc = yaml.safe_load(path.read_text())
-    stored = create(api, namespace, doc)
+    stored = create(api, ns, doc)
     assert compact(stored["spec"]) == compact(load.dump(load.parse(doc))["spec"])
 
 
@@ -165,18 +155,18 @@ def test_example_is_accepted_with_the_model_defaults(api: Any, namespace: str, p
 
 
 @pytest.fixture(scope="module")
-def running_job(api: Any, namespace: str) -> str:
+def running_job(api: Any, ns: str) -> str:
     """A real RLJob (no operator acts on it here) whose spec omits algorithm and roles: defaults fill them in."""
     doc = table.valid()
     doc["metadata"]["name"] = "immutable"
     del doc["spec"]["algorithm"], doc["spec"]["roles"]
-    create(api, namespace, doc, dry_run=False)
+    create(api, ns, doc, dry_run=False)
     return "immutable"
 
 
-def patch(api: Any, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+def patch(api: Any, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
     return _custom(api).patch_namespaced_custom_object(  # type: ignore[no-any-return]
-        contract.GROUP, contract.VERSION, namespace, contract.PLURAL, name, body, dry_run="All",
+        contract.GROUP, contract.VERSION, ns, contract.PLURAL, name, body, dry_run="All",
         field_validation="Strict")
 
 
@@ -187,10 +177,10 @@ def patch(api: Any, namespace: str, name: str, body: dict[str, Any]) -> dict[str
     ({"spec": {"algorithm": {"loss": "DAPO"}}}, "spec.algorithm"),
     ({"spec": {"roles": {"trainer": {"replicas": 2}}}}, "spec.roles.trainer"),
 ], ids=["model-builtin", "model-dtype", "algorithm-steps", "algorithm-loss", "trainer-replicas"])
-def test_immutable_fields_refuse_updates(api: Any, namespace: str, running_job: str, body: dict[str, Any],
+def test_immutable_fields_refuse_updates(api: Any, ns: str, running_job: str, body: dict[str, Any],
                                          path: str) -> None:
     with pytest.raises(kubernetes.client.ApiException) as info:
-        patch(api, namespace, running_job, body)
+        patch(api, ns, running_job, body)
     message = json.loads(info.value.body)["message"]
     assert info.value.status == 422 and f"{path}:" in message and "is immutable" in message, message
 
@@ -201,8 +191,8 @@ def test_immutable_fields_refuse_updates(api: Any, namespace: str, running_job: 
     {"spec": {"roles": {"trainer": {"env": [{"name": "B", "value": "x"}]}}}},
     {"spec": {"suspend": True}},
 ], ids=["generator-replicas", "verifier-replicas", "trainer-env", "suspend"])
-def test_mutable_fields_accept_updates(api: Any, namespace: str, running_job: str, body: dict[str, Any]) -> None:
-    stored = patch(api, namespace, running_job, body)
+def test_mutable_fields_accept_updates(api: Any, ns: str, running_job: str, body: dict[str, Any]) -> None:
+    stored = patch(api, ns, running_job, body)
     assert _subset(body["spec"], stored["spec"]), stored["spec"]
 
 
@@ -213,12 +203,12 @@ def _subset(want: Any, have: Any) -> bool:
     return bool(want == have)
 
 
-def test_status_keeps_typed_fields_and_prunes_others(api: Any, namespace: str, running_job: str) -> None:
+def test_status_keeps_typed_fields_and_prunes_others(api: Any, ns: str, running_job: str) -> None:
     """The status subresource stores the typed status; anything else (kopf's bookkeeping) is pruned."""
     body = {"status": {"phase": "Running", "ready": "3/3", "progress": {"step": 2, "meanReward": 0.5},
                        "kopf": {"progress": {"x": 1}}}}
     stored = _custom(api).patch_namespaced_custom_object_status(
-        contract.GROUP, contract.VERSION, namespace, contract.PLURAL, running_job, body, dry_run="All")
+        contract.GROUP, contract.VERSION, ns, contract.PLURAL, running_job, body, dry_run="All")
     assert stored["status"]["phase"] == "Running" and stored["status"]["progress"]["meanReward"] == 0.5
     assert "kopf" not in stored["status"]
 
@@ -226,11 +216,11 @@ def test_status_keeps_typed_fields_and_prunes_others(api: Any, namespace: str, r
 # ---------------------------------------------------------------- kubectl explain
 
 
-def test_kubectl_explain_shows_descriptions(api: Any, cluster: Any) -> None:
-    kubectl = pathlib.Path(cluster.bin_dir) / "kubectl"
+def test_kubectl_explain_shows_descriptions(api: Any, kube_cluster: Any) -> None:
+    kubectl = pathlib.Path(kube_cluster.bin_dir) / "kubectl"
     if not kubectl.is_file():
         pytest.skip(f"kubectl not built at {kubectl}")
-    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
+    env = {**os.environ, "KUBECONFIG": kube_cluster.kubeconfig}
     deadline = time.monotonic() + 30
     while True:  # discovery and the published OpenAPI follow the CRD within seconds
         run = subprocess.run([str(kubectl), "explain", "rljob.spec.algorithm"], capture_output=True, text=True,

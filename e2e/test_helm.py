@@ -159,19 +159,12 @@ def test_monitoring_objects() -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Any:
-    """The test cluster (``make cluster-up``'s; started here when none runs: ``lifecycle.up`` is idempotent)."""
-    from kfcluster import lifecycle
-    return lifecycle.up()
-
-
-@pytest.fixture(scope="module")
-def namespaces(cluster: Any) -> Iterator[list[str]]:
+def namespaces(kube_cluster: Any) -> Iterator[list[str]]:
     """The release namespace and the two watched ones, created for real (dry runs need them), then deleted."""
     kubectl = tool("kubectl")
     suffix = uuid.uuid4().hex[:5]
     names = [f"{RELEASE_NS}-{suffix}", f"team-a-{suffix}", f"team-b-{suffix}"]
-    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
+    env = {**os.environ, "KUBECONFIG": kube_cluster.kubeconfig}
     for name in names:
         subprocess.run([str(kubectl), "create", "namespace", name], check=True, capture_output=True, env=env)
     yield names
@@ -180,7 +173,7 @@ def namespaces(cluster: Any) -> Iterator[list[str]]:
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])
-def test_api_server_accepts_the_rendered_chart(cluster: Any, namespaces: list[str], mode: str) -> None:
+def test_api_server_accepts_the_rendered_chart(kube_cluster: Any, namespaces: list[str], mode: str) -> None:
     release_ns, team_a, team_b = namespaces
     sets = ["metrics.dashboard.enabled=true"] + ([f"watchNamespaces={{{team_a},{team_b}}}"] if mode == "namespaced"
                                                    else [])
@@ -192,7 +185,7 @@ def test_api_server_accepts_the_rendered_chart(cluster: Any, namespaces: list[st
     assert rendered.returncode == 0, rendered.stderr
     run = subprocess.run([str(tool("kubectl")), "apply", "--server-side", "--dry-run=server",
                           "--field-manager=kubeforge-e2e", "-f", "-"], input=rendered.stdout, capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "KUBECONFIG": cluster.kubeconfig})
+                         text=True, timeout=120, env={**os.environ, "KUBECONFIG": kube_cluster.kubeconfig})
     assert run.returncode == 0, run.stderr
     kinds = [line.split("/")[0] for line in run.stdout.splitlines() if "serverside-applied" in line]
     expected = len([d for d in yaml.safe_load_all(rendered.stdout) if d])
