@@ -1,7 +1,7 @@
 """Root conftest: make the test-cluster package ``kfcluster`` (in e2e/) importable from every test tree.
 
 Shared cluster fixtures live in e2e/conftest.py; tests outside e2e/ that need the cluster can use them via
-``pytest_plugins = ["kfcluster.fixtures"]``.
+``from kfcluster.fixtures import kube_cluster, namespace, api_client``.
 """
 
 import pathlib

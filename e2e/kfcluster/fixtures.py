@@ -2,7 +2,7 @@
 
 Role: glue between pytest and ``lifecycle``. ``kube_cluster`` (session) uses the cluster that
 ``KUBECONFIG`` names when it is set and answers /readyz, and otherwise starts a private cluster
-(``kf-pytest-<pid>``) once and stops it at the end of the session. Neighbours: ``testing`` holds the
+once (see ``choose_session_cluster``); e2e/conftest.py stops a private one at session end. Neighbours: ``testing`` holds the
 wait helpers and manifest builders tests use.
 Invariant: tests that take these fixtures must be marked ``cluster``; unit runs (``-m "not cluster"``)
 never start anything. Set ``KF_NO_BUILD=1`` to fail fast instead of building missing binaries.
@@ -27,11 +27,7 @@ def _external_cluster(kubeconfig: str) -> lifecycle.Cluster | None:
     """A Cluster for the KUBECONFIG the user set, if it answers; kfcluster work dirs are reused as is."""
     workdir = pathlib.Path(kubeconfig).resolve().parent
     if (workdir / "cluster.json").is_file():
-        try:
-            cluster = lifecycle.Cluster.load(str(workdir))
-            return cluster if cluster.kubectl.readyz() else None
-        except (OSError, ValueError, RuntimeError):
-            return None
+        return lifecycle.healthy(str(workdir))
     cached = binaries.bin_dir() / "kubectl"
     kubectl = str(cached) if cached.is_file() else shutil.which("kubectl")
     if not kubectl:
@@ -43,9 +39,32 @@ def _external_cluster(kubeconfig: str) -> lifecycle.Cluster | None:
                              bin_dir=os.path.dirname(kubectl), kwok_dir="")
 
 
+def choose_session_cluster(env: dict[str, str] | os._Environ[str]) -> str | None:
+    """Decide, once per pytest process, which kfcluster every ``cfg.from_env()`` in it will mean.
+
+    1. ``KF_CLUSTER_NAME`` set: that one. 2. ``KUBECONFIG`` names a kfcluster work dir: that one.
+    3. The default cluster (``make cluster-up``) answers: that one, left running.
+    4. Otherwise a private ``kf-pytest-<pid>``: started on first use, stopped at session end.
+    Returns the work dir to stop at the end (case 4), else None. Mutates ``env`` (KF_CLUSTER_*).
+    """
+    if env.get("KF_CLUSTER_NAME"):
+        return None
+    kubeconfig = env.get("KUBECONFIG", "")
+    if kubeconfig and (pathlib.Path(kubeconfig).resolve().parent / "cluster.json").is_file():
+        workdir = pathlib.Path(kubeconfig).resolve().parent
+        env["KF_CLUSTER_ROOT"], env["KF_CLUSTER_NAME"] = str(workdir.parent), workdir.name
+        return None
+    default = cfg.from_env(env)
+    if lifecycle.healthy(default.workdir):
+        return None
+    env["KF_CLUSTER_NAME"] = f"kf-pytest-{os.getpid()}"
+    return cfg.from_env(env).workdir
+
+
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[lifecycle.Cluster]:
-    """The test cluster: the one ``KUBECONFIG`` names (if reachable) or a private one for this session."""
+    """The test cluster: the one ``KUBECONFIG`` names when it answers (kind, or any other), else the
+    kfcluster chosen by ``choose_session_cluster`` (started here if needed; e2e/conftest.py stops it)."""
     kubeconfig = os.environ.get("KUBECONFIG", "")
     if kubeconfig and os.path.isfile(kubeconfig):
         external = _external_cluster(kubeconfig)
@@ -54,12 +73,7 @@ def kube_cluster() -> Iterator[lifecycle.Cluster]:
             return
     if os.environ.get("KF_NO_BUILD") == "1":
         binaries.require(build=False)
-    config = cfg.from_env(name=f"kf-pytest-{os.getpid()}")
-    cluster = lifecycle.up(config)
-    try:
-        yield cluster
-    finally:
-        lifecycle.down(workdir=cluster.workdir)
+    yield lifecycle.up(cfg.from_env())
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,9 @@ such process and none of its recorded ports is left.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import importlib.util
 import json
 import os
@@ -27,7 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from kfcluster import binaries, kube, procs, render
@@ -103,7 +105,7 @@ def _write_kubeconfig(*, src: pathlib.Path, dst: pathlib.Path, server: str) -> N
     tmp.replace(dst)
 
 
-def _healthy(workdir: str) -> Cluster | None:
+def healthy(workdir: str) -> Cluster | None:
     try:
         cluster = Cluster.load(workdir)
         return cluster if cluster.kubectl.readyz() else None
@@ -111,28 +113,46 @@ def _healthy(workdir: str) -> Cluster | None:
         return None
 
 
+@contextlib.contextmanager
+def _locked(workdir: str) -> Iterator[None]:
+    """One up/down at a time per work dir, across processes (several test sessions share a machine)."""
+    lock_path = pathlib.Path(workdir).parent / f".{pathlib.Path(workdir).name}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def up(config: cfg.ClusterConfig | None = None) -> Cluster:
     """Start the cluster described by ``config`` (default: ``config.from_env()``) and wait until ready.
 
     Idempotent: a healthy cluster already running in the same work dir is returned as is; a stale one
-    is stopped first.
+    is stopped first. Serialised per work dir with ``down`` (file lock next to the work dir).
     """
     config = config or cfg.from_env()
+    with _locked(config.workdir):
+        return _up(config)
+
+
+def _up(config: cfg.ClusterConfig) -> Cluster:
     t0 = time.monotonic()
-    existing = _healthy(config.workdir)
+    existing = healthy(config.workdir)
     if existing:
         log(f"cluster {config.name} already running ({existing.server})")
         return existing
     if os.path.exists(config.workdir):
         log(f"stale work dir {config.workdir}: cleaning it first")
-        down(workdir=config.workdir)
+        _down(config.workdir, timeout_s=60.0)
     bins = binaries.require()
     workdir = pathlib.Path(config.workdir)
     kwok_dir = workdir / "kwok"
     kwok_dir.mkdir(parents=True, exist_ok=True)
     ports = dict(zip(PORT_NAMES, procs.free_ports(len(PORT_NAMES)), strict=True))
     sched_path = workdir / "scheduler-config.yaml"
-    sched_path.write_text(json.dumps(render.scheduler_config(config), indent=1) + "\n")
+    sched_path.write_text(render.yaml_text(render.scheduler_config(config)))
     doc = render.kwokctl_config(config=config, bins=bins, ports=ports, scheduler_config_path=str(sched_path),
                                 k8s_version=binaries.versions()["K8S_VERSION"])
     kwokctl_cfg = workdir / "kwokctl.yaml"
@@ -152,12 +172,14 @@ def up(config: cfg.ClusterConfig | None = None) -> Cluster:
     local = kube.Kubectl(binary=bins["kubectl"], kubeconfig=str(cdir / "kubeconfig.yaml"))
     kube.wait_for("kube-apiserver /readyz", local.readyz, timeout_s=config.ready_timeout_s)
     log(f"apiserver ready after {time.monotonic() - t0:.1f}s")
+    _check_alive(cdir)
     local.run("apply", "--server-side", "-f", str(binaries.podgroup_crd()))
     local.run("wait", "--for=condition=Established", "crd/podgroups.scheduling.x-k8s.io", "--timeout=60s")
     cluster = add_nodes(cluster, config.nodes, timeout_s=config.ready_timeout_s)
     kube.wait_for("ServiceAccount default/default",
                   lambda: local.run("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
                   timeout_s=config.ready_timeout_s)
+    _check_alive(cdir)
     log(f"control plane ready with {len(cluster.nodes)} kwok nodes in {time.monotonic() - t0:.1f}s")
     if config.real_node:
         _node_script("up.sh", workdir=str(workdir), required=True)
@@ -179,6 +201,27 @@ def add_nodes(cluster: Cluster, pools: Iterable[cfg.NodePool], *, timeout_s: flo
     updated.save()
     log(f"nodes Ready: {', '.join(names)}")
     return updated
+
+
+def dead_components(cluster_dir: pathlib.Path) -> dict[str, str]:
+    """component -> last lines of its log, for every component whose pid file names a dead process."""
+    dead = {}
+    live = procs.processes_mentioning(str(cluster_dir))
+    for pid_file in sorted(cluster_dir.joinpath("pids").glob("*.pid")):
+        component = pid_file.stem
+        text = pid_file.read_text().strip()
+        if not (text.isdigit() and int(text) in live):
+            log_file = cluster_dir / "logs" / f"{component}.log"
+            tail = log_file.read_text(errors="replace").splitlines()[-5:] if log_file.is_file() else []
+            dead[component] = "\n".join(tail)
+    return dead
+
+
+def _check_alive(cluster_dir: pathlib.Path) -> None:
+    dead = dead_components(cluster_dir)
+    if dead:
+        details = "\n".join(f"--- {c} (logs/{c}.log):\n{tail}" for c, tail in dead.items())
+        raise RuntimeError(f"control-plane component(s) exited: {', '.join(dead)}\n{details}")
 
 
 def with_real_node_settings(config: cfg.ClusterConfig) -> cfg.ClusterConfig:
@@ -221,6 +264,11 @@ def down(*, workdir: str | None = None, config: cfg.ClusterConfig | None = None,
     Returns only when no process naming the work dir is alive and none of its ports listens.
     """
     workdir = workdir or (config or cfg.from_env()).workdir
+    with _locked(workdir):
+        _down(workdir, timeout_s=timeout_s)
+
+
+def _down(workdir: str, *, timeout_s: float) -> None:
     if not os.path.isdir(workdir):
         log(f"no cluster at {workdir}")
         return

@@ -130,6 +130,31 @@ def kwokctl_config(*, config: cfg.ClusterConfig, bins: Mapping[str, str], ports:
     }
 
 
+def yaml_text(obj: Any, indent: int = 0) -> str:
+    """Block-style YAML for plain dicts/lists/scalars (scalars JSON-quoted, which YAML accepts).
+
+    Needed where a tool appends YAML lines to our file (kwokctl appends ``clientConnection:`` to the
+    scheduler config), so flow-style JSON would not do.
+    """
+    pad = "  " * indent
+    lines: list[str] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if isinstance(value, (dict, list)) and value:
+                lines.append(f"{pad}{key}:")
+                lines.append(yaml_text(value, indent + 1).rstrip("\n"))
+            else:
+                lines.append(f"{pad}{key}: {json.dumps(value)}")
+    elif isinstance(obj, list):
+        for item in obj:
+            body = yaml_text(item, indent + 1).rstrip("\n") if isinstance(item, (dict, list)) and item else \
+                f"{pad}  {json.dumps(item)}"
+            lines.append(f"{pad}- {body.lstrip()}")
+    else:
+        lines.append(f"{pad}{json.dumps(obj)}")
+    return "\n".join(lines) + "\n"
+
+
 def stages_text() -> str:
     """All kwok Stage documents, as one multi-document YAML string."""
     return "\n---\n".join(STAGES_DIR.joinpath(f).read_text() for f in STAGE_FILES)

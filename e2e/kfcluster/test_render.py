@@ -49,7 +49,8 @@ def test_kwok_manages_only_fake_nodes_and_extra_flags_override_or_append() -> No
     doc = _doc(cfg.ClusterConfig(extra_kwok_args={"v": "4", "node-lease-parallelism": "2"}))
     kwok = _patch(doc, "kwok-controller")
     assert kwok["manage-all-nodes"] == ("false", True)
-    assert kwok["manage-nodes-with-annotation-selector"] == ("kwok.x-k8s.io/node=fake", True)
+    # kwokctl's binary runtime passes only --manage-all-nodes=true: the selector must be appended.
+    assert kwok["manage-nodes-with-annotation-selector"] == ("kwok.x-k8s.io/node=fake", False)
     assert kwok["v"] == ("4", True) and kwok["node-lease-parallelism"] == ("2", False)
 
 
