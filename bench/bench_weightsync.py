@@ -1,0 +1,154 @@
+"""Weight-sync micro-benchmark: full sync into a running vLLM engine vs a raw gloo broadcast of the same bytes.
+
+    .venv/bin/python bench/bench_weightsync.py [--model tiny|smollm2-135m-instruct|all] [--reps N]
+
+For each model, in one run: a sender process (the "trainer", holding the HF model) and this process (the
+"generator", holding a real vLLM engine in-process) first time a raw gloo broadcast of one flat buffer as large as
+the model's parameters (the baseline: wire speed on this machine, now), then ``--reps`` full syncs
+(``WeightSender.send`` -> ``Engine.receive_weights``: metadata, buckets, vLLM ``reload_weights`` with repacking,
+tied-weight refresh, prefix-cache reset, ack). Prints one JSON line per model; ``ratio`` = sync GB/s / raw GB/s
+(medians after one warm-up each). Nothing is asserted: speed is reported, never hard-coded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+MODELS = ("tiny", "smollm2-135m-instruct")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def model_dir(name: str) -> pathlib.Path:
+    from kubeforge.api import rljob
+    from kubeforge.runtime import models
+
+    return models.resolve(rljob.ModelSpec(builtin=name))
+
+
+def raw_rounds(*, rank: int, port: int, nbytes: int, reps: int) -> list[float]:
+    """Time ``reps`` broadcasts of an ``nbytes`` buffer over a fresh private gloo group (both ends call this)."""
+    import torch
+
+    from kubeforge.runtime import weightsync
+
+    group = weightsync.TorchGroup(host="127.0.0.1", port=port, world_size=2, rank=rank, timeout=120,
+                                  join_timeout=600)
+    buf = torch.empty(nbytes, dtype=torch.uint8)
+    times = []
+    for _ in range(reps + 1):
+        group.all_reduce_sum(torch.zeros(1))  # line both ends up before the clock starts
+        start = time.perf_counter()
+        group.broadcast(buf)
+        group.all_reduce_sum(torch.zeros(1))  # the receiver has it all
+        times.append(time.perf_counter() - start)
+    group.close()
+    return times[1:]
+
+
+def sender_main(args: argparse.Namespace) -> None:
+    """The trainer side: raw rounds, then full syncs of the (perturbed) HF model; stats as JSON lines."""
+    import torch
+    import transformers
+
+    from kubeforge.runtime import weightsync
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir(args.model), dtype=torch.float32)
+    named = [(n, p.detach()) for n, p in model.named_parameters()]
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    raw = raw_rounds(rank=0, port=args.raw_port, nbytes=nbytes, reps=args.reps)
+    print(json.dumps({"raw_sender_seconds": raw}), flush=True)
+    sender = weightsync.WeightSender(host="127.0.0.1", port=args.sync_port, world_size=2, timeout=120,
+                                     join_timeout=900)
+    for v in range(1, args.reps + 2):
+        with torch.no_grad():
+            for _, t in named:
+                t.add_(torch.randn_like(t) * 1e-3)  # new weights every time, as after an optimizer step
+        print(json.dumps({"sync": sender.send(named, version=v).as_dict()}), flush=True)
+    sender.close()
+
+
+def receiver_main(args: argparse.Namespace) -> dict[str, object]:
+    """The generator side for one model; returns the report line."""
+    import torch
+
+    from kubeforge.api import rljob
+    from kubeforge.runtime.generator import engine
+
+    folder = model_dir(args.model)
+    raw_port, sync_port = free_port(), free_port()
+    cmd = [sys.executable, __file__, "--role", "sender", "--model", args.model, "--reps", str(args.reps),
+           "--raw-port", str(raw_port), "--sync-port", str(sync_port)]
+    sender = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        import safetensors.torch
+
+        nbytes = sum(t.numel() * t.element_size() for t in _unique_tensors(safetensors.torch, folder))
+        raw = raw_rounds(rank=1, port=raw_port, nbytes=nbytes, reps=args.reps)
+        eng = engine.Engine(model_dir=folder, dtype="float32", seed=0, role=rljob.GeneratorRole(kv_cache_gib=1),
+                            max_model_len=512)
+        eng.join_weight_sync(host="127.0.0.1", port=sync_port, world_size=2, rank_base=1, timeout=120)
+        engine_side = [eng.receive_weights() for _ in range(args.reps + 1)][1:]
+        lines = [json.loads(x) for x in sender.communicate(timeout=600)[0].splitlines() if x.startswith("{")]
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+    syncs = [x["sync"] for x in lines if "sync" in x][1:]
+    raw_s = statistics.median(raw)
+    sync_s = statistics.median(s["seconds"] for s in syncs)
+    report = {
+        "model": args.model, "bytes": nbytes, "reps": args.reps, "threads": torch.get_num_threads(),
+        "engine_start_seconds": round(eng.start_seconds, 1),
+        "raw_seconds": round(raw_s, 4), "raw_gb_per_s": round(nbytes / raw_s / 1e9, 3),
+        "sync_seconds": round(sync_s, 4), "sync_gb_per_s": round(nbytes / sync_s / 1e9, 3),
+        "engine_receive_seconds": round(statistics.median(s.seconds for s in engine_side), 4),
+        "buckets": syncs[0]["buckets"], "tensors": syncs[0]["tensors"],
+        "ratio_sync_vs_raw": round(raw_s / sync_s, 3),
+    }
+    eng.close()
+    return report
+
+
+def _unique_tensors(st: object, folder: pathlib.Path) -> list[object]:
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(folder)
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors.update(st.load_file(f))  # type: ignore[attr-defined]
+    if getattr(cfg, "tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)  # the sender sends a tied weight once
+    return list(tensors.values())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="all", choices=(*MODELS, "all"))
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--role", default="bench", choices=("bench", "sender"))
+    p.add_argument("--raw-port", type=int, default=0)
+    p.add_argument("--sync-port", type=int, default=0)
+    args = p.parse_args()
+    if args.role == "sender":
+        sender_main(args)
+    elif args.model == "all":  # one engine per process: each model in its own child
+        for name in MODELS:
+            subprocess.run([sys.executable, __file__, "--model", name, "--reps", str(args.reps)], check=True,
+                           env={**os.environ})
+    else:
+        print(json.dumps(receiver_main(args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
