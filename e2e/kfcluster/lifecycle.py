@@ -160,7 +160,7 @@ def _up(config: cfg.ClusterConfig) -> Cluster:
     bin_dir = str(binaries.bin_dir())
     log(f"starting control plane {config.name} in {workdir} (apiserver port {ports['kube-apiserver']})")
     _kwokctl(["create", "cluster", f"--name={config.name}", f"--config={kwokctl_cfg}", "--runtime=binary",
-              "--kubeconfig=", "--wait=0s"], kwok_dir=str(kwok_dir), bin_dir=bin_dir,
+              f"--kubeconfig={kwok_dir / 'user-kubeconfig'}", "--wait=0s"], kwok_dir=str(kwok_dir), bin_dir=bin_dir,
              log_path=workdir / "kwokctl.log", timeout_s=config.ready_timeout_s)
     cdir = kwok_dir / "clusters" / config.name
     kubeconfig = workdir / "kubeconfig"
@@ -284,8 +284,9 @@ def _down(workdir: str, *, timeout_s: float) -> None:
     name = cluster.name if cluster else os.path.basename(workdir.rstrip("/"))
     if os.path.isdir(os.path.join(kwok_dir, "clusters", name)):
         try:
-            _kwokctl(["delete", "cluster", f"--name={name}", "--kubeconfig="], kwok_dir=kwok_dir, bin_dir=bin_dir,
-                     log_path=pathlib.Path(workdir, "kwokctl.log"), timeout_s=timeout_s)
+            # --kubeconfig: a scratch file (kwokctl's default edits ~/.kube/config; an empty value fails).
+            _kwokctl(["delete", "cluster", f"--name={name}", f"--kubeconfig={kwok_dir}/user-kubeconfig"],
+                     kwok_dir=kwok_dir, bin_dir=bin_dir, log_path=pathlib.Path(workdir, "kwokctl.log"), timeout_s=timeout_s)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             log(f"kwokctl delete failed, stopping processes directly: {exc}")
     left = _leftovers(workdir)
