@@ -24,7 +24,7 @@ import harness  # noqa: E402
 from harness import wait  # noqa: E402
 
 from kfcluster import config as kfconfig  # noqa: E402
-from kfcluster import lifecycle  # noqa: E402
+from kfcluster import lifecycle, testing  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 ROOT = harness.ROOT
@@ -55,9 +55,13 @@ def ns(env: Any) -> Iterator[str]:
 
 
 def example(name: str, ns: str, **spec: Any) -> dict[str, Any]:
+    """An example RLJob in ``ns`` with ``spec`` overrides; every role tolerates the kwok nodes' taint."""
     doc = yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text())
     doc["metadata"]["namespace"] = ns
     doc["spec"].update(copy.deepcopy(spec))
+    roles = doc["spec"].setdefault("roles", {})
+    for role in ("generator", "verifier", "trainer"):
+        roles.setdefault(role, {}).setdefault("tolerations", []).append(dict(testing.KWOK_TOLERATION))
     return doc
 
 
