@@ -150,3 +150,9 @@ def test_running_verifier_survives_fuzzed_frames(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
         trainer_in.close(0)
+
+
+def test_operator_subcommand_dispatches_argv() -> None:
+    proc = subprocess.run([*CLI, "operator", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage:" in proc.stdout.lower()

@@ -9,8 +9,8 @@
        dropped-but-needed prompts → re-issued by this rank straight to a generator (round robin)
    train_step(my groups) ── all-reduce ──▶ v = s + 1
    rank 0: push weights v every weightSync.everySteps (SYNC notice, then the broadcast; generators ACK)
-   rank 0: checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
    rank 0: report the step (JSONL locally, pod annotation on a cluster)
+   rank 0: checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
  rank 0: STOP every generator, report done
 ```
 
@@ -225,13 +225,13 @@ class Loop:
         sync: generator_role.SyncResult | None = None
         if self.rank0 is not None and (done % self.s.sync_every == 0) and not last:
             sync = self._push(step=done)
+        record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
+        self.observer.trained(record=record)
+        if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
+            self.rank0.reporter.step(record)
         if done % self.s.checkpoint_every == 0 or last:
             self.learner.save_checkpoint(directory=self.s.checkpoint_dir, keep=self.s.checkpoint_keep,
                                          data_cursor=done)
-        record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
-        self.observer.trained(record=record)
-        if self.rank0 is not None:
-            self.rank0.reporter.step(record)
 
     def _push(self, *, step: int) -> generator_role.SyncResult:
         assert self.rank0 is not None
