@@ -99,7 +99,7 @@ build_one() {
   prepare_src "$wrapper"
   local tmp="$BIN/.$name.tmp.$$" t0=$SECONDS
   mkdir -p "$BIN" "$STAMPS"
-  rm -f "$tmp"
+  rm -f "$BIN/.$name.tmp."*  # leftovers of an interrupted build (we hold the build lock)
   # -mod=mod lets Go complete go.sum in the cache copy (e.g. kubelet-only dependencies);
   # every version is fixed by the wrapper's go.mod, so this never picks a newer module.
   (

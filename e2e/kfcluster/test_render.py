@@ -100,3 +100,24 @@ def test_env_flags_parse_and_errors_name_the_variable() -> None:
         cfg.from_env({"KF_NODES": "four"})
     with pytest.raises(ValueError, match="KF_KWOK_EXTRA_ARGS"):
         cfg.from_env({"KF_KWOK_EXTRA_ARGS": "novalue"})
+
+
+def test_yaml_text_round_trips_and_survives_appended_keys() -> None:
+    yaml = pytest.importorskip("yaml")
+    doc = render.scheduler_config(cfg.ClusterConfig())
+    text = render.yaml_text(doc) + 'clientConnection:\n  kubeconfig: "/k"\n'  # what kwokctl appends
+    assert yaml.safe_load(text) == {**doc, "clientConnection": {"kubeconfig": "/k"}}
+
+
+def test_a_binary_is_trusted_only_with_a_matching_stamp(tmp_path, monkeypatch) -> None:
+    from kfcluster import binaries
+
+    monkeypatch.setenv("KUBEFORGE_CACHE", str(tmp_path))
+    bin_dir = binaries.bin_dir()
+    (bin_dir / ".stamp").mkdir(parents=True)
+    for name in ("etcd", "kubectl"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / ".stamp" / "etcd").write_text(binaries.expected_version("etcd"))
+    (bin_dir / ".stamp" / "kubectl").write_text("v0.0.1")  # stale
+    assert binaries.missing(["etcd", "kubectl", "kwok"]) == ["kubectl", "kwok"]
