@@ -31,6 +31,18 @@ def weights_digest(folder: pathlib.Path) -> str:
     return h.hexdigest()
 
 
+def test_tiny_builds_the_same_weights_twice(tmp_path: pathlib.Path) -> None:
+    import torch
+
+    first = models.resolve(rljob.ModelSpec(builtin="tiny"), cache_root=tmp_path / "a")
+    torch.manual_seed(999)  # the caller's RNG state must not matter
+    torch.rand(10)
+    second = models.resolve(rljob.ModelSpec(builtin="tiny"), cache_root=tmp_path / "b")
+    assert first != second
+    assert weights_digest(first) == weights_digest(second)
+
+
+@pytest.mark.slow
 def test_tiny_is_the_same_in_every_process(tmp_path: pathlib.Path) -> None:
     here = models.resolve(rljob.ModelSpec(builtin="tiny"), cache_root=tmp_path / "a")
     code = ("import pathlib, sys; from kubeforge.api import rljob; from kubeforge.runtime import models; "

@@ -123,7 +123,7 @@ class TorchGroup:
             raise ValueError(f"weight sync: rank {rank} outside world of {world_size}")
         td = datetime.timedelta(seconds=timeout)
         self.rank, self.size = rank, world_size
-        self.store = dist.TCPStore(host, port, world_size, rank == 0,
+        self.store: Any = dist.TCPStore(host, port, world_size, rank == 0,
                                    timeout=datetime.timedelta(seconds=join_timeout), wait_for_workers=False)
         _barrier(self.store, world_size)  # everyone is here: the group below connects within `timeout`
         self.store.set_timeout(td)
@@ -145,7 +145,7 @@ class TorchGroup:
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM
+        opts.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]
         self.pg.allreduce([tensor], opts).wait()
 
     def close(self) -> None:
@@ -211,18 +211,19 @@ def decode_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int]]:
         version, entries, buckets = int(doc["version"]), list(doc["tensors"]), [int(b) for b in doc["buckets"]]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise WeightSyncError(f"weight sync: malformed metadata: {e}") from e
-    for i, e in enumerate(entries):
+    for i, entry in enumerate(entries):
         try:
             numel = 1
-            for d in e["shape"]:
+            for d in entry["shape"]:
                 numel *= int(d)
-            nbytes = numel * torch.empty((), dtype=DTYPES[e["dtype"]]).element_size()
-            ok = (isinstance(e["name"], str) and 0 <= e["bucket"] < len(buckets)
-                  and e["offset"] % ALIGN == 0 and 0 <= e["offset"] and e["offset"] + nbytes <= buckets[e["bucket"]])
+            nbytes = numel * torch.empty((), dtype=DTYPES[entry["dtype"]]).element_size()
+            off = entry["offset"]
+            ok = (isinstance(entry["name"], str) and 0 <= entry["bucket"] < len(buckets)
+                  and off % ALIGN == 0 and 0 <= off and off + nbytes <= buckets[entry["bucket"]])
         except (KeyError, TypeError, ValueError) as err:
             raise WeightSyncError(f"weight sync: malformed metadata entry {i}: {err}") from err
         if not ok:
-            raise WeightSyncError(f"weight sync: metadata entry {i} ({e.get('name')!r}) is out of bounds")
+            raise WeightSyncError(f"weight sync: metadata entry {i} ({entry.get('name')!r}) is out of bounds")
     return version, entries, buckets
 
 

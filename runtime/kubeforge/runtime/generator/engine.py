@@ -101,9 +101,9 @@ class Engine:
     def encode(self, prompt: types.Prompt, *, chat_template: bool) -> list[int]:
         """Prompt token ids; the chat template wraps the text when asked and the tokenizer has one."""
         if chat_template and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
+            ids: Any = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+            if hasattr(ids, "keys"):  # a BatchEncoding in newer transformers
                 ids = ids["input_ids"]
             return [int(x) for x in ids]
         return [int(x) for x in self.tokenizer.encode(prompt.text, add_special_tokens=True)]
@@ -118,7 +118,7 @@ class Engine:
             n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=0,
             seed=None if seed is None else request_seed(seed, prompt_index=p.index, n=n))
             for p in prompts]
-        inputs = [{"prompt_token_ids": ids} for ids in encoded]
+        inputs: Any = [{"prompt_token_ids": ids} for ids in encoded]
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         return [(ids, [_completion(c) for c in out.outputs]) for ids, out in zip(encoded, outputs)]
 
@@ -135,7 +135,8 @@ class Engine:
         """Every worker joins the trainer's weight-sync group (blocks until the whole group is there, at most
         ``join_timeout``); each later collective is bounded by ``timeout``. Returns the workers' ranks."""
         ranks = self.llm.collective_rpc(
-            "kf_join_weight_sync", args=(host, port, world_size, rank_base, float(timeout), float(join_timeout), backend))
+            "kf_join_weight_sync",
+            args=(host, port, world_size, rank_base, float(timeout), float(join_timeout), backend))
         self.joined = True
         return [int(r) for r in ranks]
 

@@ -73,7 +73,7 @@ def refresh_shared_weights(model: torch.nn.Module) -> list[str]:
         if len(group) < 2:
             continue
         for name, module in group:
-            method = module.quant_method
+            method = getattr(module, "quant_method", None)
             if method is not None and hasattr(method, "process_weights_after_loading"):
                 method.process_weights_after_loading(module)
                 refreshed.append(name)

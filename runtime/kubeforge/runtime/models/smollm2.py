@@ -53,7 +53,7 @@ def _clear_gguf_markers(model: transformers.PreTrainedModel) -> None:
     """Forget that the weights came from a quantised file: they are plain float32 tensors now."""
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)
     for attr in ("is_quantized", "quantization_method"):
         try:
             setattr(model, attr, False if attr == "is_quantized" else None)

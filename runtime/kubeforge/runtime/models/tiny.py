@@ -67,10 +67,10 @@ def tokenizer() -> transformers.PreTrainedTokenizerFast:
 def config() -> transformers.Qwen2Config:
     """The architecture: 2 layers, hidden 128, 2 heads of 64, tied embeddings, fp32."""
     voc = vocabulary()
-    return transformers.Qwen2Config(
+    return transformers.Qwen2Config(  # type: ignore[call-arg]
         vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=True, rope_theta=10000.0, initializer_range=0.02, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, initializer_range=0.02, rms_norm_eps=1e-6,
         bos_token_id=voc[EOS], eos_token_id=voc[EOS], pad_token_id=voc[PAD], dtype="float32",
     )
 
@@ -79,7 +79,7 @@ def build(target: pathlib.Path) -> None:
     """Write the model and tokenizer into ``target`` (a cache builder)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = transformers.Qwen2ForCausalLM(config()).to(torch.float32).eval()
+        model = transformers.Qwen2ForCausalLM(config())
     model.save_pretrained(target, safe_serialization=True)
     cfg = model.config
     transformers.GenerationConfig(
