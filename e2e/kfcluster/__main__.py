@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 
 from kfcluster import config as cfg
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             pool = cfg.NodePool(count=args.count, gpus=args.gpus, prefix=args.prefix, start=args.start,
                                 zones=tuple(z for z in args.zones.split(",") if z))
             lifecycle.add_nodes(lifecycle.Cluster.load(config.workdir), [pool])
-    except (ValueError, FileNotFoundError, RuntimeError, TimeoutError) as exc:
+    except (ValueError, FileNotFoundError, RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
         print(f"kfcluster {args.cmd}: error: {exc}", file=sys.stderr)
         return 1
     return 0
