@@ -94,7 +94,7 @@ kf_stop() {
 kf_shim_pids() {
   local d cmd
   for d in /proc/[0-9]*; do
-    cmd="$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" || continue
+    cmd="$(tr '\0' ' ' 2>/dev/null <"$d/cmdline")" || continue
     case "$cmd" in
       *containerd-shim*"-address $KF_CONTAINERD_SOCK "*) echo "${d#/proc/}" ;;
     esac
@@ -110,9 +110,16 @@ kf_mounts_under() {
 kf_ctr() { ctr --address "$KF_CONTAINERD_SOCK" --namespace k8s.io "$@"; }
 
 # kf_wait SECONDS DESCRIPTION COMMAND...: poll COMMAND every 0.2 s until it succeeds.
+# With KF_WAIT_PROC=<name> set, fail at once when that started process has exited.
 kf_wait() {
   local timeout="$1" what="$2" i; shift 2
-  for ((i = 0; i < timeout * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  for ((i = 0; i < timeout * 5; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    if [ -n "${KF_WAIT_PROC:-}" ] && [ -z "$(kf_pid "$KF_WAIT_PROC")" ]; then
+      kf_die "$KF_WAIT_PROC exited while waiting for $what; log: $KF_N/logs/$KF_WAIT_PROC.log"
+    fi
+    sleep 0.2
+  done
   kf_die "timed out after ${timeout}s waiting for $what"
 }
 

@@ -14,8 +14,8 @@ Invariants: pure functions except ``status``/``require_up`` (one kubectl call ea
 volume is read-only; the node's address is the bridge ``kf0`` (10.88.0.1), never an external interface.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: kfcluster loads this file by path without registering it in
+# sys.modules, and dataclasses then cannot resolve string annotations.
 import dataclasses
 import pathlib
 import sys

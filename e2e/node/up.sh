@@ -17,7 +17,6 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib.sh"
 source "$HERE/configs.sh"
-kf_dirs "${1:-}"
 T0=$SECONDS
 step() { kf_log "[$((SECONDS - T0)) s] $*"; }
 
@@ -29,7 +28,6 @@ on_error() {
   done
   kf_log "run e2e/node/down.sh $KF_W to clean up"
 }
-trap 'rc=$?; [ "$rc" -eq 0 ] || on_error' EXIT
 
 ensure_packages() {
   local missing=() c
@@ -74,7 +72,7 @@ start_containerd() {
   render_containerd
   render_cni
   kf_start containerd containerd --config "$KF_N/etc/containerd.toml"
-  kf_wait 30 "containerd ($KF_CONTAINERD_SOCK)" kf_ctr version
+  KF_WAIT_PROC=containerd kf_wait 30 "containerd ($KF_CONTAINERD_SOCK)" kf_ctr version
   local ref tar
   while read -r ref tar; do
     kf_ctr images import "$tar" >/dev/null
@@ -88,7 +86,7 @@ start_coredns() {
   render_coredns_rbac
   kf_kubectl apply -f "$KF_N/etc/coredns-rbac.yaml" >/dev/null
   kf_start coredns "$KF_BIN/coredns" -conf "$KF_N/etc/Corefile"
-  kf_wait 30 "CoreDNS on $KF_NODE_IP:53" sh -c "ss -Hlnu 'src $KF_NODE_IP' | grep -q ':53 '"
+  KF_WAIT_PROC=coredns kf_wait 30 "CoreDNS on $KF_NODE_IP:53" sh -c "ss -Hlnu 'src $KF_NODE_IP' | grep -q ':53 '"
 }
 
 start_kube_proxy() {
@@ -101,7 +99,7 @@ start_kubelet() {
   kf_start kubelet "$KF_BIN/kubelet" --config "$KF_N/etc/kubelet.yaml" \
     --kubeconfig "$KF_N/etc/kubelet.kubeconfig" --root-dir "$KF_N/kubelet" --cert-dir "$KF_N/kubelet/pki" \
     --hostname-override "$KF_NODE_NAME" --node-ip "$KF_NODE_IP" --node-labels "$KF_NODE_LABEL=true" --v=1
-  kf_wait 90 "node $KF_NODE_NAME Ready" node_ready
+  KF_WAIT_PROC=kubelet kf_wait 90 "node $KF_NODE_NAME Ready" node_ready
 }
 
 node_ready() {
@@ -122,6 +120,8 @@ check_apiserver_endpoint() {
 }
 
 main() {
+  kf_dirs "${1:-}"
+  trap 'rc=$?; [ "$rc" -eq 0 ] || on_error' EXIT
   [ "$(id -u)" = 0 ] || kf_die "the real node needs root (network namespaces, mounts, iptables)"
   "$HERE/pre-up.sh" "$KF_W"
   ensure_packages
@@ -149,4 +149,5 @@ main() {
   echo "real node $KF_NODE_NAME Ready in $((SECONDS - T0)) s"
 }
 
-main
+# Run main unless sourced (tests source this file to run single steps).
+[ "${BASH_SOURCE[0]}" != "$0" ] || main "$@"
