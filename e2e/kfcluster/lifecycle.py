@@ -138,6 +138,7 @@ def up(config: cfg.ClusterConfig | None = None) -> Cluster:
 
 
 def _up(config: cfg.ClusterConfig) -> Cluster:
+    config = with_real_node_settings(config)  # every caller (fixtures too) gets the real node's settings
     t0 = time.monotonic()
     existing = healthy(config.workdir)
     if existing:
