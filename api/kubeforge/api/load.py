@@ -6,7 +6,9 @@ user sees the same words from ``kubeforge run`` and ``kubectl apply``.
 """
 from __future__ import annotations
 
+import json
 import pathlib
+import re
 from typing import Any
 
 import pydantic
@@ -78,15 +80,32 @@ def parse(doc: Any) -> rljob.RLJob:
     if not isinstance(doc, dict):
         raise InvalidRLJob(["<root>: Invalid value: the manifest must be a mapping"])
     try:
-        return rljob.RLJob.model_validate(doc)
+        text = json.dumps(doc, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRLJob([f"<root>: Invalid value: not representable as JSON: {exc}"]) from None
+    try:
+        # Strict JSON-mode validation, as the API server types values: "5" is not an integer, "yes" not a boolean.
+        return rljob.RLJob.model_validate_json(text, strict=True)
     except pydantic.ValidationError as exc:
         raise InvalidRLJob(problems_of(exc)) from None
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 with YAML 1.2's float syntax, so ``1e-5`` is a number (as kubectl reads it), not a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+"
+               r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
+)
 
 
 def parse_text(text: str) -> rljob.RLJob:
     """Parse YAML (or JSON) text holding one RLJob."""
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except yaml.YAMLError as exc:
         raise InvalidRLJob([f"<root>: not valid YAML: {exc}"]) from None
     if len(docs) != 1:
