@@ -7,7 +7,8 @@ For each model, in one run: a sender process (the "trainer", holding the HF mode
 the model's parameters (the baseline: wire speed on this machine, now), then ``--reps`` full syncs
 (``WeightSender.send`` -> ``Engine.receive_weights``: metadata, buckets, vLLM ``reload_weights`` with repacking,
 tied-weight refresh, prefix-cache reset, ack). Prints one JSON line per model; ``ratio`` = sync GB/s / raw GB/s
-(medians after one warm-up each). Nothing is asserted: speed is reported, never hard-coded.
+(medians after one warm-up each). ``receive_discard`` syncs run the same protocol into the engine's worker but
+discard the tensors instead of loading them: the difference to a full sync is vLLM's reload time. Nothing is asserted: speed is reported, never hard-coded.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 MODELS = ("tiny", "smollm2-135m-instruct")
 
@@ -71,7 +73,7 @@ def sender_main(args: argparse.Namespace) -> None:
     print(json.dumps({"raw_sender_seconds": raw}), flush=True)
     sender = weightsync.WeightSender(host="127.0.0.1", port=args.sync_port, world_size=2, timeout=120,
                                      join_timeout=900)
-    for v in range(1, args.reps + 2):
+    for v in range(1, 2 * (args.reps + 1) + 1):  # first half discarded by the engine, second half loaded
         with torch.no_grad():
             for _, t in named:
                 t.add_(torch.randn_like(t) * 1e-3)  # new weights every time, as after an optimizer step
@@ -99,28 +101,32 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
         eng = engine.Engine(model_dir=folder, dtype="float32", seed=0, role=rljob.GeneratorRole(kv_cache_gib=1),
                             max_model_len=512)
         eng.join_weight_sync(host="127.0.0.1", port=sync_port, world_size=2, rank_base=1, timeout=120)
+        wire_only = [eng.receive_weights(load=False) for _ in range(args.reps + 1)][1:]
         engine_side = [eng.receive_weights() for _ in range(args.reps + 1)][1:]
         lines = [json.loads(x) for x in sender.communicate(timeout=600)[0].splitlines() if x.startswith("{")]
     finally:
         if sender.poll() is None:
             sender.kill()
-    syncs = [x["sync"] for x in lines if "sync" in x][1:]
+    all_syncs = [x["sync"] for x in lines if "sync" in x]
+    wire_syncs, syncs = all_syncs[1:args.reps + 1], all_syncs[args.reps + 2:]
+    wire_s = statistics.median(s["seconds"] for s in wire_syncs)
     raw_s = statistics.median(raw)
     sync_s = statistics.median(s["seconds"] for s in syncs)
     report = {
         "model": args.model, "bytes": nbytes, "reps": args.reps, "threads": torch.get_num_threads(),
         "engine_start_seconds": round(eng.start_seconds, 1),
         "raw_seconds": round(raw_s, 4), "raw_gb_per_s": round(nbytes / raw_s / 1e9, 3),
+        "receive_discard_seconds": round(wire_s, 4), "receive_discard_gb_per_s": round(nbytes / wire_s / 1e9, 3),
         "sync_seconds": round(sync_s, 4), "sync_gb_per_s": round(nbytes / sync_s / 1e9, 3),
         "engine_receive_seconds": round(statistics.median(s.seconds for s in engine_side), 4),
         "buckets": syncs[0]["buckets"], "tensors": syncs[0]["tensors"],
-        "ratio_sync_vs_raw": round(raw_s / sync_s, 3),
+        "ratio_sync_vs_raw": round(raw_s / sync_s, 3), "ratio_discard_vs_raw": round(raw_s / wire_s, 3),
     }
     eng.close()
     return report
 
 
-def _unique_tensors(st: object, folder: pathlib.Path) -> list[object]:
+def _unique_tensors(st: Any, folder: pathlib.Path) -> list[Any]:
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(folder)

@@ -140,12 +140,13 @@ class Engine:
         self.joined = True
         return [int(r) for r in ranks]
 
-    def receive_weights(self, *, refresh_tied: bool = True) -> weightsync.SyncStats:
+    def receive_weights(self, *, refresh_tied: bool = True, load: bool = True) -> weightsync.SyncStats:
         """Receive and load one sync in place, then drop cached prefixes; stats of worker 0 plus the reset.
 
-        ``refresh_tied`` is for tests only (False leaves a tied lm_head stale)."""
+        ``refresh_tied`` is for tests only (False leaves a tied lm_head stale); ``load=False`` receives and
+        discards (benchmarks only)."""
         start = time.perf_counter()
-        results = self.llm.collective_rpc("kf_receive_weights", args=(refresh_tied,))
+        results = self.llm.collective_rpc("kf_receive_weights", args=(refresh_tied, load))
         self.llm.reset_prefix_cache()
         first = results[0]
         return weightsync.SyncStats(version=int(first["version"]), bytes=int(first["bytes"]),

@@ -41,19 +41,24 @@ class WeightSyncExtension:
             backend=backend)
         return rank
 
-    def kf_receive_weights(self, refresh_tied: bool = True) -> dict[str, Any]:
+    def kf_receive_weights(self, refresh_tied: bool = True, load: bool = True) -> dict[str, Any]:
         """Receive one sync and load it in place; returns ``SyncStats.as_dict()``.
 
-        ``refresh_tied=False`` skips step 2 above; it exists only so a test can show the stale tied head."""
+        ``refresh_tied=False`` skips step 2 above; it exists only so a test can show the stale tied head.
+        ``load=False`` receives and discards (the benchmark's split of wire time from vLLM's reload time)."""
         if self._kf_receiver is None:
             raise RuntimeError("kf_receive_weights before kf_join_weight_sync")
 
-        def load(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        def discard(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+            for _ in weights:
+                pass
+
+        def reload(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
             self.reload_weights(weights_iterator=weights, is_checkpoint_format=True)  # type: ignore[attr-defined]
             if refresh_tied:
                 refresh_shared_weights(self.model_runner.get_model())  # type: ignore[attr-defined]
 
-        return self._kf_receiver.receive(load).as_dict()
+        return self._kf_receiver.receive(reload if load else discard).as_dict()
 
     def kf_leave_weight_sync(self) -> None:
         if self._kf_receiver is not None:
