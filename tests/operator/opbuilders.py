@@ -17,7 +17,7 @@ T0 = dt.datetime(2026, 11, 22, 12, 0, 0, tzinfo=dt.timezone.utc)
 
 
 def example(name: str = "tiny") -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text())
+    return yaml.safe_load((pathlib.Path(__file__).parent / "manifests" / f"{name}.yaml").read_text())
 
 
 def set_path(doc: dict[str, Any], path: str, value: Any) -> None:

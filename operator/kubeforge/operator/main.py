@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import threading
@@ -56,11 +57,13 @@ def parse_args(argv: Sequence[str]) -> Options:
 def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry]:
     """The router (with its reconcile work) and the kopf registry routing into it."""
     creds = apply.load_credentials(opts.kubeconfig)
-    cluster = apply.Cluster(creds, pool_size=max(opts.workers * 2, 8))
+    cluster = apply.Cluster(creds, pool_size=max(opts.workers * 4, 16))
     cache = reconcile.ApplyCache()
+    appliers = concurrent.futures.ThreadPoolExecutor(max_workers=opts.workers * 2, thread_name_prefix="apply")
 
     def work(key: tuple[str, str], failures: list[Any]) -> reconcile.Outcome:
-        return reconcile.reconcile(cluster, key, image=opts.runtime_image, cache=cache, seen_failures=failures)
+        return reconcile.reconcile(cluster, key, image=opts.runtime_image, cache=cache, pool=appliers,
+                                   seen_failures=failures)
 
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
     return router, handlers.build_registry(router, creds)

@@ -10,6 +10,7 @@ Role: the single function every event routes to (``router`` calls it from a work
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime as dt
 import hashlib
@@ -82,8 +83,24 @@ def _parse(raw: meta.Obj) -> rljob.RLJob | None:
         return None
 
 
+def apply_all(cluster: apply.Cluster, key: Key, objs: Iterable[meta.Obj], *, cache: ApplyCache,
+              pool: concurrent.futures.Executor | None = None) -> None:
+    """Server-side apply every object not already applied unchanged, in two waves: what pods need first
+    (config, identity, Services, the gang object), then the StatefulSets that create pods. Objects of a wave go
+    out concurrently when a ``pool`` is given (one pass is mostly waiting on the API server)."""
+    todo = [o for o in objs if not cache.fresh(key, o)]
+    for wave in ([o for o in todo if o["kind"] != "StatefulSet"], [o for o in todo if o["kind"] == "StatefulSet"]):
+        if pool is None or len(wave) < 2:
+            for obj in wave:
+                cluster.apply(obj)
+        else:
+            list(pool.map(cluster.apply, wave))
+        for obj in wave:
+            cache.remember(key, obj)
+
+
 def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache,
-              seen_failures: Iterable[observed.Failure] = (),
+              pool: concurrent.futures.Executor | None = None, seen_failures: Iterable[observed.Failure] = (),
               clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> Outcome:
     """Bring the children and the status of RLJob ``key`` (namespace, name) in line with its spec."""
     namespace, name = key
@@ -105,10 +122,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
                                 active=plan.active, gang_active=plan.gang_active, image=image)
     rendered = render.render(job, ctx)
-    for obj in rendered.desired:
-        if not cache.fresh(key, obj):
-            cluster.apply(obj)
-            cache.remember(key, obj)
+    apply_all(cluster, key, rendered.desired, cache=cache, pool=pool)
     for obj in rendered.absent:
         cluster.delete(obj)
         cache.drop(key, obj)
