@@ -8,6 +8,9 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib.sh"
 N="${1:-5}"
+# A cluster of its own, so a developer's default cluster is never stopped by this script. The real node
+# itself is one per machine (bridge kf0): do not run this while another cluster has a real node.
+export KF_CLUSTER_NAME="${KF_CLUSTER_NAME:-kf-cycles}"
 LOGDIR="${KF_CYCLES_LOG:-/tmp/kubeforge-cycles}"
 mkdir -p "$LOGDIR"
 expect=(--expect-sysctl "net.ipv4.ip_forward=$(cat /proc/sys/net/ipv4/ip_forward)")

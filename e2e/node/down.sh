@@ -141,8 +141,18 @@ restore_host() {
 }
 
 main() {
+  local other name
+  other="$(kf_other_node)"
+  if [ -n "$other" ]; then
+    # Another cluster's real node owns the host state (bridge, iptables, sysctls): leave all of it alone.
+    kf_log "the real node of $other is running: cleaning only this cluster's node dir"
+    for name in kubelet kube-proxy coredns; do kf_stop "$name" 10; done
+    stop_runtime
+    clean_node_dir
+    echo "real node down in $((SECONDS - T0)) s (host state left to $other)"
+    return
+  fi
   drain_pods
-  local name
   for name in kubelet kube-proxy coredns; do kf_stop "$name" 10; done
   stop_runtime
   step "processes stopped"

@@ -107,6 +107,19 @@ kf_mounts_under() {
     awk '{ print length($0) " " $0 }' | sort -rn | cut -d' ' -f2-
 }
 
+# kf_other_node: print the work dir of a real node of ANOTHER cluster that is alive on this machine (one
+# real node per machine: bridge kf0, port 53 on 10.88.0.1, the iptables rules are shared), else nothing.
+kf_other_node() {
+  local w pid name
+  w="$(cat "$KF_HOST_STATE/workdir" 2>/dev/null)" || return 0
+  [ -n "$w" ] && [ "$w" != "${KF_W:-}" ] || return 0
+  for name in kubelet containerd; do
+    pid="$(cat "$w/node/pids/$name.pid" 2>/dev/null)" || continue
+    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && { echo "$w"; return 0; }
+  done
+  return 0
+}
+
 kf_ctr() { ctr --address "$KF_CONTAINERD_SOCK" --namespace k8s.io "$@"; }
 
 # kf_wait SECONDS DESCRIPTION COMMAND...: poll COMMAND every 0.2 s until it succeeds.

@@ -123,6 +123,11 @@ main() {
   kf_dirs "${1:-}"
   trap 'rc=$?; [ "$rc" -eq 0 ] || on_error' EXIT
   [ "$(id -u)" = 0 ] || kf_die "the real node needs root (network namespaces, mounts, iptables)"
+  local other
+  other="$(kf_other_node)"
+  [ -z "$other" ] || kf_die "a real node of the cluster in $other is running; one real node per machine" \
+    "(stop it first: e2e/node/down.sh $other, or make cluster-down with that cluster's KF_CLUSTER_NAME)"
+  mkdir -p "$KF_HOST_STATE"; echo "$KF_W" >"$KF_HOST_STATE/workdir"
   "$HERE/pre-up.sh" "$KF_W"
   ensure_packages
   step "packages present"
@@ -140,7 +145,6 @@ main() {
   start_kube_proxy
   start_kubelet
   check_apiserver_endpoint
-  echo "$KF_W" >"$KF_HOST_STATE/workdir"
   local rss=0 name pid
   for name in "${KF_PROCS[@]}"; do
     pid="$(kf_pid "$name")"; [ -n "$pid" ] && rss=$((rss + $(awk '/VmRSS/ {print $2}' "/proc/$pid/status")))
