@@ -165,8 +165,8 @@ EOF
 
 render_corefile() { # -> $KF_N/etc/Corefile
   cat >"$KF_N/etc/Corefile" <<EOF
-# Cluster DNS of the kubeforge real node: cluster names only, no forward plugin (nothing leaves the host).
-.:53 {
+# Cluster DNS of the kubeforge real node: answers cluster names only; no forward plugin, nothing leaves the host.
+cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {
     bind $KF_NODE_IP
     errors
     kubernetes cluster.local in-addr.arpa ip6.arpa {
@@ -177,6 +177,13 @@ render_corefile() { # -> $KF_N/etc/Corefile
     # Without "disable denial", a peer's name stays NXDOMAIN in the cache for seconds after it appears.
     cache 30 {
         disable denial cluster.local
+    }
+}
+# Every other name: a definite NXDOMAIN at once (not SERVFAIL, which resolvers report as a temporary failure).
+.:53 {
+    bind $KF_NODE_IP
+    template ANY ANY {
+        rcode NXDOMAIN
     }
 }
 EOF
