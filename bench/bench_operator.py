@@ -141,7 +141,7 @@ def main() -> int:
         applied = post_all(c, docs, lambda d: apply.path_of(contract.API_VERSION, contract.KIND, ns_op), "name")
         created, ran = wait_all(c, ns_op, applied, label=contract.LABEL_JOB, children=True, timeout_s=a.timeout)
         op_wall = time.monotonic() - t0
-        rss = op.peak_rss_kib()
+        rss, cpu = op.peak_rss_kib(), op.cpu_seconds()
         gang_metric = [ln for ln in op.metrics().splitlines() if ln.startswith((
             "kubeforge_operator_gang_running_seconds_", "kubeforge_operator_reconciles_total",
             "kubeforge_operator_reconcile_duration_seconds_sum", "kubeforge_operator_reconcile_duration_seconds_count"))]
@@ -153,7 +153,7 @@ def main() -> int:
         "jobs": a.jobs, "pods_per_job": 3,
         "operator": {"children_created_s": summary(list(created.values())),
                      "pods_running_s": summary(list(ran.values())), "wall_s": round(op_wall, 2),
-                     "peak_rss_mib": round(rss / 1024, 1), "metrics": gang_metric},
+                     "peak_rss_mib": round(rss / 1024, 1), "cpu_s": round(cpu, 1), "metrics": gang_metric},
         "baseline_plain_statefulsets": {"pods_running_s": summary(list(base_run.values())),
                                         "wall_s": round(base_wall, 2)},
     }

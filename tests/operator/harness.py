@@ -72,6 +72,12 @@ class Operator:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
             return r.read().decode()
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the operator process has used."""
+        assert self.proc is not None
+        fields = pathlib.Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def peak_rss_kib(self) -> int:
         """VmHWM of the operator process (peak resident set)."""
         assert self.proc is not None

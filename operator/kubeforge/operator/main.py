@@ -31,7 +31,7 @@ class Options:
     metrics_port: int = 8080
     health_port: int = 8081
     runtime_image: str = names.DEFAULT_RUNTIME_IMAGE
-    workers: int = 8
+    workers: int = 16
     log_format: str = "json"
     verbose: bool = False
 
@@ -45,7 +45,7 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off).")
     p.add_argument("--health-port", type=int, default=8081, help="Liveness /healthz port (0: off).")
     p.add_argument("--runtime-image", default=names.DEFAULT_RUNTIME_IMAGE, help="Image of roles that name none.")
-    p.add_argument("--workers", type=int, default=8, help="Reconcile worker threads.")
+    p.add_argument("--workers", type=int, default=16, help="Reconcile worker threads.")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(list(argv))
