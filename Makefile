@@ -28,8 +28,10 @@ demo: venv
 unit: venv
 	$(PYTEST) -m "not vllm and not cluster and not realnode and not slow" tests
 
-test: venv
-	$(PYTEST) tests e2e
+# Every suite: unit, runtime (real vLLM / ZeroMQ / torch.distributed), the real control plane with kwok GPU
+# nodes, and the real kubelet node. The cluster binaries are built once and cached by version.
+test: venv build-cluster
+	KUBEFORGE_REAL_NODE=1 $(PYTEST) tests e2e
 
 # The CRD is generated from the typed model (kubeforge.api.crd) and copied into the Helm chart, and the field
 # table of docs/api.md refreshed; tests/api/test_crd.py fails when any of them differs from the model.
@@ -56,3 +58,13 @@ cluster-down:
 # Same e2e suite on a kind cluster (needs Docker + kind + network; cannot run on the build machines).
 e2e-kind: venv
 	bash e2e/kind/run.sh
+
+# --- the tiny RLJob in real pods on the real node (issue 6; see docs/e2e-real.md) ---
+# Runs e2e/test_e2e_real.py on the running cluster (KF_CLUSTER_NAME / KUBECONFIG / make cluster-up REAL_NODE=1)
+# when its real node is Ready, else on a cluster it starts with the real node and stops afterwards
+# (KF_KEEP_CLUSTER=1 keeps it). Prints the measured figures, then the RLJob's final status JSON as the LAST line.
+# Without pytest: `.venv/bin/python e2e/run_real.py` (same run, same last line).
+e2e-real: venv
+	@out=$$(mktemp -d)/status.json; \
+	KUBEFORGE_REAL_NODE=1 KF_E2E_REAL_OUT=$$out $(PYTEST) -p no:cacheprovider -m realnode e2e/test_e2e_real.py; rc=$$?; \
+	cat $${out%.json}.figures.json 2>/dev/null; cat $$out 2>/dev/null || echo '{}'; rm -rf $$(dirname $$out); exit $$rc

@@ -1,0 +1,400 @@
+"""The tiny RLJob in real pods, run by the operator to Succeeded, with one trainer crash on the way.
+
+Role: the driver shared by ``make e2e-real`` (``python e2e/run_real.py``) and ``e2e/test_e2e_real.py``. It
+uses (or starts) a test cluster with the real node, starts the operator for one namespace, applies the manifest
+of ``realjob.manifest`` (every role on the real node, the project's venv from the host), and watches:
+
+```
+ apply ──▶ Starting ──▶ Running ── trainer step >= kill_after ──▶ kubectl exec: kill -<SIG> <role process>
+             (vLLM starts in the generator pod)       │ container exits 128+SIG; the kubelet restarts it
+                                                      ▼
+          status.lastFailure {role, exitCode}, status.restarts ──▶ Restarting (attempt 1) ──▶ Running
+                                                      ──▶ trainer resumes from its hostPath checkpoint ──▶ Succeeded
+```
+
+While it runs it follows each trainer container's log (``kubectl logs -f``; the trainer prints one JSON record
+per step, ``{"resumed": s}`` first) and samples the RSS of every pod's processes from the host (``/proc``, by the
+pod's cgroup). The command prints a measurement line (``E2E-REAL {...}``) and then, on its LAST line, the
+RLJob's final ``status`` as JSON; it exits 0 only when that status is Succeeded at ``spec.algorithm.steps``.
+
+Neighbours: ``kfcluster`` (cluster), ``node.realnode`` (node status), ``tests/operator/harness.Operator`` (the
+operator as a subprocess), ``realjob`` (manifest). Never connects to a pod: only kubectl and the host's /proc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+_E2E = pathlib.Path(__file__).resolve().parent
+ROOT = _E2E.parent
+for _p in (str(_E2E), str(ROOT / "tests" / "operator")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import harness  # noqa: E402
+import realjob  # noqa: E402
+from kfcluster import config as cfg  # noqa: E402
+from kfcluster import kube, lifecycle  # noqa: E402
+from node import realnode  # noqa: E402
+
+LABEL_JOB = "kubeforge.dev/job"
+LABEL_ROLE = "kubeforge.dev/role"
+LABEL_ATTEMPT = "kubeforge.dev/attempt"
+KILL_SIGNAL = signal.SIGUSR1        # Python's default action for it is to terminate: exit code 128 + 10
+
+
+def log(msg: str) -> None:
+    print(f"[e2e-real {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------- the cluster
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Acquired:
+    cluster: lifecycle.Cluster
+    started: bool                  # this process started it (and should stop it)
+    setup_seconds: float | None    # cluster-up with the real node, when started here
+
+
+def acquire_cluster(*, start: bool) -> Acquired | str:
+    """The cluster ``kfcluster.config.from_env()`` names, with its real node Ready; started when absent and
+    ``start``. Returns a reason (str) when it cannot be used."""
+    base = cfg.from_env()
+    running = lifecycle.healthy(base.workdir)
+    if running is not None:
+        state = realnode.status(running.kubectl)
+        return Acquired(cluster=running, started=False, setup_seconds=None) if state.up else (
+            f"cluster {base.name} runs without a usable real node ({state.reason}); stop it or pick another "
+            "KF_CLUSTER_NAME")
+    if not start:
+        return f"no cluster {base.name} running (start one with `make cluster-up REAL_NODE=1`)"
+    log(f"starting cluster {base.name} with the real node")
+    t0 = time.monotonic()
+    cluster = lifecycle.up(lifecycle.with_real_node_settings(cfg.from_env(real_node=True)))
+    seconds = time.monotonic() - t0
+    state = realnode.status(cluster.kubectl)
+    if not state.up:
+        return f"cluster {base.name} started but its real node is not usable: {state.reason}"
+    log(f"cluster with real node up in {seconds:.1f}s")
+    return Acquired(cluster=cluster, started=True, setup_seconds=seconds)
+
+
+# ------------------------------------------------------------------------------------------- observing
+
+
+class LogFollower:
+    """``kubectl logs -f`` of one container instance into a file; ends when that container exits."""
+
+    def __init__(self, *, k: kube.Kubectl, namespace: str, pod: str, container: str, path: pathlib.Path) -> None:
+        self.path = path
+        self._out = open(path, "wb")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [k.binary, f"--kubeconfig={k.kubeconfig}", "logs", "-f", "-n", namespace, pod, "-c", container],
+            stdout=self._out, stderr=subprocess.STDOUT)
+
+    def finish(self, *, timeout_s: float = 30.0) -> str:
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            self.proc.wait(10)
+        self._out.close()
+        return self.path.read_text(errors="replace")
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects among a log's lines (the trainer's step records and resume markers)."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                out.append(doc)
+    return out
+
+
+def step_sequence(text: str) -> tuple[int | None, list[int]]:
+    """(resumed-from step or None, steps in the order the trainer reported them) of one trainer log."""
+    docs = json_lines(text)
+    resumed = next((d["resumed"] for d in docs if isinstance(d.get("resumed"), int)), None)
+    steps = [d["step"] for d in docs if isinstance(d.get("step"), int) and "mean_reward" in d and "done" not in d]
+    return resumed, steps
+
+
+def _pod_pids(uid: str) -> list[int]:
+    """Host PIDs of the processes in the pod with ``uid`` (its cgroup path names ``pod<uid>``)."""
+    needles = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = pathlib.Path(entry.path, "cgroup").read_text()
+        except OSError:
+            continue
+        if any(n in text for n in needles):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class RssSampler:
+    """Peak of the summed RSS of each role's pod processes (per attempt), sampled from the host every 2 s."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, str] = {}          # uid -> "role/attempt"
+        self.peak_kib: dict[str, int] = {}
+        self.peak_total_kib = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def watch(self, pods: list[dict[str, Any]]) -> None:
+        with self._lock:
+            for p in pods:
+                labels = p["metadata"].get("labels", {})
+                self.pods[p["metadata"]["uid"]] = f"{labels.get(LABEL_ROLE)}/{labels.get(LABEL_ATTEMPT)}"
+
+    def _loop(self) -> None:
+        while not self._stop.wait(2.0):
+            with self._lock:
+                pods = dict(self.pods)
+            total = 0
+            for uid, key in pods.items():
+                kib = sum(_rss_kib(pid) for pid in _pod_pids(uid))
+                total += kib
+                if kib > self.peak_kib.get(key, 0):
+                    self.peak_kib[key] = kib
+            self.peak_total_kib = max(self.peak_total_kib, total)
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join(10)
+        per_role: dict[str, int] = {}
+        for key, kib in self.peak_kib.items():
+            role = key.split("/")[0]
+            per_role[role] = max(per_role.get(role, 0), kib)
+        return {"peak_pod_rss_mib": {r: round(v / 1024) for r, v in sorted(per_role.items())},
+                "peak_all_pods_rss_mib": round(self.peak_total_kib / 1024)}
+
+
+# ------------------------------------------------------------------------------------------- the run
+
+
+@dataclasses.dataclass(kw_only=True)
+class Result:
+    status: dict[str, Any]
+    steps: int
+    apply_to_running_s: float | None = None
+    apply_to_succeeded_s: float | None = None
+    restart_to_running_s: float | None = None
+    failure_status: dict[str, Any] | None = None      # the status right after the kill showed in it
+    killed: dict[str, Any] | None = None              # role, pod, signal, exit code, trainer step at the kill
+    trainer_logs: list[str] = dataclasses.field(default_factory=list)   # one per trainer container followed
+    generator_logs: list[str] = dataclasses.field(default_factory=list)
+    pods: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # every pod seen (last object)
+    memory: dict[str, Any] = dataclasses.field(default_factory=dict)
+    checkpoints: list[str] = dataclasses.field(default_factory=list)
+    phases: list[tuple[float, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status.get("phase") == "Succeeded" and (self.status.get("progress") or {}).get("step") == self.steps
+
+    def figures(self) -> dict[str, Any]:
+        """The measured numbers (docs/e2e-real.md)."""
+        rewards = [d["mean_reward"] for t in self.trainer_logs for d in json_lines(t)
+                   if "mean_reward" in d and isinstance(d.get("step"), int)]
+        return {"apply_to_running_s": _r(self.apply_to_running_s), "apply_to_succeeded_s": _r(self.apply_to_succeeded_s),
+                "restart_to_running_s": _r(self.restart_to_running_s), "steps": self.steps,
+                "progress": self.status.get("progress"), "killed": self.killed,
+                "reward_first_step": rewards[0] if rewards else None, **self.memory,
+                "phases": [(round(t, 1), p) for t, p in self.phases]}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+class Run:
+    """One RLJob from apply to a terminal phase, with an optional trainer kill (state of the watch loop)."""
+
+    def __init__(self, *, k: kube.Kubectl, namespace: str, name: str, workdir: pathlib.Path,
+                 kill_after_step: int | None, timeout_s: float) -> None:
+        self.k, self.ns, self.name, self.workdir = k, namespace, name, workdir
+        self.kill_after_step, self.timeout_s = kill_after_step, timeout_s
+        self.followers: dict[str, LogFollower] = {}     # "<role>:<pod uid>" -> follower
+        self.sampler = RssSampler()
+        self.seen: dict[str, dict[str, Any]] = {}
+
+    def get_job(self) -> dict[str, Any]:
+        return self.k.get_json("rljob", self.name, "-n", self.ns)  # type: ignore[no-any-return]
+
+    def get_pods(self) -> list[dict[str, Any]]:
+        return self.k.get_json("pods", "-n", self.ns, "-l", f"{LABEL_JOB}={self.name}")["items"]  # type: ignore[no-any-return]
+
+    def follow_new_containers(self, pods: list[dict[str, Any]]) -> None:
+        """Start following trainer-0 and generator-0 containers that run and are not followed yet."""
+        for p in pods:
+            md = p["metadata"]
+            role = md.get("labels", {}).get(LABEL_ROLE)
+            if md["name"] not in (f"{self.name}-trainer-0", f"{self.name}-generator-0") or md.get("deletionTimestamp"):
+                continue
+            key = f"{role}:{md['uid']}"
+            running = any("running" in (cs.get("state") or {}) for cs in p.get("status", {}).get("containerStatuses") or [])
+            if key not in self.followers and running:
+                path = self.workdir / f"{role}-{md['labels'].get(LABEL_ATTEMPT)}-{md['uid'][:8]}.log"
+                self.followers[key] = LogFollower(k=self.k, namespace=self.ns, pod=md["name"], container=role,
+                                                  path=path)
+
+    def trainer_step(self, pods: list[dict[str, Any]]) -> int:
+        """Step in trainer rank 0's progress annotation (what the operator reads), 0 when none."""
+        for p in pods:
+            if p["metadata"]["name"] == f"{self.name}-trainer-0" and not p["metadata"].get("deletionTimestamp"):
+                ann = (p["metadata"].get("annotations") or {}).get("kubeforge.dev/progress")
+                if ann:
+                    return int(json.loads(ann).get("step", 0))
+        return 0
+
+    def kill_trainer(self, *, step: int) -> dict[str, Any]:
+        """Kill the trainer process (the child of the container's PID 1) with ``KILL_SIGNAL``."""
+        pod = f"{self.name}-trainer-0"
+        self.k.run("exec", "-n", self.ns, pod, "-c", "trainer", "--", "sh", "-c",
+                   f"kill -{int(KILL_SIGNAL)} $(pgrep -P 1)")
+        killed = {"role": "trainer", "pod": pod, "signal": KILL_SIGNAL.name, "exit_code": 128 + int(KILL_SIGNAL),
+                  "at_step": step}
+        log(f"killed {pod} at step {step}: {killed}")
+        return killed
+
+    def execute(self, job: dict[str, Any]) -> Result:
+        steps = int(job["spec"]["algorithm"]["steps"])
+        result = Result(status={}, steps=steps)
+        self.sampler.start()
+        t0 = time.monotonic()
+        self.k.apply(job)
+        log(f"applied RLJob {self.ns}/{self.name} ({steps} steps)")
+        deadline, last_phase, t_kill = t0 + self.timeout_s, None, None
+        try:
+            while time.monotonic() < deadline:
+                status = self.get_job().get("status") or {}
+                pods = self.get_pods()
+                self.sampler.watch(pods)
+                for p in pods:
+                    self.seen[p["metadata"]["uid"]] = p
+                self.follow_new_containers(pods)
+                now, phase = time.monotonic() - t0, status.get("phase")
+                if phase != last_phase:
+                    log(f"phase {phase} at {now:.1f}s (progress {status.get('progress')})")
+                    result.phases.append((now, str(phase)))
+                    last_phase = phase
+                if phase == "Running" and result.apply_to_running_s is None:
+                    result.apply_to_running_s = now
+                if phase == "Running" and t_kill is not None and result.restart_to_running_s is None \
+                        and status.get("attempt", 0) >= 1:
+                    result.restart_to_running_s = time.monotonic() - t_kill
+                if (self.kill_after_step is not None and result.killed is None and phase == "Running"
+                        and (step := self.trainer_step(pods)) >= self.kill_after_step):
+                    result.killed, t_kill = self.kill_trainer(step=step), time.monotonic()
+                if result.killed is not None and result.failure_status is None and status.get("lastFailure"):
+                    result.failure_status = status
+                    log(f"failure in status: lastFailure={status['lastFailure']} restarts={status.get('restarts')}")
+                if phase in ("Succeeded", "Failed"):
+                    result.apply_to_succeeded_s = now if phase == "Succeeded" else None
+                    result.status = status
+                    break
+                time.sleep(0.5)
+            else:
+                result.status = self.get_job().get("status") or {}
+                log(f"timed out after {self.timeout_s:.0f}s in phase {result.status.get('phase')}")
+        finally:
+            result.memory = self.sampler.stop()
+            for key, f in self.followers.items():
+                text = f.finish()
+                (result.trainer_logs if key.startswith("trainer:") else result.generator_logs).append(text)
+            result.pods = list(self.seen.values())
+        return result
+
+
+def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str = "tiny", kill_after_step: int | None = 8,
+        timeout_s: float = 1200.0, keep_namespace: bool = False) -> Result:
+    """Run the tiny RLJob in real pods on ``cluster`` (whose real node is up); artefacts under ``workdir``."""
+    k = cluster.kubectl
+    hk = harness.K(kubectl=k.binary, kubeconfig=k.kubeconfig)
+    hk.ensure_crd()
+    ns = f"e2e-real-{uuid.uuid4().hex[:6]}"
+    k.run("create", "namespace", ns)
+    checkpoints = workdir / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    op = harness.Operator(kubeconfig=k.kubeconfig, log_path=workdir / "operator.log", extra=("--namespace", ns))
+    op.start()
+    log(f"operator up (namespace {ns}); log {workdir / 'operator.log'}")
+    try:
+        job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints)
+        result = Run(k=k, namespace=ns, name=name, workdir=workdir, kill_after_step=kill_after_step,
+                     timeout_s=timeout_s).execute(job)
+        result.checkpoints = sorted(p.name for p in checkpoints.iterdir())
+        (workdir / "pods.json").write_text(json.dumps(result.pods, indent=1))
+        return result
+    finally:
+        op.stop()
+        if not keep_namespace:
+            k.run("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False, timeout_s=150)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="run_real", description=__doc__.split("\n")[0])
+    p.add_argument("--workdir", help="artefacts (logs, checkpoints); default: a new temp dir")
+    p.add_argument("--kill-after-step", type=int, default=8, help="kill the trainer at this step (-1: never)")
+    p.add_argument("--timeout", type=float, default=1200.0)
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # run the clean-ups (operator, namespace, cluster)
+    got = acquire_cluster(start=True)
+    if isinstance(got, str):
+        log(got)
+        return 2
+    workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="kf-e2e-real-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run(cluster=got.cluster, workdir=workdir, timeout_s=args.timeout,
+                     kill_after_step=None if args.kill_after_step < 0 else args.kill_after_step)
+    finally:
+        if got.started and os.environ.get("KF_KEEP_CLUSTER") != "1":
+            lifecycle.down(workdir=got.cluster.workdir)
+    figures = {**result.figures(), "cluster_setup_s": _r(got.setup_seconds), "workdir": str(workdir)}
+    print("E2E-REAL " + json.dumps(figures), flush=True)
+    print(json.dumps(result.status), flush=True)
+    return 0 if result.succeeded else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
