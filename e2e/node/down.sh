@@ -54,7 +54,7 @@ stop_runtime() {
       kf_ctr tasks delete -f "$id" >/dev/null 2>&1
     done
   fi
-  kf_stop containerd 15
+  kf_stop 15 containerd
   for pid in $(kf_shim_pids); do
     kf_log "leftover shim pid $pid: stopping"
     kill -TERM "$pid" 2>/dev/null; sleep 0.5; kill -KILL "$pid" 2>/dev/null
@@ -138,22 +138,24 @@ restore_host() {
     [ -e "$path" ] && cat "$f" >"$path"
   done
   rm -rf "$KF_HOST_STATE"
+  rm -f "$KF_LOCK" # our fd 8 keeps the lock until exit; a waiter re-creates nothing it needs from this file
 }
 
 main() {
-  local other name
+  local other
+  kf_lock
   other="$(kf_other_node)"
   if [ -n "$other" ]; then
     # Another cluster's real node owns the host state (bridge, iptables, sysctls): leave all of it alone.
     kf_log "the real node of $other is running: cleaning only this cluster's node dir"
-    for name in kubelet kube-proxy coredns; do kf_stop "$name" 10; done
+    kf_stop 10 kubelet kube-proxy coredns
     stop_runtime
     clean_node_dir
     echo "real node down in $((SECONDS - T0)) s (host state left to $other)"
     return
   fi
   drain_pods
-  for name in kubelet kube-proxy coredns; do kf_stop "$name" 10; done
+  kf_stop 10 kubelet kube-proxy coredns
   stop_runtime
   step "processes stopped"
   clean_iptables

@@ -88,6 +88,7 @@ check_misc() {
   for s in /run/containerd/s/*; do [ -e "$s" ] && leak socket "$s"; done
   for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do [ -d "$d" ] && leak cgroup "$d"; done
   [ -e "$KF_HOST_STATE" ] && leak state "$KF_HOST_STATE"
+  [ -e "$KF_LOCK" ] && leak state "$KF_LOCK"
   for d in "${KF_HOST_PATHS[@]}"; do
     [ -e "$d" ] || continue
     case " ${KF_LEAKCHECK_PREEXISTING:-} " in *" $d "*) continue ;; esac

@@ -31,6 +31,8 @@ KF_PAUSE_IMAGE="${KUBEFORGE_PAUSE_IMAGE:-kubeforge.local/pause:1}"
 KF_BASE_IMAGE="${KUBEFORGE_BASE_IMAGE:-kubeforge.local/base:1}"
 KF_GUARD_CHAIN="KUBEFORGE-NODE"
 KF_HOST_STATE="${KF_HOST_STATE:-/run/kubeforge-node}"
+# up.sh and down.sh hold this lock (fd 8) so two clusters never set up or tear down the node at once.
+KF_LOCK="$KF_HOST_STATE.lock"
 KF_KUBELET_PORT=10250
 KF_PROXY_HEALTHZ_PORT=10256
 KF_PROXY_METRICS_PORT=10249
@@ -72,22 +74,31 @@ kf_start() {
   local name="$1"; shift
   mkdir -p "$KF_N/pids" "$KF_N/logs"
   [ -z "$(kf_pid "$name")" ] || { kf_log "$name already running (pid $(kf_pid "$name"))"; return 0; }
-  setsid "$@" >>"$KF_N/logs/$name.log" 2>&1 </dev/null &
+  setsid "$@" >>"$KF_N/logs/$name.log" 2>&1 </dev/null 8>&- &
   echo $! >"$KF_N/pids/$name.pid"
   kf_log "started $name (pid $!), log $KF_N/logs/$name.log"
 }
 
-# kf_stop NAME [TIMEOUT_S]: SIGTERM the recorded PID, SIGKILL after the timeout, forget it.
+# kf_stop TIMEOUT_S NAME...: SIGTERM the recorded PIDs together, SIGKILL what is left after the timeout.
 kf_stop() {
-  local name="$1" timeout="${2:-10}" pid i
-  pid="$(kf_pid "$name")"
-  if [ -n "$pid" ]; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < timeout * 10; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  local timeout="$1" name pid i alive; shift
+  declare -A pids=()
+  for name in "$@"; do
+    pid="$(kf_pid "$name")"
+    [ -n "$pid" ] && { pids[$name]="$pid"; kill -TERM "$pid" 2>/dev/null || true; }
+  done
+  for ((i = 0; i < timeout * 10; i++)); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && break
+    sleep 0.1
+  done
+  for name in "${!pids[@]}"; do
+    pid="${pids[$name]}"
     if kill -0 "$pid" 2>/dev/null; then kf_log "$name (pid $pid) ignored SIGTERM; SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
     kf_log "stopped $name (pid $pid)"
-  fi
-  rm -f "$KF_N/pids/$name.pid"
+  done
+  for name in "$@"; do rm -f "$KF_N/pids/$name.pid"; done
 }
 
 # kf_shim_pids: PIDs of containerd shims that belong to OUR containerd (their -address is our socket).
@@ -119,6 +130,8 @@ kf_other_node() {
   done
   return 0
 }
+
+kf_lock() { exec 8>"$KF_LOCK"; flock 8; }
 
 kf_ctr() { ctr --address "$KF_CONTAINERD_SOCK" --namespace k8s.io "$@"; }
 

@@ -124,6 +124,7 @@ main() {
   trap 'rc=$?; [ "$rc" -eq 0 ] || on_error' EXIT
   [ "$(id -u)" = 0 ] || kf_die "the real node needs root (network namespaces, mounts, iptables)"
   local other
+  kf_lock # held until exit: a concurrent up.sh then finds this node alive and refuses
   other="$(kf_other_node)"
   [ -z "$other" ] || kf_die "a real node of the cluster in $other is running; one real node per machine" \
     "(stop it first: e2e/node/down.sh $other, or make cluster-down with that cluster's KF_CLUSTER_NAME)"
