@@ -108,8 +108,16 @@ def dropped_frames(metrics_text: str) -> float:
 
 
 def fuzz(port: int) -> None:
+    """Malformed frames into a role's ZeroMQ port (once it listens: a role binds after its imports)."""
+    import socket
+
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(listening, timeout=300)
     sock = zmq.Context.instance().socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 2000)
+    sock.setsockopt(zmq.LINGER, 10000)
     sock.connect(f"tcp://127.0.0.1:{port}")
     for frame in JUNK:
         sock.send(frame)
@@ -125,31 +133,34 @@ def launch(path: Path, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_two_generators_two_trainers_fuzzed_killed_and_resumed(tmp_path: Path) -> None:
-    steps = 16
+    steps = 40
     path = manifest(tmp_path, **{"algorithm.steps": steps, "algorithm.promptsPerStep": 8,
                                  "algorithm.groupSize": 8, "checkpoint.everySteps": 3,
                                  "roles.generator.replicas": 2, "roles.trainer.replicas": 2,
                                  "failurePolicy.maxRestarts": 2})
     run_dir = tmp_path / "run"
+    ckpts = run_dir / "checkpoints"
     proc = launch(path, run_dir)
     try:
-        wait_for(lambda: len(steps_done(run_dir)) >= 4, timeout=600, proc=proc)
-        procs = processes(run_dir)
-        assert {n for n, a in procs} == {"generator-0", "generator-1", "verifier-0", "trainer-0", "trainer-1"}
-        # fuzz every receiver of every running role, then check each still serves and counted the frames
-        for (name, _), p in procs.items():
+        # kill -9 trainer 0 once a checkpoint exists and training has moved on
+        wait_for(lambda: any(ckpts.glob("step-*/COMPLETE")) and len(steps_done(run_dir)) >= 5, timeout=900, proc=proc)
+        first = processes(run_dir)
+        assert {n for n, a in first} == {"generator-0", "generator-1", "verifier-0", "trainer-0", "trainer-1"}
+        os.kill(first[("trainer-0", 0)]["pid"], signal.SIGKILL)
+        killed_at = time.time()
+        # the restarted job: fuzz every receiver of every role while it runs; each counts the frames and serves on
+        wait_for(lambda: len([k for k in processes(run_dir) if k[1] == 1]) == 5, timeout=300, proc=proc)
+        second = {n: p for (n, a), p in processes(run_dir).items() if a == 1}
+        for name, p in second.items():
             fuzz(p["port_base"] + contract.PORT_DATA)
             if name == "trainer-0":
                 fuzz(p["port_base"] + contract.PORT_CONTROL)
-        for (name, _), p in procs.items():
-            port = p["port_base"] + contract.PORT_METRICS
-            assert wait_for(lambda: dropped_frames(http(port, "/metrics")[1]) >= len(JUNK) + 1, timeout=60), name
+        want = {n: len(JUNK) + 1 + (len(JUNK) + 1 if n == "trainer-0" else 0) for n in second}
+        metrics_port = {n: p["port_base"] + contract.PORT_METRICS for n, p in second.items()}
+        wait_for(lambda: all(dropped_frames(http(metrics_port[n], "/metrics")[1]) >= want[n] for n in second),
+                 timeout=600, proc=proc)
+        for name, port in metrics_port.items():
             assert http(port, "/healthz")[0] == 200 and http(port, "/readyz")[0] == 200, name
-        # kill -9 trainer 0 once a checkpoint exists and training has moved past it
-        ckpts = run_dir / "checkpoints"
-        wait_for(lambda: any(ckpts.glob("step-*/COMPLETE")) and len(steps_done(run_dir)) >= 5, timeout=300, proc=proc)
-        os.kill(procs[("trainer-0", 0)]["pid"], signal.SIGKILL)
-        killed_at = time.time()
         out, err = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
