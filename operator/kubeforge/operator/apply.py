@@ -59,9 +59,10 @@ def load_credentials(kubeconfig: str | None = None) -> Credentials:
 
     cfg = kubernetes.client.Configuration()
     try:
-        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=cfg)
     except (kubernetes.config.ConfigException, FileNotFoundError, TypeError):
-        kubernetes.config.load_incluster_config(client_configuration=cfg)
+        kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
     token = header.split(" ", 1)[-1] if header else None
     return Credentials(server=cfg.host.rstrip("/"), ca_file=cfg.ssl_ca_cert, cert_file=cfg.cert_file,

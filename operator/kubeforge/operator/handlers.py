@@ -47,29 +47,31 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials) -> kopf.
 
     @kopf.on.probe(id="reconciles", registry=reg)
     def _probe(**_: Any) -> float:
-        return sum(s.value for s in metrics.RECONCILES.collect()[0].samples if s.name.endswith("_total"))
+        return sum(s.value for m in metrics.RECONCILES.collect() for s in m.samples if s.name.endswith("_total"))
 
     @kopf.on.event(contract.GROUP, contract.VERSION, contract.PLURAL, registry=reg)
-    async def _rljob(event: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+    async def _rljob(**kw: Any) -> None:
         metrics.EVENTS.labels("rljob").inc()
-        if event.get("type") == "DELETED":
+        namespace, name = kw["namespace"], kw["name"]
+        if kw["event"].get("type") == "DELETED":
             router.forget((namespace, name))
         else:
             router.request((namespace, name), trigger="rljob")
 
     @kopf.on.event("apps", "v1", "statefulsets", labels=present, registry=reg)
-    async def _statefulset(event: dict[str, Any], namespace: str, labels: dict[str, str], **_: Any) -> None:
+    async def _statefulset(**kw: Any) -> None:
         # Status is computed from pods, so only a deleted StatefulSet needs a pass (to re-create it); its
         # frequent status updates would only cost passes that change nothing.
         metrics.EVENTS.labels("statefulset").inc()
-        if event.get("type") == "DELETED":
-            router.request((namespace, labels[contract.LABEL_JOB]), trigger="statefulset", invalidate=True)
+        if kw["event"].get("type") == "DELETED":
+            router.request((kw["namespace"], kw["labels"][contract.LABEL_JOB]), trigger="statefulset",
+                           invalidate=True)
 
     @kopf.on.event("v1", "pods", labels=present, registry=reg)
-    async def _pod(body: Any, namespace: str, labels: dict[str, str], **_: Any) -> None:
+    async def _pod(**kw: Any) -> None:
         metrics.EVENTS.labels("pod").inc()
-        key = (namespace, labels[contract.LABEL_JOB])
-        failure = observed.pod_failure(body)
+        key = (kw["namespace"], kw["labels"][contract.LABEL_JOB])
+        failure = observed.pod_failure(kw["body"])
         if failure is not None:
             router.note_failure(key, failure)
         router.request(key, trigger="pod")

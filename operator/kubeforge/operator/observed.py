@@ -127,7 +127,7 @@ def pod_failure(pod: Raw) -> Failure | None:
 def _condition(st: Raw, kind: str) -> Raw:
     for c in st.get("conditions") or []:
         if c.get("type") == kind:
-            return c
+            return dict(c)
     return {}
 
 
