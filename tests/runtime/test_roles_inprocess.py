@@ -218,3 +218,35 @@ def test_split_and_share_are_exact() -> None:
     s = trainer_role.Settings(rank=1, world=3, steps=1, prompts_per_step=7, max_policy_lag=0, sync_every=1,
                               checkpoint_every=1, checkpoint_dir="", checkpoint_keep=1)
     assert trainer_role.my_share(step=2, settings=s) == sum(1 for k in range(14, 21) if k % 3 == 1)
+
+
+def test_jsonl_reporter_rewrites_to_the_resumed_step(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    rep = report.JsonlReporter(path=path, echo=False)
+    rep.resumed(step=0)
+    for s in range(1, 6):
+        rep.step({"step": s, "mean_reward": 0.1 * s, "policy_version": s})
+    with path.open("a") as f:
+        f.write('{"step": 6, "mean_rew')                      # a torn line from a killed writer
+    rep.resumed(step=3)
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_pod_annotation_reporter_patches_its_pod() -> None:
+    class Api:
+        def __init__(self) -> None:
+            self.calls: list[dict[str, object]] = []
+
+        def patch_namespaced_pod(self, *, name: str, namespace: str, body: dict[str, object]) -> None:
+            self.calls.append({"name": name, "namespace": namespace, "body": body})
+
+    api = Api()
+    rep = report.PodAnnotationReporter(pod="tiny-trainer-0", namespace="ns", api=api)
+    rep.step({"step": 4, "mean_reward": 0.5, "policy_version": 4})
+    rep.done({"step": 5, "policy_version": 5})
+    from kubeforge.api import contract
+    values = [json.loads(c["body"]["metadata"]["annotations"][contract.ANNOTATION_PROGRESS])  # type: ignore[index]
+              for c in api.calls]
+    assert values == [{"step": 4, "meanReward": 0.5, "policyVersion": 4, "done": False},
+                      {"step": 5, "meanReward": None, "policyVersion": 5, "done": True}]
+    assert {c["name"] for c in api.calls} == {"tiny-trainer-0"} and {c["namespace"] for c in api.calls} == {"ns"}
