@@ -1,5 +1,7 @@
 """Operator bench: 50 RLJobs applied at once → p50/p99 time to all children created and to all pods Running,
-plus the operator's peak RSS; baseline in the same run: the same pods as plain StatefulSets applied directly.
+plus the operator's peak RSS and CPU; baselines in the same run: the same number of pods as plain StatefulSets
+applied directly, without and with a Coscheduling PodGroup per job (the second isolates the operator's own cost
+from the gang scheduler's).
 
     python bench/bench_operator.py [--jobs 50] [--kubeconfig PATH]
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -87,13 +90,19 @@ def rljob(i: int, ns: str) -> dict[str, Any]:
     return doc
 
 
-def plain_statefulset(i: int, ns: str) -> dict[str, Any]:
+def podgroup(i: int, ns: str) -> dict[str, Any]:
+    return {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": f"s{i:03d}", "namespace": ns}, "spec": {"minMember": 3}}
+
+
+def plain_statefulset(i: int, ns: str, *, gang: bool = False) -> dict[str, Any]:
     labels = {"bench": f"s{i:03d}"}
+    pod_labels = {**labels, "scheduling.x-k8s.io/pod-group": f"s{i:03d}"} if gang else labels
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": f"s{i:03d}", "namespace": ns,
                                                                        "labels": labels},
             "spec": {"replicas": 3, "serviceName": f"s{i:03d}", "podManagementPolicy": "Parallel",
                      "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels},
+                     "template": {"metadata": {"labels": pod_labels},
                                   "spec": {"containers": [{"name": "c", "image": "kubeforge/runtime:test"}],
                                            "tolerations": [TOLERATION]}}}}
 
@@ -101,9 +110,25 @@ def plain_statefulset(i: int, ns: str) -> dict[str, Any]:
 def post_all(c: apply.Cluster, docs: list[dict[str, Any]], path_of: Any, key: str) -> dict[str, float]:
     applied = {}
     for d in docs:
-        applied[d["metadata"][key] if key == "name" else d["metadata"]["labels"]["bench"]] = time.monotonic()
+        if key == "label":
+            applied.setdefault(d["metadata"]["name"], time.monotonic())
+        else:
+            applied[d["metadata"]["name"]] = time.monotonic()
         c.request("POST", path_of(d), body=d)
     return applied
+
+
+def baseline(c: apply.Cluster, k: harness.K, ns: str, jobs: int, *, gang: bool, timeout_s: float) -> dict[str, Any]:
+    """Plain StatefulSets (3 pods each) applied directly; with ``gang`` each also gets a PodGroup (minMember 3)."""
+    t0 = time.monotonic()
+    docs: list[dict[str, Any]] = []
+    for i in range(jobs):
+        docs += ([podgroup(i, ns)] if gang else []) + [plain_statefulset(i, ns, gang=gang)]
+    applied = post_all(c, docs, lambda d: apply.path_of(d["apiVersion"], d["kind"], ns), "label")
+    _, ran = wait_all(c, ns, applied, label="bench", children=False, timeout_s=timeout_s)
+    out = {"pods_running_s": summary(list(ran.values())), "wall_s": round(time.monotonic() - t0, 2)}
+    k.run("delete", "namespace", ns, "--wait=false")
+    return out
 
 
 def main() -> int:
@@ -125,16 +150,13 @@ def main() -> int:
     k.ensure_crd()
     c = apply.Cluster(apply.load_credentials(kubeconfig))
     tag = uuid.uuid4().hex[:6]
-    ns_base, ns_op = k.namespace(f"bench-base-{tag}"), k.namespace(f"bench-op-{tag}")
+    ns_base, ns_gang = k.namespace(f"bench-base-{tag}"), k.namespace(f"bench-gang-{tag}")
+    ns_op = k.namespace(f"bench-op-{tag}")
     logdir = pathlib.Path(tempfile.mkdtemp(prefix="bench-operator-"))
     op = harness.Operator(kubeconfig=kubeconfig, log_path=logdir / "operator.log", extra=("-n", ns_op))
     try:
-        t0 = time.monotonic()
-        base_docs = [plain_statefulset(i, ns_base) for i in range(a.jobs)]
-        applied = post_all(c, base_docs, lambda d: apply.path_of("apps/v1", "StatefulSet", ns_base), "label")
-        _, base_run = wait_all(c, ns_base, applied, label="bench", children=False, timeout_s=a.timeout)
-        base_wall = time.monotonic() - t0
-        k.run("delete", "namespace", ns_base, "--wait=false")
+        base = baseline(c, k, ns_base, a.jobs, gang=False, timeout_s=a.timeout)
+        base_gang = baseline(c, k, ns_gang, a.jobs, gang=True, timeout_s=a.timeout)
         op.start()
         t0 = time.monotonic()
         docs = [rljob(i, ns_op) for i in range(a.jobs)]
@@ -149,18 +171,19 @@ def main() -> int:
         op.stop()
         k.run("delete", "namespace", ns_op, "--wait=false", check=False)
         k.run("delete", "namespace", ns_base, "--wait=false", check=False)
+        k.run("delete", "namespace", ns_gang, "--wait=false", check=False)
     out = {
         "jobs": a.jobs, "pods_per_job": 3,
         "operator": {"children_created_s": summary(list(created.values())),
                      "pods_running_s": summary(list(ran.values())), "wall_s": round(op_wall, 2),
                      "peak_rss_mib": round(rss / 1024, 1), "cpu_s": round(cpu, 1), "metrics": gang_metric},
-        "baseline_plain_statefulsets": {"pods_running_s": summary(list(base_run.values())),
-                                        "wall_s": round(base_wall, 2)},
+        "baseline_plain_statefulsets": base, "baseline_statefulsets_with_podgroup": base_gang,
+        "load_average_1m": os.getloadavg()[0],
     }
-    out["ratio_pods_running_p50"] = round(out["operator"]["pods_running_s"]["p50"] /
-                                          max(out["baseline_plain_statefulsets"]["pods_running_s"]["p50"], 1e-3), 2)
-    out["ratio_pods_running_p99"] = round(out["operator"]["pods_running_s"]["p99"] /
-                                          max(out["baseline_plain_statefulsets"]["pods_running_s"]["p99"], 1e-3), 2)
+    for name, b in (("plain", base), ("podgroup", base_gang)):
+        for q in ("p50", "p99"):
+            out[f"ratio_pods_running_{q}_vs_{name}"] = round(
+                out["operator"]["pods_running_s"][q] / max(b["pods_running_s"][q], 1e-3), 2)
     print(json.dumps(out))
     return 0
 
