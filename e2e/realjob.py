@@ -38,8 +38,11 @@ CHECKPOINT_VOLUME = "kf-checkpoints"
 LSCPU = "/usr/bin/lscpu"
 
 #: PID 1 of every role container: start the role as a child, forward TERM/INT, exit with the child's status.
+#: The child's PID is written to ``ROLE_PID_FILE`` (what a test kills; busybox here has no pgrep).
+ROLE_PID_FILE = "/tmp/kubeforge-role.pid"
 WRAPPER = (
     '"$0" -m kubeforge.cli "$@" & child=$!\n'
+    f"echo $child > {ROLE_PID_FILE}\n"
     "trap 'kill -TERM $child 2>/dev/null' TERM INT\n"
     "wait $child; status=$?\n"
     "while kill -0 $child 2>/dev/null; do wait $child; status=$?; done\n"

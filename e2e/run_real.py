@@ -290,7 +290,7 @@ class Run:
         """Kill the trainer process (the child of the container's PID 1) with ``KILL_SIGNAL``."""
         pod = f"{self.name}-trainer-0"
         self.k.run("exec", "-n", self.ns, pod, "-c", "trainer", "--", "sh", "-c",
-                   f"kill -{int(KILL_SIGNAL)} $(pgrep -P 1)")
+                   f"kill -{int(KILL_SIGNAL)} $(cat {realjob.ROLE_PID_FILE})")
         killed = {"role": "trainer", "pod": pod, "signal": KILL_SIGNAL.name, "exit_code": 128 + int(KILL_SIGNAL),
                   "at_step": step}
         log(f"killed {pod} at step {step}: {killed}")

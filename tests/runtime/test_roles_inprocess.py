@@ -250,3 +250,19 @@ def test_pod_annotation_reporter_patches_its_pod() -> None:
     assert values == [{"step": 4, "meanReward": 0.5, "policyVersion": 4, "done": False},
                       {"step": 5, "meanReward": None, "policyVersion": 5, "done": True}]
     assert {c["name"] for c in api.calls} == {"tiny-trainer-0"} and {c["namespace"] for c in api.calls} == {"ns"}
+
+
+def test_pod_annotation_done_keeps_the_last_steps_reward() -> None:
+    """The trainer's done record has no reward: the final annotation (hence status.progress) keeps step N's."""
+    calls: list[dict[str, object]] = []
+
+    class Api:
+        def patch_namespaced_pod(self, *, name: str, namespace: str, body: dict[str, object]) -> None:
+            calls.append(body)
+
+    rep = report.PodAnnotationReporter(pod="tiny-trainer-0", namespace="ns", api=Api())
+    rep.step({"step": 40, "mean_reward": 0.75, "policy_version": 40})
+    rep.done({"step": 40, "policy_version": 40})
+    from kubeforge.api import contract
+    last = json.loads(calls[-1]["metadata"]["annotations"][contract.ANNOTATION_PROGRESS])  # type: ignore[index]
+    assert last == {"step": 40, "meanReward": 0.75, "policyVersion": 40, "done": True}

@@ -103,12 +103,17 @@ def progress_annotation(record: Mapping[str, Any], *, done: bool) -> str:
 
 
 class PodAnnotationReporter:
-    """Patches ``contract.ANNOTATION_PROGRESS`` on this pod (in-cluster config, the pod's service account)."""
+    """Patches ``contract.ANNOTATION_PROGRESS`` on this pod (in-cluster config, the pod's service account).
+
+    The final ``done`` patch keeps the mean reward of the step it closes (the trainer's done record carries only
+    step and policy version), so the RLJob's ``status.progress`` still shows the last step's reward.
+    """
 
     def __init__(self, *, pod: str, namespace: str, api: Any = None) -> None:
         self.pod = pod
         self.namespace = namespace
         self._api = api
+        self._last: Mapping[str, Any] = {}
 
     def _client(self) -> Any:
         if self._api is None:
@@ -131,10 +136,13 @@ class PodAnnotationReporter:
         pass
 
     def step(self, record: Mapping[str, Any]) -> None:
+        self._last = record
         self._patch(record, done=False)
 
     def done(self, record: Mapping[str, Any]) -> None:
-        self._patch(record, done=True)
+        same_step = self._last.get("step") == record.get("step")
+        reward = {"mean_reward": self._last.get("mean_reward")} if same_step and "mean_reward" not in record else {}
+        self._patch({**record, **reward}, done=True)
 
 
 class Tee:
