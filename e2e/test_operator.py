@@ -277,3 +277,21 @@ def test_operator_killed_mid_reconcile_leaves_no_duplicate_or_orphan(env: Any, n
                 assert [r["uid"] for r in refs] == [uid], f"{kind}/{obj['metadata']['name']} owner {refs}"
     every = {o["metadata"]["labels"][LABEL_JOB] for kind in CHILD_KINDS for o in k.items(kind, ns, LABEL_JOB)}
     assert every == set(names), f"orphans: {every - set(names)} (partial before restart: {partial})"
+
+
+def test_namespace_scoping(env: Any, ns: str, tmp_path: pathlib.Path) -> None:
+    cluster, k, op = env
+    other = k.namespace(f"op-other-{uuid.uuid4().hex[:6]}")
+    op.kill()
+    scoped = harness.Operator(kubeconfig=cluster.kubeconfig, log_path=tmp_path / "scoped.log",
+                              extra=("--namespace", ns)).start()
+    try:
+        for where in (ns, other):
+            k.apply(example("tiny", where))
+        wait("the watched namespace's job Running", phase_is(k, ns, "tiny", "Running"))
+        time.sleep(3)
+        assert "status" not in job(k, other, "tiny") and not pods(k, other, "tiny")
+    finally:
+        scoped.stop()
+        k.run("delete", "namespace", other, "--wait=false", check=False)
+        op.start()
