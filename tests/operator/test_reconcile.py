@@ -75,3 +75,11 @@ def test_gone_job_is_reported() -> None:
     fake = FakeCluster(raw_job())
     fake.job = None  # type: ignore[assignment]
     assert reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache()).gone
+
+
+def test_invalid_stored_job_gets_a_warning_event_and_no_children() -> None:
+    doc = raw_job()
+    doc["spec"]["algorithm"]["groupSize"] = 1
+    fake = FakeCluster(doc)
+    out = reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache())
+    assert not out.gone and fake.objects == {} and fake.events == ["InvalidSpec"]

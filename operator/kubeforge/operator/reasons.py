@@ -28,5 +28,6 @@ RESCALED = "Rescaled"                    # replicas changed: the job restarts wi
 NOT_FINISHED = "NotFinished"
 NOT_SUSPENDED = "NotSuspended"
 FINISHED = "Finished"                    # the job is over: nothing is scheduled any more
+INVALID_SPEC = "InvalidSpec"             # event: the stored RLJob does not parse (API server and model disagree)
 TTL_EXPIRED = "TTLExpired"               # event: a finished job was deleted after ttlSecondsAfterFinished
 CONTAINER_FAILED = "ContainerFailed"      # event: a container of the current attempt failed

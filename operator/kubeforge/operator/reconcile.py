@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubeforge.api import load, rljob
-from kubeforge.operator import apply, lifecycle, observed, render, status, timefmt
+from kubeforge.operator import apply, lifecycle, observed, reasons, render, status, timefmt
 from kubeforge.operator.render import context, meta
 
 log = logging.getLogger("kubeforge.operator")
@@ -110,6 +110,8 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         return Outcome(gone=True)
     job = _parse(raw)
     if job is None:
+        cluster.post_event(raw, type="Warning", reason=reasons.INVALID_SPEC, now=timefmt.fmt(clock()),
+                           message="the RLJob does not match the kubeforge API model; see the operator log")
         return Outcome()
     now = clock()
     obs = observed.observe(cluster.list_pods(namespace, name), seen_failures)
