@@ -64,7 +64,7 @@ stop_runtime() {
 clean_iptables() {
   local bin t c ipt
   bin="$(kf_bin_dir 2>/dev/null)"
-  if [ -x "$bin/kube-proxy" ] && iptables -w -t nat -S 2>/dev/null | grep -q -- '-N KUBE-'; then
+  if [ -x "$bin/kube-proxy" ] && grep -q -- '-N KUBE-' <<<"$(iptables -w -t nat -S 2>/dev/null)"; then
     "$bin/kube-proxy" --cleanup --v=0 >/dev/null 2>&1 || kf_log "warning: kube-proxy --cleanup failed"
   fi
   # The kubelet's own chains (kube-proxy --cleanup leaves them).

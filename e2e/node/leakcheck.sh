@@ -41,7 +41,7 @@ check_mounts() {
   local pattern="/run/containerd|/var/run/netns|/run/netns|/kubelet/pods|io\.containerd|/run/kubeforge-node"
   [ -n "$W" ] && pattern="$pattern|$W/node"
   awk '{print $5}' /proc/self/mountinfo | grep -E "$pattern" | while read -r m; do echo "LEAK [mount] $m"; done
-  awk '{print $5}' /proc/self/mountinfo | grep -qE "$pattern" && found=1
+  grep -qE "$pattern" <<<"$(awk '{print $5}' /proc/self/mountinfo)" && found=1
 }
 
 check_netns() {

@@ -32,7 +32,7 @@ if ! ip link show "$KF_BRIDGE" >/dev/null 2>&1; then
   ip link add "$KF_BRIDGE" type bridge
   kf_log "created bridge $KF_BRIDGE"
 fi
-ip addr show dev "$KF_BRIDGE" | grep -q "inet $KF_NODE_IP/" || ip addr add "$KF_NODE_IP/${KF_POD_CIDR#*/}" dev "$KF_BRIDGE"
+grep -q "inet $KF_NODE_IP/" <<<"$(ip addr show dev "$KF_BRIDGE")" || ip addr add "$KF_NODE_IP/${KF_POD_CIDR#*/}" dev "$KF_BRIDGE"
 ip link set "$KF_BRIDGE" up
 
 save_and_set net/ipv4/ip_forward 1

@@ -76,7 +76,9 @@ start_containerd() {
   local ref tar
   while read -r ref tar; do
     kf_ctr images import "$tar" >/dev/null
-    kf_ctr images ls -q | grep -qx "$ref" || kf_die "image $ref missing after import of $tar"
+    local have  # not `ctr ... | grep -q`: with pipefail, grep's early exit fails the pipeline (SIGPIPE)
+    have="$(kf_ctr images ls -q)"
+    grep -qx "$ref" <<<"$have" || kf_die "image $ref missing after import of $tar"
   done < <("$KF_REPO/images/build.sh")
   step "containerd ready, images imported: $KF_PAUSE_IMAGE $KF_BASE_IMAGE"
 }
