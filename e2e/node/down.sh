@@ -81,6 +81,8 @@ clean_iptables() {
   done
   while iptables -w -D FORWARD -j "$KF_GUARD_CHAIN" 2>/dev/null; do :; done
   iptables -w -F "$KF_GUARD_CHAIN" 2>/dev/null; iptables -w -X "$KF_GUARD_CHAIN" 2>/dev/null
+  while iptables -w -D INPUT -j "$KF_INPUT_CHAIN" 2>/dev/null; do :; done
+  iptables -w -F "$KF_INPUT_CHAIN" 2>/dev/null; iptables -w -X "$KF_INPUT_CHAIN" 2>/dev/null
   return 0
 }
 

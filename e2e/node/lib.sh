@@ -30,6 +30,7 @@ KF_NODE_LABEL="kubeforge.dev/real-node"
 KF_PAUSE_IMAGE="${KUBEFORGE_PAUSE_IMAGE:-kubeforge.local/pause:1}"
 KF_BASE_IMAGE="${KUBEFORGE_BASE_IMAGE:-kubeforge.local/base:1}"
 KF_GUARD_CHAIN="KUBEFORGE-NODE"
+KF_INPUT_CHAIN="KUBEFORGE-NODE-IN"
 KF_HOST_STATE="${KF_HOST_STATE:-/run/kubeforge-node}"
 # up.sh and down.sh hold this lock (fd 8) so two clusters never set up or tear down the node at once.
 KF_LOCK="$KF_HOST_STATE.lock"

@@ -3,7 +3,8 @@
 #
 # Usage: e2e/node/pre-up.sh <cluster-workdir>
 # Creates bridge kf0 with 10.88.0.1/16 (the node IP), turns on IPv4 forwarding (pod -> Service -> pod is
-# routed) and installs our FORWARD guard chain: pods may talk to pods and to this host, never beyond it.
+# routed) and installs our guard chains: FORWARD (pods may talk to pods and to this host, never beyond it)
+# and INPUT (the node's addresses answer only loopback and the bridge).
 # The sysctl values found are saved under $KF_HOST_STATE (/run/kubeforge-node) and restored by down.sh.
 # Idempotent: a second call changes nothing.
 set -euo pipefail
@@ -51,4 +52,12 @@ iptables -w -A "$KF_GUARD_CHAIN" -i "$KF_BRIDGE" -o "$KF_BRIDGE" -j RETURN
 iptables -w -A "$KF_GUARD_CHAIN" -i "$KF_BRIDGE" -j DROP
 iptables -w -A "$KF_GUARD_CHAIN" -o "$KF_BRIDGE" -j DROP
 iptables -w -C FORWARD -j "$KF_GUARD_CHAIN" 2>/dev/null || iptables -w -I FORWARD 1 -j "$KF_GUARD_CHAIN"
+# INPUT guard: the node's addresses (and, added by up.sh, the apiserver's port, which listens on all
+# addresses) answer only loopback and the bridge, never the external interface.
+iptables -w -N "$KF_INPUT_CHAIN" 2>/dev/null || true
+iptables -w -F "$KF_INPUT_CHAIN"
+iptables -w -A "$KF_INPUT_CHAIN" -i lo -j RETURN
+iptables -w -A "$KF_INPUT_CHAIN" -i "$KF_BRIDGE" -j RETURN
+iptables -w -A "$KF_INPUT_CHAIN" -d "$KF_POD_CIDR" -j DROP
+iptables -w -C INPUT -j "$KF_INPUT_CHAIN" 2>/dev/null || iptables -w -I INPUT 1 -j "$KF_INPUT_CHAIN"
 kf_log "host network ready: $KF_BRIDGE $KF_NODE_IP/${KF_POD_CIDR#*/}, ip_forward=1, guard chain $KF_GUARD_CHAIN"

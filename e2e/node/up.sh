@@ -68,6 +68,14 @@ sign_client() {
   render_kubeconfig "$KF_N/etc/$name.kubeconfig" "$cn" "$KF_N/pki/$name.crt" "$KF_N/pki/$name.key"
 }
 
+# The apiserver listens on all addresses so pods reach it at the bridge address; drop its port elsewhere.
+guard_apiserver_port() {
+  local port="${KF_APISERVER_URL##*:}"; port="${port%%/*}"
+  case "$port" in ''|*[!0-9]*) kf_log "warning: no port in $KF_APISERVER_URL; apiserver port not guarded"; return 0 ;; esac
+  iptables -w -C "$KF_INPUT_CHAIN" -p tcp --dport "$port" -j DROP 2>/dev/null ||
+    iptables -w -A "$KF_INPUT_CHAIN" -p tcp --dport "$port" -j DROP
+}
+
 start_containerd() {
   render_containerd
   render_cni
@@ -137,6 +145,7 @@ main() {
   ensure_binaries
   kf_cluster_facts
   step "cluster: $KF_APISERVER_URL (CA $KF_CA_CRT)"
+  guard_apiserver_port
   mkdir -p "$KF_N"/{etc,pki,logs,pids,cni/net.d,cni/leases,containerd,kubelet}
   chmod 700 "$KF_N/pki"
   sign_client kubelet "system:node:$KF_NODE_NAME" system:nodes
