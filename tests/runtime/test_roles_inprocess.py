@@ -266,3 +266,38 @@ def test_pod_annotation_done_keeps_the_last_steps_reward() -> None:
     from kubeforge.api import contract
     last = json.loads(calls[-1]["metadata"]["annotations"][contract.ANNOTATION_PROGRESS])  # type: ignore[index]
     assert last == {"step": 40, "meanReward": 0.75, "policyVersion": 40, "done": True}
+
+
+def test_verifier_stops_on_sigterm_while_its_send_to_a_dead_trainer_blocks() -> None:
+    """In a pod, SIGTERM (``should_stop``) must end the verifier even when the trainer it sends to is gone."""
+    stop = threading.Event()
+
+    class DeadTrainer:
+        peers = 1
+        tries = 0
+
+        def send(self, msg: wire.Message, *, to: int | None = None, timeout: float | None = None) -> None:
+            assert timeout is not None, "a send without timeout would block forever"
+            self.tries += 1
+            if self.tries == 2:
+                stop.set()                                  # SIGTERM arrives while the send is blocked
+            raise transport.TransportTimeout("no peer")
+
+    class Inbox:
+        def recv(self, timeout: float | None = None) -> wire.Message | None:
+            prompt = types.Prompt(index=3, text="copy: a", answer="a")
+            return wire.Rollout(group=types.RolloutGroup(prompt=prompt, prompt_token_ids=[1], completions=[],
+                                                         policy_version=0))
+
+    class Observer:
+        def scored(self, **_: object) -> None: ...
+        def unexpected(self, **_: object) -> None: ...
+        def failed(self, **_: object) -> None: ...
+
+    dead = DeadTrainer()
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (verifier_role.run(inbox=Inbox(), trainers=dead, score=lambda g: g,  # type: ignore[arg-type]
+                                                           observer=Observer(), should_stop=stop.is_set), done.set()))
+    t.start()
+    t.join(10)
+    assert done.is_set() and dead.tries == 2

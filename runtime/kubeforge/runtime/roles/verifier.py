@@ -9,7 +9,8 @@ the sender towards the trainer ranks; ``roles.main`` wires the real parts.
 
 Invariants: malformed frames never reach this loop (the transport refuses and counts them); a message of a kind
 the verifier does not expect is counted and skipped; a group whose scoring raises is counted and skipped (its
-prompt is re-issued by the trainer's buffer rules), so one bad group never stops the role. STOP ends the loop.
+prompt is re-issued by the trainer's buffer rules), so one bad group never stops the role. STOP ends the loop;
+so does ``should_stop`` (SIGTERM), even while a send to a dead trainer blocks.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Protocol
 from kubeforge.runtime import transport, types, wire
 
 POLL_SECONDS = 0.2
+SEND_RETRY_SECONDS = 1.0
 
 
 class VerifierObserver(Protocol):
@@ -48,4 +50,18 @@ def run(*, inbox: transport.Receiver, trainers: transport.Sender,
             observer.failed(error=exc)
             continue
         observer.scored(group=scored, seconds=time.monotonic() - started)
-        trainers.send(wire.Scored(group=scored), to=scored.prompt.index % trainers.peers)
+        if not _send(trainers, wire.Scored(group=scored), to=scored.prompt.index % trainers.peers,
+                     should_stop=should_stop):
+            return
+
+
+def _send(trainers: transport.Sender, msg: wire.Message, *, to: int, should_stop: Callable[[], bool]) -> bool:
+    """Send, waiting as long as it takes (nothing is dropped), but look at ``should_stop`` between tries: a trainer
+    that died leaves the send blocked, and SIGTERM must still end the role. False when stopped unsent."""
+    while True:
+        try:
+            trainers.send(msg, to=to, timeout=SEND_RETRY_SECONDS)
+            return True
+        except transport.TransportTimeout:
+            if should_stop():
+                return False
