@@ -15,7 +15,10 @@ from kubeforge.operator import names
 from kubeforge.operator.render import context, env, meta, placement, service
 from kubeforge.operator.render.gang import base
 
-ENTRYPOINT = "kubeforge"
+# The runtime image's ENTRYPOINT is ``tini -- kubeforge`` (images/runtime/Containerfile): a pod leaves ``command``
+# unset so tini stays PID 1 (forwards SIGTERM, reaps vLLM's children) and gets only ``args: [role, <role>]``.
+# Setting ``command: [kubeforge]`` would replace the entrypoint and make the role process PID 1, which ignores
+# SIGTERM without a handler (the trainer has none): every restart would wait out the grace period.
 
 
 def world(job: rljob.RLJob) -> str:
@@ -33,12 +36,12 @@ def _resources(spec: rljob.RoleSpec) -> meta.Obj:
 
 
 def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> meta.Obj:
-    """The role's container: ``kubeforge role <role>`` (``command`` replaces the ``kubeforge`` executable)."""
+    """The role's container: the image's entrypoint with ``role <role>`` (a role's ``command`` replaces it)."""
     spec: rljob.RoleSpec = getattr(job.spec.roles, role)
     c: meta.Obj = {
         "name": role,
         "image": spec.image or ctx.image,
-        "command": list(spec.command) if spec.command else [ENTRYPOINT],
+        **({"command": list(spec.command)} if spec.command else {}),
         "args": ["role", role],
         "env": env.role_env(job, ctx, role=role),
         "ports": [{"name": p["name"], "containerPort": p["port"], "protocol": "TCP"} for p in service.ports()],
