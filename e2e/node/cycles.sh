@@ -44,6 +44,7 @@ print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 PY
   $kubectl wait --for=condition=Ready pod/sleeper pod/py-sleeper --timeout=120s
   $kubectl get pods -o wide
+  iptables -S KUBEFORGE-NODE-IN
 }
 
 for ((i = 1; i <= N; i++)); do
