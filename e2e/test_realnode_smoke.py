@@ -77,6 +77,8 @@ def cluster() -> Iterator[lifecycle.Cluster]:
             pytest.skip("no test cluster with a real node: run `make cluster-up REAL_NODE=1` "
                         "or set KUBEFORGE_REAL_NODE=1")
         overrides = realnode.cluster_overrides(workdir=base.workdir, name=base.name)
+        # One real node per machine: if another session's node runs, wait for it rather than fail at once.
+        os.environ.setdefault("KF_REAL_NODE_WAIT_S", "300")
         running = lifecycle.up(cfg.from_env(real_node=True, **overrides))
         started = True
     state = realnode.status(running.kubectl)

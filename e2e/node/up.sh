@@ -8,6 +8,7 @@
 #     KF_CA_CRT, KF_CA_KEY        cluster CA (signs the node's client certs)
 #     KF_ADMIN_KUBECONFIG         an admin kubeconfig of the cluster
 #     KF_APISERVER_URL            apiserver URL the node's components use (default: the kubeconfig's)
+#     KF_REAL_NODE_WAIT_S         when another cluster's real node runs, wait this long for it (default 0: refuse)
 #
 # Neighbours: pre-up.sh (bridge, sysctls, guard chain; must run before the apiserver binds 10.88.0.1),
 # configs.sh (config files), down.sh (the exact reverse), images/build.sh (pause + base images),
@@ -133,11 +134,18 @@ main() {
   kf_dirs "${1:-}"
   trap 'rc=$?; [ "$rc" -eq 0 ] || on_error' EXIT
   [ "$(id -u)" = 0 ] || kf_die "the real node needs root (network namespaces, mounts, iptables)"
-  local other
-  kf_lock # held until exit: a concurrent up.sh then finds this node alive and refuses
-  other="$(kf_other_node)"
-  [ -z "$other" ] || kf_die "a real node of the cluster in $other is running; one real node per machine" \
-    "(stop it first: e2e/node/down.sh $other, or make cluster-down with that cluster's KF_CLUSTER_NAME)"
+  local other waited=0
+  while :; do
+    kf_lock # held until exit: a concurrent up.sh then finds this node alive and refuses (or waits)
+    other="$(kf_other_node)"
+    [ -n "$other" ] || break
+    [ "$waited" -lt "${KF_REAL_NODE_WAIT_S:-0}" ] || kf_die "a real node of the cluster in $other is running;" \
+      "one real node per machine (stop it first: e2e/node/down.sh $other, or make cluster-down with that" \
+      "cluster's KF_CLUSTER_NAME; or set KF_REAL_NODE_WAIT_S to wait for it)"
+    [ "$waited" -gt 0 ] || kf_log "waiting up to ${KF_REAL_NODE_WAIT_S}s for the real node of $other to stop"
+    exec 8>&- # let its down.sh take the lock
+    sleep 5; waited=$((waited + 5))
+  done
   mkdir -p "$KF_HOST_STATE"; echo "$KF_W" >"$KF_HOST_STATE/workdir"
   "$HERE/pre-up.sh" "$KF_W"
   ensure_packages
