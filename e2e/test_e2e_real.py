@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow, pytes
 
 ASKED = os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes")
 KILL_AFTER = 8
+SETUP: dict[str, float | None] = {"cluster_setup_s": None}    # cluster-up with the real node, when started here
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,12 @@ def cluster() -> Iterator[lifecycle.Cluster]:
         if ASKED:
             pytest.fail(f"real node requested but not usable: {got}")
         pytest.skip(f"{got}; or set KUBEFORGE_REAL_NODE=1")
+    SETUP["cluster_setup_s"] = None if got.setup_seconds is None else round(got.setup_seconds, 1)
     yield got.cluster
-    if got.started and os.environ.get("KF_KEEP_CLUSTER") != "1":
+    # The session's private cluster (kf-pytest-<pid>) is left to e2e/conftest.py, which stops it at session end,
+    # so suites that run after this one still find it.
+    private = got.cluster.name.startswith("kf-pytest-")
+    if got.started and not private and os.environ.get("KF_KEEP_CLUSTER") != "1":
         lifecycle.down(workdir=got.cluster.workdir)
 
 
@@ -48,10 +53,11 @@ def cluster() -> Iterator[lifecycle.Cluster]:
 def result(cluster: lifecycle.Cluster, tmp_path_factory: pytest.TempPathFactory) -> run_real.Result:
     workdir = tmp_path_factory.mktemp("e2e-real")
     res = run_real.run(cluster=cluster, workdir=workdir, kill_after_step=KILL_AFTER)
-    print("E2E-REAL " + json.dumps(res.figures()))
+    figures = {**res.figures(), **SETUP}
+    print("E2E-REAL " + json.dumps(figures))
     out = os.environ.get("KF_E2E_REAL_OUT")     # `make e2e-real` prints these files after the suite
     if out:
-        pathlib.Path(out).with_suffix(".figures.json").write_text(json.dumps(res.figures()) + "\n")
+        pathlib.Path(out).with_suffix(".figures.json").write_text(json.dumps(figures) + "\n")
         pathlib.Path(out).write_text(json.dumps(res.status) + "\n")
     return res
 
