@@ -82,6 +82,7 @@ def acquire_cluster(*, start: bool) -> Acquired | str:
     if not start:
         return f"no cluster {base.name} running (start one with `make cluster-up REAL_NODE=1`)"
     log(f"starting cluster {base.name} with the real node")
+    os.environ.setdefault("KF_REAL_NODE_WAIT_S", "600")   # one real node per machine: wait for another's to stop
     t0 = time.monotonic()
     cluster = lifecycle.up(lifecycle.with_real_node_settings(cfg.from_env(real_node=True)))
     seconds = time.monotonic() - t0
