@@ -70,6 +70,7 @@ def role_template(role: dict[str, Any], *, parts: realnode.PodParts, extra_env: 
     out["volumes"] = [*out.get("volumes", []), *copy.deepcopy(parts.volumes), *volumes]
     out["volumeMounts"] = [*out.get("volumeMounts", []), *copy.deepcopy(parts.volume_mounts), *mounts]
     out["nodeSelector"] = {**out.get("nodeSelector", {}), realnode.NODE_LABEL: "true"}
+    out["tolerations"] = [*out.get("tolerations", []), dict(realnode.REAL_NODE_TOLERATION)]
     limits = out.get("resources", {}).get("limits", {})
     assert not any("gpu" in k for k in limits), f"real-node roles get no GPU limits: {limits}"
     return out

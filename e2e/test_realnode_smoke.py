@@ -173,3 +173,12 @@ def test_killed_container_is_restarted_with_its_exit_code(k: kube.Kubectl, names
     assert status["lastState"]["terminated"]["exitCode"] == code
     assert status["lastState"]["terminated"]["reason"] == "Error"
     assert "attempt" in k.run("logs", "-n", namespace, "crasher", "--previous").stdout
+
+
+def test_real_node_is_tainted_against_stray_pods(k: kube.Kubectl) -> None:
+    """Pods meant for kwok GPU nodes (no toleration) must never land on the real node and fail on its images."""
+    nodes = k.get_json("nodes", "-l", f"{realnode.NODE_LABEL}=true")["items"]
+    assert nodes, "no real node"
+    for node in nodes:
+        taints = node["spec"].get("taints", [])
+        assert any(t["key"] == realnode.NODE_LABEL and t["effect"] == "NoSchedule" for t in taints), taints

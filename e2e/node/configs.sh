@@ -119,6 +119,10 @@ authentication:
   x509: {clientCAFile: $KF_CA_CRT}
 authorization:
   mode: Webhook
+# Tainted so that pods meant for the kwok GPU nodes never land here: only pods that ask for the real node
+# (realnode.REAL_NODE_TOLERATION) run on it.
+registerWithTaints:
+- {key: kubeforge.dev/real-node, value: "true", effect: NoSchedule}
 clusterDomain: cluster.local
 clusterDNS: [$KF_NODE_IP]
 resolvConf: $KF_N/etc/resolv.conf

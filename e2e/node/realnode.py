@@ -160,10 +160,16 @@ def venv_python_parts(*, venv: pathlib.Path | None = None, repo: pathlib.Path | 
     return PodParts(python=f"{venv}/bin/python", volumes=volumes, volume_mounts=mounts, env=env)
 
 
+# The real node is tainted (e2e/node/configs.sh registerWithTaints) so pods meant for kwok nodes stay off it.
+REAL_NODE_TOLERATION = {"key": NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+
+
 def on_real_node(pod_spec: dict[str, Any]) -> dict[str, Any]:
-    """Return ``pod_spec`` pinned to the real node (nodeSelector on its label); input left unchanged."""
+    """Return ``pod_spec`` pinned to the real node (nodeSelector on its label, toleration of its taint); input left
+    unchanged."""
     spec = dict(pod_spec)
     spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), NODE_LABEL: "true"}
+    spec["tolerations"] = [*pod_spec.get("tolerations", []), dict(REAL_NODE_TOLERATION)]
     return spec
 
 

@@ -104,7 +104,8 @@ def test_on_real_node_adds_selector_without_mutating() -> None:
     spec = {"nodeSelector": {"a": "b"}, "containers": []}
     out = realnode.on_real_node(spec)
     assert out["nodeSelector"] == {"a": "b", realnode.NODE_LABEL: "true"}
-    assert spec["nodeSelector"] == {"a": "b"}
+    assert out["tolerations"] == [realnode.REAL_NODE_TOLERATION]
+    assert spec["nodeSelector"] == {"a": "b"} and "tolerations" not in spec
 
 
 def _dockersave() -> Any:
