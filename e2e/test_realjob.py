@@ -25,7 +25,7 @@ def test_manifest_is_a_valid_rljob_with_every_role_on_the_real_node(tmp_path: pa
         spec = getattr(job.spec.roles, role)
         assert spec.node_selector == {realnode.NODE_LABEL: "true"}
         assert spec.image == realnode.BASE_IMAGE
-        assert not spec.tolerations                         # kwok GPU nodes keep their taint
+        assert spec.tolerations == [realnode.REAL_NODE_TOLERATION]  # the real node's taint only: kwok's stays
         assert not any("gpu" in k for k in spec.resources.limits)
         assert spec.command[:2] == ["/bin/sh", "-c"] and spec.command[3] == realnode.venv_python_parts().python
         assert all(v["hostPath"]["path"] for v in spec.volumes)
