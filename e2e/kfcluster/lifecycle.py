@@ -277,7 +277,10 @@ def _down(workdir: str, *, timeout_s: float) -> None:
         cluster: Cluster | None = Cluster.load(workdir)
     except (OSError, ValueError, TypeError):
         cluster = None
-    real = (cluster.real_node if cluster else False) or os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true")
+    # The cluster's own record decides; the environment only when there is no record. (A session run with
+    # KUBEFORGE_REAL_NODE=1 also stops kwok-only clusters, e.g. the up/down cycle test's: their down must not run
+    # the node's down.sh, which would refuse to touch the session's real node and fail.)
+    real = cluster.real_node if cluster else os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true")
     if real:
         _node_script("down.sh", workdir=workdir, required=False)
     kwok_dir = os.path.join(workdir, "kwok")
