@@ -9,7 +9,7 @@ STAMP := $(VENV)/.kubeforge-installed
 KF := $(VENV)/bin/kubeforge
 PYTEST := $(VENV)/bin/python -m pytest
 
-.PHONY: venv demo test unit test-vllm test-cluster e2e-real cluster-up cluster-down crd lint bench clean
+.PHONY: venv demo test unit e2e-real cluster-up cluster-down crd lint bench clean
 
 # Idempotent: reinstalls only when pyproject.toml or the overrides change.
 venv: $(STAMP)
@@ -38,6 +38,19 @@ test: venv build-cluster
 CRD_FILES := crds/kubeforge.dev_rljobs.yaml helm/kubeforge/crds/kubeforge.dev_rljobs.yaml
 crd: venv
 	$(VENV)/bin/python -m kubeforge.api.crd --write $(CRD_FILES) --docs docs/api.md
+
+# Static checks: layer contracts (import-linter over the source folders) and strict typing of the packages.
+lint: venv
+	PYTHONPATH=api:operator:runtime $(VENV)/bin/lint-imports
+	$(VENV)/bin/python -m mypy --strict api/kubeforge operator/kubeforge runtime/kubeforge
+
+# Benchmarks (each prints ratios against a baseline measured in the same run). bench_operator needs a cluster:
+# `make cluster-up` first.
+bench: venv
+	$(VENV)/bin/python bench/bench_transport.py
+	$(VENV)/bin/python bench/bench_trainer.py --steps 6
+	$(VENV)/bin/python bench/bench_weightsync.py --model tiny
+	$(VENV)/bin/python bench/bench_e2e.py --steps 20
 
 clean:
 	rm -rf $(VENV) runs

@@ -123,8 +123,9 @@ class TorchGroup:
             raise ValueError(f"weight sync: rank {rank} outside world of {world_size}")
         td = datetime.timedelta(seconds=timeout)
         self.rank, self.size = rank, world_size
-        self.store: Any = dist.TCPStore(host, port, world_size, rank == 0,
-                                   timeout=datetime.timedelta(seconds=join_timeout), wait_for_workers=False)
+        self.store: Any = dist.TCPStore(  # type: ignore[attr-defined]
+            host, port, world_size, rank == 0,
+            timeout=datetime.timedelta(seconds=join_timeout), wait_for_workers=False)
         _barrier(self.store, world_size)  # everyone is here: the group below connects within `timeout`
         self.store.set_timeout(td)
         if backend == "gloo":

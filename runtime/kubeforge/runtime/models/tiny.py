@@ -60,7 +60,7 @@ def tokenizer() -> transformers.PreTrainedTokenizerFast:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIALS))
-    return transformers.PreTrainedTokenizerFast(
+    return transformers.PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK, model_max_length=MAX_POSITIONS)
 
 
@@ -79,10 +79,10 @@ def build(target: pathlib.Path) -> None:
     """Write the model and tokenizer into ``target`` (a cache builder)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        model = transformers.Qwen2ForCausalLM(config())
+        model = transformers.Qwen2ForCausalLM(config())  # type: ignore[no-untyped-call]
     model.save_pretrained(target, safe_serialization=True)
     cfg = model.config
-    transformers.GenerationConfig(
+    transformers.GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
     ).save_pretrained(target)
     tokenizer().save_pretrained(target)

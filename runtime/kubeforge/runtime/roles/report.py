@@ -119,7 +119,7 @@ class PodAnnotationReporter:
         if self._api is None:
             import kubernetes
 
-            kubernetes.config.load_incluster_config()
+            kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
             self._api = kubernetes.client.CoreV1Api()
         return self._api
 
