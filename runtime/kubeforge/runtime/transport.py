@@ -177,10 +177,29 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
+class _BoundReceiver:
+    """What every receiver shares: its bound address and the inbox that counts drops and keeps HELLOs."""
+
+    _address: str
+    _inbox: _Inbox
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def dropped(self) -> Mapping[str, int]:
+        return self._inbox.dropped
+
+    @property
+    def hellos(self) -> Sequence[wire.Hello]:
+        return self._inbox.hellos
+
+
 # ---------------------------------------------------------------- ZeroMQ
 
 
-class ZmqReceiver:
+class ZmqReceiver(_BoundReceiver):
     """A bound PULL socket; fair-queues frames from every connected sender."""
 
     def __init__(self, address: str, *, hwm: int, on_drop: DropHook | None) -> None:
@@ -196,18 +215,6 @@ class ZmqReceiver:
         self._address = str(self._sock.getsockopt_string(zmq.LAST_ENDPOINT))
         self._inbox = _Inbox(on_drop)
         self._closed = False
-
-    @property
-    def address(self) -> str:
-        return self._address
-
-    @property
-    def dropped(self) -> Mapping[str, int]:
-        return self._inbox.dropped
-
-    @property
-    def hellos(self) -> Sequence[wire.Hello]:
-        return self._inbox.hellos
 
     def recv(self, timeout: float | None = None) -> wire.Message | None:
         if self._closed:
@@ -400,7 +407,7 @@ _MEM: dict[str, queue.Queue[bytes]] = {}
 _MEM_LOCK = threading.Lock()
 
 
-class MemReceiver:
+class MemReceiver(_BoundReceiver):
     """A bounded in-process queue registered under a ``mem://`` name; frames are encoded bytes like on the wire."""
 
     def __init__(self, address: str, *, hwm: int, on_drop: DropHook | None) -> None:
@@ -412,18 +419,6 @@ class MemReceiver:
         self._address = address
         self._inbox = _Inbox(on_drop)
         self._closed = False
-
-    @property
-    def address(self) -> str:
-        return self._address
-
-    @property
-    def dropped(self) -> Mapping[str, int]:
-        return self._inbox.dropped
-
-    @property
-    def hellos(self) -> Sequence[wire.Hello]:
-        return self._inbox.hellos
 
     def recv(self, timeout: float | None = None) -> wire.Message | None:
         if self._closed:
