@@ -281,8 +281,13 @@ def _down(workdir: str, *, timeout_s: float) -> None:
     # KUBEFORGE_REAL_NODE=1 also stops kwok-only clusters, e.g. the up/down cycle test's: their down must not run
     # the node's down.sh, which would refuse to touch the session's real node and fail.)
     real = cluster.real_node if cluster else os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true")
+    node_error: subprocess.CalledProcessError | None = None
     if real:
-        _node_script("down.sh", workdir=workdir, required=False)
+        try:
+            _node_script("down.sh", workdir=workdir, required=False)
+        except subprocess.CalledProcessError as exc:  # still stop the control plane, then report the failure
+            log(f"real node down failed ({exc}); stopping the control plane anyway")
+            node_error = exc
     kwok_dir = os.path.join(workdir, "kwok")
     bin_dir = cluster.bin_dir if cluster else str(binaries.bin_dir())
     name = cluster.name if cluster else os.path.basename(workdir.rstrip("/"))
@@ -303,6 +308,8 @@ def _down(workdir: str, *, timeout_s: float) -> None:
                   timeout_s=timeout_s)
     shutil.rmtree(workdir, ignore_errors=True)
     log(f"cluster {name} stopped; {workdir} removed")
+    if node_error is not None:
+        raise node_error
 
 
 def cluster_rss_kib(cluster: Cluster) -> dict[str, Any]:
