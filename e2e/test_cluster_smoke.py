@@ -5,6 +5,8 @@ nodes (a private ``pool`` label) so capacity used by other tests cannot change i
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
 import time
 import uuid
 
@@ -171,3 +173,22 @@ def test_up_down_cycles_leave_nothing_behind(tmp_path) -> None:
         assert not procs.processes_mentioning(cluster.workdir)
         assert not ports & procs.listening_ports()
 
+
+
+@pytest.mark.slow
+def test_down_stops_the_control_plane_even_when_the_node_down_fails(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A failing e2e/node/down.sh once left a cluster's apiserver, scheduler and kwok running: down must still stop
+    the control plane, and then report the node's failure."""
+    cluster = lifecycle.up(cfg.ClusterConfig(name="kf-nodefail", root=str(tmp_path), nodes=(cfg.NodePool(count=1),)))
+    scripts = tmp_path / "node-scripts"
+    scripts.mkdir()
+    (scripts / "down.sh").write_text("exit 3\n")
+    monkeypatch.setattr(lifecycle, "NODE_SCRIPTS", scripts)
+    load = lifecycle.Cluster.load
+    monkeypatch.setattr(lifecycle.Cluster, "load",
+                        classmethod(lambda cls, wd: dataclasses.replace(load(wd), real_node=True)))
+    ports = set(cluster.ports.values())
+    with pytest.raises(subprocess.CalledProcessError):
+        lifecycle.down(workdir=cluster.workdir)
+    assert not procs.processes_mentioning(cluster.workdir)
+    assert not ports & procs.listening_ports()
