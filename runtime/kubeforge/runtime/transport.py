@@ -294,7 +294,32 @@ class _Peer:
         self.sock.close(0)
 
 
-class ZmqSender:
+class _SenderBase:
+    """What every sender shares: encoding, and the checks before a frame goes out."""
+
+    _closed: bool
+    _send_timeout: float | None
+
+    @property
+    def peers(self) -> int:
+        raise NotImplementedError
+
+    def send(self, msg: wire.Message, *, to: int | None = None, timeout: float | None = None) -> None:
+        self.send_frame(wire.encode(msg), to=to, timeout=timeout)
+
+    def send_frame(self, frame: bytes, *, to: int | None = None, timeout: float | None = None) -> None:
+        raise NotImplementedError
+
+    def _begin_send(self, *, to: int | None, timeout: float | None) -> float | None:
+        """Refuse a closed sender or a bad peer index; return the send's deadline."""
+        if self._closed:
+            raise TransportError("sender is closed")
+        if to is not None and not 0 <= to < self.peers:
+            raise TransportError(f"peer index {to} out of range [0, {self.peers})")
+        return _deadline(self._send_timeout if timeout is None else timeout)
+
+
+class ZmqSender(_SenderBase):
     """One PUSH socket per peer: chosen-peer routing and round robin over peers that have room."""
 
     def __init__(self, peers: Sequence[str], *, hello: bytes, hwm: int, send_timeout: float | None) -> None:
@@ -329,17 +354,10 @@ class ZmqSender:
                 p.pump(min(left, _POLL_SLICE_S))
             self._send_on(p, b"", deadline)
 
-    def send(self, msg: wire.Message, *, to: int | None = None, timeout: float | None = None) -> None:
-        self.send_frame(wire.encode(msg), to=to, timeout=timeout)
-
     def send_frame(self, frame: bytes, *, to: int | None = None, timeout: float | None = None) -> None:
         """Send an already-encoded frame (fan-out without re-encoding; tests and benches send raw bytes)."""
-        if self._closed:
-            raise TransportError("sender is closed")
-        deadline = _deadline(self._send_timeout if timeout is None else timeout)
+        deadline = self._begin_send(to=to, timeout=timeout)
         if to is not None:
-            if not 0 <= to < len(self._peers):
-                raise TransportError(f"peer index {to} out of range [0, {len(self._peers)})")
             self._send_on(self._peers[to], frame, deadline)
             return
         n = len(self._peers)
@@ -441,7 +459,7 @@ class MemReceiver(_BoundReceiver):
                     del _MEM[self._address]
 
 
-class MemSender:
+class MemSender(_SenderBase):
     """Sends to ``mem://`` receivers of this process; blocks while a receiver's bounded queue is full."""
 
     def __init__(self, peers: Sequence[str], *, hello: bytes, send_timeout: float | None) -> None:
@@ -461,15 +479,8 @@ class MemSender:
         for i in range(len(self._addresses)):
             self._put(i, b"", deadline)
 
-    def send(self, msg: wire.Message, *, to: int | None = None, timeout: float | None = None) -> None:
-        self.send_frame(wire.encode(msg), to=to, timeout=timeout)
-
     def send_frame(self, frame: bytes, *, to: int | None = None, timeout: float | None = None) -> None:
-        if self._closed:
-            raise TransportError("sender is closed")
-        deadline = _deadline(self._send_timeout if timeout is None else timeout)
-        if to is not None and not 0 <= to < len(self._addresses):
-            raise TransportError(f"peer index {to} out of range [0, {len(self._addresses)})")
+        deadline = self._begin_send(to=to, timeout=timeout)
         if to is None:
             to = self._next
             self._next = (self._next + 1) % len(self._addresses)
