@@ -107,15 +107,6 @@ def named_fields(status: dict[str, Any]) -> list[str]:
     return [c.get("field", "") for c in causes if "validation rules were not checked" not in c.get("message", "")]
 
 
-def compact(value: Any) -> Any:
-    if isinstance(value, dict):
-        out = {k: compact(v) for k, v in value.items()}
-        return {k: v for k, v in out.items() if v not in ({}, [])}
-    if isinstance(value, list):
-        return [compact(v) for v in value]
-    return value
-
-
 # ---------------------------------------------------------------- the shared table
 
 
@@ -148,7 +139,7 @@ def test_the_table_has_at_least_thirty_cases() -> None:
 def test_example_is_accepted_with_the_model_defaults(api: Any, ns: str, path: pathlib.Path) -> None:
     doc = yaml.safe_load(path.read_text())
     stored = create(api, ns, doc)
-    assert compact(stored["spec"]) == compact(load.dump(load.parse(doc))["spec"])
+    assert table.compact(stored["spec"]) == table.compact(load.dump(load.parse(doc))["spec"])
 
 
 # ---------------------------------------------------------------- immutability

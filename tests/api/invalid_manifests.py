@@ -238,3 +238,13 @@ CASES: tuple[Case, ...] = (
     Case(id="ttl-negative", change=_set("spec.ttlSecondsAfterFinished", -1), path="spec.ttlSecondsAfterFinished",
          message=f"{GE} 0"),
 )
+
+
+def compact(value: Any) -> Any:
+    """Drop empty lists and maps (the CRD leaves them absent; the model fills them in)."""
+    if isinstance(value, dict):
+        out = {k: compact(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in ({}, [])}
+    if isinstance(value, list):
+        return [compact(v) for v in value]
+    return value

@@ -13,6 +13,8 @@ import yaml
 
 from kubeforge.api import contract, crd, load
 
+import invalid_manifests  # tests/api: the shared table and its helpers
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMMITTED = (ROOT / "crds" / "kubeforge.dev_rljobs.yaml", ROOT / "helm" / "kubeforge" / "crds" / "kubeforge.dev_rljobs.yaml")
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -257,16 +259,6 @@ def apply_defaults(node: Node, value: Any) -> Any:
     return value
 
 
-def compact(value: Any) -> Any:
-    """Drop empty lists and maps (the CRD leaves them absent; the model fills them in)."""
-    if isinstance(value, dict):
-        out = {k: compact(v) for k, v in value.items()}
-        return {k: v for k, v in out.items() if v not in ({}, [])}
-    if isinstance(value, list):
-        return [compact(v) for v in value]
-    return value
-
-
 MINIMAL = {"apiVersion": contract.API_VERSION, "kind": "RLJob", "metadata": {"name": "m"}, "spec": {
     "model": {"builtin": "tiny"}, "task": {"arithmetic": {}}, "verifiers": [{"name": "a", "type": "ExactAnswer"}]}}
 
@@ -276,4 +268,4 @@ def test_crd_defaults_equal_model_defaults(schema: Node, path: pathlib.Path | No
     doc = copy.deepcopy(MINIMAL) if path is None else yaml.safe_load(path.read_text())
     by_server = apply_defaults(schema["properties"]["spec"], copy.deepcopy(doc["spec"]))
     by_model = load.dump(load.parse(doc))["spec"]
-    assert compact(by_server) == compact(by_model)
+    assert invalid_manifests.compact(by_server) == invalid_manifests.compact(by_model)
