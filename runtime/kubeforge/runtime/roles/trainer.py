@@ -11,7 +11,8 @@
    rank 0: push weights v every weightSync.everySteps (SYNC notice, then the broadcast; generators ACK);
            the other ranks follow the push (sharded weights are gathered by every rank)
    rank 0: report the step (JSONL locally, pod annotation on a cluster)
-   rank 0: checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
+   checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
+ every rank: export the policy as an HF folder next to the checkpoints (rank 0 writes)
  rank 0: STOP every generator, report done
 ```
 
@@ -72,6 +73,8 @@ class Learner(Protocol):
                         extra: Mapping[str, Any] | None = None) -> Any: ...
     def follow_sync(self) -> None:
         """A non-zero rank's part of rank 0's weight push (gathers of sharded weights); may do nothing."""
+    def export(self, *, directory: str) -> Any:
+        """Write the policy as an HF folder under ``directory`` (every rank calls it; rank 0 writes)."""
 
 
 class WeightPusher(Protocol):
@@ -148,8 +151,9 @@ class Loop:
             t0 = self.clock()
             stats = self.learner.train_step(groups=groups)
             self._after_step(s, stats, groups, train_seconds=self.clock() - t0)
+        exported = self.learner.export(directory=self.s.checkpoint_dir)
         if self.rank0 is not None:
-            self._finish()
+            self._finish(exported)
 
     def _resume(self) -> int:
         state = self.learner.resume(directory=self.s.checkpoint_dir)
@@ -258,11 +262,12 @@ class Loop:
         }
         return record
 
-    def _finish(self) -> None:
+    def _finish(self, exported: Any) -> None:
         assert self.rank0 is not None
         for g in range(self.generators.peers):
             try:
                 self.generators.send(wire.Stop(reason="done"), to=g, timeout=5.0)
             except transport.TransportError:
                 pass
-        self.rank0.reporter.done({"step": self.learner.step, "policy_version": self.learner.policy_version})
+        self.rank0.reporter.done({"step": self.learner.step, "policy_version": self.learner.policy_version,
+                                  "export": str(exported) if exported else None})

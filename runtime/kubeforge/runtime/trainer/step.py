@@ -29,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, registry
 from kubeforge.runtime.trainer import batch as batch_mod
 from kubeforge.runtime.trainer import checkpoint, logprobs, metrics, parallel, precision, sharding
+from kubeforge.runtime.trainer import export as export_mod
 from kubeforge.runtime.trainer import policy as policy_mod
 
 DTYPES = precision.DTYPES
@@ -186,6 +188,20 @@ class Trainer:
         """A non-zero rank's part of a weight push: take part in every gather rank 0's stream makes."""
         if self.sharded:
             self.named_tensors().drain()
+
+    def export(self, *, directory: str | Path) -> Path | None:
+        """Write the policy as an HF folder ``<directory>/export-step-N`` (every rank calls it: sharded tensors are
+        gathered by all; rank 0 writes). Returns the folder on rank 0, None elsewhere; an existing one is kept."""
+        target = Path(directory) / export_mod.dir_name(self.step)
+        if self.group.broadcast_json(target.is_dir() if self.group.is_main else None):
+            return target if self.group.is_main else None
+        stream = self.named_tensors()
+        if not self.group.is_main:
+            stream.drain()
+            return None
+        sizes = [math.prod(e.shape) * torch.empty((), dtype=e.dtype).element_size() for e in stream.meta]
+        return export_mod.write(target=target, tensors=stream, sizes=sizes, config=self.model.config,
+                                source=self.model_path, dtype=self.compute_dtype)
 
     # ------------------------------------------------------------ checkpoints
 
