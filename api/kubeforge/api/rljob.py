@@ -81,7 +81,10 @@ class ModelSpec(Model):
     path: str | None = Field(
         None, min_length=1, max_length=4096, description="Path of a Hugging Face model folder: a PVC mount on a cluster, a local "
         "directory for `kubeforge run`.")
-    dtype: DType = Field(DType.FLOAT32, description="Parameter dtype for training and generation.")
+    dtype: DType = Field(DType.FLOAT32, description="Compute dtype: the trainer computes in it (autocast, or FSDP2's "
+                         "mixed precision) over float32 master weights and optimizer state; generators run in it "
+                         "and receive weights in it.")
+
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -340,12 +343,26 @@ class VerifierRole(RoleSpec):
 MSG_TRAINER_IMMUTABLE = f"spec.roles.trainer.replicas {IMMUTABLE}"
 
 
+class Sharding(str, enum.Enum):
+    DDP = "DDP"
+    FSDP = "FSDP"
+
+
 class TrainerRole(RoleSpec):
     """The trainer role: data-parallel replicas; rank 0 pushes weights and writes checkpoints."""
 
     model_config = pydantic.ConfigDict(
         json_schema_extra=_schema_extra(_cel("self.replicas == oldSelf.replicas", MSG_TRAINER_IMMUTABLE))
     )
+
+    sharding: Sharding = Field(Sharding.DDP, description="DDP: every replica holds the whole model and "
+                               "optimizer state. FSDP: parameters, gradients and optimizer state are sharded over "
+                               "the trainer replicas (torch FSDP2); checkpoints are sharded too.")
+    micro_batch_tokens: int | None = Field(
+        None, ge=16, le=1 << 24, description="Run forward/backward in micro-batches of at most this many (padded) "
+        "tokens, accumulating gradients; unset: one micro-batch per step.")
+    activation_checkpointing: bool = Field(False, description="Recompute each transformer block's activations "
+                                           "in backward instead of keeping them (less memory, ~30% more compute).")
 
 
 class RolesSpec(Model):

@@ -8,7 +8,8 @@
    collect my share of step s: SCORED → buffer (stale/duplicate/late dropped and counted)
        dropped-but-needed prompts → re-issued by this rank straight to a generator (round robin)
    train_step(my groups) ── all-reduce ──▶ v = s + 1
-   rank 0: push weights v every weightSync.everySteps (SYNC notice, then the broadcast; generators ACK)
+   rank 0: push weights v every weightSync.everySteps (SYNC notice, then the broadcast; generators ACK);
+           the other ranks follow the push (sharded weights are gathered by every rank)
    rank 0: report the step (JSONL locally, pod annotation on a cluster)
    rank 0: checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
  rank 0: STOP every generator, report done
@@ -84,6 +85,8 @@ class Learner(Protocol):
     def resume(self, *, directory: str) -> dict[str, Any] | None: ...
     def save_checkpoint(self, *, directory: str, keep: int, data_cursor: int,
                         extra: Mapping[str, Any] | None = None) -> Any: ...
+    def follow_sync(self) -> None:
+        """A non-zero rank's part of rank 0's weight push (gathers of sharded weights); may do nothing."""
 
 
 class WeightPusher(Protocol):
@@ -162,8 +165,8 @@ class Loop:
         start = self._resume()
         if self.rank0 is not None and start < self.s.steps:
             self._wait_for_generators()
-            if start > 0:
-                self._push(step=start)
+        if 0 < start < self.s.steps:
+            self._push(step=start)
         for s in range(start, self.s.steps):
             self._issue_window(current=s)
             groups = self._collect(s)
@@ -233,7 +236,10 @@ class Loop:
         """Generator ``g`` restarted: new weight-sync epoch, current policy to everyone, its work again."""
         assert self.rank0 is not None
         self.epochs = self.rank0.pusher.reform()
-        self._push(step=self.learner.step)
+        if not getattr(self.learner, "sharded", False):
+            # a sharded (FSDP) model's push needs every rank's gathers: it waits for the next step boundary, and
+            # the work below is skipped by the generator until then and re-issued by the stall timer
+            self._push(step=self.learner.step)
         pending = [w for w in self.outstanding.pop(g, []) if w.step >= self.buffer.next_step]
         for w in pending:
             self._send_work(g, self._work(w.step, w.prompts))
@@ -300,7 +306,7 @@ class Loop:
         done = s + 1
         last = done == self.s.steps
         sync: generator_role.SyncResult | None = None
-        if self.rank0 is not None and (done % self.s.sync_every == 0) and not last:
+        if (done % self.s.sync_every == 0) and not last:
             sync = self._push(step=done)
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
         self.observer.trained(record=record)
@@ -314,9 +320,12 @@ class Loop:
                                          data_cursor=done)
 
     def _push(self, *, step: int) -> generator_role.SyncResult | None:
-        """Push the current policy; a broken group (a generator died mid-sync) abandons the epoch and returns None:
-        training goes on and the generator's return (its READY) triggers the next push."""
-        assert self.rank0 is not None
+        """Push the current policy (other ranks take part in the gathers a sharded model needs); a broken group (a
+        generator died mid-sync) abandons the epoch and returns None: training goes on and the generator's return
+        (its READY) triggers the next push."""
+        if self.rank0 is None:
+            self.learner.follow_sync()
+            return None
         self.beat("sync")
         try:
             return self.rank0.pusher.push(version=self.learner.policy_version, step=step)
