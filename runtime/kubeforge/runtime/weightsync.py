@@ -36,7 +36,11 @@ Invariants:
 - Joining waits up to ``join_timeout`` (long: a generator joins between rollout batches, an engine may still be
   starting) for every rank at a store barrier; after that every collective is bounded by ``timeout`` (short): a
   peer that dies mid-sync makes the others raise ``WeightSyncError`` instead of hanging. After an error the
-  group is unusable; close it (the job restarts).
+  group is unusable; it is closed and re-formed under a new **epoch**.
+- Epochs: the sender keeps one store (its server) for its lifetime; each epoch's group lives under the key prefix
+  ``kubeforge/epoch-<n>/``. ``WeightSender.reset()`` abandons the current epoch (a mark in the store that ends
+  every barrier still waiting in it with ``WeightSyncError``, at once) and the next ``send`` forms epoch n+1 with
+  whoever joins it. So a generator that restarts, or one that reads an old SYNC, never waits on a dead epoch.
 - Each bucket is a fresh buffer: a loader may keep the views it was given (vLLM's layer-wise reload does).
 """
 from __future__ import annotations
@@ -58,7 +62,7 @@ ALIGN = 16  # bytes; every tensor starts at a multiple of this inside its bucket
 DEFAULT_BUCKET_MB = 64
 MAX_META_BYTES = 64 << 20
 DEFAULT_JOIN_TIMEOUT = 600.0  # generators join between rollout batches, maybe long after the trainer
-JOIN_KEY, ALL_JOINED_KEY = "kubeforge/joined", "kubeforge/all-joined"
+JOIN_KEY, ALL_JOINED_KEY, ABANDONED_KEY = "joined", "all-joined", "abandoned"   # under the epoch's prefix
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
     "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
@@ -117,18 +121,20 @@ class Group(Protocol):
 
 
 class TorchGroup:
-    """A private ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) over a ``TCPStore`` served by rank 0."""
+    """A private ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) over a ``TCPStore`` served by rank 0, under
+    the key prefix of ``epoch`` (rank 0 may pass the store it already serves)."""
 
     def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float,
-                 join_timeout: float, backend: str = "gloo", device: torch.device | None = None) -> None:
+                 join_timeout: float, backend: str = "gloo", device: torch.device | None = None, epoch: int = 0,
+                 store: Any = None) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"weight sync: rank {rank} outside world of {world_size}")
         td = datetime.timedelta(seconds=timeout)
-        self.rank, self.size = rank, world_size
-        self.store: Any = dist.TCPStore(  # type: ignore[attr-defined]
-            host, port, world_size, rank == 0,
-            timeout=datetime.timedelta(seconds=join_timeout), wait_for_workers=False)
-        _barrier(self.store, world_size)  # everyone is here: the group below connects within `timeout`
+        self.rank, self.size, self.epoch = rank, world_size, epoch
+        self.root: Any = store if store is not None else open_store(host=host, port=port, rank=rank,
+                                                                      join_timeout=join_timeout)
+        self.store: Any = dist.PrefixStore(epoch_prefix(epoch), self.root)  # type: ignore[attr-defined]
+        _barrier(self.store, world_size, timeout=join_timeout)  # everyone is here: the group connects within `timeout`
         self.store.set_timeout(td)
         if backend == "gloo":
             self.device = torch.device("cpu")
@@ -162,20 +168,45 @@ class TorchGroup:
         self.store = None
 
 
-def _barrier(store: Any, world_size: int) -> None:
-    """Wait (up to the store's timeout, the join timeout) until all ``world_size`` ranks reached the store."""
+def epoch_prefix(epoch: int) -> str:
+    return f"kubeforge/epoch-{epoch}/"
+
+
+def open_store(*, host: str, port: int, rank: int, join_timeout: float) -> Any:
+    """The weight-sync store: served by rank 0, a client elsewhere."""
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        host, port, None, rank == 0, timeout=datetime.timedelta(seconds=join_timeout), wait_for_workers=False)
+
+
+BARRIER_POLL_SECONDS = 0.05
+
+
+def _barrier(store: Any, world_size: int, *, timeout: float) -> None:
+    """Wait (at most ``timeout``) until all ``world_size`` ranks reached the store; an abandoned epoch ends the
+    wait at once."""
+    if store.check([ABANDONED_KEY]):
+        raise WeightSyncError("weight sync: this epoch was abandoned (the membership re-formed)")
     if store.add(JOIN_KEY, 1) == world_size:
         store.set(ALL_JOINED_KEY, b"1")
-    store.wait([ALL_JOINED_KEY])
+    deadline = time.monotonic() + timeout
+    while not store.check([ALL_JOINED_KEY]):
+        if store.check([ABANDONED_KEY]):
+            raise WeightSyncError("weight sync: this epoch was abandoned (the membership re-formed)")
+        if time.monotonic() > deadline:
+            raise WeightSyncError(f"weight sync: not every rank joined within {timeout:.0f}s")
+        time.sleep(BARRIER_POLL_SECONDS)
 
 
 def _open(*, host: str, port: int, world_size: int, rank: int, timeout: float, join_timeout: float,
-          backend: str) -> TorchGroup:
+          backend: str, epoch: int = 0, store: Any = None) -> TorchGroup:
     try:
         return TorchGroup(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
-                          join_timeout=join_timeout, backend=backend)
+                          join_timeout=join_timeout, backend=backend, epoch=epoch, store=store)
     except (RuntimeError, dist.DistError) as e:
-        raise WeightSyncError(f"weight sync: rank {rank} could not join {host}:{port} (world {world_size}): {e}") from e
+        if isinstance(e, WeightSyncError):
+            raise
+        raise WeightSyncError(f"weight sync: rank {rank} could not join {host}:{port} (world {world_size}, epoch "
+                              f"{epoch}): {e}") from e
 
 
 # ---------------------------------------------------------------- planning and metadata (pure)
@@ -296,12 +327,32 @@ class WeightSender:
             raise ValueError("weight sync: world_size must count the sender and at least one receiver")
         self._args = dict(host=host, port=port, world_size=world_size, rank=0, timeout=timeout,
                           join_timeout=join_timeout, backend=backend)
+        self._host, self._port, self._join_timeout = host, port, join_timeout
         self.bucket_bytes = max(ALIGN, int(bucket_mb * (1 << 20)))
         self.group: Group | None = None
+        self.epoch = 0
+        self._store: Any = None
 
     def connect(self) -> None:
         if self.group is None:
-            self.group = _open(**self._args)  # type: ignore[arg-type]
+            if self._store is None:
+                self._store = open_store(host=self._host, port=self._port, rank=0, join_timeout=self._join_timeout)
+            self.group = _open(**self._args, epoch=self.epoch, store=self._store)  # type: ignore[arg-type]
+
+    def reset(self) -> int:
+        """Abandon the current epoch (its group is closed; anyone still joining it fails at once); the next
+        ``send`` forms the next epoch. Returns the new epoch."""
+        if self._store is not None:
+            try:
+                prefixed: Any = dist.PrefixStore(epoch_prefix(self.epoch), self._store)  # type: ignore[attr-defined]
+                prefixed.set(ABANDONED_KEY, b"1")
+            except (RuntimeError, dist.DistError):
+                pass
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        self.epoch += 1
+        return self.epoch
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | TensorStream, *,
              version: int) -> SyncStats:
@@ -382,11 +433,11 @@ class WeightReceiver:
     """A generator worker's end. ``receive`` blocks until the sender's next sync and hands tensors to ``load``."""
 
     def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float = 120.0,
-                 join_timeout: float = DEFAULT_JOIN_TIMEOUT, backend: str = "gloo") -> None:
+                 join_timeout: float = DEFAULT_JOIN_TIMEOUT, backend: str = "gloo", epoch: int = 0) -> None:
         if rank < 1:
             raise ValueError("weight sync: receivers have ranks >= 1 (rank 0 is the trainer)")
         self.group: Group = _open(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
-                                  join_timeout=join_timeout, backend=backend)
+                                  join_timeout=join_timeout, backend=backend, epoch=epoch)
 
     def receive(self, load: Loader) -> SyncStats:
         """Receive one sync; ``load`` gets an iterator of (HF name, tensor) that receives buckets lazily."""

@@ -65,6 +65,10 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
         "ports": [{"name": p["name"], "containerPort": p["port"], "protocol": "TCP"} for p in service.ports()],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
                            "periodSeconds": 5, "failureThreshold": 3},
+        # /healthz turns 503 once the role's heartbeat is older than spec.failurePolicy.progressDeadlineSeconds
+        # (the role decides; the probe only asks): three misses in a row restart the container.
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
+                          "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
         "volumeMounts": [{"name": names.CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
                          *[dict(m) for m in spec.volume_mounts]],
     }

@@ -106,6 +106,7 @@ class Trainer:
         self.pad_id = int(pad) if isinstance(pad, int) else 0
         self.step = 0
         self.policy_version = 0
+        self._stream: sharding.Stream | None = None     # the last stream handed out (see complete_sync)
 
     # ------------------------------------------------------------ training
 
@@ -182,12 +183,20 @@ class Trainer:
         """(HF parameter name, full tensor in the compute dtype) of every policy parameter, gathered lazily (a
         ``weightsync.TensorStream``: its ``meta`` first). Tied weights appear once (under the embedding's name),
         as ``named_parameters`` reports them. Sharded: every rank must iterate it (see :meth:`follow_sync`)."""
-        return sharding.Stream(sharding.unique_named(self.model), dtype=self.compute_dtype)
+        self._stream = sharding.Stream(sharding.unique_named(self.model), dtype=self.compute_dtype)
+        return self._stream
 
     def follow_sync(self) -> None:
         """A non-zero rank's part of a weight push: take part in every gather rank 0's stream makes."""
         if self.sharded:
             self.named_tensors().drain()
+
+    def complete_sync(self) -> None:
+        """Rank 0, after a push (sent, failed half way, or skipped): finish the gathers of the push's stream, or
+        make them all if none was taken, so the other ranks' :meth:`follow_sync` always completes."""
+        if self.sharded:
+            (self._stream or self.named_tensors()).drain()
+        self._stream = None
 
     def export(self, *, directory: str | Path) -> Path | None:
         """Write the policy as an HF folder ``<directory>/export-step-N`` (every rank calls it: sharded tensors are
@@ -196,6 +205,7 @@ class Trainer:
         if self.group.broadcast_json(target.is_dir() if self.group.is_main else None):
             return target if self.group.is_main else None
         stream = self.named_tensors()
+        self._stream = None
         if not self.group.is_main:
             stream.drain()
             return None
