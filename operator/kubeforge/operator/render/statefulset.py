@@ -6,7 +6,10 @@ placement and the gang's pod labels meet. Invariants:
 - the selector holds only job and role (immutable, attempt-independent);
 - ``updateStrategy: OnDelete``: the operator alone decides when pods go (a whole attempt at a time), so the
   StatefulSet controller never rolls pods one by one into a mixed world;
-- replicas are 0 unless the context is active (suspended, finished, or an old attempt still draining).
+- replicas are 0 unless the context is active (suspended, finished, or an old attempt still draining);
+- a pod that talks NCCL or runs vLLM tensor parallelism (it requests GPUs, or a generator has
+  ``tensorParallelSize > 1``) gets a memory-backed ``/dev/shm`` sized per GPU (the container runtime's default
+  64 MiB makes NCCL and vLLM's shared-memory broadcast fail).
 """
 from __future__ import annotations
 
@@ -19,6 +22,21 @@ from kubeforge.operator.render.gang import base
 # unset so tini stays PID 1 (forwards SIGTERM, reaps vLLM's children) and gets only ``args: [role, <role>]``.
 # Setting ``command: [kubeforge]`` would replace the entrypoint and make the role process PID 1, which ignores
 # SIGTERM without a handler (the trainer has none): every restart would wait out the grace period.
+
+
+SHM_VOLUME = "dshm"
+SHM_GIB_PER_DEVICE = 2
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
+def shm_gib(spec: rljob.RoleSpec) -> int:
+    """GiB of ``/dev/shm`` a role's pod needs: 0 when it uses neither GPUs nor vLLM tensor parallelism."""
+    limits = {**spec.resources.requests, **spec.resources.limits}
+    gpus = max((int(str(limits[k])) for k in GPU_RESOURCES if str(limits.get(k, "")).isdigit()), default=0)
+    tp = spec.tensor_parallel_size if isinstance(spec, rljob.GeneratorRole) else 1
+    if gpus == 0 and tp <= 1:
+        return 0
+    return SHM_GIB_PER_DEVICE * max(gpus, tp)
 
 
 def world(job: rljob.RLJob) -> str:
@@ -54,6 +72,10 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
         "ports": [{"name": p["name"], "containerPort": p["port"], "protocol": "TCP"} for p in service.ports()],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
                            "periodSeconds": 5, "failureThreshold": 3},
+        # /healthz turns 503 once the role's heartbeat is older than spec.failurePolicy.progressDeadlineSeconds
+        # (the role decides; the probe only asks): three misses in a row restart the container.
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
+                          "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
         "volumeMounts": [{"name": names.CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
                          *security.writable_mounts(), *checkpoint.mounts(job, role),
                          *[dict(m) for m in spec.volume_mounts]],
@@ -62,6 +84,8 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
     res = _resources(spec)
     if res:
         c["resources"] = res
+    if shm_gib(spec):
+        c["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     return c
 
 
@@ -81,6 +105,9 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
                     *[dict(v) for v in spec.volumes]],
         **placement.pod_placement(job, role),
     }
+    if shm_gib(spec):
+        pod["volumes"].append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
+                                                                "sizeLimit": f"{shm_gib(spec)}Gi"}})
     if gang.scheduler_name:
         pod["schedulerName"] = gang.scheduler_name
     if spec.priority_class_name:
