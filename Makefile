@@ -62,6 +62,12 @@ bench: venv
 clean:
 	rm -rf $(VENV) runs
 
+# The operator image and the CPU runtime image, built with buildah from a debootstrap rootfs (no Docker, no
+# registry), cached by the hash of their inputs under ~/.cache/kubeforge/images. Prints `<ref> <OCI archive>` per
+# image and imports them into the real test node's containerd when it runs. See images/README.md.
+images: venv host-deps
+	@KF_IMPORT=1 WHEELS=$(WHEELS) bash images/build.sh operator runtime
+
 # --- test cluster (issue 4; owner: test-cluster engineer). See docs/test-cluster.md. ---
 .PHONY: build-cluster e2e-kind
 # Builds into ~/.cache/kubeforge/k8s-<version>/bin; skips what is built. COMPONENTS=... to pick.
