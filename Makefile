@@ -42,7 +42,7 @@ test: venv host-deps build-cluster
 
 # The CRD is generated from the typed model (kubeforge.api.crd) and copied into the Helm chart, and the field
 # table of docs/api.md refreshed; tests/api/test_crd.py fails when any of them differs from the model.
-CRD_FILES := crds/kubeforge.dev_rljobs.yaml helm/kubeforge/crds/kubeforge.dev_rljobs.yaml
+CRD_FILES := crds/kubeforge.dev_rljobs.yaml helm/kubeforge/files/crds/kubeforge.dev_rljobs.yaml
 crd: venv
 	$(VENV)/bin/python -m kubeforge.api.crd --write $(CRD_FILES) --docs docs/api.md
 

@@ -80,8 +80,14 @@ def test_values_schema_refuses_bad_values(bad: str) -> None:
 
 
 def test_chart_installs_the_generated_crd() -> None:
-    objs = render()
-    assert one(objs, "CustomResourceDefinition") == crd.crd()
+    """The CRD is a template (upgraded with the release), kept on uninstall unless crds.keep=false."""
+    got = one(render(include_crds=False), "CustomResourceDefinition")
+    want = crd.crd()
+    assert got["spec"] == want["spec"] and got["metadata"]["name"] == want["metadata"]["name"]
+    assert got["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "annotations" not in one(render("crds.keep=false"), "CustomResourceDefinition")["metadata"]
+    assert not [o for o in render("crds.install=false") if o["kind"] == "CustomResourceDefinition"]
+    assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the CRD lives in files/crds and a template"
 
 
 def test_operator_deployment() -> None:

@@ -13,6 +13,7 @@
 # With KF_IMPORT=1 (`make images` sets it) each archive is also imported into the real node's containerd when
 # that node is up on this machine.
 set -euo pipefail
+shopt -s inherit_errexit
 here="$(cd "$(dirname "$0")" && pwd)"
 KF_REPO_ROOT="$(cd "$here/.." && pwd)"
 cache="${KUBEFORGE_CACHE:-$HOME/.cache/kubeforge}/images"
@@ -70,7 +71,10 @@ ensure_rootfs() {
 # built_one NAME REF: the operator or the runtime image, built with `buildah bud` from images/NAME/Containerfile.
 built_one() {
   local name="$1" ref="$2" hash out ctx t0=$SECONDS wheel_hash=none
-  [ "$name" = runtime ] && { [ -d "$WHEELS" ] || { log "missing $WHEELS (the CPU torch wheel)"; exit 1; }; wheel_hash="$(kf_hash "$WHEELS")"; }
+  if [ "$name" = runtime ]; then
+    [ -d "$WHEELS" ] || { log "missing $WHEELS (the CPU torch wheel)"; exit 1; }
+    wheel_hash="$(kf_hash "$WHEELS")"
+  fi
   local uv="$KF_REPO_ROOT/.venv/bin/uv"
   [ -x "$uv" ] || { log "$uv not found (make venv)"; exit 1; }
   hash="$( { echo "$ref $ROOTFS_HASH $wheel_hash $("$uv" --version)"; kf_hash "$here/$name/Containerfile" \
@@ -89,8 +93,14 @@ built_one() {
     cp "$uv" "$ctx/uv"; cp "$KF_REPO_ROOT/pyproject.toml" "$here/overrides.txt" "$ctx/"
     log "$name: buildah bud ..."
     local vols=(-v "${UV_CACHE_DIR:-$HOME/.cache/uv}:/root/.cache/uv")
-    [ "$name" = runtime ] && vols+=(-v "$WHEELS:/wheels:ro")
-    kf_buildah bud --quiet --layers --build-arg "BASE=$ROOTFS_REF" "${vols[@]}" \
+    if [ "$name" = runtime ]; then vols+=(-v "$WHEELS:/wheels:ro"); fi
+    # the host's CA bundle for the build steps only (a machine may reach the package index through a proxy whose
+    # CA only the host trusts); ARG, not ENV: nothing of it stays in the image
+    local ca="${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" args=(--build-arg "BASE=$ROOTFS_REF")
+    if [ -f "$ca" ]; then
+      vols+=(-v "$ca:/run/kubeforge-host-ca.crt:ro"); args+=(--build-arg SSL_CERT_FILE=/run/kubeforge-host-ca.crt)
+    fi
+    kf_buildah bud --quiet --layers "${args[@]}" "${vols[@]}" \
       --annotation "kubeforge.dev/inputs=$hash" -f "$here/$name/Containerfile" -t "$ref" "$ctx" >&2
     rm -rf "$ctx"
     kf_buildah push --disable-compression "$ref" "oci-archive:$out.new:$ref" >/dev/null
@@ -118,9 +128,10 @@ for name in ${names[@]}; do
     rootfs) buildah_ready; ensure_rootfs ;;
     operator|runtime)
       buildah_ready; ensure_rootfs >/dev/null
-      ref="kubeforge.local/$name:$VERSION$([ "$name" = runtime ] && echo -cpu)"
+      ref="kubeforge.local/$name:$VERSION"
+      if [ "$name" = runtime ]; then ref="$ref-cpu"; fi
       line="$(built_one "$name" "$ref")"; echo "$line"
-      [ "${KF_IMPORT:-0}" = 1 ] && import_into_node $line ;;
+      if [ "${KF_IMPORT:-0}" = 1 ]; then import_into_node $line; fi ;;
     *) echo "unknown image: $name" >&2; exit 2 ;;
   esac
 done
