@@ -558,6 +558,35 @@ def test_helm_upgrade_changes_the_crd(installed: Env, images: dict[str, str], jo
     assert installed.get("rljob", "tiny", "-n", JOBS_NS)["status"]["phase"] == "Succeeded"
 
 
+def lease_holder(env: Env) -> str:
+    lease = env.get("lease", FULLNAME, "-n", SYS_NS)
+    return str(lease["spec"].get("holderIdentity") or "")
+
+
+def test_two_replicas_one_active_and_a_killed_leader_is_replaced(installed: Env, images: dict[str, str],
+                                                                  job: JobRun) -> None:
+    installed.helm("upgrade", RELEASE, str(CHART), "--namespace", SYS_NS,
+                   *operator_sets(images, "workers=3", "replicas=2"), "--wait", "--timeout", "300s")
+    pods = installed.wait("two operator pods Ready", lambda: (ps := operator_pods(installed)) and len(ps) == 2
+                          and all(ready(p) for p in ps) and ps, timeout_s=240)
+    names = {p["metadata"]["name"] for p in pods}
+    leader = installed.wait("a lease holder", lambda: (h := lease_holder(installed)) in names and h, timeout_s=60)
+    standby = (names - {leader}).pop()
+    # only the leader runs kopf: the standby's log says it waits
+    assert "waiting for lease" in installed.kubectl("logs", "-n", SYS_NS, standby).stdout
+    # crash the leader (SIGKILL of the operator process: no release) and time the standby's takeover
+    t0 = time.monotonic()
+    installed.kubectl("exec", "-n", SYS_NS, leader, "--", "python", "-c",
+                      "import os; [os.kill(int(p), 9) for p in os.listdir('/proc') "
+                      "if p.isdigit() and int(p) not in (1, os.getpid())]", check=False)
+    installed.wait("the standby holds the lease", lambda: lease_holder(installed) == standby, timeout_s=60)
+    FIGURES["leader_takeover_s"] = round(time.monotonic() - t0, 1)
+    log(f"standby {standby} took over in {FIGURES['leader_takeover_s']} s")
+    assert FIGURES["leader_takeover_s"] < 30
+    installed.wait("the new leader runs kopf", lambda: "holds lease" in installed.kubectl(
+        "logs", "-n", SYS_NS, standby).stdout, timeout_s=30)
+
+
 def test_helm_uninstall_leaves_nothing(installed: Env, job: JobRun) -> None:
     installed.helm("uninstall", RELEASE, "--namespace", SYS_NS, "--wait", "--timeout", "300s")
     left: list[str] = []
@@ -565,10 +594,12 @@ def test_helm_uninstall_leaves_nothing(installed: Env, job: JobRun) -> None:
     for kind in ("clusterroles", "clusterrolebindings", "customresourcedefinitions"):
         left += [f"{kind}/{o['metadata']['name']}" for o in installed.get(kind, "-l", sel)["items"]]
     for ns in (SYS_NS, JOBS_NS):
-        for kind in ("deployments", "serviceaccounts", "services", "configmaps", "roles", "rolebindings"):
+        for kind in ("deployments", "serviceaccounts", "services", "configmaps", "roles", "rolebindings", "leases"):
             left += [f"{ns}/{kind}/{o['metadata']['name']}" for o in installed.get(kind, "-n", ns, "-l", sel)["items"]]
     assert not left, left
     assert installed.kubectl("get", "crd", "rljobs.kubeforge.dev", check=False).returncode != 0
+    assert installed.kubectl("get", "lease", FULLNAME, "-n", SYS_NS, check=False).returncode != 0, \
+        "the leader deletes its Lease when it stops"
     # the RLJob went with its CRD, and its children (owner references) with it
     installed.wait("the job's children gone", lambda: not any(
         installed.get(kind, "-n", JOBS_NS, "-l", "kubeforge.dev/job=tiny")["items"]
