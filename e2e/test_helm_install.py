@@ -11,12 +11,13 @@ One module, one RLJob run (a vLLM start in a pod costs a minute or two on 2 core
  images/build.sh operator runtime ──▶ ctr import (real node)
  helm install (namespaced: watchNamespaces=[jobs]) ──▶ operator Deployment Ready on kf-real-0
  PV (local, kf-real-0) + StorageClass ◀── RLJob tiny (checkpoint.volumeClaimTemplate) ──▶ Succeeded
- prometheus (Debian) ── kubernetes_sd (pods) ──▶ operator :8080, role pods :29500 ──▶ PromQL over HTTP
+ prometheus (Debian) ── http_sd ◀ pods from the API ──▶ operator :8080, role pods :29500 ──▶ PromQL over HTTP
  helm upgrade --set workers=3 ; helm upgrade (chart with a changed CRD) ; helm uninstall ──▶ nothing left
 ```
 """
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import pathlib
@@ -25,6 +26,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -141,10 +143,10 @@ def operator_sets(images: dict[str, str], *extra: str) -> list[str]:
     repo, tag = images["operator"].rsplit(":", 1)
     sets = [f"image.repository={repo}", f"image.tag={tag}", "image.pullPolicy=Never",
             f"runtimeImage={images['runtime']}", f"watchNamespaces={{{JOBS_NS}}}", "crds.keep=false",
-            f"nodeSelector.{realnode.NODE_LABEL.replace('.', chr(92) + '.')}=true",
             f"tolerations[0].key={realnode.NODE_LABEL}", "tolerations[0].operator=Equal",
-            "tolerations[0].value=true", "tolerations[0].effect=NoSchedule", *extra]
-    return [a for s in sets for a in ("--set", s)]
+            "tolerations[0].effect=NoSchedule", *extra]
+    strings = [f"nodeSelector.{realnode.NODE_LABEL.replace('.', chr(92) + '.')}=true", "tolerations[0].value=true"]
+    return [a for s in sets for a in ("--set", s)] + [a for s in strings for a in ("--set-string", s)]
 
 
 def operator_pods(env: Env) -> list[dict[str, Any]]:
@@ -156,10 +158,13 @@ def ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
 
 
-def adopt_or_clear_crd(env: Env) -> None:
-    """The session's other suites apply the CRD from crds/ (not Helm's): remove it so the release owns it."""
+def adopt_crd(env: Env) -> None:
+    """The session's other suites apply the CRD from crds/: mark it as the release's (Helm's adoption metadata), so
+    the install takes it over instead of refusing, and no RLJob of anyone is lost."""
     if env.kubectl("get", "crd", "rljobs.kubeforge.dev", check=False).returncode == 0:
-        env.kubectl("delete", "crd", "rljobs.kubeforge.dev", "--wait=true", "--timeout=120s")
+        env.kubectl("annotate", "--overwrite", "crd", "rljobs.kubeforge.dev", f"meta.helm.sh/release-name={RELEASE}",
+                    f"meta.helm.sh/release-namespace={SYS_NS}")
+        env.kubectl("label", "--overwrite", "crd", "rljobs.kubeforge.dev", "app.kubernetes.io/managed-by=Helm")
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +175,7 @@ def installed(cluster: lifecycle.Cluster, images: dict[str, str],
         env.kubectl("create", "namespace", ns)
         env.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted",
                     "pod-security.kubernetes.io/enforce-version=latest")
-    adopt_or_clear_crd(env)
+    adopt_crd(env)
     t0 = time.monotonic()
     env.helm("install", RELEASE, str(CHART), "--namespace", SYS_NS, *operator_sets(images), "--wait",
              "--timeout", "300s")
@@ -199,7 +204,11 @@ def free_port() -> int:
 
 
 class Prometheus:
-    """The Debian package's server, scraping the operator and the role pods through Kubernetes pod discovery."""
+    """The Debian package's server, scraping the operator and the role pods found through the Kubernetes API.
+
+    Debian's prometheus 2.42 is built without ``kubernetes_sd_configs`` (the config is refused: "field
+    kubernetes_sd_configs not found"), so the suite discovers pods itself (``targets``: the selection of the chart's
+    PodMonitor, pods listed from the API server) and hands them to Prometheus through ``http_sd_configs``."""
 
     def __init__(self, env: Env) -> None:
         self.env = env
@@ -209,55 +218,54 @@ class Prometheus:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def credentials(self) -> tuple[str, str]:
-        """A ServiceAccount that may list/watch pods in the two namespaces; its token and the cluster CA file."""
-        sa = "prometheus"
-        docs = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": SYS_NS}}]
-        for ns in (SYS_NS, JOBS_NS):
-            docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                         "metadata": {"name": "prometheus", "namespace": ns},
-                         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]})
-            docs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                         "metadata": {"name": "prometheus", "namespace": ns},
-                         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prometheus"},
-                         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": SYS_NS}]})
-        self.env.kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(d) for d in docs))
-        token = self.env.kubectl("create", "token", sa, "-n", SYS_NS, "--duration=2h").stdout.strip()
-        (self.dir / "token").write_text(token)
-        cfg = json.loads(self.env.kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
-        cluster = cfg["clusters"][0]["cluster"]
-        ca = self.dir / "ca.crt"
-        if "certificate-authority-data" in cluster:
-            import base64
-            ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
-        else:
-            shutil.copy(cluster["certificate-authority"], ca)
-        return str(self.dir / "token"), str(ca)
+    def targets(self) -> list[dict[str, Any]]:
+        """Kubernetes pod discovery with the PodMonitor's selection: Running pods with a port named `metrics` of
+        the release's operator (SYS_NS) and of every RLJob (label managed-by=kubeforge, JOBS_NS)."""
+        groups = []
+        for ns, selector, job in ((SYS_NS, f"app.kubernetes.io/instance={RELEASE}", "kubeforge-operator"),
+                                  (JOBS_NS, "app.kubernetes.io/managed-by=kubeforge", "kubeforge-rljobs")):
+            try:
+                pods = self.env.get("pods", "-n", ns, "-l", selector)["items"]
+            except RuntimeError:
+                continue
+            for p in pods:
+                ip = p.get("status", {}).get("podIP")
+                if not ip or p["status"].get("phase") != "Running" or p["metadata"].get("deletionTimestamp"):
+                    continue
+                for c in p["spec"]["containers"]:
+                    for port in c.get("ports", []):
+                        if port.get("name") != "metrics":
+                            continue
+                        labels = {"job": job, "namespace": ns, "pod": p["metadata"]["name"]}
+                        if "kubeforge.dev/job" in p["metadata"].get("labels", {}):
+                            labels["rljob"] = p["metadata"]["labels"]["kubeforge.dev/job"]
+                        groups.append({"targets": [f"{ip}:{port['containerPort']}"], "labels": labels})
+        return groups
+
+    def serve_discovery(self) -> str:
+        """An http_sd endpoint answering ``targets()`` (Debian's prometheus is built without kubernetes_sd)."""
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                body = json.dumps(outer.targets()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.sd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.sd.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.sd.server_address[1]}/targets"
 
     def config(self) -> dict[str, Any]:
-        token, ca = self.credentials()
-
-        def sd(ns: str) -> list[dict[str, Any]]:
-            return [{"role": "pod", "api_server": self.env.cluster.server, "bearer_token_file": token,
-                     "tls_config": {"ca_file": ca}, "namespaces": {"names": [ns]}}]
-
-        keep_metrics_port = {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "metrics",
-                             "action": "keep"}
-        common = [{"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                  {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]
+        sd = [{"url": self.serve_discovery(), "refresh_interval": "2s"}]
         return {
             "global": {"scrape_interval": "2s", "scrape_timeout": "2s", "evaluation_interval": "5s"},
-            "scrape_configs": [
-                {"job_name": "kubeforge-operator", "kubernetes_sd_configs": sd(SYS_NS), "relabel_configs": [
-                    {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"], "regex": RELEASE,
-                     "action": "keep"}, keep_metrics_port, *common]},
-                # what the chart's PodMonitor says to a prometheus-operator: managed-by=kubeforge pods, port
-                # `metrics`, the RLJob's name as `rljob`
-                {"job_name": "kubeforge-rljobs", "kubernetes_sd_configs": sd(JOBS_NS), "relabel_configs": [
-                    {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_managed_by"],
-                     "regex": "kubeforge", "action": "keep"}, keep_metrics_port, *common,
-                    {"source_labels": ["__meta_kubernetes_pod_label_kubeforge_dev_job"], "target_label": "rljob"}]},
-            ],
+            "scrape_configs": [{"job_name": "kubeforge", "http_sd_configs": sd}],
         }
 
     def start(self) -> Prometheus:
@@ -296,6 +304,8 @@ class Prometheus:
         return doc["data"]["result"]  # type: ignore[no-any-return]
 
     def stop(self) -> None:
+        if getattr(self, "sd", None) is not None:
+            self.sd.shutdown()
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
