@@ -23,6 +23,8 @@ from pydantic.alias_generators import to_camel, to_snake
 from kubeforge.api import contract
 
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+#: A DNS-1123 subdomain (names of PersistentVolumeClaims and most other objects).
+NAME_PATTERN_DNS1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 class Model(pydantic.BaseModel):
@@ -81,7 +83,10 @@ class ModelSpec(Model):
     path: str | None = Field(
         None, min_length=1, max_length=4096, description="Path of a Hugging Face model folder: a PVC mount on a cluster, a local "
         "directory for `kubeforge run`.")
-    dtype: DType = Field(DType.FLOAT32, description="Parameter dtype for training and generation.")
+    dtype: DType = Field(DType.FLOAT32, description="Compute dtype: the trainer computes in it (autocast, or FSDP2's "
+                         "mixed precision) over float32 master weights and optimizer state; generators run in it "
+                         "and receive weights in it.")
+
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -418,12 +423,67 @@ class WeightSyncSpec(Model):
     timeout_seconds: int = Field(120, ge=1, le=86400, description="A broadcast that takes longer fails the role.")
 
 
-class CheckpointSpec(Model):
-    """Trainer checkpoints: model, optimizer, step, data cursor, policy version and RNG, written atomically."""
+MSG_CHECKPOINT_ABSOLUTE = "must be an absolute path (it is where the checkpoint volume is mounted)"
+MSG_CHECKPOINT_ONE_VOLUME = "set at most one of claimName and volumeClaimTemplate"
+MSG_CHECKPOINT_TEMPLATE_IMMUTABLE = f"spec.checkpoint.volumeClaimTemplate {IMMUTABLE}"
 
-    path: str = Field("/checkpoints", min_length=1, description="Directory (a volume that outlives the pod).")
+
+class AccessMode(str, enum.Enum):
+    READ_WRITE_ONCE = "ReadWriteOnce"
+    READ_WRITE_ONCE_POD = "ReadWriteOncePod"
+    READ_WRITE_MANY = "ReadWriteMany"
+
+
+class CheckpointClaimTemplate(Model):
+    """A PersistentVolumeClaim made for each trainer replica (a StatefulSet volumeClaimTemplate named
+    `checkpoints`: claims `checkpoints-<job>-trainer-<i>`, kept when pods go, so a restarted trainer finds its
+    checkpoints)."""
+
+    storage: Quantity = Field(max_length=64, description="Requested size, e.g. 10Gi.")
+    storage_class_name: str | None = Field(None, min_length=1, max_length=253, description="StorageClass; the cluster's default "
+                                           "when unset.")
+    access_modes: list[AccessMode] = Field(
+        default_factory=lambda: [AccessMode.READ_WRITE_ONCE], min_length=1, max_length=3,
+        description="Access modes of each claim.")
+
+
+class CheckpointSpec(Model):
+    """Trainer checkpoints: model, optimizer, step, data cursor, policy version and RNG, written atomically.
+
+    On a cluster the directory is a volume mounted in every trainer pod: an existing PersistentVolumeClaim
+    (`claimName`), one claim per trainer replica (`volumeClaimTemplate`), or, with neither, an `emptyDir` (lost
+    with the pod) unless a trainer `volumeMounts` entry mounts a volume at `path` itself."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(
+            {**_cel("self.path.startsWith('/')", MSG_CHECKPOINT_ABSOLUTE), "fieldPath": ".path"},
+            _cel("!has(self.claimName) || !has(self.volumeClaimTemplate)", MSG_CHECKPOINT_ONE_VOLUME),
+            _cel("has(self.volumeClaimTemplate) == has(oldSelf.volumeClaimTemplate) && (!has(self.volumeClaimTemplate)"
+                 " || self.volumeClaimTemplate == oldSelf.volumeClaimTemplate)", MSG_CHECKPOINT_TEMPLATE_IMMUTABLE))
+    )
+
+    path: str = Field("/checkpoints", min_length=1, max_length=4096,
+                      description="Directory (a volume that outlives the pod); absolute.")
     every_steps: int = Field(10, ge=1, description="Checkpoint after every this many optimizer steps.")
     keep: int = Field(2, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted.")
+    claim_name: str | None = Field(None, min_length=1, max_length=253, pattern=NAME_PATTERN_DNS1123,
+                                   description="An existing PersistentVolumeClaim mounted at `path` in every "
+                                   "trainer pod (ReadWriteMany when trainers span nodes).")
+    volume_claim_template: CheckpointClaimTemplate | None = Field(
+        None, description="Make one PersistentVolumeClaim per trainer replica instead of naming one (immutable).")
+
+    @pydantic.field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(MSG_CHECKPOINT_ABSOLUTE)
+        return v
+
+    @pydantic.model_validator(mode="after")
+    def _one_volume(self) -> CheckpointSpec:
+        if self.claim_name is not None and self.volume_claim_template is not None:
+            raise ValueError(MSG_CHECKPOINT_ONE_VOLUME)
+        return self
 
 
 # ---------------------------------------------------------------- roles
@@ -507,12 +567,26 @@ class VerifierRole(RoleSpec):
 MSG_TRAINER_IMMUTABLE = f"spec.roles.trainer.replicas {IMMUTABLE}"
 
 
+class Sharding(str, enum.Enum):
+    DDP = "DDP"
+    FSDP = "FSDP"
+
+
 class TrainerRole(RoleSpec):
     """The trainer role: data-parallel replicas; rank 0 pushes weights and writes checkpoints."""
 
     model_config = pydantic.ConfigDict(
         json_schema_extra=_schema_extra(_cel("self.replicas == oldSelf.replicas", MSG_TRAINER_IMMUTABLE))
     )
+
+    sharding: Sharding = Field(Sharding.DDP, description="DDP: every replica holds the whole model and "
+                               "optimizer state. FSDP: parameters, gradients and optimizer state are sharded over "
+                               "the trainer replicas (torch FSDP2); checkpoints are sharded too.")
+    micro_batch_tokens: int | None = Field(
+        None, ge=16, le=1 << 24, description="Run forward/backward in micro-batches of at most this many (padded) "
+        "tokens, accumulating gradients; unset: one micro-batch per step.")
+    activation_checkpointing: bool = Field(False, description="Recompute each transformer block's activations "
+                                           "in backward instead of keeping them (less memory, ~30% more compute).")
 
 
 class RolesSpec(Model):
@@ -570,11 +644,53 @@ class PlacementSpec(Model):
         return self
 
 
-class FailurePolicySpec(Model):
-    """What happens when a role's container fails."""
+class FailureAction(str, enum.Enum):
+    RESTART_ALL = "RestartAll"       # every role restarts; trainers resume from the last complete checkpoint
+    RESTART_ROLE = "RestartRole"     # only the failed pods restart; the rest of the job keeps running
+    FAIL = "Fail"                    # the job fails at once with this failure as its reason
+    IGNORE = "Ignore"                # not counted; the failed process is simply started again in place
 
-    max_restarts: int = Field(3, ge=0, le=10000, description="Job restarts (all roles, from the last "
-                              "checkpoint) before the job fails.")
+
+class FailureReason(str, enum.Enum):
+    """Why a container or pod ended (the Kubernetes termination reasons a rule can match)."""
+
+    ERROR = "Error"                  # exited non-zero (a crash, kill -9: exit code 128+signal)
+    OOM_KILLED = "OOMKilled"
+    EVICTED = "Evicted"
+    NODE_LOST = "NodeLost"
+    UNHEALTHY = "Unhealthy"          # killed because its liveness probe failed (no progress within the deadline)
+
+
+class RoleName(str, enum.Enum):
+    GENERATOR = "generator"
+    VERIFIER = "verifier"
+    TRAINER = "trainer"
+
+
+class FailureRule(Model):
+    """One rule: when a failure matches every criterion given (an empty list matches anything), take ``action``."""
+
+    action: FailureAction = Field(description="RestartAll | RestartRole | Fail | Ignore.")
+    roles: list[RoleName] = Field(default_factory=list, max_length=3, description="Roles the rule applies to "
+                                  "(empty: every role). RestartRole on a trainer restarts the whole job.")
+    on_exit_codes: list[Annotated[int, Field(ge=1, le=255)]] = Field(
+        default_factory=list, max_length=64, description="Container exit codes the rule applies to (empty: any).")
+    on_reasons: list[FailureReason] = Field(default_factory=list, max_length=8, description="Termination "
+                                            "reasons the rule applies to (empty: any): Error, OOMKilled, Evicted, "
+                                            "NodeLost, Unhealthy.")
+
+
+class FailurePolicySpec(Model):
+    """What happens when a role's container fails: ordered rules, first match wins, no match restarts all."""
+
+    max_restarts: int = Field(3, ge=0, le=10000, description="Restarts (RestartAll and RestartRole alike) before "
+                              "the job fails with BackoffLimitExceeded.")
+    rules: list[FailureRule] = Field(default_factory=list, max_length=32, description="Ordered rules; the first "
+                                     "that matches a failure decides; no match: RestartAll.")
+    progress_deadline_seconds: int = Field(
+        600, ge=10, le=86400, description="A role that makes no progress (no step, no batch, no heartbeat) for this "
+        "long is unhealthy: its liveness probe fails, the launcher restarts it, and the operator marks the job "
+        "Stalled. Every wait in the roles is bounded by it.")
 
 
 # ---------------------------------------------------------------- spec, status, object
@@ -597,7 +713,7 @@ class RLJobSpec(Model):
     gang: GangSpec = Field(default_factory=GangSpec, description="Gang scheduling (cluster only).")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Topology placement (cluster only).")
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec,
-                                              description="Restarts on failure (cluster only).")
+                                              description="What a failure restarts, and how often.")
     suspend: bool = Field(False, description="true scales every role to 0 and releases the gang; false resumes.")
     active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job once it has run this long.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job this long after it "
@@ -639,7 +755,8 @@ class RoleStatus(Model):
 
     replicas: int = Field(0, description="Desired pods.")
     ready: int = Field(0, description="Ready pods.")
-    restarts: int = Field(0, description="Container restarts observed in the current attempt.")
+    restarts: int = Field(0, description="Restarts counted against maxRestarts that this role's failures caused.")
+    container_restarts: int = Field(0, description="Container restarts the kubelet made in the current attempt.")
 
 
 class Progress(Model):
@@ -657,6 +774,8 @@ class FailureInfo(Model):
     pod: str = Field("", description="Pod name.")
     exit_code: int | None = Field(None, description="Container exit code.")
     reason: str = Field("", description="Container termination reason (Error, OOMKilled, ...).")
+    action: str = Field("", description="What the failure policy did: RestartAll | RestartRole | Fail | Ignore.")
+    attempt: int | None = Field(None, description="Attempt the failed pod belonged to.")
     time: str | None = Field(None, description="When it was observed.")
 
 
@@ -676,6 +795,8 @@ class RLJobStatus(Model):
     restarts: int = Field(0, description="Job restarts so far.")
     attempt: int = Field(0, description="Current attempt (0 first).")
     last_failure: FailureInfo | None = Field(None, description="The last container failure observed.")
+    handled_failures: dict[str, str] = Field(default_factory=dict, description="Per pod, the failure the "
+                                             "failure policy last acted on (so none is acted on twice).")
     progress: Progress = Field(default_factory=Progress, description="Training progress.")
     start_time: str | None = Field(None, description="When the job first ran.")
     completion_time: str | None = Field(None, description="When the job finished.")
