@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kubeforge.api import contract, rljob
 from kubeforge.operator import names
-from kubeforge.operator.render import context, env, meta, placement, service
+from kubeforge.operator.render import checkpoint, context, env, meta, placement, security, service
 from kubeforge.operator.render.gang import base
 
 # The runtime image's ENTRYPOINT is ``tini -- kubeforge`` (images/runtime/Containerfile): a pod leaves ``command``
@@ -53,6 +53,13 @@ def _resources(spec: rljob.RoleSpec) -> meta.Obj:
     return out
 
 
+def _env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list[meta.Obj]:
+    """The env contract and the role's env, then the security defaults the role does not set itself."""
+    out = env.role_env(job, ctx, role=role)
+    taken = {e["name"] for e in out}
+    return out + [e for e in security.default_env() if e["name"] not in taken]
+
+
 def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> meta.Obj:
     """The role's container: the image's entrypoint with ``role <role>`` (a role's ``command`` replaces it)."""
     spec: rljob.RoleSpec = getattr(job.spec.roles, role)
@@ -61,7 +68,7 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
         "image": spec.image or ctx.image,
         **({"command": list(spec.command)} if spec.command else {}),
         "args": ["role", role],
-        "env": env.role_env(job, ctx, role=role),
+        "env": _env(job, ctx, role=role),
         "ports": [{"name": p["name"], "containerPort": p["port"], "protocol": "TCP"} for p in service.ports()],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
                            "periodSeconds": 5, "failureThreshold": 3},
@@ -70,7 +77,9 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
                           "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
         "volumeMounts": [{"name": names.CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
+                         *security.writable_mounts(), *checkpoint.mounts(job, role),
                          *[dict(m) for m in spec.volume_mounts]],
+        "securityContext": security.container_security_context(),
     }
     res = _resources(spec)
     if res:
@@ -87,9 +96,12 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
     annotations = {names.ANNOTATION_WORLD: world(job), **gang.pod_annotations, **gang.role_annotations.get(role, {})}
     pod: meta.Obj = {
         "serviceAccountName": names.service_account(job.metadata.name),
+        "automountServiceAccountToken": security.automount_token(role),
+        "securityContext": security.pod_security_context(),
         "restartPolicy": "Always",
         "containers": [container(job, ctx, role=role)],
         "volumes": [{"name": names.CONFIG_VOLUME, "configMap": {"name": names.config_map(job.metadata.name)}},
+                    *security.writable_volumes(), *checkpoint.pod_volumes(job, role),
                     *[dict(v) for v in spec.volumes]],
         **placement.pod_placement(job, role),
     }
@@ -117,5 +129,6 @@ def statefulset(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPar
             "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": meta.role_labels(job, role)},
             "template": pod_template(job, ctx, gang, role=role),
+            **({"volumeClaimTemplates": claims} if (claims := checkpoint.claim_templates(job, role)) else {}),
         },
     }
