@@ -9,7 +9,14 @@ STAMP := $(VENV)/.kubeforge-installed
 KF := $(VENV)/bin/kubeforge
 PYTEST := $(VENV)/bin/python -m pytest
 
-.PHONY: venv demo test unit e2e-real cluster-up cluster-down crd lint bench clean
+.PHONY: venv host-deps demo test unit e2e-real cluster-up cluster-down crd lint bench clean
+
+# Host prerequisites (Debian packages: containerd, runc, CNI plugins, static busybox, iptables, ...), listed with
+# the tools they provide in e2e/host/packages.txt. Idempotent; runs before every target that uses them (checked by
+# tests/test_host_deps.py). `make cluster-up` needs them only with the real node.
+host-deps:
+	@bash e2e/host/install.sh
+REAL_NODE_DEPS := $(if $(filter 1 true yes,$(REAL_NODE) $(KUBEFORGE_REAL_NODE)),host-deps)
 
 # Idempotent: reinstalls only when pyproject.toml or the overrides change.
 venv: $(STAMP)
@@ -30,7 +37,7 @@ unit: venv
 
 # Every suite: unit, runtime (real vLLM / ZeroMQ / torch.distributed), the real control plane with kwok GPU
 # nodes, and the real kubelet node. The cluster binaries are built once and cached by version.
-test: venv build-cluster
+test: venv host-deps build-cluster
 	KUBEFORGE_REAL_NODE=1 $(PYTEST) tests e2e
 
 # The CRD is generated from the typed model (kubeforge.api.crd) and copied into the Helm chart, and the field
@@ -62,7 +69,7 @@ build-cluster:
 	bash e2e/build/build.sh $(COMPONENTS)
 
 # Prints `export KUBECONFIG=<path>` last. REAL_NODE=1 (or KUBEFORGE_REAL_NODE=1) adds the real node.
-cluster-up:
+cluster-up: $(REAL_NODE_DEPS)
 	@KUBEFORGE_REAL_NODE=$(if $(REAL_NODE),$(REAL_NODE),$(KUBEFORGE_REAL_NODE)) PYTHONPATH=e2e $(PY) -m kfcluster up
 
 cluster-down:
@@ -77,7 +84,7 @@ e2e-kind: venv
 # when its real node is Ready, else on a cluster it starts with the real node and stops afterwards
 # (KF_KEEP_CLUSTER=1 keeps it). Prints the measured figures, then the RLJob's final status JSON as the LAST line.
 # Without pytest: `.venv/bin/python e2e/run_real.py` (same run, same last line).
-e2e-real: venv
+e2e-real: venv host-deps
 	@out=$$(mktemp -d)/status.json; \
 	KUBEFORGE_REAL_NODE=1 KF_E2E_REAL_OUT=$$out $(PYTEST) -p no:cacheprovider -m realnode e2e/test_e2e_real.py; rc=$$?; \
 	cat $${out%.json}.figures.json 2>/dev/null; cat $$out 2>/dev/null || echo '{}'; rm -rf $$(dirname $$out); exit $$rc

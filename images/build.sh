@@ -6,6 +6,7 @@
 # Usage: images/build.sh            (both images)      images/build.sh pause|base
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+"$here/../e2e/host/install.sh" >&2 # gcc, strip, static busybox
 cache="${KUBEFORGE_CACHE:-$HOME/.cache/kubeforge}/images"
 mkdir -p "$cache"
 

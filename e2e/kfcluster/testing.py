@@ -26,6 +26,17 @@ RESTART_ANNOTATION_PREFIX = "container-restart.stage.kubeforge.dev/"
 PODGROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 
+def api_number(value: Any, *, field: str = "value") -> float:
+    """A number read back from the API server, as a float.
+
+    JSON has one number type, so the API server returns ``1`` for a status field we wrote as ``1.0``: tests compare
+    such values as numbers, never by Python type (``isinstance(x, float)`` failed whenever a run's mean reward was
+    exactly 1.0). Raises ``AssertionError`` for anything that is not a JSON number (booleans included).
+    """
+    assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{field}: not a number: {value!r}"
+    return float(value)
+
+
 def pod_spec(*, gpus: int = 0, cpu: str = "100m", node_selector: Mapping[str, str] | None = None,
              affinity: Mapping[str, Any] | None = None, restart_policy: str = "Always") -> dict[str, Any]:
     """A one-container pod spec that can only run on a kwok node (tolerates its taint, selects it)."""

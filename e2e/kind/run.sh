@@ -4,6 +4,7 @@
 # (Coscheduling) -> PodGroup CRD + RBAC -> kwok controller in the cluster + our stages as Stage objects
 # -> simulated GPU nodes (same manifests as the local cluster) -> pytest e2e with KUBECONFIG set.
 # Env: KIND_NODE_IMAGE, KF_KIND_KEEP=1 (keep the cluster), PYTEST_ARGS.
+# host-deps: external docker kind: this path is for machines that have them (README, `make e2e-kind`)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source e2e/build/versions.env

@@ -10,6 +10,7 @@
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib.sh"
+kf_host_deps
 N="${1:-5}"
 # A cluster of its own, so a developer's default cluster is never stopped by this script. The real node
 # itself is one per machine (bridge kf0): do not run this while another cluster has a real node.

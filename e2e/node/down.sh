@@ -145,6 +145,7 @@ restore_host() {
 
 main() {
   local other
+  kf_host_deps
   kf_lock
   other="$(kf_other_node)"
   if [ -n "$other" ]; then

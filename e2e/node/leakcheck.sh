@@ -11,6 +11,7 @@
 # Prints one line per finding and exits 1, or prints "leakcheck: clean" and exits 0.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+kf_host_deps
 expect=()
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -48,6 +48,10 @@ KF_PROCS=(containerd coredns kube-proxy kubelet)
 KF_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 KF_CACHE="${KUBEFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubeforge}"
 
+# kf_host_deps: the project's one install step for host prerequisites (e2e/host/install.sh); idempotent and
+# quick when all are present. Every script of the node calls it before its first use of a listed tool.
+kf_host_deps() { "$KF_REPO/e2e/host/install.sh" >&2; }
+
 kf_log() { printf '[real-node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 kf_die() { kf_log "ERROR: $*"; exit 1; }
 

@@ -9,6 +9,7 @@
 # Idempotent: a second call changes nothing.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+kf_host_deps
 [ -n "${1:-}" ] || kf_die "usage: $0 <cluster-workdir>"
 mkdir -p "$1"
 kf_dirs "$1"

@@ -30,22 +30,6 @@ on_error() {
   kf_log "run e2e/node/down.sh $KF_W to clean up"
 }
 
-ensure_packages() {
-  local missing=() c
-  for c in containerd ctr runc containerd-shim-runc-v2 iptables ip busybox openssl gcc; do
-    command -v "$c" >/dev/null 2>&1 || missing+=("$c")
-  done
-  for c in bridge host-local loopback; do [ -x "/usr/lib/cni/$c" ] || missing+=("cni-$c"); done
-  case "$(ldd "$(command -v busybox 2>/dev/null || echo /nonexistent)" 2>&1 || true)" in
-    *"not a dynamic executable"*) ;; *) missing+=(busybox-static) ;;
-  esac
-  [ ${#missing[@]} -eq 0 ] && return 0
-  step "installing Debian packages (missing: ${missing[*]})"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    containerd runc containernetworking-plugins busybox-static iptables iproute2 openssl gcc libc6-dev >/dev/null
-}
-
 ensure_binaries() {
   KF_BIN="$(kf_bin_dir)"
   local b
@@ -146,10 +130,10 @@ main() {
     exec 8>&- # let its down.sh take the lock
     sleep 5; waited=$((waited + 5))
   done
+  kf_host_deps # before anything below uses a host tool (pre-up.sh: ip, iptables, modprobe)
+  step "host prerequisites present"
   mkdir -p "$KF_HOST_STATE"; echo "$KF_W" >"$KF_HOST_STATE/workdir"
   "$HERE/pre-up.sh" "$KF_W"
-  ensure_packages
-  step "packages present"
   ensure_binaries
   kf_cluster_facts
   step "cluster: $KF_APISERVER_URL (CA $KF_CA_CRT)"

@@ -4,6 +4,7 @@
 # Usage: images/base/build.sh OUT.tar [REF]      (REF defaults to kubeforge.local/base:1)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+"$here/../../e2e/host/install.sh" >&2 # static busybox
 out="$1"; ref="${2:-kubeforge.local/base:1}"
 busybox="$(command -v busybox)"
 case "$(ldd "$busybox" 2>&1 || true)" in *"not a dynamic executable"*) ;; *) echo "busybox at $busybox is not static (install busybox-static)" >&2; exit 1 ;; esac

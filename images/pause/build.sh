@@ -3,6 +3,7 @@
 # Usage: images/pause/build.sh OUT.tar [REF]     (REF defaults to kubeforge.local/pause:1)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+"$here/../../e2e/host/install.sh" >&2 # gcc, strip, libc6-dev
 out="$1"; ref="${2:-kubeforge.local/pause:1}"
 root="$(mktemp -d)"; trap 'rm -rf "$root"' EXIT
 gcc -static -O2 -Wall -Wextra -Werror -o "$root/pause" "$here/pause.c"

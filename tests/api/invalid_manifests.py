@@ -174,6 +174,22 @@ CASES: tuple[Case, ...] = (
          message="should match"),
     Case(id="verifier-weight", change=_set("spec.verifiers.0.weight", 1000), path="spec.verifiers[0].weight",
          message=f"{LE} 100"),
+    Case(id="verifier-python-settings", change=_set("spec.verifiers.0", {"name": "mine", "type": "Python"}),
+         path="spec.verifiers[0]", message=rljob.MSG_PYTHON_NEEDS_SETTINGS),
+    Case(id="verifier-python-entry-point", change=_set("spec.verifiers.0", {
+        "name": "mine", "type": "Python", "python": {"entryPoint": "my_rewards.score"}}),
+         path="spec.verifiers[0].python", message=rljob.MSG_ENTRY_POINT),
+    Case(id="verifier-length-range", change=_set("spec.verifiers.0", {
+        "name": "len", "type": "Length", "length": {"minChars": 9, "maxChars": 3}}),
+         path="spec.verifiers[0].length", message=rljob.MSG_LENGTH_RANGE),
+    Case(id="verifier-code-timeout", change=_set("spec.verifiers.0", {
+        "name": "tests", "type": "CodeExecution", "codeExecution": {"timeoutSeconds": 0}}),
+         path="spec.verifiers[0].codeExecution.timeoutSeconds", message=GT),
+    Case(id="reward-aggregation", change=_set("spec.reward", {"aggregation": "Mean"}),
+         path="spec.reward.aggregation", message=ENUM),
+    Case(id="reward-positive-rates", change=_set("spec.reward", {
+        "aggregation": "WeakSupervision", "weakSupervision": {"minPositiveRate": 0.5, "maxPositiveRate": 0.4}}),
+         path="spec.reward.weakSupervision", message=rljob.MSG_POSITIVE_RATES),
     # ---- algorithm: bounded counts and rates
     Case(id="loss-unknown", change=_set("spec.algorithm.loss", "PPO"), path="spec.algorithm.loss", message=ENUM),
     Case(id="group-size-one", change=_set("spec.algorithm.groupSize", 1), path="spec.algorithm.groupSize",
@@ -208,6 +224,15 @@ CASES: tuple[Case, ...] = (
          message=f"{GE} 1"),
     Case(id="checkpoint-keep-zero", change=_set("spec.checkpoint.keep", 0), path="spec.checkpoint.keep",
          message=f"{GE} 1"),
+    Case(id="checkpoint-path-relative", change=_set("spec.checkpoint.path", "checkpoints"),
+         path="spec.checkpoint.path", message=rljob.MSG_CHECKPOINT_ABSOLUTE),
+    Case(id="checkpoint-claim-and-template", change=_all(_set("spec.checkpoint.claimName", "ckpt"),
+         _set("spec.checkpoint.volumeClaimTemplate", {"storage": "1Gi"})), path="spec.checkpoint",
+         message=rljob.MSG_CHECKPOINT_ONE_VOLUME),
+    Case(id="checkpoint-claim-name", change=_set("spec.checkpoint.claimName", "Not_A_Name"),
+         path="spec.checkpoint.claimName", message="should match"),
+    Case(id="checkpoint-template-storage", change=_set("spec.checkpoint.volumeClaimTemplate", {"storage": "big"}),
+         path="spec.checkpoint.volumeClaimTemplate.storage", message="should match"),
     # ---- roles
     Case(id="generator-replicas-zero", change=_set("spec.roles.generator.replicas", 0),
          path="spec.roles.generator.replicas", message=f"{GE} 1"),

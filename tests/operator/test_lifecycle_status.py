@@ -107,8 +107,16 @@ def test_backoff_limit_fails_the_job() -> None:
     assert not plan.active and not plan.gang_active and s.completion_time == "2026-11-22T12:00:00Z"
 
 
-def test_completion_by_step_or_done() -> None:
-    for progress in ({"step": 30, "meanReward": 0.9, "policyVersion": 30}, {"step": 3, "done": True}):
+def test_last_step_alone_is_not_completion() -> None:
+    """The last step is reported before the final checkpoint is written: only ``done`` (after it) completes."""
+    pods = [pod("tiny", "generator", 0), pod("tiny", "verifier", 0),
+            pod("tiny", "trainer", 0, progress={"step": 30, "meanReward": 0.9, "policyVersion": 30})]
+    plan, s = run(opbuilders.job("tiny"), pods)
+    assert s.phase == "Running" and plan.active and plan.terminal is None
+
+
+def test_completion_by_done() -> None:
+    for progress in ({"step": 30, "meanReward": 0.9, "policyVersion": 30, "done": True}, {"step": 3, "done": True}):
         pods = [pod("tiny", "generator", 0), pod("tiny", "verifier", 0), pod("tiny", "trainer", 0, progress=progress)]
         plan, s = run(opbuilders.job("tiny"), pods)
         assert s.phase == "Succeeded" and cond(s, reasons.COMPLETE).reason == reasons.TRAINING_COMPLETE
@@ -143,7 +151,7 @@ def test_suspend_releases_and_resume_resets_start() -> None:
 
 
 def test_ttl_deletes_finished_job_after_delay() -> None:
-    done = [pod("tiny", "trainer", 0, progress={"step": 30})]
+    done = [pod("tiny", "trainer", 0, progress={"step": 30, "done": True})]
     _, s = run(opbuilders.job("tiny", spec__ttlSecondsAfterFinished=5), done)
     plan, _ = run(_with(s, spec__ttlSecondsAfterFinished=5), [], now=T0 + dt.timedelta(seconds=2))
     assert not plan.delete_job and plan.requeue_after == 3
@@ -152,7 +160,7 @@ def test_ttl_deletes_finished_job_after_delay() -> None:
 
 
 def test_terminal_is_sticky() -> None:
-    done = [pod("tiny", "trainer", 0, progress={"step": 30})]
+    done = [pod("tiny", "trainer", 0, progress={"step": 30, "done": True})]
     _, s = run(opbuilders.job("tiny"), done)
     plan, s2 = run(_with(s), [pod("tiny", "trainer", 0, phase="Failed", exit_now=1)])
     assert s2.phase == "Succeeded" and plan.restarts == 0 and s2.completion_time == s.completion_time

@@ -15,7 +15,7 @@ def _by_kind(out: render.Rendered, kind: str) -> list[dict]:
 
 def test_every_child_is_owned_and_labelled() -> None:
     out = render.render(opbuilders.job("tiny"), CTX)
-    assert len(out.desired) == 1 + 3 + 3 + 1 + 3  # config, rbac, services, podgroup, statefulsets
+    assert len(out.desired) == 1 + 3 + 1 + 3 + 1 + 3  # config, rbac, network policy, services, podgroup, statefulsets
     for obj in out.desired:
         assert obj["metadata"]["labels"][contract.LABEL_JOB] == "tiny"
         ref = obj["metadata"]["ownerReferences"][0]

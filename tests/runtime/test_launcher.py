@@ -26,7 +26,7 @@ import pytest
 import yaml
 import zmq
 
-from kubeforge.api import contract
+from kubeforge.api import contract, rljob
 from kubeforge.runtime import wire
 from kubeforge.runtime.launcher import summary, supervisor
 
@@ -172,7 +172,7 @@ def test_two_generators_two_trainers_fuzzed_killed_and_resumed(tmp_path: Path) -
                 "weight_sync_seconds", "weight_sync_gb_per_second", "metrics_path"):
         assert result.get(key) is not None, (key, result)
     assert result["steps"] == steps and result["restarts"] == 1
-    assert "trainer-0 killed by SIGKILL; restarting" in err
+    assert "trainer trainer-0 failed (exit code 137, reason Error): restarting every role" in err
     records = summary.read_records(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, steps + 1))        # none lost, none repeated
     assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
@@ -194,7 +194,7 @@ def test_dead_role_stops_the_run_and_ctrl_c_leaves_nothing(tmp_path: Path) -> No
     os.kill(processes(run_dir)[("verifier-0", 0)]["pid"], signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
-    assert "verifier-0 killed by SIGKILL" in err and "maxRestarts (0) used up" in err
+    assert "verifier verifier-0 failed (exit code 137, reason Error) after 0 restarts (maxRestarts=0)" in err
     assert json.loads(out.strip().splitlines()[-1])["succeeded"] is False
     assert all(gone(p["pid"]) for p in processes(run_dir).values())
 
@@ -215,13 +215,29 @@ def test_restart_policy() -> None:
     ok = supervisor.Exit(name="trainer-0", role="trainer", code=0)
     dead = supervisor.Exit(name="generator-1", role="generator", code=-9)
     stop = supervisor.Exit(name="verifier-0", role="verifier", code=0)
-    d = supervisor.decide
-    assert d(exits=[], trainers=1, restarts=0, max_restarts=0) is supervisor.Verdict.RUNNING
-    assert d(exits=[stop], trainers=1, restarts=0, max_restarts=0) is supervisor.Verdict.RUNNING
-    assert d(exits=[stop, ok], trainers=1, restarts=0, max_restarts=0) is supervisor.Verdict.SUCCEEDED
-    assert d(exits=[ok], trainers=2, restarts=0, max_restarts=0) is supervisor.Verdict.RUNNING
-    assert d(exits=[dead], trainers=1, restarts=1, max_restarts=2) is supervisor.Verdict.RESTART
-    assert d(exits=[dead], trainers=1, restarts=2, max_restarts=2) is supervisor.Verdict.FAILED
+    V = supervisor.Verdict
+
+    def d(exits: list[supervisor.Exit], *, trainers: int = 1, restarts: int = 0, max_restarts: int = 0,
+          rules: tuple[dict[str, object], ...] = (), unhealthy: tuple[supervisor.Exit, ...] = ()) -> V:
+        pol = rljob.FailurePolicySpec.model_validate({"maxRestarts": max_restarts, "rules": list(rules)})
+        return supervisor.judge(exits=exits, trainers=trainers, restarts=restarts, policy=pol,
+                                unhealthy=unhealthy)[0]
+
+    assert d([]) is V.RUNNING and d([stop]) is V.RUNNING
+    assert d([stop, ok]) is V.SUCCEEDED and d([ok], trainers=2) is V.RUNNING
+    assert d([dead], restarts=1, max_restarts=2) is V.RESTART
+    assert d([dead], restarts=2, max_restarts=2) is V.FAILED
+    role = ({"action": "RestartRole", "roles": ["generator"]},)
+    assert d([dead], max_restarts=1, rules=role) is V.RESTART_IN_PLACE
+    assert d([dead], restarts=1, max_restarts=1, rules=role) is V.FAILED
+    assert d([dead], rules=({"action": "Fail", "onExitCodes": [137]},)) is V.FAILED
+    hung = supervisor.Exit(name="trainer-0", role="trainer", code=-9)
+    unhealthy_fails = ({"action": "Fail", "onReasons": ["Unhealthy"]},)
+    assert d([hung], max_restarts=3, rules=unhealthy_fails, unhealthy=(hung,)) is V.FAILED
+    assert d([hung], max_restarts=3, rules=unhealthy_fails) is V.RESTART
+    _, decision = supervisor.judge(exits=[dead], trainers=1, restarts=0, policy=rljob.FailurePolicySpec(
+        max_restarts=1, rules=[rljob.FailureRule(action="RestartRole")]))
+    assert decision is not None and decision.restart == ("generator-1",) and decision.counts
     assert supervisor.describe(-9) == "killed by SIGKILL" and supervisor.describe(3) == "exit code 3"
 
 

@@ -181,7 +181,7 @@ def test_three_loops_train_sync_checkpoint_and_resume(tmp_path: Path) -> None:
     assert all(r["weight_sync_seconds"] is not None for r in records[:2])
     assert sum(out["buffer"].lag_counts.values()) == 12 and max(out["buffer"].lag_counts) <= 1
     ckpts = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    assert ckpts == ["step-000000002", "step-000000003"]
+    assert ckpts == ["export-step-000000003", "step-000000002", "step-000000003"]   # + the HF export at the end
     # resume: the same job with 5 steps continues at step 4 with contiguous records, after pushing v3 first
     out2 = run_job(job(steps=5), tmp_path)
     assert [r["step"] for r in out2["records"]] == [1, 2, 3, 4, 5]
@@ -301,3 +301,84 @@ def test_verifier_stops_on_sigterm_while_its_send_to_a_dead_trainer_blocks() -> 
     t.start()
     t.join(10)
     assert done.is_set() and dead.tries == 2
+
+
+class DropFirstScored:
+    """A trainer inbox that loses the first SCORED frame on purpose (as a frame dies with a killed verifier)."""
+
+    def __init__(self, inner: transport.Receiver) -> None:
+        self.inner, self.lost = inner, 0
+
+    def recv(self, timeout: float | None = None) -> wire.Message | None:
+        msg = self.inner.recv(timeout=timeout)
+        if isinstance(msg, wire.Scored) and not self.lost:
+            self.lost = 1
+            return None
+        return msg
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def _loop(tmp: Path, spec_job: rljob.RLJob, inbox: transport.Receiver, *, deadline: float, reissue_after: float,
+          generators: transport.Sender, control: transport.Receiver) -> trainer_role.Loop:
+    spec = spec_job.spec
+    learner = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm)
+    return trainer_role.Loop(
+        settings=trainer_role.Settings(rank=0, world=1, steps=spec.algorithm.steps,
+                                       prompts_per_step=spec.algorithm.prompts_per_step,
+                                       max_policy_lag=spec.algorithm.max_policy_lag, sync_every=1,
+                                       checkpoint_every=10, checkpoint_dir=str(tmp / "ckpt"), checkpoint_keep=1,
+                                       deadline=deadline, reissue_after=reissue_after),
+        inbox=inbox, generators=generators, learner=learner, prompt_at=tasks.stream(spec.task).prompt_at,
+        observer=observe.TrainerObserver(metrics.Metrics(role="trainer", replica=0)),
+        rank0=trainer_role.Rank0(control=control, pusher=InProcessPusher(generators, control),
+                                 reporter=report.JsonlReporter(path=tmp / "m.jsonl", echo=False)))
+
+
+def test_a_lost_frame_is_reissued_and_a_step_that_never_completes_stalls_within_the_deadline(tmp_path: Path) -> None:
+    """Drop a SCORED frame on purpose: the trainer re-issues the missing prompt after ``reissue_after`` and the
+    step completes (nothing lost). With nobody serving the work at all, the trainer raises ``Stalled`` within the
+    deadline (its process exits non-zero and the failure policy restarts it) instead of waiting forever."""
+    import time as _time
+
+    spec_job = job(steps=1)
+    n = next(_ids)
+    a = {k: f"mem://drop{n}-{k}" for k in ("gen", "ver", "trn", "ctl")}
+    gen_in, ver_in = transport.open_receiver(a["gen"]), transport.open_receiver(a["ver"])
+    trn_in, ctl_in = transport.open_receiver(a["trn"], hwm=256), transport.open_receiver(a["ctl"])
+    sampler = HFSampler(path=models.resolve(spec_job.spec.model), n=4, max_new=2)
+    stop = threading.Event()
+    scorer = verifiers.Scorer(spec_job.spec.verifiers)
+    m = metrics.Metrics(role="x", replica=0)
+    threads = [
+        threading.Thread(target=lambda: generator_role.run(
+            index=0, inbox=gen_in, verifiers=transport.open_sender([a["ver"]], role="generator", index=0),
+            control=transport.open_sender([a["ctl"]], role="generator", index=0), sampler=sampler,
+            weights=CopyWeights(sampler), observer=observe.GeneratorObserver(m), should_stop=stop.is_set),
+            daemon=True),
+        threading.Thread(target=lambda: verifier_role.run(
+            inbox=ver_in, trainers=transport.open_sender([a["trn"]], role="verifier", index=0), score=scorer.apply,
+            observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop.is_set), daemon=True)]
+    for t in threads:
+        t.start()
+    inbox = DropFirstScored(trn_in)
+    loop = _loop(tmp_path, spec_job, inbox, deadline=60, reissue_after=1.0,  # type: ignore[arg-type]
+                 generators=transport.open_sender([a["gen"]], role="trainer", index=0), control=ctl_in)
+    loop.run()
+    stop.set()
+    assert inbox.lost == 1 and loop.reissued >= 1 and loop.learner.step == 1
+    assert [json.loads(x)["step"] for x in (tmp_path / "m.jsonl").read_text().splitlines()] == [1]
+
+    # nobody serves: READY arrives, then no group ever does
+    b = {k: f"mem://dead{n}-{k}" for k in ("gen", "trn", "ctl")}
+    dead_gen, trn2, ctl2 = (transport.open_receiver(b[k]) for k in ("gen", "trn", "ctl"))
+    transport.open_sender([b["ctl"]], role="generator", index=0).send(wire.Ready(role="generator", index=0))
+    loop2 = _loop(tmp_path / "2", spec_job, trn2, deadline=3.0, reissue_after=1.0,
+                  generators=transport.open_sender([b["gen"]], role="trainer", index=0), control=ctl2)
+    started = _time.monotonic()
+    with pytest.raises(trainer_role.Stalled, match="progressDeadlineSeconds"):
+        loop2.run()
+    assert 3.0 <= _time.monotonic() - started < 10.0 and loop2.reissued >= 4
+    for r in (gen_in, ver_in, trn_in, ctl_in, dead_gen, trn2, ctl2):
+        r.close()

@@ -1,39 +1,41 @@
-"""Failure policy: a failure of the current attempt restarts the whole job from its checkpoint, up to
-``spec.failurePolicy.maxRestarts`` times; one more failure fails the job (``BackoffLimitExceeded``).
+"""Failure policy on a cluster: the failures of the current attempt not acted on yet, judged by the one pure
+decision of ``kubeforge.api.failures`` (the local launcher uses the same).
 
-Why the whole job: generators, verifiers and the trainer share a weight-sync group and in-flight rollouts; one
-member gone leaves the others blocked. Failures of older attempts are ignored (their pods are being torn down).
+What each action does here (``lifecycle`` applies it):
+- ``RestartAll``: a new attempt; every pod of the old one goes before any pod of the new one starts, and the
+  trainers resume from the last complete checkpoint.
+- ``RestartRole``: counted; the failed pods alone come back (the kubelet restarts a failed container in place,
+  the StatefulSet controller re-creates a Failed or lost pod); the other pods, the trainer's above all, are
+  untouched and the trainer re-forms the weight-sync group when the generator is back.
+- ``Ignore``: not counted; the pod comes back the same way.
+- ``Fail``: the job fails with the rule's reason, or ``BackoffLimitExceeded`` when restarts are used up.
+
+Invariant: a failure is acted on once. ``status.handledFailures`` remembers, per pod, the failure last acted
+on; a pod keeps showing its last termination until the next one, and a restarted operator reads the same
+status, so replaying a pass never counts a restart twice.
 """
 from __future__ import annotations
 
-import dataclasses
-
-from kubeforge.api import rljob
+from kubeforge.api import failures, rljob
 from kubeforge.operator import observed
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Verdict:
-    restart: bool
-    fail: bool
-    failure: observed.Failure | None
+def new_failures(obs: observed.Observed, attempt: int, handled: dict[str, str]) -> list[observed.Failure]:
+    """Failures of ``attempt`` (listed pods and watch events) not acted on yet: the newest per pod."""
+    found: dict[str, observed.Failure] = {}
+    for f in [p.failure for p in obs.of_attempt(attempt) if p.failure is not None] + [
+            f for f in obs.seen_failures if f.attempt == attempt]:
+        if handled.get(f.pod) != f.ident and f.pod not in found:
+            found[f.pod] = f
+    return [found[k] for k in sorted(found)]
 
 
-NONE = Verdict(restart=False, fail=False, failure=None)
+def as_api(f: observed.Failure) -> failures.Failure:
+    return failures.Failure(role=f.role, name=f.pod, exit_code=f.exit_code, reason=f.reason)
 
 
-def current_failure(obs: observed.Observed, attempt: int) -> observed.Failure | None:
-    """The first failure (by pod name) that belongs to ``attempt``, from listed pods or watch events."""
-    found = [p.failure for p in obs.of_attempt(attempt) if p.failure is not None]
-    found += [f for f in obs.seen_failures if f.attempt == attempt]
-    return min(found, key=lambda f: (f.pod, f.reason)) if found else None
-
-
-def judge(job: rljob.RLJob, obs: observed.Observed, *, attempt: int, restarts: int) -> Verdict:
-    """Restart, fail, or carry on."""
-    failure = current_failure(obs, attempt)
-    if failure is None:
-        return NONE
-    if restarts < job.spec.failure_policy.max_restarts:
-        return Verdict(restart=True, fail=False, failure=failure)
-    return Verdict(restart=False, fail=True, failure=failure)
+def judge(job: rljob.RLJob, obs: observed.Observed, *, attempt: int, restarts: int,
+          handled: dict[str, str]) -> tuple[failures.Decision | None, list[observed.Failure]]:
+    """The decision for the new failures of ``attempt`` (None: nothing new), and those failures."""
+    fresh = new_failures(obs, attempt, handled)
+    return failures.decide(job.spec.failure_policy, [as_api(f) for f in fresh], restarts=restarts), fresh

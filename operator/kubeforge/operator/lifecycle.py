@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from kubeforge.api import rljob
+from kubeforge.api import failures, rljob
 from kubeforge.operator import completion, deadline, failure_policy, names, observed, reasons, timefmt, ttl
 from kubeforge.operator.render import statefulset
 
@@ -36,7 +36,10 @@ class Plan:
     terminal_message: str = ""
     new_attempt_reason: str | None = None   # reasons.RESTARTING / reasons.RESCALED when this pass bumped it
     new_failure: observed.Failure | None = None
+    decision: failures.Decision | None = None
     last_failure: rljob.FailureInfo | None = None
+    role_restarts: dict[str, int] = dataclasses.field(default_factory=dict)   # counted restarts by role
+    handled: dict[str, str] = dataclasses.field(default_factory=dict)         # status.handledFailures
     progress: rljob.Progress = dataclasses.field(default_factory=rljob.Progress)
     start_time: str | None = None
     completion_time: str | None = None
@@ -59,9 +62,9 @@ def _progress(report: observed.ProgressReport | None, prev: rljob.Progress) -> r
     return rljob.Progress(step=report.step, mean_reward=report.mean_reward, policy_version=report.policy_version)
 
 
-def _failure_info(f: observed.Failure, now: dt.datetime) -> rljob.FailureInfo:
-    return rljob.FailureInfo(role=f.role, pod=f.pod, exit_code=f.exit_code, reason=f.reason,
-                             time=f.time or timefmt.fmt(now))
+def _failure_info(f: observed.Failure, action: str, now: dt.datetime) -> rljob.FailureInfo:
+    return rljob.FailureInfo(role=f.role, pod=f.pod, exit_code=f.exit_code, reason=f.reason, action=action,
+                             attempt=f.attempt, time=f.time or timefmt.fmt(now))
 
 
 def _rescaled(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> bool:
@@ -93,26 +96,33 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Pla
     progress = _progress(report, prev.progress)
     start_time, completion_time = prev.start_time, prev.completion_time
     last_failure, new_failure, new_reason = prev.last_failure, None, None
+    decision: failures.Decision | None = None
+    handled = dict(prev.handled_failures)
+    role_restarts = {r: s.restarts for r, s in prev.roles.items() if s.restarts}
     suspended = job.spec.suspend and terminal is None
 
     if terminal is None and not suspended:
         left = deadline.remaining(job, start_time, now)
-        verdict = failure_policy.judge(job, obs, attempt=attempt, restarts=restarts)
+        decision, fresh = failure_policy.judge(job, obs, attempt=attempt, restarts=restarts, handled=handled)
         if completion.done(job, report):
             terminal, t_reason = Phase.SUCCEEDED.value, reasons.TRAINING_COMPLETE
             t_message = f"trainer reported step {progress.step} of {job.spec.algorithm.steps}"
         elif left is not None and left <= 0:
             terminal, t_reason = Phase.FAILED.value, reasons.DEADLINE_EXCEEDED
             t_message = f"job ran longer than activeDeadlineSeconds={job.spec.active_deadline_seconds}"
-        elif verdict.failure is not None:
-            new_failure = verdict.failure
-            last_failure = _failure_info(verdict.failure, now)
-            if verdict.restart:
-                attempt, restarts, new_reason = attempt + 1, restarts + 1, reasons.RESTARTING
-            else:
-                terminal, t_reason = Phase.FAILED.value, reasons.BACKOFF_LIMIT_EXCEEDED
-                t_message = (f"{verdict.failure.role} pod {verdict.failure.pod} failed after "
-                             f"{restarts} restarts (maxRestarts={job.spec.failure_policy.max_restarts})")
+        elif decision is not None and decision.cause is not None:
+            new_failure = next(f for f in fresh if f.pod == decision.cause.name)
+            last_failure = _failure_info(new_failure, decision.action, now)
+            handled.update({f.pod: f.ident for f in fresh})
+            if decision.counts:
+                restarts += 1
+                role_restarts[new_failure.role] = role_restarts.get(new_failure.role, 0) + 1
+            if decision.action == failures.RESTART_ALL:
+                attempt, new_reason, handled = attempt + 1, reasons.RESTARTING, {}
+            elif decision.action == failures.RESTART_ROLE:
+                pass   # the kubelet / StatefulSet controller bring the failed pods back; see failure_policy
+            elif decision.action == failures.FAIL:
+                terminal, t_reason, t_message = Phase.FAILED.value, decision.reason, decision.message
         elif _rescaled(job, obs, attempt):
             attempt, new_reason = attempt + 1, reasons.RESCALED
         if terminal is not None:
@@ -130,7 +140,8 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Pla
         attempt=attempt, restarts=restarts, suspended=suspended, active=active,
         gang_active=terminal is None and not suspended, draining=draining,
         terminal=terminal, terminal_reason=t_reason, terminal_message=t_message,
-        new_attempt_reason=new_reason, new_failure=new_failure, last_failure=last_failure, progress=progress,
+        new_attempt_reason=new_reason, new_failure=new_failure, decision=decision, last_failure=last_failure,
+        role_restarts=role_restarts, handled=handled, progress=progress,
         start_time=start_time, completion_time=completion_time,
         delete_job=ttl_left is not None and ttl_left <= 0,
         requeue_after=_min(ttl_left, deadline_left),

@@ -1,7 +1,8 @@
 """The operator's Prometheus series, on a registry of its own, served on ``--metrics-port``.
 
 Series: reconciles and errors per triggering handler, reconcile duration, RLJobs by phase (this process's view),
-and the time from an RLJob's creation to its gang first Running.
+the time from an RLJob's creation to its gang first Running, failures acted on (by role, reason, action) and the
+time from a restart decision to every role ready again.
 """
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ JOBS = prom.Gauge("kubeforge_operator_rljobs", "RLJobs by phase.", ["phase"], re
 GANG_RUNNING = prom.Histogram("kubeforge_operator_gang_running_seconds",
                               "Seconds from an RLJob's creation to all its pods Running and ready (first time).",
                               buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800), registry=REGISTRY)
+
+RESTARTS = prom.Counter("kubeforge_operator_failures_total", "Failures acted on by the failure policy, by the "
+                       "failed role, its termination reason and the action taken (RestartAll, RestartRole, Fail, "
+                       "Ignore).", ["role", "reason", "action"], registry=REGISTRY)
+RECOVERY = prom.Histogram("kubeforge_operator_recovery_seconds", "Seconds from a restart decision to every role "
+                          "ready again, by action.", ["action"],
+                          buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800), registry=REGISTRY)
 
 _phases: dict[tuple[str, str], str] = {}
 _lock = threading.Lock()

@@ -58,3 +58,8 @@ def pod(job: str, role: str, index: int) -> str:
 def peer_host(job: str, role: str, index: int, namespace: str) -> str:
     """Stable DNS name of a pod behind its role's headless Service."""
     return f"{pod(job, role, index)}.{contract.child_name(job, role)}.{namespace}.svc"
+
+
+def network_policy(job: str) -> str:
+    """The job's NetworkPolicy."""
+    return f"{job}-network"

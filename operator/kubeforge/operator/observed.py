@@ -28,6 +28,12 @@ class Failure:
     exit_code: int | None
     reason: str
     time: str | None
+    key: str = ""          # identifies this failure of this pod (container ID, else pod UID + restart count)
+
+    @property
+    def ident(self) -> str:
+        """What ``status.handledFailures`` remembers, so one failure is never acted on twice."""
+        return self.key or f"{self.pod}/{self.exit_code}/{self.reason}/{self.time}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -97,30 +103,40 @@ def parse_progress(text: str | None) -> ProgressReport | None:
         return None
 
 
-def _terminated_failure(term: Raw, *, role: str, pod: str, attempt: int | None) -> Failure | None:
+# Pod-level ends and the failure-policy reason they match (kubeforge.api.rljob.FailureReason).
+_DISRUPTION_REASONS = {"DeletionByTaintManager": "NodeLost", "EvictionByEvictionAPI": "Evicted",
+                       "TerminationByKubelet": "Evicted", "NodeLost": "NodeLost", "Evicted": "Evicted"}
+
+
+def _terminated_failure(term: Raw, *, role: str, pod: str, attempt: int | None, key: str) -> Failure | None:
     code = _int(term.get("exitCode"))
     if code == 0:
         return None
     return Failure(role=role, pod=pod, attempt=attempt, exit_code=code, reason=str(term.get("reason") or "Error"),
-                   time=term.get("finishedAt"))
+                   time=term.get("finishedAt"), key=str(term.get("containerID") or key))
 
 
 def pod_failure(pod: Raw) -> Failure | None:
-    """The failure a pod shows: a Failed pod, a container terminated non-zero now or before its last restart."""
+    """The newest failure a pod shows: a container terminated non-zero now or before its last restart, a Failed
+    pod (Evicted), or a pod the node lost (its DisruptionTarget condition)."""
     md, st = pod.get("metadata", {}), pod.get("status", {}) or {}
     labels = md.get("labels", {}) or {}
     role, name, attempt = labels.get(contract.LABEL_ROLE, ""), md.get("name", ""), _int(labels.get(contract.LABEL_ATTEMPT))
+    uid = md.get("uid") or name
     statuses = st.get("containerStatuses") or []
     for cs in statuses:
         for state in (cs.get("state") or {}, cs.get("lastState") or {}):
             term = state.get("terminated")
-            if term:
-                found = _terminated_failure(term, role=role, pod=name, attempt=attempt)
+            if term:   # the same end reads alike as ``state`` and, after the restart, as ``lastState``
+                key = f"{uid}/{cs.get('name')}/{term.get('startedAt')}/{term.get('finishedAt')}"
+                found = _terminated_failure(term, role=role, pod=name, attempt=attempt, key=key)
                 if found:
                     return found
-    if st.get("phase") == "Failed":
-        return Failure(role=role, pod=name, attempt=attempt, exit_code=None, reason=str(st.get("reason") or "Failed"),
-                       time=None)
+    disrupted = _condition(st, "DisruptionTarget")
+    if st.get("phase") == "Failed" or (disrupted.get("status") == "True" and md.get("deletionTimestamp")):
+        raw = str(st.get("reason") or disrupted.get("reason") or "Failed")
+        return Failure(role=role, pod=name, attempt=attempt, exit_code=None,
+                       reason=_DISRUPTION_REASONS.get(raw, raw), time=None, key=f"{uid}/pod")
     return None
 
 

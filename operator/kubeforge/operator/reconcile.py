@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubeforge.api import load, rljob
+from kubeforge.api import failures, load, rljob
 from kubeforge.operator import apply, lifecycle, observed, reasons, render, status, timefmt
 from kubeforge.operator.render import context, meta
 
@@ -38,6 +38,8 @@ class Outcome:
     previous_phase: str | None = None
     requeue_after: float | None = None
     created: str | None = None           # the RLJob's creationTimestamp
+    decision: failures.Decision | None = None   # what the failure policy decided this pass
+    all_ready: bool = False              # every role of the current attempt has all replicas ready
 
 
 class ApplyCache:
@@ -133,5 +135,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         cluster.patch_status(namespace, name, _status_doc(new) or {})
     for ev in status.transitions(job.status, new, plan):
         cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
+    ready = next((c.status == "True" for c in new.conditions if c.type == reasons.READY), False)
     return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
-                   requeue_after=plan.requeue_after, created=raw["metadata"].get("creationTimestamp"))
+                   requeue_after=plan.requeue_after, created=raw["metadata"].get("creationTimestamp"),
+                   decision=plan.decision, all_ready=ready)

@@ -41,6 +41,7 @@ class _JobState:
     timer: asyncio.TimerHandle | None = None
     backoff: float = 1.0
     running_seen: bool = False
+    recovering: tuple[str, float] | None = None    # (action, monotonic time of the restart decision)
 
 
 class Router:
@@ -110,6 +111,14 @@ class Router:
 
     def _observe(self, key: Key, st: _JobState, out: reconcile.Outcome) -> None:
         metrics.set_phase(key, out.phase)
+        d = out.decision
+        if d is not None and d.cause is not None:
+            metrics.RESTARTS.labels(d.cause.role, d.cause.reason, d.action).inc()
+            if d.counts:
+                st.recovering = (d.action, time.monotonic())
+        elif st.recovering is not None and out.all_ready:
+            metrics.RECOVERY.labels(st.recovering[0]).observe(time.monotonic() - st.recovering[1])
+            st.recovering = None
         if out.phase == "Running" and out.previous_phase != "Running" and not st.running_seen:
             st.running_seen = True
             created = timefmt.parse(out.created)

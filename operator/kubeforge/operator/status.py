@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from kubeforge.api import contract, rljob
+from kubeforge.api import contract, failures, rljob
 from kubeforge.operator import lifecycle, observed, reasons, timefmt
 
 Phase = rljob.Phase
@@ -37,7 +37,8 @@ def role_statuses(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan
         mine = [p for p in pods if p.role == role]
         out[role] = rljob.RoleStatus(
             replicas=getattr(job.spec.roles, role).replicas if plan.active else 0,
-            ready=sum(p.ready for p in mine), restarts=sum(p.restarts for p in mine))
+            ready=sum(p.ready for p in mine), restarts=plan.role_restarts.get(role, 0),
+            container_restarts=sum(p.restarts for p in mine))
     return out
 
 
@@ -116,7 +117,7 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
         conditions=merge_conditions(prev.conditions, _conditions(job, plan, gang, ready), generation=generation,
                                     now=now),
         roles=roles, ready=f"{ready_roles}/{len(roles)}", restarts=plan.restarts, attempt=plan.attempt,
-        last_failure=plan.last_failure, progress=plan.progress, start_time=plan.start_time,
+        last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress, start_time=plan.start_time,
         completion_time=plan.completion_time,
     )
 
@@ -136,6 +137,10 @@ def transitions(prev: rljob.RLJobStatus | None, new: rljob.RLJobStatus, plan: li
         f = plan.new_failure
         out.append(Event(type="Warning", reason=reasons.CONTAINER_FAILED,
                          message=f"{f.role} pod {f.pod} failed: exit code {f.exit_code}, reason {f.reason}"))
+    if plan.decision is not None and plan.decision.action in (failures.RESTART_ROLE, failures.IGNORE):
+        out.append(Event(type="Warning" if plan.decision.counts else "Normal",
+                         reason=reasons.ROLE_RESTARTED if plan.decision.counts else reasons.FAILURE_IGNORED,
+                         message=plan.decision.message))
     if plan.new_attempt_reason:
         out.append(Event(type="Warning" if plan.new_attempt_reason == reasons.RESTARTING else "Normal",
                          reason=plan.new_attempt_reason,

@@ -10,7 +10,10 @@ Invariants:
 - Every series carries ``role`` and ``replica`` labels; families with more labels say which (``reason``,
   ``verifier``, ``phase``). Names are ``kubeforge_*``; counters end in ``_total``.
 - ``/readyz`` is 503 until the role calls ``set_ready(True)`` (e.g. engine loaded, sockets handshaken);
-  ``/healthz`` is 200 while the process serves, 503 after ``set_healthy(False)``.
+  ``/healthz`` is 200 while the process serves and its last ``heartbeat`` is younger than the progress deadline
+  (``spec.failurePolicy.progressDeadlineSeconds``), 503 after ``set_healthy(False)`` or once the heartbeat is
+  older: the pod's liveness probe (and the local launcher's watchdog) then restarts the role. The body is JSON:
+  ``{"healthy", "activity", "heartbeatAgeSeconds"}`` (activity: what the role was last doing, e.g. ``sync``).
 
 Threads and shutdown::
 
@@ -21,7 +24,9 @@ Threads and shutdown::
 from __future__ import annotations
 
 import http.server
+import json
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 import prometheus_client as prom
@@ -136,6 +141,9 @@ class MetricsServer:
         self._ready = threading.Event()
         self._healthy = threading.Event()
         self._healthy.set()
+        self.deadline: float | None = None
+        self.activity = "start"
+        self._beat = time.monotonic()
         self._httpd = http.server.ThreadingHTTPServer((host, port), _handler(self))
         self._httpd.daemon_threads = True
         self.host, self.port = self._httpd.server_address[0], int(self._httpd.server_address[1])
@@ -159,6 +167,15 @@ class MetricsServer:
     def set_healthy(self, healthy: bool = True) -> None:
         (self._healthy.set if healthy else self._healthy.clear)()
 
+    def heartbeat(self, activity: str) -> None:
+        """The role made progress (or is idle waiting for work: that is progress too); ``activity`` names it."""
+        self.activity, self._beat = activity, time.monotonic()
+
+    def health(self) -> dict[str, Any]:
+        age = time.monotonic() - self._beat
+        ok = self.is_healthy and (self.deadline is None or age <= self.deadline)
+        return {"healthy": ok, "activity": self.activity, "heartbeatAgeSeconds": round(age, 3)}
+
     def stop(self) -> None:
         """Stop serving and free the port; idempotent."""
         if self._stopped:
@@ -176,8 +193,8 @@ def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
             if path == "/metrics":
                 self._reply(200, server.metrics.render(), prom.CONTENT_TYPE_LATEST)
             elif path == "/healthz":
-                ok = server.is_healthy
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n")
+                doc = server.health()
+                self._reply(200 if doc["healthy"] else 503, (json.dumps(doc) + "\n").encode(), "application/json")
             elif path == "/readyz":
                 ok = server.is_ready
                 self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")

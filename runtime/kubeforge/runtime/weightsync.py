@@ -6,6 +6,7 @@ API::
     rank_base(generator_index=g, tensor_parallel_size=T) -> int        # 1 + g*T; worker rank = base + tp_rank
     sender = WeightSender(host=..., port=..., world_size=..., timeout=..., join_timeout=...)  # trainer rank 0
     stats = sender.send(named_tensors, version=v)                      # -> SyncStats(bytes, seconds, ...)
+    stats = sender.send(stream, version=v)   # a TensorStream: meta first, tensors produced bucket by bucket
     receiver = WeightReceiver(host=..., port=..., world_size=..., rank=..., timeout=...)    # a vLLM worker
     stats = receiver.receive(load)   # load(iterator of (name, tensor)) consumes the new weights
     sender.close(); receiver.close()
@@ -35,7 +36,11 @@ Invariants:
 - Joining waits up to ``join_timeout`` (long: a generator joins between rollout batches, an engine may still be
   starting) for every rank at a store barrier; after that every collective is bounded by ``timeout`` (short): a
   peer that dies mid-sync makes the others raise ``WeightSyncError`` instead of hanging. After an error the
-  group is unusable; close it (the job restarts).
+  group is unusable; it is closed and re-formed under a new **epoch**.
+- Epochs: the sender keeps one store (its server) for its lifetime; each epoch's group lives under the key prefix
+  ``kubeforge/epoch-<n>/``. ``WeightSender.reset()`` abandons the current epoch (a mark in the store that ends
+  every barrier still waiting in it with ``WeightSyncError``, at once) and the next ``send`` forms epoch n+1 with
+  whoever joins it. So a generator that restarts, or one that reads an old SYNC, never waits on a dead epoch.
 - Each bucket is a fresh buffer: a loader may keep the views it was given (vLLM's layer-wise reload does).
 """
 from __future__ import annotations
@@ -43,9 +48,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -56,7 +62,7 @@ ALIGN = 16  # bytes; every tensor starts at a multiple of this inside its bucket
 DEFAULT_BUCKET_MB = 64
 MAX_META_BYTES = 64 << 20
 DEFAULT_JOIN_TIMEOUT = 600.0  # generators join between rollout batches, maybe long after the trainer
-JOIN_KEY, ALL_JOINED_KEY = "kubeforge/joined", "kubeforge/all-joined"
+JOIN_KEY, ALL_JOINED_KEY, ABANDONED_KEY = "joined", "all-joined", "abandoned"   # under the epoch's prefix
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
     "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
@@ -115,18 +121,20 @@ class Group(Protocol):
 
 
 class TorchGroup:
-    """A private ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) over a ``TCPStore`` served by rank 0."""
+    """A private ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) over a ``TCPStore`` served by rank 0, under
+    the key prefix of ``epoch`` (rank 0 may pass the store it already serves)."""
 
     def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float,
-                 join_timeout: float, backend: str = "gloo", device: torch.device | None = None) -> None:
+                 join_timeout: float, backend: str = "gloo", device: torch.device | None = None, epoch: int = 0,
+                 store: Any = None) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"weight sync: rank {rank} outside world of {world_size}")
         td = datetime.timedelta(seconds=timeout)
-        self.rank, self.size = rank, world_size
-        self.store: Any = dist.TCPStore(  # type: ignore[attr-defined]
-            host, port, world_size, rank == 0,
-            timeout=datetime.timedelta(seconds=join_timeout), wait_for_workers=False)
-        _barrier(self.store, world_size)  # everyone is here: the group below connects within `timeout`
+        self.rank, self.size, self.epoch = rank, world_size, epoch
+        self.root: Any = store if store is not None else open_store(host=host, port=port, rank=rank,
+                                                                      join_timeout=join_timeout)
+        self.store: Any = dist.PrefixStore(epoch_prefix(epoch), self.root)  # type: ignore[attr-defined]
+        _barrier(self.store, world_size, timeout=join_timeout)  # everyone is here: the group connects within `timeout`
         self.store.set_timeout(td)
         if backend == "gloo":
             self.device = torch.device("cpu")
@@ -160,20 +168,45 @@ class TorchGroup:
         self.store = None
 
 
-def _barrier(store: Any, world_size: int) -> None:
-    """Wait (up to the store's timeout, the join timeout) until all ``world_size`` ranks reached the store."""
+def epoch_prefix(epoch: int) -> str:
+    return f"kubeforge/epoch-{epoch}/"
+
+
+def open_store(*, host: str, port: int, rank: int, join_timeout: float) -> Any:
+    """The weight-sync store: served by rank 0, a client elsewhere."""
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        host, port, None, rank == 0, timeout=datetime.timedelta(seconds=join_timeout), wait_for_workers=False)
+
+
+BARRIER_POLL_SECONDS = 0.05
+
+
+def _barrier(store: Any, world_size: int, *, timeout: float) -> None:
+    """Wait (at most ``timeout``) until all ``world_size`` ranks reached the store; an abandoned epoch ends the
+    wait at once."""
+    if store.check([ABANDONED_KEY]):
+        raise WeightSyncError("weight sync: this epoch was abandoned (the membership re-formed)")
     if store.add(JOIN_KEY, 1) == world_size:
         store.set(ALL_JOINED_KEY, b"1")
-    store.wait([ALL_JOINED_KEY])
+    deadline = time.monotonic() + timeout
+    while not store.check([ALL_JOINED_KEY]):
+        if store.check([ABANDONED_KEY]):
+            raise WeightSyncError("weight sync: this epoch was abandoned (the membership re-formed)")
+        if time.monotonic() > deadline:
+            raise WeightSyncError(f"weight sync: not every rank joined within {timeout:.0f}s")
+        time.sleep(BARRIER_POLL_SECONDS)
 
 
 def _open(*, host: str, port: int, world_size: int, rank: int, timeout: float, join_timeout: float,
-          backend: str) -> TorchGroup:
+          backend: str, epoch: int = 0, store: Any = None) -> TorchGroup:
     try:
         return TorchGroup(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
-                          join_timeout=join_timeout, backend=backend)
+                          join_timeout=join_timeout, backend=backend, epoch=epoch, store=store)
     except (RuntimeError, dist.DistError) as e:
-        raise WeightSyncError(f"weight sync: rank {rank} could not join {host}:{port} (world {world_size}): {e}") from e
+        if isinstance(e, WeightSyncError):
+            raise
+        raise WeightSyncError(f"weight sync: rank {rank} could not join {host}:{port} (world {world_size}, epoch "
+                              f"{epoch}): {e}") from e
 
 
 # ---------------------------------------------------------------- planning and metadata (pure)
@@ -228,6 +261,45 @@ def decode_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int]]:
     return version, entries, buckets
 
 
+@runtime_checkable
+class TensorMeta(Protocol):
+    """What a receiver must know of a tensor before it arrives."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+
+@runtime_checkable
+class TensorStream(Protocol):
+    """Named tensors produced lazily, described up front by ``meta`` (same order, same names, shapes, dtypes)."""
+
+    @property
+    def meta(self) -> Sequence[TensorMeta]: ...
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _Meta:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class _ListStream:
+    """A ``TensorStream`` over tensors already in memory."""
+
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.tensors = tensors
+        self.meta = [_Meta(n, tuple(t.shape), t.dtype) for n, t in tensors]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.tensors)
+
+
 def _unique(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
     """Detached, contiguous CPU/GPU tensors; a tensor sharing storage with an earlier one (a tied weight) is
     sent once, under its first name."""
@@ -255,35 +327,61 @@ class WeightSender:
             raise ValueError("weight sync: world_size must count the sender and at least one receiver")
         self._args = dict(host=host, port=port, world_size=world_size, rank=0, timeout=timeout,
                           join_timeout=join_timeout, backend=backend)
+        self._host, self._port, self._join_timeout = host, port, join_timeout
         self.bucket_bytes = max(ALIGN, int(bucket_mb * (1 << 20)))
         self.group: Group | None = None
+        self.epoch = 0
+        self._store: Any = None
 
     def connect(self) -> None:
         if self.group is None:
-            self.group = _open(**self._args)  # type: ignore[arg-type]
+            if self._store is None:
+                self._store = open_store(host=self._host, port=self._port, rank=0, join_timeout=self._join_timeout)
+            self.group = _open(**self._args, epoch=self.epoch, store=self._store)  # type: ignore[arg-type]
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> SyncStats:
-        """Broadcast the tensors (HF names) as policy ``version``; return once every receiver has loaded them."""
+    def reset(self) -> int:
+        """Abandon the current epoch (its group is closed; anyone still joining it fails at once); the next
+        ``send`` forms the next epoch. Returns the new epoch."""
+        if self._store is not None:
+            try:
+                prefixed: Any = dist.PrefixStore(epoch_prefix(self.epoch), self._store)  # type: ignore[attr-defined]
+                prefixed.set(ABANDONED_KEY, b"1")
+            except (RuntimeError, dist.DistError):
+                pass
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        self.epoch += 1
+        return self.epoch
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | TensorStream, *,
+             version: int) -> SyncStats:
+        """Broadcast the tensors (HF names) as policy ``version``; return once every receiver has loaded them.
+
+        A :class:`TensorStream` (it has ``meta``) is consumed lazily: the metadata goes out first, then each tensor
+        is produced (e.g. gathered from shards) only when its bucket is packed, so at most one bucket, or one tensor
+        bigger than a bucket, is materialised. A plain iterable is listed first (tied weights sent once)."""
         self.connect()
         assert self.group is not None
         group = self.group
-        tensors = [(n, t.to(group.device)) for n, t in _unique(named_tensors)]
-        sizes = [t.numel() * t.element_size() for _, t in tensors]
+        stream = named_tensors if isinstance(named_tensors, TensorStream) else _ListStream(_unique(named_tensors))
+        metas = list(stream.meta)
+        sizes = [math.prod(m.shape) * torch.empty((), dtype=m.dtype).element_size() for m in metas]
         places = plan_buckets(sizes, bucket_bytes=self.bucket_bytes)
         nb = places[-1][0] + 1 if places else 0
         bucket_sizes = [0] * nb
         for (b, off), size in zip(places, sizes):
             bucket_sizes[b] = max(bucket_sizes[b], off + size)
-        entries = [{"name": n, "shape": list(t.shape), "dtype": _dtype_name(t.dtype), "bucket": b, "offset": off}
-                   for (n, t), (b, off) in zip(tensors, places)]
+        entries = [{"name": m.name, "shape": list(m.shape), "dtype": _dtype_name(m.dtype), "bucket": b,
+                    "offset": off} for m, (b, off) in zip(metas, places)]
         meta = encode_meta(version=version, entries=entries, bucket_sizes=bucket_sizes)
         start = time.perf_counter()
         try:
             group.broadcast(torch.tensor([MAGIC, PROTOCOL, version, len(meta)], dtype=torch.int64,
                                          device=group.device))
             group.broadcast(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(group.device))
-            for b in range(nb):
-                group.broadcast(_pack(tensors, places, b, bucket_sizes[b], group.device))
+            for buf in _buckets(iter(stream), metas, places, bucket_sizes, group.device):
+                group.broadcast(buf)
             ack = torch.zeros(2, dtype=torch.int64, device=group.device)
             group.all_reduce_sum(ack)
         except (RuntimeError, dist.DistError) as e:
@@ -293,7 +391,7 @@ class WeightSender:
         if failures or count != group.size - 1:
             raise WeightSyncError(f"weight sync v{version}: {failures} of {group.size - 1} receivers failed to "
                                   f"load ({count} acked)")
-        return SyncStats(version=version, bytes=sum(sizes), seconds=seconds, tensors=len(tensors), buckets=nb)
+        return SyncStats(version=version, bytes=sum(sizes), seconds=seconds, tensors=len(metas), buckets=nb)
 
     def close(self) -> None:
         if self.group is not None:
@@ -307,27 +405,39 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES[dtype]
 
 
-def _pack(tensors: list[tuple[str, torch.Tensor]], places: list[tuple[int, int]], bucket: int, size: int,
-          device: torch.device) -> torch.Tensor:
-    members = [(t, off) for (_, t), (b, off) in zip(tensors, places) if b == bucket]
-    if len(members) == 1 and members[0][1] == 0:
-        return members[0][0].reshape(-1).view(torch.uint8)  # a big tensor travels as itself, uncopied
-    buf = torch.empty(size, dtype=torch.uint8, device=device)
-    for t, off in members:
-        flat = t.reshape(-1).view(torch.uint8)
-        buf[off:off + flat.numel()].copy_(flat)
-    return buf
+def _buckets(tensors: Iterator[tuple[str, torch.Tensor]], metas: list[TensorMeta], places: list[tuple[int, int]],
+             sizes: list[int], device: torch.device) -> Iterator[torch.Tensor]:
+    """The bucket buffers in order, filled from ``tensors`` as they come (checked against ``metas``)."""
+    i = 0
+    for bucket, size in enumerate(sizes):
+        members = []
+        while i < len(metas) and places[i][0] == bucket:
+            name, t = next(tensors, (None, None))
+            m = metas[i]
+            if t is None or name != m.name or tuple(t.shape) != tuple(m.shape) or t.dtype != m.dtype:
+                raise WeightSyncError(f"weight sync: tensor {i} is {name!r} {getattr(t, 'shape', None)} "
+                                      f"{getattr(t, 'dtype', None)}, its metadata said {m.name!r} {m.shape} {m.dtype}")
+            members.append((t.detach().to(device).contiguous(), places[i][1]))
+            i += 1
+        if len(members) == 1 and members[0][1] == 0:
+            yield members[0][0].reshape(-1).view(torch.uint8)  # a big tensor travels as itself, uncopied
+            continue
+        buf = torch.empty(size, dtype=torch.uint8, device=device)
+        for t, off in members:
+            flat = t.reshape(-1).view(torch.uint8)
+            buf[off:off + flat.numel()].copy_(flat)
+        yield buf
 
 
 class WeightReceiver:
     """A generator worker's end. ``receive`` blocks until the sender's next sync and hands tensors to ``load``."""
 
     def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float = 120.0,
-                 join_timeout: float = DEFAULT_JOIN_TIMEOUT, backend: str = "gloo") -> None:
+                 join_timeout: float = DEFAULT_JOIN_TIMEOUT, backend: str = "gloo", epoch: int = 0) -> None:
         if rank < 1:
             raise ValueError("weight sync: receivers have ranks >= 1 (rank 0 is the trainer)")
         self.group: Group = _open(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
-                                  join_timeout=join_timeout, backend=backend)
+                                  join_timeout=join_timeout, backend=backend, epoch=epoch)
 
     def receive(self, load: Loader) -> SyncStats:
         """Receive one sync; ``load`` gets an iterator of (HF name, tensor) that receives buckets lazily."""

@@ -48,7 +48,7 @@ import msgpack
 from kubeforge.runtime import types
 
 MAGIC = b"KFW\x01"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2   # 2: SYNC carries the weight-sync group epoch
 HEADER = struct.Struct("<4sHB")
 
 # Reasons a frame is refused (transport counts drops by these; metrics label them).
@@ -173,6 +173,7 @@ class Sync:
     world_size: int
     backend: str = "gloo"
     timeout_s: int = 120
+    epoch: int = 0          # the weight-sync group's epoch: a new one each time the membership re-forms
 
 
 Message = Union[Hello, Ready, Ack, Stop, Work, Rollout, Scored, Sync]
@@ -496,7 +497,7 @@ def _sync_in(r: _Reader) -> Sync:
         raise r.fail("backend", f"{backend!r} is not gloo or nccl")
     m = Sync(version=r.integer("version"), step=r.integer("step"), host=r.text("host", MAX_NAME_CHARS),
              port=r.integer("port", 1, MAX_PORT), world_size=r.integer("world_size", 1, 1 << 20), backend=backend,
-             timeout_s=r.integer("timeout_s", 1, 86400))
+             timeout_s=r.integer("timeout_s", 1, 86400), epoch=r.integer("epoch"))
     r.done()
     return m
 

@@ -131,12 +131,13 @@ class Engine:
     # ------------------------------------------------------------ weight sync
 
     def join_weight_sync(self, *, host: str, port: int, world_size: int, rank_base: int, timeout: float,
-                         join_timeout: float = weightsync.DEFAULT_JOIN_TIMEOUT, backend: str = "gloo") -> list[int]:
+                         join_timeout: float = weightsync.DEFAULT_JOIN_TIMEOUT, backend: str = "gloo",
+                         epoch: int = 0) -> list[int]:
         """Every worker joins the trainer's weight-sync group (blocks until the whole group is there, at most
         ``join_timeout``); each later collective is bounded by ``timeout``. Returns the workers' ranks."""
         ranks = self.llm.collective_rpc(
             "kf_join_weight_sync",
-            args=(host, port, world_size, rank_base, float(timeout), float(join_timeout), backend))
+            args=(host, port, world_size, rank_base, float(timeout), float(join_timeout), backend, int(epoch)))
         self.joined = True
         return [int(r) for r in ranks]
 

@@ -32,13 +32,15 @@ class WeightSyncExtension:
     _kf_receiver: weightsync.WeightReceiver | None = None
 
     def kf_join_weight_sync(self, host: str, port: int, world_size: int, rank_base: int, timeout: float,
-                            join_timeout: float = weightsync.DEFAULT_JOIN_TIMEOUT, backend: str = "gloo") -> int:
-        """Join the weight-sync group as rank ``rank_base + tp_rank``; blocks until the whole group has joined."""
+                            join_timeout: float = weightsync.DEFAULT_JOIN_TIMEOUT, backend: str = "gloo",
+                            epoch: int = 0) -> int:
+        """Join epoch ``epoch`` of the weight-sync group as rank ``rank_base + tp_rank``; blocks until the whole
+        group has joined (at most ``join_timeout``)."""
         self.kf_leave_weight_sync()
         rank = rank_base + _tp_rank()
         self._kf_receiver = weightsync.WeightReceiver(
             host=host, port=port, world_size=world_size, rank=rank, timeout=timeout, join_timeout=join_timeout,
-            backend=backend)
+            backend=backend, epoch=epoch)
         return rank
 
     def kf_receive_weights(self, refresh_tied: bool = True, load: bool = True) -> dict[str, Any]:

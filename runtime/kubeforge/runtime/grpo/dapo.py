@@ -6,11 +6,18 @@ Denominator: the number of completion tokens.
 """
 from __future__ import annotations
 
+import torch
+
 from kubeforge.runtime.grpo import inputs, surrogate
+
+
+def denominator(*, mask: torch.Tensor) -> float:
+    """The number of completion tokens (ones of ``mask``): additive over micro-batches and ranks."""
+    return float(mask.sum().item())
 
 
 def loss(*, batch: inputs.LossInputs, settings: inputs.LossSettings) -> inputs.LossOutput:
     """DAPO loss as the sum over all tokens; the denominator is the token count."""
     t = surrogate.token_terms(batch=batch, settings=settings)
-    return inputs.LossOutput(total=t.loss.sum(), denominator=float(t.tokens),
+    return inputs.LossOutput(total=t.loss.sum(), denominator=denominator(mask=batch.mask),
                              clip_fraction=t.clip_fraction, ratio_mean=t.ratio_mean, kl=t.kl, tokens=t.tokens)

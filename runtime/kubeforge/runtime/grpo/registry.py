@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
+import torch
+
 from kubeforge.api import rljob
 from kubeforge.runtime.grpo import dapo, drgrpo, grpo, inputs
 
@@ -16,18 +18,24 @@ class LossFn(Protocol):
     def __call__(self, *, batch: inputs.LossInputs, settings: inputs.LossSettings) -> inputs.LossOutput: ...
 
 
+class DenominatorFn(Protocol):
+    def __call__(self, *, mask: torch.Tensor) -> float: ...
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Variant:
-    """A loss function and the advantage normalisation it is defined with."""
+    """A loss function, its denominator (a pure function of the completion mask, so a trainer can reduce it over
+    micro-batches and ranks before any forward pass) and the advantage normalisation it is defined with."""
 
     loss: LossFn
+    denominator: DenominatorFn
     scale_advantages_by_std: bool
 
 
 VARIANTS: dict[rljob.LossType, Variant] = {
-    rljob.LossType.GRPO: Variant(loss=grpo.loss, scale_advantages_by_std=True),
-    rljob.LossType.DR_GRPO: Variant(loss=drgrpo.loss, scale_advantages_by_std=False),
-    rljob.LossType.DAPO: Variant(loss=dapo.loss, scale_advantages_by_std=True),
+    rljob.LossType.GRPO: Variant(loss=grpo.loss, denominator=grpo.denominator, scale_advantages_by_std=True),
+    rljob.LossType.DR_GRPO: Variant(loss=drgrpo.loss, denominator=drgrpo.denominator, scale_advantages_by_std=False),
+    rljob.LossType.DAPO: Variant(loss=dapo.loss, denominator=dapo.denominator, scale_advantages_by_std=True),
 }
 
 

@@ -4,7 +4,8 @@
  validate manifest ──▶ run dir + effective manifest ──▶ resolve model once (cache) ──▶ attempt 0
    attempt k: allocate ports → env per process (config.role_env) → start Group → watch:
        progress bar ◀── tail metrics.jsonl (trainer rank 0)
-       exits ──▶ supervisor.decide ──▶ running | succeeded | restart (attempt k+1) | failed
+       exits ──▶ supervisor.judge (api.failures.decide) ──▶ running | succeeded | restart in place (RestartRole,
+                 Ignore) | restart (RestartAll: attempt k+1) | failed
  stop every process group ──▶ summary.json, reward.png ──▶ summary JSON on stdout's last line
 ```
 
@@ -15,19 +16,22 @@ its exit and the tail of its log; stdout carries only the final summary line.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import pathlib
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubeforge.api import contract, load, rljob
+from kubeforge.api import contract, failures, load, rljob
 from kubeforge.runtime import config
 from kubeforge.runtime.launcher import plot, ports, progress, rundir, summary, supervisor
 
 POLL_SECONDS = 0.5
+FAILURES = "failures.jsonl"      # one line per failure decision (the fault campaign reads it)
 
 
 class Interrupted(Exception):
@@ -76,47 +80,75 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
     return out
 
 
-def _watch(group: supervisor.Group, *, job: rljob.RLJob, restarts: int, bar: progress.Progress
-           ) -> tuple[supervisor.Verdict, list[supervisor.Exit]]:
+@dataclasses.dataclass(kw_only=True)
+class Tally:
+    """Restarts so far: counted against maxRestarts, and by role (of the failure that caused each)."""
+
+    restarts: int = 0
+    by_role: dict[str, int] = dataclasses.field(default_factory=dict)
+    log: pathlib.Path | None = None
+
+    def record(self, decision: failures.Decision, *, attempt: int) -> None:
+        """Count ``decision`` and append it to the run's ``failures.jsonl`` (one line per decision)."""
+        cause = decision.cause
+        if decision.counts:
+            self.restarts += 1
+            if cause is not None:
+                self.by_role[cause.role] = self.by_role.get(cause.role, 0) + 1
+        if self.log is not None:
+            with self.log.open("a") as f:
+                f.write(json.dumps({"time": time.time(), "attempt": attempt, "action": decision.action,
+                                    "restart": list(decision.restart), "counts": decision.counts,
+                                    "role": cause.role if cause else None, "name": cause.name if cause else None,
+                                    "exit_code": cause.exit_code if cause else None,
+                                    "reason": cause.reason if cause else None, "message": decision.message}) + "\n")
+
+
+def _watch(group: supervisor.Group, *, job: rljob.RLJob, tally: Tally, attempt: int, bar: progress.Progress
+           ) -> tuple[supervisor.Verdict, failures.Decision | None]:
+    """Watch one attempt until it succeeds, fails or must restart whole; restarts in place on the way."""
+    policy = job.spec.failure_policy
     while True:
         bar.poll()
         exits = group.poll()
-        verdict = supervisor.decide(exits=exits, trainers=job.spec.roles.trainer.replicas, restarts=restarts,
-                                    max_restarts=job.spec.failure_policy.max_restarts)
-        if verdict is not supervisor.Verdict.RUNNING:
-            return verdict, exits
+        verdict, decision = supervisor.judge(exits=exits, trainers=job.spec.roles.trainer.replicas,
+                                             restarts=tally.restarts, policy=policy)
+        if decision is not None:
+            tally.record(decision, attempt=attempt)
+        if verdict is supervisor.Verdict.RESTART_IN_PLACE:
+            assert decision is not None
+            bar.note(f"kubeforge: {decision.message}")
+            group.restart(decision.restart)
+        elif verdict is not supervisor.Verdict.RUNNING:
+            return verdict, decision
         time.sleep(POLL_SECONDS)
 
 
-def _first_failure(exits: list[supervisor.Exit]) -> supervisor.Exit:
-    return next(e for e in exits if e.code != 0)
-
-
-def supervise(job: rljob.RLJob, run: rundir.RunDir, bar: progress.Progress) -> tuple[int, int]:
+def supervise(job: rljob.RLJob, run: rundir.RunDir, bar: progress.Progress, tally: Tally | None = None
+              ) -> tuple[int, int]:
     """Run attempts until success or failure; returns (exit status, restarts used)."""
-    restarts = 0
+    tally = tally or Tally(log=run.root / FAILURES)
+    attempt = 0
     while True:
-        group = supervisor.Group(process_specs(job=job, run=run, attempt=restarts))
+        group = supervisor.Group(process_specs(job=job, run=run, attempt=attempt))
         try:
             group.start()
-            verdict, exits = _watch(group, job=job, restarts=restarts, bar=bar)
+            verdict, decision = _watch(group, job=job, tally=tally, attempt=attempt, bar=bar)
         finally:
             with _shielded():
                 group.stop()
         bar.poll()
         if verdict is supervisor.Verdict.SUCCEEDED:
-            return 0, restarts
-        dead = _first_failure(exits)
-        what = f"{dead.name} {supervisor.describe(dead.code)}"
+            return 0, tally.restarts
+        assert decision is not None and decision.cause is not None
         if verdict is supervisor.Verdict.RESTART:
-            restarts += 1
-            bar.note(f"kubeforge: {what}; restarting the job from the last checkpoint "
-                     f"(restart {restarts}/{job.spec.failure_policy.max_restarts})")
+            attempt += 1
+            bar.note(f"kubeforge: {decision.message}")
             continue
-        bar.note(f"kubeforge: {what}; spec.failurePolicy.maxRestarts ({job.spec.failure_policy.max_restarts}) "
-                 f"used up, stopping the run. Last lines of {run.log(dead.name)}:\n"
-                 f"{supervisor.tail(run.log(dead.name))}")
-        return 1, restarts
+        dead = decision.cause.name
+        bar.note(f"kubeforge: {decision.message}; stopping the run. Last lines of {run.log(dead)}:\n"
+                 f"{supervisor.tail(run.log(dead))}")
+        return 1, tally.restarts
 
 
 @contextlib.contextmanager
@@ -161,7 +193,8 @@ def run(*, file: str, run_dir: str | None = None, steps: int | None = None,
     try:
         _err(f"run directory {run.root}")
         resolve_model(job)
-        status, restarts = supervise(job, run, bar)
+        tally = Tally(log=run.root / FAILURES)
+        status, restarts = supervise(job, run, bar, tally)
     except Interrupted as exc:
         bar.close()
         _err(f"interrupted ({exc}); every role process stopped")
@@ -173,7 +206,7 @@ def run(*, file: str, run_dir: str | None = None, steps: int | None = None,
     records = summary.by_step(summary.read_records(run.metrics))
     result = summary.summarize(records, wall_seconds=time.time() - start, metrics_path=str(run.metrics),
                                extra={"run_dir": str(run.root), "restarts": restarts,
-                                      "succeeded": status == 0})
+                                      "restarts_by_role": tally.by_role, "succeeded": status == 0})
     if records:
         plot.reward_curve(records, path=run.plot, title=f"{job.metadata.name}: reward per step")
         result["plot_path"] = str(run.plot)

@@ -10,11 +10,13 @@ Invariants:
 - Every child leads its own process group (``start_new_session``), so Ctrl-C in the terminal reaches only the
   launcher, and stopping a child kills everything it spawned (vLLM engine processes included): nothing is left
   behind.
-- The restart policy is pure (:func:`decide`): a run succeeds when every trainer exits 0; a non-zero exit of any
-  role fails the attempt (generators and verifiers exit 0 only on the STOP that follows the last step); a failed attempt restarts the whole job (all roles, trainers resume from their last
-  complete checkpoint) while fewer than ``spec.failurePolicy.maxRestarts`` restarts were used, else the run fails.
-  Whole-job restarts match what the operator does on a cluster, and re-form the trainers' data-parallel group and
-  the weight-sync group from scratch.
+- The restart policy is pure (:func:`judge`): a run succeeds when every trainer exits 0; a non-zero exit of any
+  role is a failure (generators and verifiers exit 0 only on the STOP that follows the last step), and what it
+  restarts is decided by ``kubeforge.api.failures.decide`` from ``spec.failurePolicy`` — the very function the
+  operator uses for pods: ``RestartAll`` stops every process and starts a new attempt (trainers resume from their
+  last complete checkpoint), ``RestartRole``/``Ignore`` start only the failed processes again in place (same
+  ports, same attempt; the trainer keeps running and re-forms the weight-sync group), ``Fail`` ends the run.
+- A process restarted in place is a new incarnation of the same name: its old exit is forgotten.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+
+from kubeforge.api import failures, rljob
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,17 +53,30 @@ class Exit:
 class Verdict(enum.Enum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
-    RESTART = "restart"
+    RESTART = "restart"              # RestartAll: a new attempt of every process
+    RESTART_IN_PLACE = "in-place"    # RestartRole / Ignore: only ``Decision.restart`` start again
     FAILED = "failed"
 
 
-def decide(*, exits: Sequence[Exit], trainers: int, restarts: int, max_restarts: int) -> Verdict:
-    """The local restart policy (pure): see the module docstring."""
-    if any(e.code != 0 for e in exits):
-        return Verdict.RESTART if restarts < max_restarts else Verdict.FAILED
-    if sum(1 for e in exits if e.role == "trainer") == trainers:
-        return Verdict.SUCCEEDED
-    return Verdict.RUNNING
+def as_failure(e: Exit) -> failures.Failure:
+    code, reason = failures.from_exit(e.code)
+    return failures.Failure(role=e.role, name=e.name, exit_code=code, reason=reason)
+
+
+def judge(*, exits: Sequence[Exit], trainers: int, restarts: int, policy: rljob.FailurePolicySpec,
+          unhealthy: Sequence[Exit] = ()) -> tuple[Verdict, failures.Decision | None]:
+    """The local restart policy (pure): see the module docstring. ``unhealthy`` are processes the watchdog killed
+    for making no progress (reason ``Unhealthy``)."""
+    sick = {e.name for e in unhealthy}
+    failed = [as_failure(e) for e in exits if e.code != 0 and e.name not in sick]
+    failed += [dataclasses.replace(as_failure(e), reason=rljob.FailureReason.UNHEALTHY.value) for e in unhealthy]
+    decision = failures.decide(policy, failed, restarts=restarts)
+    if decision is None:
+        done = sum(1 for e in exits if e.role == "trainer" and e.code == 0) == trainers
+        return (Verdict.SUCCEEDED if done else Verdict.RUNNING), None
+    verdict = {failures.FAIL: Verdict.FAILED, failures.RESTART_ALL: Verdict.RESTART}.get(
+        decision.action, Verdict.RESTART_IN_PLACE)
+    return verdict, decision
 
 
 def describe(code: int) -> str:
@@ -82,11 +99,31 @@ class Group:
 
     def start(self) -> None:
         for spec in self.specs:
-            spec.log.parent.mkdir(parents=True, exist_ok=True)
-            with spec.log.open("ab") as log:
-                self.procs[spec.name] = subprocess.Popen(
-                    list(spec.argv), env=dict(spec.env), stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True)
+            self._spawn(spec)
+
+    def _spawn(self, spec: ProcSpec) -> None:
+        spec.log.parent.mkdir(parents=True, exist_ok=True)
+        with spec.log.open("ab") as log:
+            self.procs[spec.name] = subprocess.Popen(
+                list(spec.argv), env=dict(spec.env), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def restart(self, names: Sequence[str], *, grace: float = 5.0) -> None:
+        """Start the named processes again in place (killing what is left of them first); their exits are
+        forgotten."""
+        by_name = {s.name: s for s in self.specs}
+        for name in names:
+            proc = self.procs.get(name)
+            if proc is not None:
+                _stop_one(proc, grace=grace)
+            self._exits.pop(name, None)
+            self._spawn(by_name[name])
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process's group (the watchdog's verdict on a process that stopped making progress)."""
+        proc = self.procs.get(name)
+        if proc is not None:
+            _signal_group(proc, signal.SIGKILL)
 
     def poll(self) -> list[Exit]:
         """Every exit seen so far (in the order seen)."""
@@ -115,6 +152,16 @@ class Group:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs.values()]
+
+
+def _stop_one(proc: subprocess.Popen[bytes], *, grace: float) -> None:
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc, signal.SIGKILL)
+    proc.wait()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -14,7 +14,11 @@ inbox, the sender towards the verifiers (round robin) and the control sender tow
 STOP ends the loop and is passed on to every verifier.
 
 Invariants: every group carries the policy version of the weights that sampled it; the engine is never reloaded
-while it is sampling (this loop is single-threaded); READY goes to trainer 0 once the engine is up.
+while it is sampling (this loop is single-threaded); READY goes to trainer 0 once the engine is up (again after a
+restart: trainer 0 then re-forms the weight-sync group and pushes the current policy). A sync that fails (a
+peer died mid-broadcast, an abandoned epoch) is answered with a negative ACK and the loop goes on with the
+weights it has; WORK the generator's weights are too old for (``maxPolicyLag``) is skipped, not sampled: trainer 0
+hands it out again after the push, so a restarted generator samples nothing before it has the current policy.
 """
 from __future__ import annotations
 
@@ -50,16 +54,20 @@ class WeightLoader(Protocol):
 class GeneratorObserver(Protocol):
     def sampled(self, *, groups: Sequence[types.RolloutGroup], seconds: float) -> None: ...
     def synced(self, *, version: int, result: SyncResult) -> None: ...
+    def sync_failed(self, *, version: int, error: BaseException) -> None: ...
+    def skipped(self, *, work: wire.Work, version: int) -> None: ...
     def unexpected(self, *, kind: str) -> None: ...
 
 
 def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, control: transport.Sender,
         sampler: Sampler, weights: WeightLoader, observer: GeneratorObserver, policy_version: int = 0,
-        should_stop: Callable[[], bool] = lambda: False) -> None:
+        should_stop: Callable[[], bool] = lambda: False, max_policy_lag: int | None = None,
+        beat: Callable[[str], None] = lambda activity: None) -> None:
     """Serve until STOP (or ``should_stop``)."""
     version = policy_version
     control.send(wire.Ready(role="generator", index=index, policy_version=version))
     while not should_stop():
+        beat("idle")
         msg = inbox.recv(timeout=POLL_SECONDS)
         if msg is None:
             continue
@@ -67,9 +75,20 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
             _pass_on(msg, verifiers)
             return
         if isinstance(msg, wire.Work):
+            if max_policy_lag is not None and msg.policy_version - version > max_policy_lag:
+                observer.skipped(work=msg, version=version)
+                continue
+            beat("generate")
             _work(msg, index=index, version=version, sampler=sampler, verifiers=verifiers, observer=observer)
         elif isinstance(msg, wire.Sync):
-            result = weights.load(msg)
+            beat("sync")
+            try:
+                result = weights.load(msg)
+            except RuntimeError as exc:    # weightsync.WeightSyncError: the group broke; the trainer re-forms it
+                observer.sync_failed(version=msg.version, error=exc)
+                control.send(wire.Ack(role="generator", index=index, of=wire.Kind.SYNC, version=msg.version,
+                                      ok=False, detail=str(exc)[:500]))
+                continue
             version = msg.version
             observer.synced(version=version, result=result)
             control.send(wire.Ack(role="generator", index=index, of=wire.Kind.SYNC, version=version,

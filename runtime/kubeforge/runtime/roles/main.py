@@ -57,6 +57,7 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         return EXIT_CONFIG
     m = metrics.Metrics(role=role, replica=cfg.index)
     server = metrics.serve(m, host=cfg.bind_host, port_base=cfg.port_base)
+    server.deadline = float(cfg.spec.failure_policy.progress_deadline_seconds)
     print(f"{cfg.name}: pid {os.getpid()} metrics on {cfg.bind_host}:{server.port} (attempt {cfg.attempt})", flush=True)
     try:
         if role == "verifier":
@@ -68,6 +69,11 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         return start_trainer.main(cfg, m, server)
     finally:
         server.stop()
+
+
+def role_deadline(cfg: config.RoleConfig) -> float:
+    """The bound of every wait in a role: ``spec.failurePolicy.progressDeadlineSeconds``."""
+    return float(cfg.spec.failure_policy.progress_deadline_seconds)
 
 
 def data_addresses(cfg: config.RoleConfig, role: str) -> list[str]:
@@ -85,13 +91,14 @@ def _verifier(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.Metric
     from kubeforge.runtime.roles import observe
     from kubeforge.runtime.roles import verifier as loop
 
-    scorer = verifiers.Scorer(cfg.spec.verifiers)
+    scorer = verifiers.Scorer(cfg.spec.verifiers, reward=cfg.spec.reward)
     inbox = transport.open_receiver(bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
-    trainers = transport.open_sender(data_addresses(cfg, "trainer"), role="verifier", index=cfg.index)
+    trainers = transport.open_sender(data_addresses(cfg, "trainer"), role="verifier", index=cfg.index,
+                                    send_timeout=role_deadline(cfg))
     server.set_ready(True)
     try:
         loop.run(inbox=inbox, trainers=trainers, score=scorer.apply, observer=observe.VerifierObserver(m, scorer.errors),
-                 should_stop=stop.is_set)
+                 should_stop=stop.is_set, beat=server.heartbeat, deadline=role_deadline(cfg))
     finally:
         trainers.close()
         inbox.close()

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubeforge.runtime import metrics as metrics_mod
-from kubeforge.runtime import types
+from kubeforge.runtime import types, wire
 from kubeforge.runtime.roles import generator as generator_role
 
 
@@ -34,6 +34,14 @@ class GeneratorObserver(Base):
         self.m.completions_generated.inc(n)
         self.m.tokens_generated.inc(sum(len(c.token_ids) for g in groups for c in g.completions))
         self.m.rollouts_sent.inc(len(groups))
+
+    def sync_failed(self, *, version: int, error: BaseException) -> None:
+        print(f"generator-{self.m.replica}: weight sync v{version} failed ({error}); waiting for the next epoch",
+              file=sys.stderr, flush=True)
+
+    def skipped(self, *, work: wire.Work, version: int) -> None:
+        """WORK expecting a policy this generator does not have yet (it just restarted): the trainer re-issues it."""
+        self.m.rollouts_dropped.labels(reason="stale").inc(len(work.prompts))
 
     def synced(self, *, version: int, result: generator_role.SyncResult) -> None:
         self.m.policy_version.set(version)

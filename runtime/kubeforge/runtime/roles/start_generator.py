@@ -42,18 +42,31 @@ class EngineSampler:
 class EngineWeights:
     """``roles.generator.WeightLoader``: join the group on the first SYNC, then receive and load in place."""
 
-    def __init__(self, engine: object, *, index: int, tensor_parallel_size: int) -> None:
+    def __init__(self, engine: object, *, index: int, tensor_parallel_size: int,
+                 join_timeout: float = weightsync.DEFAULT_JOIN_TIMEOUT) -> None:
         self.engine = engine
         self.rank_base = weightsync.rank_base(generator_index=index, tensor_parallel_size=tensor_parallel_size)
-        self.joined_at: tuple[str, int] | None = None
+        self.joined_at: tuple[str, int, int] | None = None
+        self.join_timeout = join_timeout
 
     def load(self, sync: wire.Sync) -> loop.SyncResult:
-        if self.joined_at != (sync.host, sync.port):
-            self.engine.join_weight_sync(  # type: ignore[attr-defined]
-                host=sync.host, port=sync.port, world_size=sync.world_size, rank_base=self.rank_base,
-                timeout=sync.timeout_s, backend=sync.backend)
-            self.joined_at = (sync.host, sync.port)
-        stats = self.engine.receive_weights()  # type: ignore[attr-defined]
+        """Join the epoch's group when it is a new one (a re-formed membership), then receive; on any failure the
+        group is left, so the next SYNC joins afresh."""
+        try:
+            if self.joined_at != (sync.host, sync.port, sync.epoch):
+                self.joined_at = None
+                self.engine.join_weight_sync(  # type: ignore[attr-defined]
+                    host=sync.host, port=sync.port, world_size=sync.world_size, rank_base=self.rank_base,
+                    timeout=sync.timeout_s, backend=sync.backend, epoch=sync.epoch, join_timeout=self.join_timeout)
+                self.joined_at = (sync.host, sync.port, sync.epoch)
+            stats = self.engine.receive_weights()  # type: ignore[attr-defined]
+        except Exception as exc:
+            self.joined_at = None
+            try:
+                self.engine.leave_weight_sync()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - the group is broken already; leaving is best effort
+                pass
+            raise weightsync.WeightSyncError(str(exc)) from exc
         return loop.SyncResult(seconds=stats.seconds, bytes=stats.bytes)
 
 
@@ -64,8 +77,9 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     inbox = transport.open_receiver(role_main.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
     trainer0 = cfg.peer("trainer", 0)
     control = transport.open_sender([transport.tcp_address(trainer0.host, trainer0.port(contract.PORT_CONTROL))],
-                                    role="generator", index=cfg.index)
-    to_verifiers = transport.open_sender(role_main.data_addresses(cfg, "verifier"), role="generator", index=cfg.index)
+                                    role="generator", index=cfg.index, send_timeout=role_main.role_deadline(cfg))
+    to_verifiers = transport.open_sender(role_main.data_addresses(cfg, "verifier"), role="generator", index=cfg.index,
+                                    send_timeout=role_main.role_deadline(cfg))
     engine = engine_mod.Engine(model_dir=models.resolve(spec.model), dtype=spec.model.dtype,
                                role=spec.roles.generator, seed=spec.task.seed + cfg.index)
     print(f"{cfg.name}: vLLM engine up in {engine.start_seconds:.1f}s", flush=True)
@@ -74,8 +88,10 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
         loop.run(index=cfg.index, inbox=inbox, verifiers=to_verifiers, control=control,
                  sampler=EngineSampler(engine, cfg),
                  weights=EngineWeights(engine, index=cfg.index,
-                                       tensor_parallel_size=spec.roles.generator.tensor_parallel_size),
-                 observer=observe.GeneratorObserver(m), should_stop=stop.is_set)
+                                       tensor_parallel_size=spec.roles.generator.tensor_parallel_size,
+                                       join_timeout=float(spec.failure_policy.progress_deadline_seconds)),
+                 observer=observe.GeneratorObserver(m), should_stop=stop.is_set,
+                 max_policy_lag=spec.algorithm.max_policy_lag, beat=server.heartbeat)
     finally:
         to_verifiers.close()
         control.close()

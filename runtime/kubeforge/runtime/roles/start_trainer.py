@@ -29,7 +29,9 @@ def settings(cfg: config.RoleConfig) -> loop.Settings:
         rank=cfg.index, world=cfg.replicas("trainer"), steps=spec.algorithm.steps,
         prompts_per_step=spec.algorithm.prompts_per_step, max_policy_lag=spec.algorithm.max_policy_lag,
         sync_every=spec.weight_sync.every_steps, checkpoint_every=spec.checkpoint.every_steps,
-        checkpoint_dir=cfg.checkpoint_dir, checkpoint_keep=spec.checkpoint.keep)
+        checkpoint_dir=cfg.checkpoint_dir, checkpoint_keep=spec.checkpoint.keep,
+        deadline=float(spec.failure_policy.progress_deadline_seconds),
+        reissue_after=max(1.0, spec.failure_policy.progress_deadline_seconds / 4))
 
 
 def reporter(cfg: config.RoleConfig) -> report.Reporter:
@@ -60,7 +62,8 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
                                   tensor_parallel_size=spec.roles.generator.tensor_parallel_size)
     be = backend(spec.weight_sync)
     sender = weightsync.WeightSender(host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world,
-                                     timeout=spec.weight_sync.timeout_seconds, backend=be)
+                                     timeout=spec.weight_sync.timeout_seconds, backend=be,
+                                     join_timeout=float(spec.failure_policy.progress_deadline_seconds))
     pusher = sync.Pusher(generators=generators, control=control, sender=sender, tensors=learner.named_tensors,
                          host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world, backend=be,
                          timeout_s=spec.weight_sync.timeout_seconds)
@@ -77,14 +80,16 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     group = _group(cfg)
     learner = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm, dtype=spec.model.dtype,
                            group=group, device=str(group.device),
-                           logit_temperature=spec.algorithm.temperature or 1.0)
-    generators = transport.open_sender(role_main.data_addresses(cfg, "generator"), role="trainer", index=cfg.index)
+                           logit_temperature=spec.algorithm.temperature or 1.0,
+                           scale=step.Scale.from_spec(spec.roles.trainer))
+    generators = transport.open_sender(role_main.data_addresses(cfg, "generator"), role="trainer", index=cfg.index,
+                                       send_timeout=role_main.role_deadline(cfg))
     rank0 = _rank0(cfg, learner=learner, generators=generators, control=control) if control is not None else None
     server.set_ready(True)
     stream = tasks.stream(spec.task)
     try:
         loop.Loop(settings=s, inbox=inbox, generators=generators, learner=learner, prompt_at=stream.prompt_at,
-                  observer=observe.TrainerObserver(m), rank0=rank0).run()
+                  observer=observe.TrainerObserver(m), rank0=rank0, beat=server.heartbeat).run()
     finally:
         if rank0 is not None:
             rank0.pusher.close()  # type: ignore[attr-defined]

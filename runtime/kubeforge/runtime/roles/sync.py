@@ -54,8 +54,12 @@ class Pusher:
         self.notice = dict(host=host, port=port, world_size=world_size, backend=backend, timeout_s=timeout_s)
         self.on_other = on_other
 
+    def reform(self) -> int:
+        """Abandon the weight-sync epoch (a generator left or came back); the next push forms the next one."""
+        return self.sender.reset()
+
     def push(self, *, version: int, step: int) -> generator_role.SyncResult:
-        sync = wire.Sync(version=version, step=step, **self.notice)  # type: ignore[arg-type]
+        sync = wire.Sync(version=version, step=step, epoch=self.sender.epoch, **self.notice)  # type: ignore[arg-type]
         for g in range(self.generators.peers):
             self.generators.send(sync, to=g)
         stats = self.sender.send(self.tensors(), version=version)

@@ -8,9 +8,11 @@
    collect my share of step s: SCORED → buffer (stale/duplicate/late dropped and counted)
        dropped-but-needed prompts → re-issued by this rank straight to a generator (round robin)
    train_step(my groups) ── all-reduce ──▶ v = s + 1
-   rank 0: push weights v every weightSync.everySteps (SYNC notice, then the broadcast; generators ACK)
+   rank 0: push weights v every weightSync.everySteps (SYNC notice, then the broadcast; generators ACK);
+           the other ranks follow the push (sharded weights are gathered by every rank)
    rank 0: report the step (JSONL locally, pod annotation on a cluster)
-   rank 0: checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
+   checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
+ every rank: export the policy as an HF folder next to the checkpoints (rank 0 writes)
  rank 0: STOP every generator, report done
 ```
 
@@ -28,6 +30,15 @@ Invariants:
   in a healthy run nothing is stale (``kubeforge.api.validate`` refuses ``maxPolicyLag < everySteps - 1``).
 - Re-issues go from the rank that needs them straight to a generator, never through rank 0, so no rank ever
   waits inside a collective for a message another rank has yet to forward.
+- No wait is unbounded (``Settings.deadline`` = ``spec.failurePolicy.progressDeadlineSeconds``): a step whose
+  groups stop arriving for ``reissue_after`` has its missing prompts re-issued (a frame lost with a dead
+  verifier or generator); no progress for ``deadline`` raises :class:`Stalled` (the process exits non-zero and
+  the failure policy restarts it). Waiting for the generators' READY is bounded the same way.
+- Elastic generators (rank 0): a READY from a generator seen before means it restarted. Rank 0 then re-forms the
+  weight-sync group (a new epoch, ``WeightPusher.reform``), pushes the current policy (the new generator gets it
+  before any WORK it samples) and re-issues the work it had handed that generator for steps not yet trained;
+  the buffer drops any duplicate. A push that fails (a generator died mid-sync) abandons the epoch and training
+  goes on; the generator's return triggers the next push.
 """
 from __future__ import annotations
 
@@ -57,6 +68,12 @@ class Settings:
     checkpoint_every: int
     checkpoint_dir: str
     checkpoint_keep: int
+    deadline: float = 600.0           # no progress this long: Stalled
+    reissue_after: float = 150.0      # no group for this long: re-issue the step's missing prompts
+
+
+class Stalled(RuntimeError):
+    """No progress within the deadline (spec.failurePolicy.progressDeadlineSeconds)."""
 
 
 class Learner(Protocol):
@@ -69,11 +86,19 @@ class Learner(Protocol):
     def resume(self, *, directory: str) -> dict[str, Any] | None: ...
     def save_checkpoint(self, *, directory: str, keep: int, data_cursor: int,
                         extra: Mapping[str, Any] | None = None) -> Any: ...
+    def follow_sync(self) -> None:
+        """A non-zero rank's part of rank 0's weight push (gathers of sharded weights); may do nothing."""
+    def export(self, *, directory: str) -> Any:
+        """Write the policy as an HF folder under ``directory`` (every rank calls it; rank 0 writes)."""
 
 
 class WeightPusher(Protocol):
     def push(self, *, version: int, step: int) -> generator_role.SyncResult:
-        """Announce SYNC to every generator, broadcast the weights, wait for every ACK."""
+        """Announce SYNC to every generator, broadcast the weights, wait for every ACK; raises
+        ``weightsync.WeightSyncError`` (or any RuntimeError) when the group broke."""
+
+    def reform(self) -> int:
+        """Abandon the current weight-sync epoch; the next push forms a new one. Returns the new epoch."""
 
 
 class TrainerObserver(Protocol):
@@ -112,7 +137,8 @@ class Loop:
 
     def __init__(self, *, settings: Settings, inbox: transport.Receiver, generators: transport.Sender,
                  learner: Learner, prompt_at: Callable[[int], types.Prompt], observer: TrainerObserver,
-                 rank0: Rank0 | None = None, clock: Callable[[], float] = time.time) -> None:
+                 rank0: Rank0 | None = None, clock: Callable[[], float] = time.time,
+                 beat: Callable[[str], None] = lambda activity: None) -> None:
         if (rank0 is None) == (settings.rank == 0):
             raise ValueError("rank 0, and only rank 0, needs the Rank0 parts")
         self.s = settings
@@ -123,6 +149,11 @@ class Loop:
         self.generators = generators
         self.rank0 = rank0
         self.clock = clock
+        self.beat = beat                  # heartbeat: the role's liveness (``/healthz``) follows it
+        self.ready_seen: set[int] = set()     # rank 0: generators that announced themselves
+        self.outstanding: dict[int, list[wire.Work]] = {}   # rank 0: work handed to each generator
+        self.epochs = 0                   # rank 0: weight-sync re-formations
+        self.reissued = 0                 # groups re-issued because they did not arrive in time
         capacity = (settings.max_policy_lag + 2) * settings.prompts_per_step + 16
         self.buffer = buffer_mod.RolloutBuffer(max_policy_lag=settings.max_policy_lag, capacity=capacity)
         self.issued = 0                   # rank 0: next step whose work has not been handed out
@@ -137,16 +168,20 @@ class Loop:
         start = self._resume()
         if self.rank0 is not None and start < self.s.steps:
             self._wait_for_generators()
-            if start > 0:
-                self._push(step=start)
+        if 0 < start < self.s.steps:
+            self._push(step=start)
         for s in range(start, self.s.steps):
             self._issue_window(current=s)
+            waited = self.clock()
             groups = self._collect(s)
+            self.beat("train")
             t0 = self.clock()
             stats = self.learner.train_step(groups=groups)
-            self._after_step(s, stats, groups, train_seconds=self.clock() - t0)
+            self._after_step(s, stats, groups, train_seconds=self.clock() - t0, wait_seconds=t0 - waited)
+            self.beat("step")
+        exported = self.learner.export(directory=self.s.checkpoint_dir)
         if self.rank0 is not None:
-            self._finish()
+            self._finish(exported)
 
     def _resume(self) -> int:
         state = self.learner.resume(directory=self.s.checkpoint_dir)
@@ -160,10 +195,15 @@ class Loop:
     def _wait_for_generators(self) -> None:
         assert self.rank0 is not None
         waiting = set(range(self.generators.peers))
+        until = time.monotonic() + self.s.deadline
         while waiting:
+            self.beat("wait-generators")
+            if time.monotonic() > until:
+                raise Stalled(f"generators {sorted(waiting)} not ready within {self.s.deadline:.0f}s")
             msg = self.rank0.control.recv(timeout=1.0)
             if isinstance(msg, wire.Ready) and msg.role == "generator":
                 waiting.discard(msg.index)
+                self.ready_seen.add(msg.index)
             elif msg is not None:
                 self._control(msg)
 
@@ -178,21 +218,48 @@ class Loop:
             prompts = [self.prompt_at(k) for k in prompt_indices(step=step, prompts_per_step=self.s.prompts_per_step)]
             for g, chunk in enumerate(split(prompts, self.generators.peers)):
                 if chunk:
-                    self.generators.send(self._work(step, chunk), to=g)
+                    self._send_work(g, self._work(step, chunk))
             self.issued += 1
+
+    def _send_work(self, g: int, work: wire.Work) -> None:
+        if self.rank0 is not None:
+            self.outstanding.setdefault(g, []).append(work)
+        self.generators.send(work, to=g, timeout=self.s.deadline)
 
     def _work(self, step: int, prompts: Sequence[types.Prompt]) -> wire.Work:
         return wire.Work(step=step, policy_version=self.learner.policy_version, prompts=tuple(prompts))
 
     def _control(self, msg: wire.Message) -> None:
-        if not isinstance(msg, (wire.Ready, wire.Ack)):
+        if isinstance(msg, wire.Ready) and msg.role == "generator" and self.rank0 is not None:
+            if msg.index in self.ready_seen and 0 <= msg.index < self.generators.peers:
+                self._rejoin(msg.index)
+            self.ready_seen.add(msg.index)
+        elif not isinstance(msg, (wire.Ready, wire.Ack)):
             self.observer.unexpected(kind=type(msg).__name__)
+
+    def _rejoin(self, g: int) -> None:
+        """Generator ``g`` restarted: new weight-sync epoch, current policy to everyone, its work again."""
+        assert self.rank0 is not None
+        self.epochs = self.rank0.pusher.reform()
+        if not getattr(self.learner, "sharded", False):
+            # a sharded (FSDP) model's push needs every rank's gathers: it waits for the next step boundary, and
+            # the work below is skipped by the generator until then and re-issued by the stall timer
+            self._push(step=self.learner.step)
+        pending = [w for w in self.outstanding.pop(g, []) if w.step >= self.buffer.next_step]
+        for w in pending:
+            self._send_work(g, self._work(w.step, w.prompts))
+        print(f"trainer-0: generator-{g} restarted: weight-sync epoch {self.epochs}, policy v"
+              f"{self.learner.policy_version} pushed, {sum(len(w.prompts) for w in pending)} prompts re-issued",
+              flush=True)
 
     # ------------------------------------------------------------ groups in (every rank)
 
     def _collect(self, step: int) -> list[types.RolloutGroup]:
         expected = my_share(step=step, settings=self.s)
+        last_progress = started = time.monotonic()
+        have = self.buffer.count(step=step)
         while not self.buffer.ready(step=step, expected=expected, policy_version=self.learner.policy_version):
+            self.beat("collect")
             msg = self.inbox.recv(timeout=POLL_SECONDS)
             if isinstance(msg, wire.Scored):
                 reason = self.buffer.add(group=msg.group, policy_version=self.learner.policy_version)
@@ -202,7 +269,28 @@ class Loop:
                 self.observer.unexpected(kind=type(msg).__name__)
             self._drain_control()
             self._forward_reissues()
+            now = time.monotonic()
+            if self.buffer.count(step=step) != have:
+                have, last_progress = self.buffer.count(step=step), now
+            elif now - started > self.s.deadline:
+                raise Stalled(f"step {step}: {have}/{expected} groups after {self.s.deadline:.0f}s "
+                              "(spec.failurePolicy.progressDeadlineSeconds)")
+            elif now - last_progress > self.s.reissue_after:
+                self._reissue_missing(step)
+                last_progress = now
         return self.buffer.take(step=step, policy_version=self.learner.policy_version)
+
+    def _reissue_missing(self, step: int) -> None:
+        """This rank's prompts of ``step`` that have not arrived: hand them out again (a lost frame, a dead peer)."""
+        missing = [k for k in prompt_indices(step=step, prompts_per_step=self.s.prompts_per_step)
+                   if k % self.s.world == self.s.rank and not self.buffer.holds(step=step, index=k)]
+        for k in missing:
+            g = self._next_generator % self.generators.peers
+            self._next_generator = g + 1
+            self._send_work(g, self._work(step, [self.prompt_at(k)]))
+        self.reissued += len(missing)
+        print(f"trainer-{self.s.rank}: step {step}: {len(missing)} groups did not arrive within "
+              f"{self.s.reissue_after:.0f}s; re-issued", flush=True)
 
     def _drain_control(self) -> None:
         if self.rank0 is None:
@@ -215,27 +303,46 @@ class Loop:
         for r in self.buffer.drain_reissue():
             g = self._next_generator % self.generators.peers
             self._next_generator = g + 1
-            self.generators.send(self._work(r.step, [r.prompt]), to=g)
+            self._send_work(g, self._work(r.step, [r.prompt]))
 
     # ------------------------------------------------------------ after a step
 
-    def _after_step(self, s: int, stats: Any, groups: Sequence[types.RolloutGroup], *, train_seconds: float) -> None:
+    def _after_step(self, s: int, stats: Any, groups: Sequence[types.RolloutGroup], *, train_seconds: float,
+                    wait_seconds: float = 0.0) -> None:
         done = s + 1
         last = done == self.s.steps
         sync: generator_role.SyncResult | None = None
-        if self.rank0 is not None and (done % self.s.sync_every == 0) and not last:
+        if (done % self.s.sync_every == 0) and not last:
             sync = self._push(step=done)
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
+        record["wait_seconds"] = wait_seconds
         self.observer.trained(record=record)
         if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
             self.rank0.reporter.step(record)
+        for g in list(self.outstanding):       # forget work of trained steps
+            self.outstanding[g] = [w for w in self.outstanding[g] if w.step > s]
         if done % self.s.checkpoint_every == 0 or last:
+            self.beat("checkpoint")
             self.learner.save_checkpoint(directory=self.s.checkpoint_dir, keep=self.s.checkpoint_keep,
                                          data_cursor=done)
 
-    def _push(self, *, step: int) -> generator_role.SyncResult:
-        assert self.rank0 is not None
-        return self.rank0.pusher.push(version=self.learner.policy_version, step=step)
+    def _push(self, *, step: int) -> generator_role.SyncResult | None:
+        """Push the current policy (other ranks take part in the gathers a sharded model needs); a broken group (a
+        generator died mid-sync) abandons the epoch and returns None: training goes on and the generator's return
+        (its READY) triggers the next push."""
+        if self.rank0 is None:
+            self.learner.follow_sync()
+            return None
+        self.beat("sync")
+        try:
+            return self.rank0.pusher.push(version=self.learner.policy_version, step=step)
+        except RuntimeError as exc:
+            self.epochs = self.rank0.pusher.reform()
+            print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
+                  f"{self.epochs} forms when the generators are back", flush=True)
+            return None
+        finally:    # the other ranks' follow_sync gathers complete even when the push did not
+            getattr(self.learner, "complete_sync", lambda: None)()
 
     def _record(self, stats: Any, groups: Sequence[types.RolloutGroup], *,
                 sync: generator_role.SyncResult | None, train_seconds: float) -> dict[str, Any]:
@@ -253,11 +360,12 @@ class Loop:
         }
         return record
 
-    def _finish(self) -> None:
+    def _finish(self, exported: Any) -> None:
         assert self.rank0 is not None
         for g in range(self.generators.peers):
             try:
                 self.generators.send(wire.Stop(reason="done"), to=g, timeout=5.0)
             except transport.TransportError:
                 pass
-        self.rank0.reporter.done({"step": self.learner.step, "policy_version": self.learner.policy_version})
+        self.rank0.reporter.done({"step": self.learner.step, "policy_version": self.learner.policy_version,
+                                  "export": str(exported) if exported else None})

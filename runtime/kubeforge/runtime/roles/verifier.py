@@ -32,9 +32,11 @@ class VerifierObserver(Protocol):
 
 def run(*, inbox: transport.Receiver, trainers: transport.Sender,
         score: Callable[[types.RolloutGroup], types.RolloutGroup], observer: VerifierObserver,
-        should_stop: Callable[[], bool] = lambda: False) -> None:
+        should_stop: Callable[[], bool] = lambda: False, beat: Callable[[str], None] = lambda activity: None,
+        deadline: float | None = None) -> None:
     """Serve until STOP (or ``should_stop``)."""
     while not should_stop():
+        beat("idle")
         msg = inbox.recv(timeout=POLL_SECONDS)
         if msg is None:
             continue
@@ -51,13 +53,16 @@ def run(*, inbox: transport.Receiver, trainers: transport.Sender,
             continue
         observer.scored(group=scored, seconds=time.monotonic() - started)
         if not _send(trainers, wire.Scored(group=scored), to=scored.prompt.index % trainers.peers,
-                     should_stop=should_stop):
+                     should_stop=should_stop, deadline=deadline):
             return
 
 
-def _send(trainers: transport.Sender, msg: wire.Message, *, to: int, should_stop: Callable[[], bool]) -> bool:
+def _send(trainers: transport.Sender, msg: wire.Message, *, to: int, should_stop: Callable[[], bool],
+          deadline: float | None = None) -> bool:
     """Send, waiting as long as it takes (nothing is dropped), but look at ``should_stop`` between tries: a trainer
-    that died leaves the send blocked, and SIGTERM must still end the role. False when stopped unsent."""
+    that died leaves the send blocked, and SIGTERM must still end the role. False when stopped unsent; after
+    ``deadline`` seconds unsent, ``TransportTimeout`` propagates (the role exits non-zero: no wait lasts)."""
+    until = None if deadline is None else time.monotonic() + deadline
     while True:
         try:
             trainers.send(msg, to=to, timeout=SEND_RETRY_SECONDS)
@@ -65,3 +70,5 @@ def _send(trainers: transport.Sender, msg: wire.Message, *, to: int, should_stop
         except transport.TransportTimeout:
             if should_stop():
                 return False
+            if until is not None and time.monotonic() > until:
+                raise

@@ -4,9 +4,13 @@ Modules:
 - ``buffer``     — ``RolloutBuffer``: scored groups by step; drops stale (> maxPolicyLag) ones, counted by reason;
   bounded; says which prompts to re-issue.
 - ``batch``      — ``collate``: groups -> one left/right padded token batch with advantages.
-- ``logprobs``   — current-policy logprobs of the completion tokens (one forward pass).
-- ``step``       — ``Trainer``: policy (+ frozen reference), AdamW, ``train_step``, ``named_tensors``,
-  ``save_checkpoint``, ``resume``.
+- ``logprobs``   — current-policy logprobs of the completion tokens (completion positions only, chunked LM head).
+- ``policy``     — ``Policy``: the trained root module (HF LM whose forward returns completion logprobs).
+- ``precision``  — compute dtype vs float32 masters: autocast, FSDP2's mixed precision policy, fused AdamW.
+- ``sharding``   — FSDP2 over the trainer ranks, activation checkpointing, full tensors gathered one at a time,
+  sharded (DCP) checkpoint I/O.
+- ``step``       — ``Trainer``: policy (+ frozen reference), AdamW, ``train_step`` (micro-batches),
+  ``named_tensors``, ``follow_sync``, ``save_checkpoint``, ``resume``. Design: docs/trainer.md.
 - ``parallel``   — ``DistConfig.from_env`` / ``DataParallel``: torch.distributed group (gloo/NCCL), gradient mean.
 - ``checkpoint`` — atomic checkpoints with manifest, checksums and a COMPLETE marker; ``latest``, ``load``.
 - ``metrics``    — ``StepMetrics``.

@@ -1,7 +1,12 @@
-"""Collate scored rollout groups into one padded token batch for a single forward pass.
+"""Collate scored rollout groups into padded token batches: one for the whole step, or micro-batches by tokens.
 
-Role: pure function from ``RolloutGroup``s (plain lists) to tensors. Neighbours: ``step.Trainer`` calls
-:func:`collate`, then ``logprobs.completion_logprobs`` runs the model over ``Batch.input_ids``.
+Role: pure functions from ``RolloutGroup``s (plain lists) to tensors. Neighbours: ``step.Trainer`` calls
+:func:`collate` (the whole step: rewards, denominators) and :func:`micro_batches` (what each forward pass runs),
+then ``policy.Policy`` runs the model over ``Batch.input_ids``.
+
+Micro-batches: rows are ordered by length (longest first) and packed greedily while
+``rows x (longest prompt + longest completion)`` stays within the token budget; a row longer than the budget
+runs alone. Every row lands in exactly one micro-batch with the advantage of its whole group.
 
 Layout (one row per completion): the prompt is LEFT-padded and the completion RIGHT-padded, so every completion
 starts at the same column ``P`` (the longest prompt)::
@@ -57,14 +62,62 @@ def _check(groups: Sequence[types.RolloutGroup]) -> None:
                 raise ValueError(f"{where}: a completion has {len(c.token_ids)} tokens but {len(c.logprobs)} logprobs")
 
 
-def collate(*, groups: Sequence[types.RolloutGroup], pad_id: int, scale_by_std: bool) -> Batch:
-    """One padded batch of every completion of ``groups`` (see the module docstring for the layout)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Row:
+    """One completion with its prompt, advantage and reward."""
+
+    prompt: Sequence[int]
+    completion: types.Completion
+    advantage: float
+    reward: float
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt) + max(len(self.completion.token_ids), 1)
+
+
+def rows_of(*, groups: Sequence[types.RolloutGroup], scale_by_std: bool) -> list[Row]:
+    """Every completion of ``groups`` as a row, group after group, with its group-normalised advantage."""
     _check(groups)
     rewards = [list(g.rewards or []) for g in groups]
-    advantages = adv.group_advantages(rewards=rewards, scale_by_std=scale_by_std)
-    rows = [(g.prompt_token_ids, c) for g in groups for c in g.completions]
-    p_len = max((len(p) for p, _ in rows), default=1)
-    t_len = max((len(c.token_ids) for _, c in rows), default=0)
+    advantages = adv.group_advantages(rewards=rewards, scale_by_std=scale_by_std).tolist()
+    pairs = [(g.prompt_token_ids, c, r) for g in groups for c, r in zip(g.completions, g.rewards or [])]
+    return [Row(prompt=p, completion=c, advantage=float(a), reward=float(r))
+            for (p, c, r), a in zip(pairs, advantages)]
+
+
+def collate(*, groups: Sequence[types.RolloutGroup], pad_id: int, scale_by_std: bool) -> Batch:
+    """One padded batch of every completion of ``groups`` (see the module docstring for the layout)."""
+    rows = rows_of(groups=groups, scale_by_std=scale_by_std)
+    zero = sum(1 for g in groups if max(g.rewards or [0.0]) == min(g.rewards or [0.0]))
+    return collate_rows(rows=rows, pad_id=pad_id, zero_signal_groups=zero)
+
+
+def micro_batches(*, rows: Sequence[Row], pad_id: int, max_tokens: int | None) -> list[Batch]:
+    """``rows`` packed into padded batches of at most ``max_tokens`` tokens each (None: one batch)."""
+    if not rows:
+        return []
+    if max_tokens is None:
+        return [collate_rows(rows=rows, pad_id=pad_id)]
+    ordered = sorted(rows, key=lambda r: (len(r.prompt), len(r.completion.token_ids)), reverse=True)
+    out: list[Batch] = []
+    chunk: list[Row] = []
+    p_max = t_max = 0
+    for r in ordered:
+        p, t = max(p_max, len(r.prompt)), max(t_max, len(r.completion.token_ids), 1)
+        if chunk and (len(chunk) + 1) * (p + t) > max_tokens:
+            out.append(collate_rows(rows=chunk, pad_id=pad_id))
+            chunk, p, t = [], len(r.prompt), max(len(r.completion.token_ids), 1)
+        chunk.append(r)
+        p_max, t_max = p, t
+    out.append(collate_rows(rows=chunk, pad_id=pad_id))
+    return out
+
+
+def collate_rows(*, rows: Sequence[Row], pad_id: int, zero_signal_groups: int = 0) -> Batch:
+    """One padded batch of ``rows`` (see the module docstring for the layout)."""
+    p_len = max((len(r.prompt) for r in rows), default=1)
+    t_len = max((len(r.completion.token_ids) for r in rows), default=0)
     t_len = max(t_len, 1)
     b = len(rows)
     input_ids = torch.full((b, p_len + t_len), pad_id, dtype=torch.long)
@@ -72,7 +125,8 @@ def collate(*, groups: Sequence[types.RolloutGroup], pad_id: int, scale_by_std: 
     comp_ids = torch.zeros((b, t_len), dtype=torch.long)
     comp_mask = torch.zeros((b, t_len), dtype=torch.float32)
     behaviour = torch.zeros((b, t_len), dtype=torch.float32)
-    for i, (prompt, c) in enumerate(rows):
+    for i, row in enumerate(rows):
+        prompt, c = row.prompt, row.completion
         n = len(c.token_ids)
         input_ids[i, p_len - len(prompt):p_len] = torch.tensor(prompt, dtype=torch.long)
         attention[i, p_len - len(prompt):p_len + n] = 1
@@ -82,8 +136,8 @@ def collate(*, groups: Sequence[types.RolloutGroup], pad_id: int, scale_by_std: 
             comp_mask[i, :n] = 1.0
             behaviour[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
     positions = (attention.cumsum(dim=-1) - 1).clamp(min=0)
-    zero = sum(1 for r in rewards if max(r) == min(r))
     return Batch(input_ids=input_ids, attention_mask=attention, position_ids=positions, completion_ids=comp_ids,
-                 completion_mask=comp_mask, behaviour_logp=behaviour, advantages=advantages,
-                 rewards=torch.tensor([x for r in rewards for x in r], dtype=torch.float32),
-                 zero_signal_groups=zero)
+                 completion_mask=comp_mask, behaviour_logp=behaviour,
+                 advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32),
+                 rewards=torch.tensor([r.reward for r in rows], dtype=torch.float32),
+                 zero_signal_groups=zero_signal_groups)

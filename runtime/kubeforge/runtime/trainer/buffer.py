@@ -63,6 +63,10 @@ class RolloutBuffer:
     def __len__(self) -> int:
         return self._size
 
+    def holds(self, *, step: int, index: int) -> bool:
+        """Is the group of prompt ``index`` for ``step`` buffered?"""
+        return index in self._by_step.get(step, {})
+
     def count(self, *, step: int) -> int:
         """Groups buffered for ``step``."""
         return len(self._by_step.get(step, {}))

@@ -6,11 +6,17 @@ save and restore), the launcher/operator (only the directory: ``checkpoint.path`
 
 Layout of ``<root>/step-000000010/``::
 
-    model.pt        the policy's state_dict (tensors only)
-    optimizer.pt    the optimizer's state_dict (tensors, numbers, lists: loads with weights_only=True)
+    model.pt        the policy's state_dict (tensors only)                     } replicated (DDP) trainers,
+    optimizer.pt    the optimizer's state_dict (tensors, numbers, lists: loads } written by rank 0
+                    with weights_only=True)
+    dcp/            or: a torch.distributed.checkpoint folder (sharded, FSDP): every rank writes its shards
     state.json      step, policy version, data cursor, RNG states (python, numpy, torch), extras: plain JSON
-    MANIFEST.json   name -> {bytes, sha256} of the three files above
+    MANIFEST.json   relative path -> {bytes, sha256} of every file above
     COMPLETE        sha256 of MANIFEST.json; written last
+
+Sharded writes (:func:`begin` on rank 0, its temp path broadcast, every rank writes into ``dcp/``, a barrier,
+:func:`seal` on rank 0) follow the same protocol as :func:`save`; DCP reshards on load, so a sharded checkpoint
+resumes onto any number of ranks.
 
 Write protocol: write into ``<root>/.tmp-...``, fsync every file and the folder, rename it to ``step-N``, fsync the
 root, then write ``COMPLETE`` (temp + rename + fsync). Readers trust only folders with a ``COMPLETE`` marker whose
@@ -42,6 +48,7 @@ OPTIMIZER = "optimizer.pt"
 STATE = "state.json"
 MANIFEST = "MANIFEST.json"
 COMPLETE = "COMPLETE"
+DCP = "dcp"
 FILES = (MODEL, OPTIMIZER, STATE)
 
 
@@ -52,9 +59,15 @@ class CheckpointError(Exception):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Loaded:
     path: Path
-    model_state: dict[str, torch.Tensor]
-    optimizer_state: dict[str, Any]
+    model_state: dict[str, torch.Tensor]      # empty for a sharded checkpoint
+    optimizer_state: dict[str, Any]           # empty for a sharded checkpoint
     state: dict[str, Any]
+
+    @property
+    def sharded(self) -> Path | None:
+        """The DCP folder of a sharded checkpoint, else None."""
+        d = self.path / DCP
+        return d if d.is_dir() else None
 
 
 # ---------------------------------------------------------------- RNG states as JSON
@@ -128,17 +141,33 @@ def dir_name(step: int) -> str:
 def save(*, root: Path | str, step: int, model_state: Mapping[str, torch.Tensor],
          optimizer_state: Mapping[str, Any], state: Mapping[str, Any], keep: int) -> Path:
     """Write checkpoint ``step`` atomically (see module docstring), then prune to the newest ``keep``."""
+    tmp = begin(root=root, step=step)
+    torch.save({k: v.detach().cpu() for k, v in model_state.items()}, tmp / MODEL)
+    torch.save(dict(optimizer_state), tmp / OPTIMIZER)
+    return seal(tmp, root=root, step=step, state=state, keep=keep)
+
+
+def begin(*, root: Path | str, step: int) -> Path:
+    """A fresh temp folder for checkpoint ``step`` (its writers fill it, then :func:`seal` publishes it)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f"{TMP_PREFIX}{dir_name(step)}-{os.getpid()}-{time.time_ns()}"
     tmp.mkdir()
-    torch.save({k: v.detach().cpu() for k, v in model_state.items()}, tmp / MODEL)
-    torch.save(dict(optimizer_state), tmp / OPTIMIZER)
+    return tmp
+
+
+def seal(tmp: Path, *, root: Path | str, step: int, state: Mapping[str, Any], keep: int) -> Path:
+    """Add ``state.json`` and the manifest of every file in ``tmp``, fsync, rename to ``step-N``, mark COMPLETE,
+    prune to the newest ``keep``."""
+    root = Path(root)
     (tmp / STATE).write_text(json.dumps(dict(state), sort_keys=True))
     manifest = {}
-    for name in FILES:
-        _fsync_file(tmp / name)
-        manifest[name] = {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+    for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        name = f.relative_to(tmp).as_posix()
+        _fsync_file(f)
+        manifest[name] = {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+    for d in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
+        _fsync_dir(d)
     (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True, indent=1))
     _fsync_file(tmp / MANIFEST)
     _fsync_dir(tmp)
@@ -185,7 +214,10 @@ def _manifest(path: Path) -> dict[str, Any]:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: unreadable {MANIFEST}: {e}") from e
-    for name in FILES:
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path}: {MANIFEST} is not a mapping")
+    sharded = any(str(k).startswith(DCP + "/") for k in manifest)
+    for name in set(manifest) | ({STATE} if sharded else set(FILES)):
         entry = manifest.get(name)
         f = path / name
         if not isinstance(entry, dict) or not f.is_file() or f.stat().st_size != entry.get("bytes"):
@@ -220,12 +252,15 @@ def load(path: Path | str) -> Loaded:
     manifest = _manifest(path)
     if (path / COMPLETE).read_text().strip() != _sha256(path / MANIFEST):
         raise CheckpointError(f"{path}: {COMPLETE} does not match {MANIFEST}")
-    for name in FILES:
+    for name in manifest:
         if _sha256(path / name) != manifest[name]["sha256"]:
             raise CheckpointError(f"{path}: {name} checksum mismatch")
     try:
-        model_state = torch.load(path / MODEL, map_location="cpu", weights_only=True)
-        optimizer_state = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)
+        model_state: dict[str, torch.Tensor] = {}
+        optimizer_state: dict[str, Any] = {}
+        if MODEL in manifest:
+            model_state = torch.load(path / MODEL, map_location="cpu", weights_only=True)
+            optimizer_state = torch.load(path / OPTIMIZER, map_location="cpu", weights_only=True)
         state = json.loads((path / STATE).read_text())
     except Exception as e:  # a corrupt file that still matched its checksum cannot happen; be explicit anyway
         raise CheckpointError(f"{path}: cannot load: {e}") from e

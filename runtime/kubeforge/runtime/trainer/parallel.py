@@ -87,6 +87,13 @@ class DataParallel:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return [float(x) for x in t.cpu().tolist()]
 
+    def all_reduce_max(self, values: list[float]) -> list[float]:
+        """Element-wise maximum over ranks of a short list of numbers (float64)."""
+        t = torch.tensor(values, dtype=torch.float64, device=self._comm_device())
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [float(x) for x in t.cpu().tolist()]
+
     def average_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
         """Replace every gradient by its mean over ranks (one flat all-reduce; missing grads count as 0)."""
         ps = list(params)

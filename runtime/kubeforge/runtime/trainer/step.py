@@ -2,19 +2,25 @@
 
 Role: the trainer role loop (``roles/trainer.py``) builds one ``Trainer`` per trainer rank and, per step, calls
 ``train_step(groups=...)`` with this rank's share of the scored groups (from ``buffer.RolloutBuffer.take``). Rank 0
-then streams ``named_tensors()`` to the generators (``weightsync``) and calls ``save_checkpoint`` every
-``checkpoint.everySteps``. At start every rank calls ``resume`` once.
+then streams ``named_tensors()`` to the generators (``weightsync``; every other rank calls ``follow_sync()`` at the
+same moment, since a sharded tensor is gathered by all ranks) and every rank calls ``save_checkpoint`` every
+``checkpoint.everySteps``. At start every rank calls ``resume`` once. Design: docs/trainer.md.
 
 One step on every rank::
 
-    collate (batch.py) -> forward: current logprobs (+ reference logprobs) -> loss variant (grpo/registry.py)
-      -> all-reduce [loss denominator, stats] -> backward of total * world / global_denominator
-      -> all-reduce gradients (mean) -> clip grad norm -> AdamW step -> policy_version += 1
+    rows (batch.py) -> all-reduce [loss denominator] -> micro-batches by microBatchTokens
+      -> per micro-batch: forward in the compute dtype (policy.py: completion-only, chunked LM head)
+         (+ reference logprobs) -> loss variant (grpo/registry.py) -> backward of sum * world / global_denominator
+      -> all-reduce [stats] -> DDP: all-reduce gradients (mean) | FSDP: reduce-scattered in the last backward
+      -> clip grad norm -> AdamW on float32 masters -> policy_version += 1
 
 Invariants:
-- The loss is the exact loss of the union of all ranks' groups (denominators are reduced before backward).
-- Every rank issues the same collectives in the same order, even with no groups, so all ranks take the same number
-  of optimizer steps and stay bit-identical (same start weights: rank 0's are broadcast at construction).
+- The loss is the exact loss of the union of all ranks' groups, whatever the micro-batching (denominators are
+  pure functions of the masks, reduced before any forward).
+- Every rank issues the same collectives in the same order, even with no groups: under FSDP every rank runs the
+  same number of micro-batches (a rank with fewer runs zero-weighted ones), so all ranks take the same number of
+  optimizer steps. DDP replicas stay bit-identical (same start weights: rank 0's are broadcast at construction).
+- Parameters and AdamW state are float32 whatever ``dtype`` (the compute dtype) is: see ``precision``.
 - ``policy_version`` counts optimizer steps since the base model (0 = base weights); it is stamped on the weights
   pushed to the generators and saved in checkpoints together with ``step`` and the caller's data cursor.
 - Logprob convention: see ``logprobs``: ``log_softmax(logits / logit_temperature)``, the generator's processed
@@ -22,8 +28,10 @@ Invariants:
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +42,32 @@ from kubeforge.api import rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, registry
 from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import checkpoint, logprobs, metrics, parallel
+from kubeforge.runtime.trainer import checkpoint, logprobs, metrics, parallel, precision, sharding
+from kubeforge.runtime.trainer import export as export_mod
+from kubeforge.runtime.trainer import policy as policy_mod
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = precision.DTYPES
 
 
 def load_model(*, path: str | Path, dtype: str, device: torch.device) -> torch.nn.Module:
     """An HF causal LM from a folder (``models.resolve(spec)`` gives it), on ``device``."""
-    model: torch.nn.Module = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    model: torch.nn.Module = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=precision.compute_dtype(dtype))
     return model.to(device)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Scale:
+    """How the trainer lays out and runs the model (``spec.roles.trainer`` and ``spec.model``)."""
+
+    sharding: str = sharding.DDP
+    micro_batch_tokens: int | None = None
+    activation_checkpointing: bool = False
+
+    @classmethod
+    def from_spec(cls, role: rljob.TrainerRole) -> Scale:
+        return cls(sharding=str(role.sharding), micro_batch_tokens=role.micro_batch_tokens,
+                   activation_checkpointing=role.activation_checkpointing)
 
 
 class Trainer:
@@ -50,114 +75,193 @@ class Trainer:
 
     def __init__(self, *, model_path: str | Path, algorithm: rljob.AlgorithmSpec, dtype: str = "float32",
                  group: parallel.DataParallel | None = None, device: str = "cpu",
-                 logit_temperature: float = 1.0) -> None:
+                 logit_temperature: float = 1.0, scale: Scale | None = None) -> None:
         self.device = torch.device(device)
         self.group = group or parallel.DataParallel(config=parallel.DistConfig(), device=self.device)
+        self.scale = scale or Scale()
         self.variant = registry.variant_for(algorithm.loss)
         self.settings = inputs.LossSettings.from_spec(algorithm)
         self.max_grad_norm = algorithm.max_grad_norm
         self.logit_temperature = logit_temperature
-        self.model = load_model(path=model_path, dtype=dtype, device=self.device)
+        self.model_path = Path(model_path)
+        self.compute_dtype = precision.compute_dtype(dtype)
+        self.model = load_model(path=model_path, dtype="float32", device=self.device)   # float32 masters
+        if self.scale.activation_checkpointing:
+            sharding.checkpoint_blocks(self.model)
         self.model.train()
         self.reference: torch.nn.Module | None = None
         if self.settings.kl_coef > 0:
             self.reference = load_model(path=model_path, dtype=dtype, device=self.device).eval()
             self.reference.requires_grad_(False)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=algorithm.learning_rate,
-                                           weight_decay=algorithm.weight_decay)
+        self.policy = policy_mod.Policy(self.model, temperature=logit_temperature)
+        self.group.broadcast_tensors([p for p in self.model.parameters()])
+        self.sharded = self.scale.sharding == sharding.FSDP and self.group.world_size > 1
+        if self.sharded:
+            sharding.shard(self.policy, lm=self.model, world_size=self.group.world_size, device=self.device,
+                           compute_dtype=self.compute_dtype)
+        self.params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = precision.adamw(self.params, lr=algorithm.learning_rate,
+                                         weight_decay=algorithm.weight_decay, device=self.device)
         pad = getattr(self.model.config, "pad_token_id", None)
         self.pad_id = int(pad) if isinstance(pad, int) else 0
         self.step = 0
         self.policy_version = 0
-        self.group.broadcast_tensors(self.params)
+        self._stream: sharding.Stream | None = None     # the last stream handed out (see complete_sync)
 
     # ------------------------------------------------------------ training
 
     def train_step(self, *, groups: Sequence[types.RolloutGroup]) -> metrics.StepMetrics:
         """One optimizer step on this rank's ``groups`` (possibly none), averaged with every other rank."""
         clock = _Clock()
-        batch = batch_mod.collate(groups=groups, pad_id=self.pad_id,
+        rows = batch_mod.rows_of(groups=groups, scale_by_std=self.variant.scale_advantages_by_std)
+        whole = batch_mod.collate(groups=groups, pad_id=self.pad_id,
                                   scale_by_std=self.variant.scale_advantages_by_std)
+        local_den = self.variant.denominator(mask=whole.completion_mask) if rows else 0.0
+        micro = batch_mod.micro_batches(rows=rows, pad_id=self.pad_id, max_tokens=self.scale.micro_batch_tokens)
         clock.lap("collate")
-        out, entropy = self._local_loss(batch) if batch.rows else (None, 0.0)
-        clock.lap("forward")
-        n_tok = out.tokens if out else 0
-        local = [out.denominator if out else 0.0, float(out.total.detach()) if out else 0.0, float(n_tok),
-                 (out.clip_fraction * n_tok) if out else 0.0, (out.ratio_mean * n_tok) if out else 0.0,
-                 (out.kl * n_tok) if out else 0.0, entropy * n_tok, float(batch.rewards.sum()), float(batch.rows),
-                 float(batch.zero_signal_groups), float(len(groups))]
-        g = self.group.all_reduce_sum(local)
+        denominator = self.group.all_reduce_sum([local_den])[0]
+        runs = len(micro)
+        if self.sharded:      # every rank must run as many forward/backward passes (FSDP's collectives)
+            runs = int(self.group.all_reduce_max([float(len(micro))])[0])
         clock.lap("allreduce")
-        if g[0] <= 0:
+        if denominator <= 0:
             raise ValueError("train_step: no completion tokens on any trainer rank")
         self.optimizer.zero_grad(set_to_none=True)
-        if out is not None:
-            torch.autograd.backward([out.total * (self.group.world_size / g[0])])
-        clock.lap("backward")
-        self.group.average_gradients(self.params)
+        scale = self.group.world_size / denominator
+        acc = [0.0] * 6          # loss total, tokens, clip*tokens, ratio*tokens, kl*tokens, entropy sum
+        for i in range(runs):
+            real = i < len(micro)
+            mb = micro[i] if real else _filler(self.pad_id)
+            sharding.set_gradient_sync(self.policy, i == runs - 1)
+            out, entropy = self._micro_loss(mb)
+            clock.lap("forward")
+            torch.autograd.backward([out.total * (scale if real else 0.0)])
+            clock.lap("backward")
+            if real:
+                n = out.tokens
+                for k, v in enumerate((float(out.total.detach()), float(n), out.clip_fraction * n,
+                                       out.ratio_mean * n, out.kl * n, entropy)):
+                    acc[k] += v
+        local = [*acc, float(whole.rewards.sum()), float(whole.rows), float(whole.zero_signal_groups),
+                 float(len(groups))]
+        g = self.group.all_reduce_sum(local)
+        if not self.sharded:
+            self.group.average_gradients(self.params)
         clock.lap("allreduce")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        if sharding.is_sharded(grad_norm):
+            grad_norm = grad_norm.full_tensor()  # type: ignore[attr-defined]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.policy_version += 1
         clock.lap("optimizer")
-        tok = max(g[2], 1.0)
+        tok = max(g[1], 1.0)
         return metrics.StepMetrics(
-            step=self.step, policy_version=self.policy_version, loss=g[1] / g[0], kl=g[5] / tok,
-            clip_fraction=g[3] / tok, ratio_mean=g[4] / tok, entropy=g[6] / tok, grad_norm=float(grad_norm),
-            mean_reward=g[7] / max(g[8], 1.0), groups=int(g[10]), completions=int(g[8]), tokens=int(g[2]),
-            zero_signal_groups=int(g[9]), seconds=clock.totals())
+            step=self.step, policy_version=self.policy_version, loss=g[0] / denominator, kl=g[4] / tok,
+            clip_fraction=g[2] / tok, ratio_mean=g[3] / tok, entropy=g[5] / tok, grad_norm=float(grad_norm),
+            mean_reward=g[6] / max(g[7], 1.0), groups=int(g[9]), completions=int(g[7]), tokens=int(g[1]),
+            zero_signal_groups=int(g[8]), seconds=clock.totals())
 
-    def _local_loss(self, batch: batch_mod.Batch) -> tuple[inputs.LossOutput, float]:
-        cur = logprobs.completion_logprobs(model=self.model, batch=batch, temperature=self.logit_temperature,
-                                           device=self.device)
+    def _micro_loss(self, mb: batch_mod.Batch) -> tuple[inputs.LossOutput, float]:
+        autocast = torch.float32 if self.sharded else self.compute_dtype   # FSDP casts through its own policy
+        with precision.autocast(device=self.device, dtype=autocast):
+            logp, entropy = self.policy.run(mb, device=self.device)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = logprobs.completion_logprobs(model=self.reference, batch=batch,
+                ref = logprobs.completion_logprobs(model=self.reference, batch=mb,
                                                    temperature=self.logit_temperature, device=self.device).logp
-        loss_in = inputs.LossInputs(logp=cur.logp, behaviour_logp=batch.behaviour_logp.to(self.device),
-                                    mask=batch.completion_mask.to(self.device),
-                                    advantages=batch.advantages.to(self.device), ref_logp=ref)
-        return self.variant.loss(batch=loss_in, settings=self.settings), cur.entropy
+        loss_in = inputs.LossInputs(logp=logp, behaviour_logp=mb.behaviour_logp.to(self.device),
+                                    mask=mb.completion_mask.to(self.device),
+                                    advantages=mb.advantages.to(self.device), ref_logp=ref)
+        return self.variant.loss(batch=loss_in, settings=self.settings), float(entropy)
 
     # ------------------------------------------------------------ weights out
 
-    def named_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF parameter name, detached tensor) of every policy parameter, for the weight sender. Tied weights
-        appear once (under the embedding's name), as ``named_parameters`` reports them."""
-        for name, p in self.model.named_parameters():
-            yield name, p.detach()
+    def named_tensors(self) -> sharding.Stream:
+        """(HF parameter name, full tensor in the compute dtype) of every policy parameter, gathered lazily (a
+        ``weightsync.TensorStream``: its ``meta`` first). Tied weights appear once (under the embedding's name),
+        as ``named_parameters`` reports them. Sharded: every rank must iterate it (see :meth:`follow_sync`)."""
+        self._stream = sharding.Stream(sharding.unique_named(self.model), dtype=self.compute_dtype)
+        return self._stream
+
+    def follow_sync(self) -> None:
+        """A non-zero rank's part of a weight push: take part in every gather rank 0's stream makes."""
+        if self.sharded:
+            self.named_tensors().drain()
+
+    def complete_sync(self) -> None:
+        """Rank 0, after a push (sent, failed half way, or skipped): finish the gathers of the push's stream, or
+        make them all if none was taken, so the other ranks' :meth:`follow_sync` always completes."""
+        if self.sharded:
+            (self._stream or self.named_tensors()).drain()
+        self._stream = None
+
+    def export(self, *, directory: str | Path) -> Path | None:
+        """Write the policy as an HF folder ``<directory>/export-step-N`` (every rank calls it: sharded tensors are
+        gathered by all; rank 0 writes). Returns the folder on rank 0, None elsewhere; an existing one is kept."""
+        target = Path(directory) / export_mod.dir_name(self.step)
+        if self.group.broadcast_json(target.is_dir() if self.group.is_main else None):
+            return target if self.group.is_main else None
+        stream = self.named_tensors()
+        self._stream = None
+        if not self.group.is_main:
+            stream.drain()
+            return None
+        sizes = [math.prod(e.shape) * torch.empty((), dtype=e.dtype).element_size() for e in stream.meta]
+        return export_mod.write(target=target, tensors=stream, sizes=sizes, config=self.model.config,
+                                source=self.model_path, dtype=self.compute_dtype)
 
     # ------------------------------------------------------------ checkpoints
 
     def save_checkpoint(self, *, directory: str | Path, keep: int, data_cursor: int,
                         extra: Mapping[str, Any] | None = None) -> Path | None:
-        """Rank 0 writes a checkpoint of this step (others return None). ``data_cursor`` and ``extra`` (JSON) are
-        the role loop's and come back from :meth:`resume`."""
-        if not self.group.is_main:
-            return None
+        """Write a checkpoint of this step: rank 0 alone (DDP), or every rank its shards (FSDP: call on every
+        rank). Returns the folder on rank 0, None elsewhere. ``data_cursor`` and ``extra`` (JSON) are the role
+        loop's and come back from :meth:`resume`."""
         state = {"step": self.step, "policy_version": self.policy_version, "data_cursor": data_cursor,
                  "rng": checkpoint.capture_rng(), "extra": dict(extra or {})}
-        return checkpoint.save(root=directory, step=self.step, model_state=self.model.state_dict(),
-                               optimizer_state=self.optimizer.state_dict(), state=state, keep=keep)
+        if self.scale.sharding != sharding.FSDP:
+            if not self.group.is_main:
+                return None
+            return checkpoint.save(root=directory, step=self.step, model_state=self.model.state_dict(),
+                                   optimizer_state=self.optimizer.state_dict(), state=state, keep=keep)
+        tmp = checkpoint.begin(root=directory, step=self.step) if self.group.is_main else None
+        tmp = Path(self.group.broadcast_json(str(tmp) if tmp else None))
+        sharding.dcp_save(tmp / checkpoint.DCP, root=self.policy, optimizer=self.optimizer)
+        self.group.barrier()
+        final = checkpoint.seal(tmp, root=directory, step=self.step, state=state, keep=keep) \
+            if self.group.is_main else None
+        self.group.barrier()
+        return final
 
     def resume(self, *, directory: str | Path) -> dict[str, Any] | None:
-        """Restore the newest complete checkpoint under ``directory`` (read by rank 0, broadcast to the others).
-        Returns its state (``step``, ``policy_version``, ``data_cursor``, ``extra``), or None when there is none."""
+        """Restore the newest complete checkpoint under ``directory`` (found and verified by rank 0). Returns its
+        state (``step``, ``policy_version``, ``data_cursor``, ``extra``), or None when there is none."""
         loaded = checkpoint.load_latest(directory) if self.group.is_main else None
-        if self.group.is_main and loaded is not None:
-            self.model.load_state_dict(loaded.model_state)
-            self.optimizer.load_state_dict(loaded.optimizer_state)
-        state = self.group.broadcast_json(loaded.state if loaded is not None else None)
-        if state is None:
+        info = None
+        if loaded is not None:
+            info = {"state": loaded.state, "sharded": str(loaded.sharded) if loaded.sharded else None}
+        info = self.group.broadcast_json(info)
+        if info is None:
             return None
-        if self.group.world_size > 1:
-            self._ensure_optimizer_state()
-            self.group.broadcast_tensors(self.params)
-            self.group.broadcast_tensors(self._optimizer_tensors())
+        fsdp = self.scale.sharding == sharding.FSDP
+        if fsdp != (info["sharded"] is not None):
+            raise checkpoint.CheckpointError(
+                f"{directory}: a {'sharded' if info['sharded'] else 'replicated'} checkpoint cannot resume "
+                f"spec.roles.trainer.sharding {self.scale.sharding}")
+        if fsdp:
+            sharding.dcp_load(info["sharded"], root=self.policy, optimizer=self.optimizer)
+        else:
+            if loaded is not None:
+                self.model.load_state_dict(loaded.model_state)
+                self.optimizer.load_state_dict(loaded.optimizer_state)
+            if self.group.world_size > 1:
+                self._ensure_optimizer_state()
+                self.group.broadcast_tensors(self.params)
+                self.group.broadcast_tensors(self._optimizer_tensors())
+        state = info["state"]
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
         checkpoint.restore_rng(state["rng"])
@@ -168,7 +272,7 @@ class Trainer:
         for p in self.params:
             st = self.optimizer.state[p]
             if not st:
-                st["step"] = torch.tensor(0.0, dtype=torch.float32)
+                st["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device)
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
@@ -178,6 +282,13 @@ class Trainer:
             st = self.optimizer.state[p]
             out.extend(st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor))
         return out
+
+
+def _filler(pad_id: int) -> batch_mod.Batch:
+    """A one-row, one-token batch whose loss is weighted 0: keeps a rank's FSDP collectives in step."""
+    row = batch_mod.Row(prompt=[pad_id], completion=types.Completion(token_ids=[pad_id], logprobs=[0.0], text=""),
+                        advantage=0.0, reward=0.0)
+    return batch_mod.collate_rows(rows=[row], pad_id=pad_id)
 
 
 class _Clock:

@@ -1,0 +1,195 @@
+"""Fault campaign: run an RLJob locally and kill -9 random roles at random moments, then check nothing was lost.
+
+    python bench/fault_campaign.py examples/tiny.yaml --kills 20 [--seed 0] [--run-dir DIR]
+
+The job runs with its own manifest plus a failure policy fit for the campaign (printed in the result):
+``RestartRole`` for generators and verifiers (the trainer keeps running), the default ``RestartAll`` for trainers,
+``maxRestarts`` = kills + 2, ``progressDeadlineSeconds`` 120, and enough steps for every kill to land while it
+trains (at least 3 per kill). Kills pick a role at random (trainer, generator, verifier); every third kill waits
+for the trainer to be in a weight sync and every third+1 in a checkpoint write (read from trainer 0's
+``/healthz`` ``activity``), the rest land after a random delay. After each kill the campaign waits for the next
+new step (the recovery time) before the next kill.
+
+The last stdout line is JSON: ``kills``, ``kills_by_role``, ``kills_during`` (sync / checkpoint / anytime),
+``steps``, ``lost_steps``, ``repeated_steps`` (steps with more than one record in the final history),
+``retrained_steps`` (steps trained again after a trainer restart resumed from its checkpoint; their first
+results were discarded with the restart), ``policy_version_monotonic``, ``restarts_by_role``, ``restarts``,
+``recovery_seconds_p50``/``p95``, ``succeeded``, ``wall_seconds``, ``run_dir``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PID_LINE = re.compile(r"^(?P<name>\w+-\d+): pid (?P<pid>\d+) metrics on [\d.]+:(?P<port>\d+) \(attempt (?P<a>\d+)\)",
+                      re.M)
+
+
+def log(text: str) -> None:
+    print(f"fault_campaign: {text}", file=sys.stderr, flush=True)
+
+
+def current(run_dir: pathlib.Path) -> dict[str, dict[str, int]]:
+    """name -> {pid, port} of each role's newest incarnation (from the role logs)."""
+    out: dict[str, dict[str, int]] = {}
+    for f in (run_dir / "logs").glob("*.log"):
+        for m in PID_LINE.finditer(f.read_text(errors="replace")):
+            out[m["name"]] = {"pid": int(m["pid"]), "port": int(m["port"])}
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def records(run_dir: pathlib.Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def activity(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+            return str(json.loads(r.read()).get("activity", ""))
+    except Exception:  # noqa: BLE001 - not up (yet): no activity
+        return ""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--kills", type=int, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--run-dir", default=None)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    doc = yaml.safe_load(pathlib.Path(args.file).read_text())
+    spec = doc["spec"]
+    policy = {"maxRestarts": args.kills + 2, "progressDeadlineSeconds": 120,
+              "rules": [{"action": "RestartRole", "roles": ["generator", "verifier"]}]}
+    spec["failurePolicy"] = policy
+    steps = max(int(spec.get("algorithm", {}).get("steps", 1)), 3 * args.kills)
+    spec.setdefault("algorithm", {})["steps"] = steps
+    work = pathlib.Path(tempfile.mkdtemp(prefix="fault-campaign-"))
+    run_dir = pathlib.Path(args.run_dir or work / "run").resolve()
+    manifest = work / "rljob.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "kubeforge.cli", "run", str(manifest), "--run-dir", str(run_dir)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=open(work / "launcher.log", "wb"), text=True,
+                            start_new_session=True)
+    kills: list[dict[str, Any]] = []
+    recovery: list[float] = []
+    max_step, retrained = 0, 0
+
+    def progress() -> int:
+        nonlocal max_step, retrained
+        recs = records(run_dir)
+        last = recs[-1]["step"] if recs else 0
+        if last < max_step:              # a trainer restart resumed from its checkpoint
+            retrained += max_step - last
+            max_step = last
+        max_step = max(max_step, last)
+        return last
+
+    try:
+        while len(kills) < args.kills and proc.poll() is None:
+            procs = current(run_dir)
+            if not procs or not records(run_dir):
+                time.sleep(1)
+                continue
+            k = len(kills)
+            moment = ("sync", "checkpoint", "anytime")[k % 3]
+            role = "trainer" if moment != "anytime" and rng.random() < 0.5 else rng.choice(
+                ["generator", "verifier", "trainer"])
+            if moment == "anytime":
+                time.sleep(rng.uniform(0.5, 4.0))
+            else:
+                port = procs.get("trainer-0", {}).get("port")
+                until = time.monotonic() + 120
+                while port and time.monotonic() < until and activity(port) != moment and proc.poll() is None:
+                    time.sleep(0.01)
+                if port and activity(port) != moment:
+                    moment = "anytime"
+            victims = [n for n in current(run_dir) if n.startswith(role)]
+            name = rng.choice(sorted(victims))
+            pid = current(run_dir)[name]["pid"]
+            if not alive(pid):
+                continue
+            step_before = progress()
+            os.kill(pid, signal.SIGKILL)
+            t_kill = time.time()
+            kills.append({"name": name, "role": role, "moment": moment, "step": step_before, "time": t_kill})
+            log(f"kill {len(kills)}/{args.kills}: {name} (pid {pid}) during {moment} at step {step_before}")
+            while proc.poll() is None:           # recovered: a step beyond the one before the kill
+                if progress() > step_before:
+                    recovery.append(time.time() - t_kill)
+                    break
+                time.sleep(0.2)
+        out, _ = proc.communicate(timeout=3600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=120)
+    progress()
+    summary = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    recs = records(run_dir)
+    seen = [r["step"] for r in recs]
+    versions = [r.get("policy_version") for r in recs]
+    q = statistics.quantiles(recovery, n=20) if len(recovery) >= 2 else recovery * 19
+    result = {
+        "kills": len(kills),
+        "kills_by_role": {r: sum(1 for k in kills if k["role"] == r) for r in ("generator", "verifier", "trainer")},
+        "kills_during": {m: sum(1 for k in kills if k["moment"] == m) for m in ("sync", "checkpoint", "anytime")},
+        "steps": len(set(seen)),
+        "steps_wanted": steps,
+        "lost_steps": len(set(range(1, steps + 1)) - set(seen)),
+        "repeated_steps": len(seen) - len(set(seen)),
+        "retrained_steps": retrained,
+        "policy_version_monotonic": all(a is not None and b is not None and b > a
+                                        for a, b in zip(versions, versions[1:])),
+        "restarts": summary.get("restarts"),
+        "restarts_by_role": summary.get("restarts_by_role"),
+        "recovery_seconds_p50": round(statistics.median(recovery), 2) if recovery else None,
+        "recovery_seconds_p95": round(q[18], 2) if recovery else None,
+        "succeeded": summary.get("succeeded"),
+        "failure_policy": policy,
+        "wall_seconds": round(time.time() - started, 1),
+        "run_dir": str(run_dir),
+    }
+    print(json.dumps(result), flush=True)
+    ok = result["succeeded"] and not result["lost_steps"] and not result["repeated_steps"]
+    return 0 if ok and result["policy_version_monotonic"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

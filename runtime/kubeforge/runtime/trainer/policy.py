@@ -1,0 +1,38 @@
+"""The trained module: an HF causal LM whose forward returns completion logprobs (not logits).
+
+Role: the root that FSDP2 shards (its own parameters: embeddings, final norm and LM head; each decoder block is
+sharded on its own by ``sharding``), and what every micro-batch's forward calls. Wrapping the LM keeps the chunked
+LM head (``logprobs.forward``) inside the root's forward, where FSDP has the root's parameters gathered.
+Neighbours: ``step.Trainer`` builds it; ``sharding.shard`` wraps it; ``precision.autocast`` surrounds its call when
+it is not sharded.
+
+``policy.lm`` is the plain HF model (its ``named_parameters`` are the HF names the generators load).
+"""
+from __future__ import annotations
+
+import torch
+
+from kubeforge.runtime.trainer import batch as batch_mod
+from kubeforge.runtime.trainer import logprobs
+
+
+class Policy(torch.nn.Module):
+    """``forward(batch) -> (logp [B, T], entropy sum)`` of an HF causal LM at temperature ``temperature``."""
+
+    def __init__(self, lm: torch.nn.Module, *, temperature: float = 1.0) -> None:
+        super().__init__()
+        self.lm = lm
+        self.temperature = temperature
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return logprobs.forward(self.lm, input_ids=input_ids, attention_mask=attention_mask,
+                                position_ids=position_ids, completion_ids=completion_ids,
+                                completion_mask=completion_mask, temperature=self.temperature)
+
+    def run(self, batch: batch_mod.Batch, *, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` on a collated batch moved to ``device`` (through ``__call__``: FSDP's hooks run)."""
+        out: tuple[torch.Tensor, torch.Tensor] = self(
+            batch.input_ids.to(device), batch.attention_mask.to(device), batch.position_ids.to(device),
+            batch.completion_ids.to(device), batch.completion_mask.to(device))
+        return out

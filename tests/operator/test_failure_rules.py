@@ -1,0 +1,102 @@
+"""Failure-policy rules on a cluster (pure decide → status): RestartRole keeps the trainer's pods, Fail names its
+reason, a failure is acted on once however often a pass is replayed (e.g. by an operator restarted mid-restart)."""
+from __future__ import annotations
+
+from typing import Any
+
+import opbuilders
+from opbuilders import pod
+from test_lifecycle_status import cond, run
+from kubeforge.api import rljob
+from kubeforge.operator import reasons, status
+
+ELASTIC = {"maxRestarts": 2, "rules": [{"action": "Fail", "onExitCodes": [3]},
+                                       {"action": "Ignore", "roles": ["verifier"], "onReasons": ["Evicted"]},
+                                       {"action": "RestartRole", "roles": ["generator", "verifier"]}]}
+
+
+def _job(prev: rljob.RLJobStatus | None = None, policy: dict[str, Any] = ELASTIC) -> rljob.RLJob:
+    st = None if prev is None else prev.model_dump(mode="json", by_alias=True)
+    return opbuilders.job("tiny", status=st, spec__failurePolicy=policy)
+
+
+def _gen_crashed(n: int, *, finished: str = "2026-11-22T12:00:03Z") -> dict[str, Any]:
+    p = pod("tiny", "generator", 0, restarts=n, last_exit=137)
+    p["status"]["containerStatuses"][0]["lastState"]["terminated"]["finishedAt"] = finished
+    p["metadata"]["uid"] = "gen0-uid"
+    return p
+
+
+def test_restart_role_counts_once_and_keeps_the_attempt() -> None:
+    _, s0 = run(_job(), opbuilders.gang())
+    pods = [_gen_crashed(1), pod("tiny", "verifier", 0), pod("tiny", "trainer", 0)]
+    plan, s1 = run(_job(s0), pods)
+    assert (plan.attempt, plan.restarts, plan.active, plan.draining) == (0, 1, True, False)
+    assert s1.roles["generator"].restarts == 1 and s1.roles["trainer"].restarts == 0 and s1.restarts == 1
+    assert s1.last_failure is not None and (s1.last_failure.action, s1.last_failure.exit_code) == ("RestartRole", 137)
+    assert [e.reason for e in status.transitions(s0, s1, plan)][:2] == [reasons.CONTAINER_FAILED,
+                                                                         reasons.ROLE_RESTARTED]
+    # the pod keeps showing the same termination (and an operator restarted mid-restart replays the pass):
+    for _ in range(3):
+        plan, s2 = run(_job(s1), pods)
+        assert (plan.restarts, plan.attempt, plan.decision) == (1, 0, None) and s2.roles["generator"].restarts == 1
+    # a second crash of the same pod is a new failure: counted, and the third one is over the limit
+    pods2 = [_gen_crashed(2, finished="2026-11-22T12:01:00Z"), pod("tiny", "verifier", 0), pod("tiny", "trainer", 0)]
+    plan, s3 = run(_job(s2), pods2)
+    assert plan.restarts == 2 and s3.roles["generator"].restarts == 2 and plan.terminal is None
+    pods3 = [_gen_crashed(3, finished="2026-11-22T12:02:00Z"), pod("tiny", "verifier", 0), pod("tiny", "trainer", 0)]
+    plan, s4 = run(_job(s3), pods3)
+    assert s4.phase == "Failed" and cond(s4, reasons.FAILED).reason == reasons.BACKOFF_LIMIT_EXCEEDED
+    assert "after 2 restarts (maxRestarts=2)" in cond(s4, reasons.FAILED).message
+
+
+def test_the_same_end_seen_now_and_after_the_kubelet_restarted_it_is_one_failure() -> None:
+    _, s0 = run(_job(), opbuilders.gang())
+    now = pod("tiny", "generator", 0, exit_now=137, ready=False)
+    now["metadata"]["uid"] = "u"
+    term = now["status"]["containerStatuses"][0]["state"]["terminated"]
+    plan, s1 = run(_job(s0), [now, pod("tiny", "verifier", 0), pod("tiny", "trainer", 0)])
+    assert plan.restarts == 1
+    after = pod("tiny", "generator", 0, restarts=1)
+    after["metadata"]["uid"] = "u"
+    after["status"]["containerStatuses"][0]["lastState"] = {"terminated": term}
+    plan, _ = run(_job(s1), [after, pod("tiny", "verifier", 0), pod("tiny", "trainer", 0)])
+    assert plan.restarts == 1 and plan.decision is None
+
+
+def test_fail_rule_on_exit_code_fails_with_its_reason() -> None:
+    _, s0 = run(_job(), opbuilders.gang())
+    pods = [pod("tiny", "generator", 0), pod("tiny", "verifier", 0),
+            pod("tiny", "trainer", 0, restarts=1, last_exit=3)]
+    plan, s = run(_job(s0), pods)
+    assert s.phase == "Failed" and cond(s, reasons.FAILED).reason == reasons.FAILED_BY_RULE
+    assert "exit code 3" in cond(s, reasons.FAILED).message and plan.restarts == 0 and not plan.active
+
+
+def test_ignore_rule_counts_nothing() -> None:
+    _, s0 = run(_job(), opbuilders.gang())
+    evicted = pod("tiny", "verifier", 0, phase="Failed", ready=False)
+    evicted["status"]["reason"] = "Evicted"
+    plan, s = run(_job(s0), [pod("tiny", "generator", 0), evicted, pod("tiny", "trainer", 0)])
+    assert plan.restarts == 0 and plan.attempt == 0 and s.last_failure is not None
+    assert (s.last_failure.reason, s.last_failure.action) == ("Evicted", "Ignore")
+    assert reasons.FAILURE_IGNORED in [e.reason for e in status.transitions(s0, s, plan)]
+
+
+def test_node_lost_pod_matches_node_lost() -> None:
+    lost = pod("tiny", "generator", 0, deleting=True)
+    lost["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                         "reason": "DeletionByTaintManager"})
+    policy = {"maxRestarts": 1, "rules": [{"action": "Fail", "onReasons": ["NodeLost"]}]}
+    _, s0 = run(_job(policy=policy), opbuilders.gang())
+    plan, s = run(_job(s0, policy), [lost, pod("tiny", "verifier", 0), pod("tiny", "trainer", 0)])
+    assert s.phase == "Failed" and s.last_failure is not None and s.last_failure.reason == "NodeLost"
+
+
+def test_trainer_failure_under_restart_role_rules_restarts_all() -> None:
+    _, s0 = run(_job(), opbuilders.gang())
+    pods = [pod("tiny", "generator", 0), pod("tiny", "verifier", 0), pod("tiny", "trainer", 0, restarts=1,
+                                                                          last_exit=137)]
+    plan, s = run(_job(s0), pods)
+    assert (plan.attempt, plan.restarts, plan.draining) == (1, 1, True) and s.roles["trainer"].restarts == 1
+    assert s.handled_failures == {}      # a new attempt starts with a clean slate
