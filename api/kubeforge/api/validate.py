@@ -99,7 +99,7 @@ def _generator(spec: rljob.RLJobSpec) -> Problems:
                f"most the generator's {GPU} limit ({gpus}): one GPU per tensor-parallel rank")
 
 
-# ---------------------------------------------------------------- task, verifiers, gang, checkpoint
+# ---------------------------------------------------------------- task, verifiers, gang
 
 
 def _task(spec: rljob.RLJobSpec) -> Problems:
@@ -109,19 +109,22 @@ def _task(spec: rljob.RLJobSpec) -> Problems:
                "spec.task.jsonl.promptField: the reference answer would be the prompt itself")
 
 
+_SETTINGS_OF = {"regex": "Regex", "length": "Length", "codeExecution": "CodeExecution",
+                "rewardModel": "RewardModel", "python": "Python"}
+
+
 def _verifiers(spec: rljob.RLJobSpec) -> Problems:
     for i, v in enumerate(spec.verifiers):
-        path = f"spec.verifiers[{i}]"
-        if v.regex is not None and v.type != rljob.VerifierType.REGEX.value:
-            yield f"{path}.regex: Forbidden: may only be set when type is Regex (type is {v.type})"
-        elif v.regex is not None:
-            try:
-                re.compile(v.regex.pattern)
-            except re.error as e:
-                yield f"{path}.regex.pattern: Invalid value: {v.regex.pattern!r}: not a valid regular expression: {e}"
-    if all(v.weight == 0 for v in spec.verifiers):
-        yield ("spec.verifiers: Invalid value: every verifier has weight 0: every reward would be 0, so nothing "
-               "is learned")
+        for field, kind in _SETTINGS_OF.items():
+            if v.type != kind and getattr(v, _snake(field), None) is not None:
+                yield f"spec.verifiers[{i}].{field}: Forbidden: may only be set when type is {kind} (type is {v.type})"
+    if spec.reward.aggregation == rljob.Aggregation.WEIGHTED_SUM.value and all(v.weight == 0 for v in spec.verifiers):
+        yield ("spec.verifiers: Invalid value: every verifier has weight 0: every WeightedSum reward would be 0, so "
+               "nothing is learned")
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)
 
 
 def _gang(spec: rljob.RLJobSpec) -> Problems:
@@ -131,12 +134,6 @@ def _gang(spec: rljob.RLJobSpec) -> Problems:
     if g.queue is not None and g.backend not in QUEUE_BACKENDS:
         yield (f"spec.gang.queue: Forbidden: may only be set when backend is one of {', '.join(QUEUE_BACKENDS)} "
                f"(backend is {g.backend})")
-
-
-def _checkpoint(spec: rljob.RLJobSpec) -> Problems:
-    if not spec.checkpoint.path.startswith("/"):
-        yield (f"spec.checkpoint.path: Invalid value: {spec.checkpoint.path!r}: must be an absolute path (a "
-               "volume mounted into the trainer's container)")
 
 
 # ---------------------------------------------------------------- roles: what the rendered pods must satisfy
@@ -307,5 +304,5 @@ def _roles(spec: rljob.RLJobSpec) -> Problems:
 
 
 RULES: tuple[Callable[[rljob.RLJobSpec], Problems], ...] = (
-    _algorithm, _sync, _generator, _task, _verifiers, _gang, _checkpoint, _roles,
+    _algorithm, _sync, _generator, _task, _verifiers, _gang, _roles,
 )
