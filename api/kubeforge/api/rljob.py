@@ -67,6 +67,17 @@ class DType(str, enum.Enum):
 MSG_ONE_MODEL = "exactly one of builtin or path must be set"
 
 
+class LoraSpec(Model):
+    """Low-rank adapters on the named linear layers: W x + (alpha / rank) B A x, with A, B trained."""
+
+    rank: int = Field(16, ge=1, le=256, description="Rank r of each adapter (A is r x in, B is out x r).")
+    alpha: float = Field(32.0, gt=0, le=4096, description="Scale numerator: the adapter's output is multiplied "
+                         "by alpha / rank.")
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.]+$")]] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, max_length=32,
+        description="Names (last path component) of the linear layers that get an adapter.")
+
+
 class ModelSpec(Model):
     """The policy model. Exactly one source: a built-in model or an HF folder."""
 
@@ -86,7 +97,9 @@ class ModelSpec(Model):
     dtype: DType = Field(DType.FLOAT32, description="Compute dtype: the trainer computes in it (autocast, or FSDP2's "
                          "mixed precision) over float32 master weights and optimizer state; generators run in it "
                          "and receive weights in it.")
-
+    lora: LoraSpec | None = Field(None, description="Train low-rank adapters only (the base weights stay frozen); "
+                                  "generators serve them as vLLM LoRA adapters and a weight sync ships adapters "
+                                  "only.")
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
