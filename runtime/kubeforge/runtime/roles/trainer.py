@@ -27,7 +27,7 @@ Invariants:
 - Outstanding work never exceeds ``ahead + 1`` steps: the only queue growth is bounded by it.
 - A generator's weights are at most ``everySteps - 1`` versions behind the trainer's when it samples, and work is
   issued ``ahead`` steps early, so a group's lag at training is at most ``ahead + everySteps - 1 = maxPolicyLag``:
-  in a healthy run nothing is stale (``config.spec_problems`` refuses ``maxPolicyLag < everySteps - 1``).
+  in a healthy run nothing is stale (``kubeforge.api.validate`` refuses ``maxPolicyLag < everySteps - 1``).
 - Re-issues go from the rank that needs them straight to a generator, never through rank 0, so no rank ever
   waits inside a collective for a message another rank has yet to forward.
 - No wait is unbounded (``Settings.deadline`` = ``spec.failurePolicy.progressDeadlineSeconds``): a step whose
@@ -172,11 +172,12 @@ class Loop:
             self._push(step=start)
         for s in range(start, self.s.steps):
             self._issue_window(current=s)
+            waited = self.clock()
             groups = self._collect(s)
             self.beat("train")
             t0 = self.clock()
             stats = self.learner.train_step(groups=groups)
-            self._after_step(s, stats, groups, train_seconds=self.clock() - t0)
+            self._after_step(s, stats, groups, train_seconds=self.clock() - t0, wait_seconds=t0 - waited)
             self.beat("step")
         exported = self.learner.export(directory=self.s.checkpoint_dir)
         if self.rank0 is not None:
@@ -306,13 +307,15 @@ class Loop:
 
     # ------------------------------------------------------------ after a step
 
-    def _after_step(self, s: int, stats: Any, groups: Sequence[types.RolloutGroup], *, train_seconds: float) -> None:
+    def _after_step(self, s: int, stats: Any, groups: Sequence[types.RolloutGroup], *, train_seconds: float,
+                    wait_seconds: float = 0.0) -> None:
         done = s + 1
         last = done == self.s.steps
         sync: generator_role.SyncResult | None = None
         if (done % self.s.sync_every == 0) and not last:
             sync = self._push(step=done)
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
+        record["wait_seconds"] = wait_seconds
         self.observer.trained(record=record)
         if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
             self.rank0.reporter.step(record)
