@@ -245,10 +245,19 @@ class Prometheus:
     def serve_discovery(self) -> str:
         """An http_sd endpoint answering ``targets()`` (Debian's prometheus is built without kubernetes_sd)."""
         outer = self
+        self.found: list[dict[str, Any]] = []
+        self.sd_stop = threading.Event()
+
+        def refresh() -> None:   # kubectl is slow on a loaded machine: answer Prometheus from the last listing
+            while not self.sd_stop.is_set():
+                self.found = self.targets()
+                self.sd_stop.wait(1.0)
+
+        threading.Thread(target=refresh, daemon=True).start()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
-                body = json.dumps(outer.targets()).encode()
+                body = json.dumps(outer.found).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
@@ -305,6 +314,7 @@ class Prometheus:
 
     def stop(self) -> None:
         if getattr(self, "sd", None) is not None:
+            self.sd_stop.set()
             self.sd.shutdown()
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
