@@ -66,7 +66,7 @@ MANAGED_BY = "kubeforge"
 FIELD_MANAGER = "kubeforge-operator"
 
 # The trainer (rank 0) reports progress on its own pod as a JSON annotation; the operator watches it.
-ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done"}
+ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done", "evalAccuracy"?}
 
 # ---- children's names ----
 MAX_JOB_NAME_LENGTH = 40  # "<name>-generator" must stay <= 52 chars (StatefulSet limit) with room to spare
