@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,10 @@ def copy_side_files(source: Path, target: Path) -> list[str]:
 
 
 def write(*, target: Path, tensors: Iterable[tuple[str, torch.Tensor]], sizes: Sequence[int], config: Any,
-          source: Path | None, dtype: torch.dtype, shard_bytes: int = SHARD_BYTES) -> Path:
-    """Write an HF folder at ``target`` atomically from ``tensors`` (``sizes``: their byte sizes, in order)."""
+          source: Path | None, dtype: torch.dtype, shard_bytes: int = SHARD_BYTES,
+          side: Callable[[Path], Any] | None = None) -> Path:
+    """Write an HF folder at ``target`` atomically from ``tensors`` (``sizes``: their byte sizes, in order);
+    ``side(tmp)`` may add more (e.g. the LoRA adapter) before the folder is published."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{time.time_ns()}"
     tmp.mkdir()
@@ -87,6 +89,8 @@ def write(*, target: Path, tensors: Iterable[tuple[str, torch.Tensor]], sizes: S
         cfg.save_pretrained(str(tmp))
         if source is not None:
             copy_side_files(source, tmp)
+        if side is not None:
+            side(tmp)
         if target.exists():
             shutil.rmtree(target)
         os.rename(tmp, target)

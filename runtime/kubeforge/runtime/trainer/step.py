@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +44,11 @@ from kubeforge.runtime.grpo import inputs, registry
 from kubeforge.runtime.trainer import batch as batch_mod
 from kubeforge.runtime.trainer import checkpoint, logprobs, metrics, parallel, precision, schedule, sharding
 from kubeforge.runtime.trainer import export as export_mod
+from kubeforge.runtime.trainer import lora as lora_mod
 from kubeforge.runtime.trainer import policy as policy_mod
 
 DTYPES = precision.DTYPES
+ADAPTER = "adapter"     # the LoRA adapter's folder inside an export
 
 
 def load_model(*, path: str | Path, dtype: str, device: torch.device) -> torch.nn.Module:
@@ -75,7 +77,8 @@ class Trainer:
 
     def __init__(self, *, model_path: str | Path, algorithm: rljob.AlgorithmSpec, dtype: str = "float32",
                  group: parallel.DataParallel | None = None, device: str = "cpu",
-                 logit_temperature: float = 1.0, scale: Scale | None = None) -> None:
+                 logit_temperature: float = 1.0, scale: Scale | None = None,
+                 lora: rljob.LoraSpec | None = None) -> None:
         self.device = torch.device(device)
         self.group = group or parallel.DataParallel(config=parallel.DistConfig(), device=self.device)
         self.scale = scale or Scale()
@@ -86,6 +89,9 @@ class Trainer:
         self.model_path = Path(model_path)
         self.compute_dtype = precision.compute_dtype(dtype)
         self.model = load_model(path=model_path, dtype="float32", device=self.device)   # float32 masters
+        self.lora = lora
+        if lora is not None:
+            lora_mod.attach(self.model, lora)
         if self.scale.activation_checkpointing:
             sharding.checkpoint_blocks(self.model)
         self.model.train()
@@ -188,8 +194,10 @@ class Trainer:
     def named_tensors(self) -> sharding.Stream:
         """(HF parameter name, full tensor in the compute dtype) of every policy parameter, gathered lazily (a
         ``weightsync.TensorStream``: its ``meta`` first). Tied weights appear once (under the embedding's name),
-        as ``named_parameters`` reports them. Sharded: every rank must iterate it (see :meth:`follow_sync`)."""
-        self._stream = sharding.Stream(sharding.unique_named(self.model), dtype=self.compute_dtype)
+        as ``named_parameters`` reports them. With LoRA: the adapters only (``...q_proj.lora_A.weight``, ...).
+        Sharded: every rank must iterate it (see :meth:`follow_sync`)."""
+        self._stream = sharding.Stream(sharding.unique_named(self.model, trainable_only=self.lora is not None),
+                                       dtype=self.compute_dtype)
         return self._stream
 
     def follow_sync(self) -> None:
@@ -206,18 +214,37 @@ class Trainer:
 
     def export(self, *, directory: str | Path) -> Path | None:
         """Write the policy as an HF folder ``<directory>/export-step-N`` (every rank calls it: sharded tensors are
-        gathered by all; rank 0 writes). Returns the folder on rank 0, None elsewhere; an existing one is kept."""
+        gathered by all; rank 0 writes). With LoRA the folder holds the merged model and ``adapter/`` the adapter
+        (PEFT layout). Returns the folder on rank 0, None elsewhere; an existing one is kept."""
         target = Path(directory) / export_mod.dir_name(self.step)
         if self.group.broadcast_json(target.is_dir() if self.group.is_main else None):
             return target if self.group.is_main else None
-        stream = self.named_tensors()
         self._stream = None
+        named = sharding.unique_named(self.model)
+        metas = sharding.Stream(named, dtype=self.compute_dtype).meta     # shapes only: nothing gathered
+        if self.lora is not None:
+            metas = [e for e in metas if ".lora_A." not in e.name and ".lora_B." not in e.name]
+            tensors: Iterator[tuple[str, torch.Tensor]] = lora_mod.merged_tensors(self.model,
+                                                                                  dtype=self.compute_dtype)
+            adapter = self.named_tensors()
+            self._stream = None
+            adapter_tensors = [(n, t.clone()) for n, t in adapter]     # MBs: the adapters only
+        else:
+            adapter_tensors = []
+            tensors = iter(sharding.Stream(named, dtype=self.compute_dtype))
         if not self.group.is_main:
-            stream.drain()
+            for _ in tensors:
+                pass
             return None
-        sizes = [math.prod(e.shape) * torch.empty((), dtype=e.dtype).element_size() for e in stream.meta]
-        return export_mod.write(target=target, tensors=stream, sizes=sizes, config=self.model.config,
-                                source=self.model_path, dtype=self.compute_dtype)
+        sizes = [math.prod(e.shape) * torch.empty((), dtype=e.dtype).element_size() for e in metas]
+        spec = self.lora
+
+        def side(tmp: Path) -> None:
+            if spec is not None:
+                lora_mod.save_adapter(tmp / ADAPTER, adapter_tensors,
+                                      config=lora_mod.adapter_config(spec, base=str(self.model_path)))
+        return export_mod.write(target=target, tensors=tensors, sizes=sizes, config=self.model.config,
+                                source=self.model_path, dtype=self.compute_dtype, side=side)
 
     # ------------------------------------------------------------ checkpoints
 
