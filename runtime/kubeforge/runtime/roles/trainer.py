@@ -27,7 +27,7 @@ Invariants:
 - Outstanding work never exceeds ``ahead + 1`` steps: the only queue growth is bounded by it.
 - A generator's weights are at most ``everySteps - 1`` versions behind the trainer's when it samples, and work is
   issued ``ahead`` steps early, so a group's lag at training is at most ``ahead + everySteps - 1 = maxPolicyLag``:
-  in a healthy run nothing is stale (``config.spec_problems`` refuses ``maxPolicyLag < everySteps - 1``).
+  in a healthy run nothing is stale (``kubeforge.api.validate`` refuses ``maxPolicyLag < everySteps - 1``).
 - Re-issues go from the rank that needs them straight to a generator, never through rank 0, so no rank ever
   waits inside a collective for a message another rank has yet to forward.
 - No wait is unbounded (``Settings.deadline`` = ``spec.failurePolicy.progressDeadlineSeconds``): a step whose
