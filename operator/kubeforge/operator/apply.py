@@ -140,6 +140,10 @@ class Cluster:
         self.request("PATCH", path_of(contract.API_VERSION, contract.KIND, namespace, name) + "/status",
                      body={"status": status}, content_type="application/merge-patch+json")
 
+    def delete_webhook_configuration(self, name: str) -> None:
+        """Delete a ValidatingWebhookConfiguration (gone already is fine)."""
+        self.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}")
+
     def delete_rljob(self, namespace: str, name: str) -> None:
         self.request("DELETE", path_of(contract.API_VERSION, contract.KIND, namespace, name),
                      body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"})

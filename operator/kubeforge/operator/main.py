@@ -20,7 +20,7 @@ from typing import Any
 
 import kopf
 
-from kubeforge.operator import apply, handlers, metrics, names, reconcile, router as router_mod
+from kubeforge.operator import apply, handlers, metrics, names, reconcile, router as router_mod, webhook
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -34,6 +34,11 @@ class Options:
     workers: int = 16
     log_format: str = "json"
     verbose: bool = False
+    webhook: bool = True
+    webhook_addr: str = "127.0.0.1"
+    webhook_port: int = 0
+    webhook_host: str | None = None
+    webhook_cert_dir: str | None = None
 
 
 def parse_args(argv: Sequence[str]) -> Options:
@@ -48,14 +53,24 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--workers", type=int, default=16, help="Reconcile worker threads.")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("-v", "--verbose", action="store_true")
+    w = p.add_argument_group("admission webhook (docs/security.md)")
+    w.add_argument("--no-webhook", dest="webhook", action="store_false", help="Do not serve the webhook.")
+    w.add_argument("--webhook-addr", default="127.0.0.1", help="Bind address (0.0.0.0 in a pod).")
+    w.add_argument("--webhook-port", type=int, default=0, help="HTTPS port (0: a free one; 9443 with a cert dir).")
+    w.add_argument("--webhook-host", default=None, help="Host in the webhook URL and certificate (default: the "
+                   "bind address).")
+    w.add_argument("--webhook-cert-dir", default=None, help="tls.crt/tls.key from the cluster (Helm); without it "
+                   "a self-signed certificate is made and the ValidatingWebhookConfiguration is managed here.")
     a = p.parse_args(list(argv))
     return Options(namespaces=tuple(a.namespace), all_namespaces=a.all_namespaces or not a.namespace,
                    kubeconfig=a.kubeconfig, metrics_port=a.metrics_port, health_port=a.health_port,
-                   runtime_image=a.runtime_image, workers=a.workers, log_format=a.log_format, verbose=a.verbose)
+                   runtime_image=a.runtime_image, workers=a.workers, log_format=a.log_format, verbose=a.verbose,
+                   webhook=a.webhook, webhook_addr=a.webhook_addr, webhook_port=a.webhook_port,
+                   webhook_host=a.webhook_host, webhook_cert_dir=a.webhook_cert_dir)
 
 
-def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry]:
-    """The router (with its reconcile work) and the kopf registry routing into it."""
+def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, apply.Cluster, webhook.Webhook | None]:
+    """The router (with its reconcile work), the kopf registry routing into it, the API client, the webhook."""
     creds = apply.load_credentials(opts.kubeconfig)
     cluster = apply.Cluster(creds, pool_size=max(opts.workers * 4, 16))
     cache = reconcile.ApplyCache()
@@ -66,12 +81,15 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry]:
                                    seen_failures=failures)
 
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
-    return router, handlers.build_registry(router, creds)
+    hook = webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,
+                           host=opts.webhook_host or opts.webhook_addr, cert_dir=opts.webhook_cert_dir) \
+        if opts.webhook else None
+    return router, handlers.build_registry(router, creds, hook), cluster, hook
 
 
 async def serve(opts: Options, *, stop_flag: Any = None, ready_flag: Any = None) -> None:
     """Run the operator until ``stop_flag`` is set (or forever)."""
-    router, registry = build(opts)
+    router, registry, cluster, hook = build(opts)
     metrics.serve(opts.metrics_port)
     try:
         await kopf.operator(
@@ -80,6 +98,11 @@ async def serve(opts: Options, *, stop_flag: Any = None, ready_flag: Any = None)
             stop_flag=stop_flag, ready_flag=ready_flag)
     finally:
         router.shutdown()
+        if hook is not None and hook.managed:  # a webhook nobody serves would refuse every RLJob
+            try:
+                cluster.delete_webhook_configuration(webhook.MANAGED_NAME)
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                logging.getLogger("kubeforge.operator").warning("could not delete the webhook configuration: %s", exc)
 
 
 def run_in_thread(opts: Options) -> tuple[threading.Thread, threading.Event]:
