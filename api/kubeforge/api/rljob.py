@@ -140,7 +140,27 @@ class JsonlTask(Model):
     answer_field: str = Field("answer", min_length=1, description="Key of the reference answer in each record.")
 
 
-MSG_ONE_TASK = "exactly one of arithmetic, copy or jsonl must be set"
+class CodeFunction(str, enum.Enum):
+    ADD = "Add"
+    MULTIPLY = "Multiply"
+    MAX = "Max"
+    REVERSE = "Reverse"
+    COUNT = "Count"
+    PARITY = "Parity"
+
+
+class CodeTask(Model):
+    """Procedural code: write a small Python function; the reference answer is its tests (one assert per line),
+    run by a CodeExecution verifier."""
+
+    functions: list[CodeFunction] = Field(
+        default_factory=lambda: [CodeFunction.ADD, CodeFunction.MULTIPLY, CodeFunction.MAX],
+        min_length=1, max_length=6, description="Function families to draw from: Add | Multiply | Max | Reverse | "
+        "Count | Parity.")
+    tests: int = Field(4, ge=1, le=32, description="Test cases (asserts) per problem.")
+
+
+MSG_ONE_TASK = "exactly one of arithmetic, copy, jsonl or code must be set"
 
 
 class TaskSpec(Model):
@@ -148,20 +168,22 @@ class TaskSpec(Model):
 
     model_config = pydantic.ConfigDict(
         json_schema_extra=_schema_extra(
-            _cel("[has(self.arithmetic), has(self.copy), has(self.jsonl)].filter(x, x).size() == 1", MSG_ONE_TASK),
+            _cel("[has(self.arithmetic), has(self.copy), has(self.jsonl), has(self.code)].filter(x, x).size() == 1",
+                 MSG_ONE_TASK),
         )
     )
 
     arithmetic: ArithmeticTask | None = Field(None, description="Procedural arithmetic problems.")
     copy_: CopyTask | None = Field(None, alias="copy", description="Procedural copy task (tests, tiny model).")
     jsonl: JsonlTask | None = Field(None, description="A JSONL file of prompts and answers.")
+    code: CodeTask | None = Field(None, description="Procedural code problems with tests (for CodeExecution).")
     seed: int = Field(0, ge=0, description="Seed of the prompt stream; with the data cursor it fixes every prompt.")
     chat_template: bool = Field(
         True, description="Wrap prompts in the model's chat template when it has one.")
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> TaskSpec:
-        if sum(x is not None for x in (self.arithmetic, self.copy_, self.jsonl)) != 1:
+        if sum(x is not None for x in (self.arithmetic, self.copy_, self.jsonl, self.code)) != 1:
             raise ValueError(MSG_ONE_TASK)
         return self
 
