@@ -294,10 +294,28 @@ def test_plan_buckets(sizes: list[int], bucket: int, want: list[tuple[int, int]]
     b"not json", b'{"version": 1}', b'{"version":1,"tensors":[{"name":"x"}],"buckets":[4]}',
     b'{"version":1,"tensors":[{"name":"x","shape":[2],"dtype":"float32","bucket":0,"offset":0}],"buckets":[4]}',
     b'{"version":1,"tensors":[{"name":"x","shape":[1],"dtype":"complex64","bucket":0,"offset":0}],"buckets":[8]}',
+    # bounded: a bucket larger than its tensors (the receiver would allocate it), an empty bucket, a huge rank
+    b'{"version":1,"tensors":[{"name":"x","shape":[1],"dtype":"float32","bucket":0,"offset":0}],"buckets":[1099511627776]}',
+    b'{"version":1,"tensors":[{"name":"x","shape":[1],"dtype":"float32","bucket":0,"offset":0}],"buckets":[4,8]}',
+    b'{"version":1,"tensors":[{"name":"x","shape":[1,1,1,1,1,1,1,1,1],"dtype":"float32","bucket":0,"offset":0}],'
+    b'"buckets":[4]}',
+    b'{"version":1,"tensors":[{"name":"x","shape":[-1],"dtype":"float32","bucket":0,"offset":0}],"buckets":[4]}',
 ])
 def test_malformed_metadata_is_refused(raw: bytes) -> None:
     with pytest.raises(weightsync.WeightSyncError):
         weightsync.decode_meta(raw)
+
+
+def test_metadata_the_sender_writes_is_accepted() -> None:
+    sizes = [40, 8, 100]
+    places = weightsync.plan_buckets(sizes, bucket_bytes=64)
+    buckets = [0] * (places[-1][0] + 1)
+    for (b, off), size in zip(places, sizes):
+        buckets[b] = max(buckets[b], off + size)
+    entries = [{"name": f"t{i}", "shape": [size // 4], "dtype": "float32", "bucket": b, "offset": off}
+               for i, ((b, off), size) in enumerate(zip(places, sizes))]
+    raw = weightsync.encode_meta(version=3, entries=entries, bucket_sizes=buckets)
+    assert weightsync.decode_meta(raw) == (3, entries, buckets)
 
 
 def test_rank_layout() -> None:

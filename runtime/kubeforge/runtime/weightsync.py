@@ -60,7 +60,10 @@ MAGIC = 0x4B46_5753  # "KFWS"
 PROTOCOL = 1
 ALIGN = 16  # bytes; every tensor starts at a multiple of this inside its bucket
 DEFAULT_BUCKET_MB = 64
-MAX_META_BYTES = 64 << 20
+MAX_META_BYTES = 16 << 20  # JSON metadata: ~100 bytes per tensor; a 70B model has a few thousand tensors
+MAX_TENSORS = 1 << 16      # tensors per sync
+MAX_NAME_CHARS = 1024
+MAX_DIMS = 8
 DEFAULT_JOIN_TIMEOUT = 600.0  # generators join between rollout batches, maybe long after the trainer
 JOIN_KEY, ALL_JOINED_KEY, ABANDONED_KEY = "joined", "all-joined", "abandoned"   # under the epoch's prefix
 DTYPES: dict[str, torch.dtype] = {
@@ -245,7 +248,15 @@ def decode_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int]]:
         version, entries, buckets = int(doc["version"]), list(doc["tensors"]), [int(b) for b in doc["buckets"]]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise WeightSyncError(f"weight sync: malformed metadata: {e}") from e
+    if len(entries) > MAX_TENSORS or len(buckets) > len(entries):
+        raise WeightSyncError(f"weight sync: {len(entries)} tensors in {len(buckets)} buckets exceed the bounds "
+                              f"({MAX_TENSORS} tensors, every bucket holding at least one)")
+    extent = [0] * len(buckets)
     for i, entry in enumerate(entries):
+        if (not isinstance(entry, dict) or not isinstance(entry.get("name"), str)
+                or len(entry["name"]) > MAX_NAME_CHARS or not isinstance(entry.get("shape"), list)
+                or len(entry["shape"]) > MAX_DIMS or any(type(d) is not int or d < 0 for d in entry["shape"])):
+            raise WeightSyncError(f"weight sync: metadata entry {i} has a bad name or shape")
         try:
             numel = 1
             for d in entry["shape"]:
@@ -258,6 +269,9 @@ def decode_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int]]:
             raise WeightSyncError(f"weight sync: malformed metadata entry {i}: {err}") from err
         if not ok:
             raise WeightSyncError(f"weight sync: metadata entry {i} ({entry.get('name')!r}) is out of bounds")
+        extent[entry["bucket"]] = max(extent[entry["bucket"]], off + nbytes)
+    if extent != buckets:   # a bucket is exactly as large as the tensors placed in it: no allocation beyond them
+        raise WeightSyncError(f"weight sync: bucket sizes {buckets[:8]} do not match their tensors {extent[:8]}")
     return version, entries, buckets
 
 
