@@ -354,3 +354,36 @@ def test_epochs_reform_the_group_and_an_abandoned_epoch_ends_its_waiters_at_once
     t.join(timeout=30)
     sender.close()
     assert stats.version == 2 and len(got) == 1 and torch.equal(got[0]["a"], dict(_tensors())["a"])
+
+
+def _authenticate_pair(key0: bytes, key1: bytes) -> list[BaseException | None]:
+    import threading
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    store.set_timeout(__import__("datetime").timedelta(seconds=10))
+    out: list[BaseException | None] = [None, None]
+
+    def side(rank: int, key: bytes) -> None:
+        try:
+            weightsync.authenticate(store, rank=rank, world_size=2, key=key)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            out[rank] = e
+
+    threads = [threading.Thread(target=side, args=(r, k)) for r, k in ((0, key0), (1, key1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_the_rendezvous_proves_the_job_key_both_ways() -> None:
+    import os as _os
+
+    key = _os.urandom(32)
+    assert _authenticate_pair(key, key) == [None, None]
+    refused = _authenticate_pair(key, _os.urandom(32))       # a joiner without the key / a store not our trainer's
+    assert all(isinstance(e, weightsync.WeightSyncError) for e in refused), refused
+    assert "failed rendezvous authentication" in str(refused[0]) and "did not prove the job key" in str(refused[1])

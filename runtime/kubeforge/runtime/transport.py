@@ -281,10 +281,10 @@ class ZmqReceiver(_BoundReceiver):
         self._monitor: zmq.Socket[bytes] | None = None
         if auth is not None:   # CURVE server: a peer without the job key never completes a handshake
             _Authenticator.get().allow(auth.public)
-            self._sock.curve_server = True
-            self._sock.curve_secretkey = auth.secret
-            self._sock.curve_publickey = auth.public
-            self._sock.zap_domain = ZAP_DOMAIN.encode()
+            self._sock.setsockopt(zmq.CURVE_SERVER, 1)
+            self._sock.setsockopt(zmq.CURVE_SECRETKEY, auth.secret)
+            self._sock.setsockopt(zmq.CURVE_PUBLICKEY, auth.public)
+            self._sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
             self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED)
         try:
             self._sock.bind(address)
@@ -363,9 +363,9 @@ class _Peer:
         self.address = address
         self.sock = ctx.socket(zmq.PUSH)
         if auth is not None:   # CURVE client with the job's own key pair (the server admits only that one)
-            self.sock.curve_serverkey = auth.public
-            self.sock.curve_publickey = auth.public
-            self.sock.curve_secretkey = auth.secret
+            self.sock.setsockopt(zmq.CURVE_SERVERKEY, auth.public)
+            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, auth.public)
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, auth.secret)
         for opt, val in ((zmq.SNDHWM, hwm), (zmq.LINGER, 0), (zmq.IMMEDIATE, 1),
                          (zmq.RECONNECT_IVL, RECONNECT_IVL_MS), (zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)):
             self.sock.setsockopt(opt, val)
