@@ -100,3 +100,23 @@ def test_the_job_key_secret_is_made_once_and_never_replaced() -> None:
     sts = cluster.objects[("StatefulSet", "tiny-trainer")]
     env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["KUBEFORGE_JOB_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "tiny-key", "key": "key"}
+
+
+def test_an_apply_the_api_server_refuses_reaches_the_status_and_an_event() -> None:
+    import pytest
+
+    from kubeforge.operator import apply
+
+    class Refusing(FakeCluster):
+        def apply(self, obj: dict[str, Any]) -> None:
+            if obj["kind"] == "StatefulSet":
+                raise apply.ApiError(422, "PATCH", "/apis/apps/v1/.../tiny-trainer",
+                                     'StatefulSet "tiny-trainer" is invalid: spec.template.spec.containers[0].image')
+            super().apply(obj)
+
+    cluster = Refusing(raw_job())
+    with pytest.raises(apply.ApiError):
+        reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache())  # type: ignore[arg-type]
+    cond = {c["type"]: c for c in cluster.job["status"]["conditions"]}["ChildrenApplied"]
+    assert cond["status"] == "False" and cond["reason"] == "ApplyFailed" and "is invalid" in cond["message"]
+    assert "ApplyFailed" in cluster.events

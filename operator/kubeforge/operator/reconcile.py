@@ -140,7 +140,17 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         cluster.create_if_absent(secret.job_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
         cache.key_secret_made(key)
     rendered = render.render(job, ctx)
-    apply_all(cluster, key, rendered.desired, cache=cache, pool=pool)
+    try:
+        apply_all(cluster, key, rendered.desired, cache=cache, pool=pool)
+    except apply.ApiError as exc:
+        if exc.status in (409, 429) or exc.status >= 500:
+            raise                                   # transient: the router retries with backoff
+        # refused for good (invalid, forbidden): say so on the job, not only in the operator's log; then retry later
+        failed = status.apply_failed(job, str(exc), generation=raw["metadata"].get("generation"), now=now)
+        cluster.patch_status(namespace, name, _status_doc(failed) or {})
+        cluster.post_event(raw, type="Warning", reason=reasons.APPLY_FAILED, message=str(exc)[:1000],
+                           now=timefmt.fmt(now))
+        raise
     for obj in rendered.absent:
         cluster.delete(obj)
         cache.drop(key, obj)
