@@ -321,19 +321,78 @@ class DropFirstScored:
 
 
 def _loop(tmp: Path, spec_job: rljob.RLJob, inbox: transport.Receiver, *, deadline: float, reissue_after: float,
-          generators: transport.Sender, control: transport.Receiver) -> trainer_role.Loop:
+          generators: transport.Sender, control: transport.Receiver, checkpoint_every: int = 10) -> trainer_role.Loop:
     spec = spec_job.spec
     learner = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm)
     return trainer_role.Loop(
         settings=trainer_role.Settings(rank=0, world=1, steps=spec.algorithm.steps,
                                        prompts_per_step=spec.algorithm.prompts_per_step,
                                        max_policy_lag=spec.algorithm.max_policy_lag, sync_every=1,
-                                       checkpoint_every=10, checkpoint_dir=str(tmp / "ckpt"), checkpoint_keep=1,
+                                       checkpoint_every=checkpoint_every, checkpoint_dir=str(tmp / "ckpt"),
+                                       checkpoint_keep=1,
                                        deadline=deadline, reissue_after=reissue_after),
         inbox=inbox, generators=generators, learner=learner, prompt_at=tasks.stream(spec.task).prompt_at,
         observer=observe.TrainerObserver(metrics.Metrics(role="trainer", replica=0)),
         rank0=trainer_role.Rank0(control=control, pusher=InProcessPusher(generators, control),
                                  reporter=report.JsonlReporter(path=tmp / "m.jsonl", echo=False)))
+
+
+def _serve(spec_job: rljob.RLJob, name: str, weights: list[CopyWeights] | None = None
+           ) -> tuple[dict[str, str], threading.Event, list[transport.Receiver]]:
+    """A generator and a verifier loop serving in threads; the trainer's inboxes to hand to a Loop."""
+    a = {k: f"mem://{name}-{k}" for k in ("gen", "ver", "trn", "ctl")}
+    gen_in, ver_in = transport.open_receiver(a["gen"]), transport.open_receiver(a["ver"])
+    trn_in, ctl_in = transport.open_receiver(a["trn"], hwm=256), transport.open_receiver(a["ctl"])
+    sampler = HFSampler(path=models.resolve(spec_job.spec.model), n=spec_job.spec.algorithm.group_size,
+                        max_new=spec_job.spec.algorithm.max_new_tokens)
+    stop = threading.Event()
+    scorer = verifiers.Scorer(spec_job.spec.verifiers)
+    m = metrics.Metrics(role="x", replica=0)
+    loader = CopyWeights(sampler)
+    if weights is not None:
+        weights.append(loader)
+    threads = [
+        threading.Thread(target=lambda: generator_role.run(
+            index=0, inbox=gen_in, verifiers=transport.open_sender([a["ver"]], role="generator", index=0),
+            control=transport.open_sender([a["ctl"]], role="generator", index=0), sampler=sampler,
+            weights=loader, observer=observe.GeneratorObserver(m), should_stop=stop.is_set),
+            daemon=True),
+        threading.Thread(target=lambda: verifier_role.run(
+            inbox=ver_in, trainers=transport.open_sender([a["trn"]], role="verifier", index=0), score=scorer.apply,
+            observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop.is_set), daemon=True)]
+    for t in threads:
+        t.start()
+    return a, stop, [gen_in, ver_in, trn_in, ctl_in]
+
+
+def test_sigterm_stops_the_trainer_after_a_complete_checkpoint(tmp_path: Path) -> None:
+    """SIGTERM (``should_stop``) during step 2 of 3: the step and its due checkpoint finish, then ``Terminated``;
+    the newest checkpoint is complete and a resume continues at step 3."""
+    spec_job = job(steps=3)
+    n = next(_ids)
+    loaders: list[CopyWeights] = []
+    a, stop, recv = _serve(spec_job, f"term{n}", loaders)
+    loop = _loop(tmp_path, spec_job, recv[2], deadline=60, reissue_after=30,
+                 generators=transport.open_sender([a["gen"]], role="trainer", index=0), control=recv[3],
+                 checkpoint_every=2)
+    loaders[0].learner = loop.learner  # type: ignore[assignment]
+    term = threading.Event()
+    train = loop.learner.train_step
+
+    def train_and_get_sigterm(**kw: object) -> object:
+        if loop.learner.step == 1:
+            term.set()                                               # SIGTERM arrives during step 2
+        return train(**kw)  # type: ignore[arg-type]
+
+    loop.learner.train_step = train_and_get_sigterm  # type: ignore[method-assign]
+    loop.should_stop = term.is_set
+    with pytest.raises(trainer_role.Terminated, match="after step 2"):
+        loop.run()
+    stop.set()
+    ckpts = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert ckpts == ["step-000000002"] and (tmp_path / "ckpt" / ckpts[0] / "COMPLETE").exists()
+    for r in recv:
+        r.close()
 
 
 def test_a_lost_frame_is_reissued_and_a_step_that_never_completes_stalls_within_the_deadline(tmp_path: Path) -> None:
@@ -344,24 +403,7 @@ def test_a_lost_frame_is_reissued_and_a_step_that_never_completes_stalls_within_
 
     spec_job = job(steps=1)
     n = next(_ids)
-    a = {k: f"mem://drop{n}-{k}" for k in ("gen", "ver", "trn", "ctl")}
-    gen_in, ver_in = transport.open_receiver(a["gen"]), transport.open_receiver(a["ver"])
-    trn_in, ctl_in = transport.open_receiver(a["trn"], hwm=256), transport.open_receiver(a["ctl"])
-    sampler = HFSampler(path=models.resolve(spec_job.spec.model), n=4, max_new=2)
-    stop = threading.Event()
-    scorer = verifiers.Scorer(spec_job.spec.verifiers)
-    m = metrics.Metrics(role="x", replica=0)
-    threads = [
-        threading.Thread(target=lambda: generator_role.run(
-            index=0, inbox=gen_in, verifiers=transport.open_sender([a["ver"]], role="generator", index=0),
-            control=transport.open_sender([a["ctl"]], role="generator", index=0), sampler=sampler,
-            weights=CopyWeights(sampler), observer=observe.GeneratorObserver(m), should_stop=stop.is_set),
-            daemon=True),
-        threading.Thread(target=lambda: verifier_role.run(
-            inbox=ver_in, trainers=transport.open_sender([a["trn"]], role="verifier", index=0), score=scorer.apply,
-            observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop.is_set), daemon=True)]
-    for t in threads:
-        t.start()
+    a, stop, (gen_in, ver_in, trn_in, ctl_in) = _serve(spec_job, f"drop{n}")
     inbox = DropFirstScored(trn_in)
     loop = _loop(tmp_path, spec_job, inbox, deadline=60, reissue_after=1.0,  # type: ignore[arg-type]
                  generators=transport.open_sender([a["gen"]], role="trainer", index=0), control=ctl_in)

@@ -572,6 +572,8 @@ class RLJobStatus(Model):
     handled_failures: dict[str, str] = Field(default_factory=dict, description="Per pod, the failure the "
                                              "failure policy last acted on (so none is acted on twice).")
     progress: Progress = Field(default_factory=Progress, description="Training progress.")
+    last_progress_time: str | None = Field(None, description="When the trainer's reported step last moved (or "
+                                           "the current attempt started); the Stalled condition counts from it.")
     start_time: str | None = Field(None, description="When the job first ran.")
     completion_time: str | None = Field(None, description="When the job finished.")
 

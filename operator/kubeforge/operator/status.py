@@ -84,6 +84,10 @@ def _conditions(job: rljob.RLJob, plan: lifecycle.Plan, gang: Cond, ready: Cond)
     out = {reasons.GANG_SCHEDULED: gang, reasons.READY: ready,
            reasons.SUSPENDED: (True, reasons.JOB_SUSPENDED, "spec.suspend is true") if plan.suspended
            else (False, reasons.NOT_SUSPENDED, "")}
+    limit = job.spec.failure_policy.progress_deadline_seconds
+    out[reasons.STALLED] = ((True, reasons.NO_PROGRESS, f"the trainer's step has not moved for "
+                             f"{plan.stalled_for:.0f}s (progressDeadlineSeconds={limit})")
+                            if plan.stalled_for is not None else (False, reasons.PROGRESSING, ""))
     if plan.terminal == Phase.SUCCEEDED.value:
         out[reasons.COMPLETE] = (True, plan.terminal_reason, plan.terminal_message)
     if plan.terminal == Phase.FAILED.value:
@@ -117,7 +121,8 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
         conditions=merge_conditions(prev.conditions, _conditions(job, plan, gang, ready), generation=generation,
                                     now=now),
         roles=roles, ready=f"{ready_roles}/{len(roles)}", restarts=plan.restarts, attempt=plan.attempt,
-        last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress, start_time=plan.start_time,
+        last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress,
+        last_progress_time=plan.last_progress_time, start_time=plan.start_time,
         completion_time=plan.completion_time,
     )
 

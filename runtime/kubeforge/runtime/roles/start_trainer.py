@@ -6,6 +6,7 @@ lives on trainer 0 at ``contract.PORT_WEIGHTS``, the data-parallel store at ``co
 from __future__ import annotations
 
 import pathlib
+import threading
 
 import torch
 
@@ -70,7 +71,11 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
     return loop.Rank0(control=control, pusher=pusher, reporter=reporter(cfg))
 
 
-def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer) -> int:
+EXIT_TERMINATED = 143   # 128 + SIGTERM, as if the signal had ended the process
+
+
+def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer,
+         stop: threading.Event | None = None) -> int:
     spec = cfg.spec
     s = settings(cfg)
     inbox = transport.open_receiver(role_main.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook(),
@@ -89,7 +94,11 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     stream = tasks.stream(spec.task)
     try:
         loop.Loop(settings=s, inbox=inbox, generators=generators, learner=learner, prompt_at=stream.prompt_at,
-                  observer=observe.TrainerObserver(m), rank0=rank0, beat=server.heartbeat).run()
+                  observer=observe.TrainerObserver(m), rank0=rank0, beat=server.heartbeat,
+                  should_stop=stop.is_set if stop is not None else lambda: False).run()
+    except loop.Terminated as exc:
+        print(f"{cfg.name}: {exc}", flush=True)
+        return EXIT_TERMINATED
     finally:
         if rank0 is not None:
             rank0.pusher.close()  # type: ignore[attr-defined]

@@ -33,6 +33,9 @@ Invariants:
   groups stop arriving for ``reissue_after`` has its missing prompts re-issued (a frame lost with a dead
   verifier or generator); no progress for ``deadline`` raises :class:`Stalled` (the process exits non-zero and
   the failure policy restarts it). Waiting for the generators' READY is bounded the same way.
+- SIGTERM (``should_stop``) ends the loop only at a safe point: while collecting, or after a step whose checkpoint
+  (if due) is complete; a checkpoint write in progress always finishes (the write itself is atomic: temp folder,
+  fsync, rename, COMPLETE marker), so a pod deleted mid-write leaves the new checkpoint or the previous one.
 - Elastic generators (rank 0): a READY from a generator seen before means it restarted. Rank 0 then re-forms the
   weight-sync group (a new epoch, ``WeightPusher.reform``), pushes the current policy (the new generator gets it
   before any WORK it samples) and re-issues the work it had handed that generator for steps not yet trained;
@@ -73,6 +76,10 @@ class Settings:
 
 class Stalled(RuntimeError):
     """No progress within the deadline (spec.failurePolicy.progressDeadlineSeconds)."""
+
+
+class Terminated(Exception):
+    """SIGTERM reached the trainer: it stopped at a safe point (never inside a checkpoint write)."""
 
 
 class Learner(Protocol):
@@ -135,7 +142,8 @@ class Loop:
     def __init__(self, *, settings: Settings, inbox: transport.Receiver, generators: transport.Sender,
                  learner: Learner, prompt_at: Callable[[int], types.Prompt], observer: TrainerObserver,
                  rank0: Rank0 | None = None, clock: Callable[[], float] = time.time,
-                 beat: Callable[[str], None] = lambda activity: None) -> None:
+                 beat: Callable[[str], None] = lambda activity: None,
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
         if (rank0 is None) == (settings.rank == 0):
             raise ValueError("rank 0, and only rank 0, needs the Rank0 parts")
         self.s = settings
@@ -147,6 +155,7 @@ class Loop:
         self.rank0 = rank0
         self.clock = clock
         self.beat = beat                  # heartbeat: the role's liveness (``/healthz``) follows it
+        self.should_stop = should_stop    # SIGTERM: stop at the next safe point (a write in progress finishes)
         self.ready_seen: set[int] = set()     # rank 0: generators that announced themselves
         self.outstanding: dict[int, list[wire.Work]] = {}   # rank 0: work handed to each generator
         self.epochs = 0                   # rank 0: weight-sync re-formations
@@ -175,6 +184,8 @@ class Loop:
             stats = self.learner.train_step(groups=groups)
             self._after_step(s, stats, groups, train_seconds=self.clock() - t0)
             self.beat("step")
+            if self.should_stop() and s + 1 < self.s.steps:
+                raise Terminated(f"SIGTERM after step {s + 1} (its checkpoint, if due, is complete)")
         if self.rank0 is not None:
             self._finish()
 
@@ -255,6 +266,8 @@ class Loop:
         have = self.buffer.count(step=step)
         while not self.buffer.ready(step=step, expected=expected, policy_version=self.learner.policy_version):
             self.beat("collect")
+            if self.should_stop():
+                raise Terminated(f"SIGTERM while collecting step {step} (nothing was being written)")
             msg = self.inbox.recv(timeout=POLL_SECONDS)
             if isinstance(msg, wire.Scored):
                 reason = self.buffer.add(group=msg.group, policy_version=self.learner.policy_version)
