@@ -9,7 +9,9 @@ Invariants:
 - Succeeded and Failed are terminal: once written, nothing restarts the job.
 - Two attempts never overlap: pods of attempt N+1 are wanted only once no pod of another attempt exists
   (``active`` is False while stale pods drain; their StatefulSets are rendered with 0 replicas).
-- A replica change (allowed spec change) starts a new attempt that does not count as a restart.
+- A verifier replica change starts a new attempt that does not count as a restart; a generator replica change does
+  not (generators are elastic: the StatefulSet follows ``spec.roles.generator.replicas`` and the running trainer
+  re-forms the weight-sync group; its pods are never touched).
 """
 from __future__ import annotations
 

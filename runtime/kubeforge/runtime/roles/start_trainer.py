@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -74,6 +75,16 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
 EXIT_TERMINATED = 143   # 128 + SIGTERM, as if the signal had ended the process
 
 
+def generator_address(cfg: config.RoleConfig) -> Callable[[int], str | None]:
+    """Where generator ``i`` listens, for a generator that joins a running job (elastic replicas): its stable DNS
+    name on a cluster; locally the launcher's processes are fixed, so none can join."""
+    namespace = cfg.namespace
+    if cfg.report != config.REPORT_POD_ANNOTATION or namespace is None:
+        return lambda index: None
+    return lambda index: transport.tcp_address(contract.peer_host(cfg.job_name, "generator", index, namespace),
+                                               contract.DEFAULT_PORT_BASE + contract.PORT_DATA)
+
+
 def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer,
          stop: threading.Event | None = None) -> int:
     spec = cfg.spec
@@ -95,7 +106,8 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     try:
         loop.Loop(settings=s, inbox=inbox, generators=generators, learner=learner, prompt_at=stream.prompt_at,
                   observer=observe.TrainerObserver(m), rank0=rank0, beat=server.heartbeat,
-                  should_stop=stop.is_set if stop is not None else lambda: False).run()
+                  should_stop=stop.is_set if stop is not None else lambda: False,
+                  generator_address=generator_address(cfg)).run()
     except loop.Terminated as exc:
         print(f"{cfg.name}: {exc}", flush=True)
         return EXIT_TERMINATED
