@@ -334,10 +334,11 @@ class GeneratorRole(RoleSpec):
     kv_cache_gib: int = Field(1, ge=1, le=1024, description="vLLM KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
     max_model_len: int | None = Field(None, ge=16, description="vLLM max model length; defaults to the model's.")
     enforce_eager: bool = Field(False, description="Skip vLLM graph compilation (faster start, slower decode).")
-    min_replicas: int = Field(1, ge=1, le=4096, description="Generators the gang holds the job for (the job "
-                              "starts with what fits and grows: replicas beyond this are not gang-held). "
-                              "spec.roles.generator.replicas may change while the job runs (kubectl scale): the "
-                              "trainer keeps running and re-forms the weight-sync group.")
+    min_replicas: int | None = Field(None, ge=1, le=4096, description="Generators the gang holds the job for "
+                                     "(default: all replicas). Generators beyond it are not gang-held: the job "
+                                     "starts with what fits and grows. spec.roles.generator.replicas may change "
+                                     "while the job runs (kubectl scale): the trainer keeps running and re-forms "
+                                     "the weight-sync group.")
 
 
 class VerifierRole(RoleSpec):

@@ -42,9 +42,12 @@ def replicas(job: rljob.RLJob) -> dict[str, int]:
 
 def minimums(job: rljob.RLJob) -> dict[str, int]:
     """Pods per role the gang holds the job for: every trainer and verifier, ``generator.minReplicas`` generators
-    (generators are elastic: those beyond the minimum are placed when they fit and join the running job)."""
+    (default all; generators are elastic: those beyond the minimum are placed when they fit and join the running
+    job)."""
     out = replicas(job)
-    out["generator"] = min(out["generator"], job.spec.roles.generator.min_replicas)
+    least = job.spec.roles.generator.min_replicas
+    if least is not None:
+        out["generator"] = min(out["generator"], least)
     return out
 
 
