@@ -35,6 +35,7 @@ POLL = 0.2
 #: kwok nodes carry this taint; the bench's pods (operator's and baseline's alike) tolerate it.
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"}
 KINDS = [("apps/v1", "StatefulSet", 3), ("v1", "Service", 3), ("v1", "ConfigMap", 1), ("v1", "ServiceAccount", 1),
+         ("networking.k8s.io/v1", "NetworkPolicy", 1),
          ("rbac.authorization.k8s.io/v1", "Role", 1), ("rbac.authorization.k8s.io/v1", "RoleBinding", 1),
          ("scheduling.x-k8s.io/v1alpha1", "PodGroup", 1)]
 

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 ROOT = harness.ROOT
 LABEL_JOB = "kubeforge.dev/job"
 CHILD_KINDS = ("statefulsets", "services", "configmaps", "serviceaccounts", "roles", "rolebindings",
-               "podgroups.scheduling.x-k8s.io", "pods")
+               "networkpolicies", "podgroups.scheduling.x-k8s.io", "pods")
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,11 @@
 """One table of invalid RLJob manifests, refused alike by the local launcher and by the API server.
 
-Role: the shared fixture of two tests. ``tests/api/test_invalid_manifests.py`` feeds every case to
-``kubeforge.api.load.parse``; ``e2e/test_crd_validation.py`` creates every case on the real kube-apiserver
-(server-side dry run, strict field validation, as ``kubectl apply`` does). Both assert that the refusal names
-``case.path`` and contains ``case.message``.
+Role: the shared fixture of three tests. ``tests/api/test_invalid_manifests.py`` feeds every case to
+``kubeforge.api.load.parse`` (and ``kubeforge validate``); ``e2e/test_crd_validation.py`` creates every
+``CASES`` case (what the CRD's schema and CEL rules say) on the real kube-apiserver (server-side dry run, strict
+field validation, as ``kubectl apply`` does); ``e2e/test_admission.py`` creates every ``SEMANTIC_CASES`` case (the
+cross-field and semantic rules of ``kubeforge.api.validate``) with the operator's admission webhook installed. All
+assert that the refusal names ``case.path`` and contains ``case.message``.
 
 Invariants:
 - ``valid()`` is a complete, valid manifest; each case breaks exactly one rule of it, so every error a side
@@ -172,6 +174,22 @@ CASES: tuple[Case, ...] = (
          message="should match"),
     Case(id="verifier-weight", change=_set("spec.verifiers.0.weight", 1000), path="spec.verifiers[0].weight",
          message=f"{LE} 100"),
+    Case(id="verifier-python-settings", change=_set("spec.verifiers.0", {"name": "mine", "type": "Python"}),
+         path="spec.verifiers[0]", message=rljob.MSG_PYTHON_NEEDS_SETTINGS),
+    Case(id="verifier-python-entry-point", change=_set("spec.verifiers.0", {
+        "name": "mine", "type": "Python", "python": {"entryPoint": "my_rewards.score"}}),
+         path="spec.verifiers[0].python", message=rljob.MSG_ENTRY_POINT),
+    Case(id="verifier-length-range", change=_set("spec.verifiers.0", {
+        "name": "len", "type": "Length", "length": {"minChars": 9, "maxChars": 3}}),
+         path="spec.verifiers[0].length", message=rljob.MSG_LENGTH_RANGE),
+    Case(id="verifier-code-timeout", change=_set("spec.verifiers.0", {
+        "name": "tests", "type": "CodeExecution", "codeExecution": {"timeoutSeconds": 0}}),
+         path="spec.verifiers[0].codeExecution.timeoutSeconds", message=GT),
+    Case(id="reward-aggregation", change=_set("spec.reward", {"aggregation": "Mean"}),
+         path="spec.reward.aggregation", message=ENUM),
+    Case(id="reward-positive-rates", change=_set("spec.reward", {
+        "aggregation": "WeakSupervision", "weakSupervision": {"minPositiveRate": 0.5, "maxPositiveRate": 0.4}}),
+         path="spec.reward.weakSupervision", message=rljob.MSG_POSITIVE_RATES),
     # ---- algorithm: bounded counts and rates
     Case(id="loss-unknown", change=_set("spec.algorithm.loss", "PPO"), path="spec.algorithm.loss", message=ENUM),
     Case(id="group-size-one", change=_set("spec.algorithm.groupSize", 1), path="spec.algorithm.groupSize",
@@ -206,6 +224,15 @@ CASES: tuple[Case, ...] = (
          message=f"{GE} 1"),
     Case(id="checkpoint-keep-zero", change=_set("spec.checkpoint.keep", 0), path="spec.checkpoint.keep",
          message=f"{GE} 1"),
+    Case(id="checkpoint-path-relative", change=_set("spec.checkpoint.path", "checkpoints"),
+         path="spec.checkpoint.path", message=rljob.MSG_CHECKPOINT_ABSOLUTE),
+    Case(id="checkpoint-claim-and-template", change=_all(_set("spec.checkpoint.claimName", "ckpt"),
+         _set("spec.checkpoint.volumeClaimTemplate", {"storage": "1Gi"})), path="spec.checkpoint",
+         message=rljob.MSG_CHECKPOINT_ONE_VOLUME),
+    Case(id="checkpoint-claim-name", change=_set("spec.checkpoint.claimName", "Not_A_Name"),
+         path="spec.checkpoint.claimName", message="should match"),
+    Case(id="checkpoint-template-storage", change=_set("spec.checkpoint.volumeClaimTemplate", {"storage": "big"}),
+         path="spec.checkpoint.volumeClaimTemplate.storage", message="should match"),
     # ---- roles
     Case(id="generator-replicas-zero", change=_set("spec.roles.generator.replicas", 0),
          path="spec.roles.generator.replicas", message=f"{GE} 1"),
@@ -238,6 +265,92 @@ CASES: tuple[Case, ...] = (
     Case(id="ttl-negative", change=_set("spec.ttlSecondsAfterFinished", -1), path="spec.ttlSecondsAfterFinished",
          message=f"{GE} 0"),
 )
+
+
+# ---- cross-field and semantic rules (kubeforge.api.validate): the schema accepts these, the webhook refuses them
+TRAINER, GENERATOR = "spec.roles.trainer", "spec.roles.generator"
+
+SEMANTIC_CASES: tuple[Case, ...] = (
+    Case(id="prompts-below-trainer-replicas", change=_all(_set("spec.roles.trainer.replicas", 2),
+         _set("spec.algorithm.promptsPerStep", 1)), path="spec.algorithm.promptsPerStep",
+         message="should be at least spec.roles.trainer.replicas"),
+    Case(id="policy-lag-below-sync-interval", change=_set("spec.weightSync.everySteps", 3),
+         path="spec.algorithm.maxPolicyLag", message="should be at least spec.weightSync.everySteps - 1"),
+    Case(id="temperature-zero", change=_set("spec.algorithm.temperature", 0), path="spec.algorithm.temperature",
+         message="greedy sampling"),
+    Case(id="sync-interval-beyond-steps", change=_all(_set("spec.weightSync.everySteps", 20),
+         _set("spec.algorithm.maxPolicyLag", 19)), path="spec.weightSync.everySteps",
+         message="never receive new weights"),
+    Case(id="nccl-without-gpus", change=_set("spec.weightSync.backend", "NCCL"), path="spec.weightSync.backend",
+         message="NCCL needs GPUs"),
+    Case(id="max-model-len-below-new-tokens", change=_set("spec.roles.generator.maxModelLen", 16),
+         path="spec.roles.generator.maxModelLen", message="should be greater than spec.algorithm.maxNewTokens"),
+    Case(id="tensor-parallel-beyond-gpus", change=_set("spec.roles.generator.tensorParallelSize", 2),
+         path="spec.roles.generator.tensorParallelSize", message="one GPU per tensor-parallel rank"),
+    Case(id="jsonl-answer-is-prompt", change=_all(_drop("spec.task.arithmetic"), _set("spec.task.jsonl",
+         {"path": "/data/train.jsonl", "promptField": "q", "answerField": "q"})),
+         path="spec.task.jsonl.answerField", message="should differ from spec.task.jsonl.promptField"),
+    Case(id="regex-does-not-compile", change=_set("spec.verifiers.1.regex.pattern", "(ab"),
+         path="spec.verifiers[1].regex.pattern", message=rljob.MSG_REGEX_INVALID),
+    Case(id="regex-on-exact-answer", change=_set("spec.verifiers.0.regex", {"pattern": "x"}),
+         path="spec.verifiers[0].regex", message="may only be set when type is Regex"),
+    Case(id="every-weight-zero", change=_all(_set("spec.verifiers.0.weight", 0), _set("spec.verifiers.1.weight", 0)),
+         path="spec.verifiers", message="every verifier has weight 0"),
+    Case(id="kueue-without-queue", change=_set("spec.gang.backend", "Kueue"), path="spec.gang.queue",
+         message="Required value"),
+    Case(id="queue-with-coscheduling", change=_set("spec.gang.queue", "team-a"), path="spec.gang.queue",
+         message="may only be set when backend is"),
+    Case(id="length-settings-on-regex", change=_set("spec.verifiers.1.length", {"maxChars": 10}),
+         path="spec.verifiers[1].length", message="may only be set when type is Length"),
+    Case(id="image-reference-invalid", change=_set("spec.roles.generator.image", "My Image:latest"),
+         path=f"{GENERATOR}.image", message="not a valid image reference"),
+    Case(id="command-empty", change=_set("spec.roles.trainer.command", []), path=f"{TRAINER}.command",
+         message="must be a non-empty list"),
+    Case(id="resource-name-invalid", change=_set("spec.roles.generator.resources.limits.gpu", 1),
+         path=f"{GENERATOR}.resources.limits.gpu", message="must be a standard resource"),
+    Case(id="cpu-request-above-limit", change=_set("spec.roles.verifier.resources", {"requests": {"cpu": "2"},
+         "limits": {"cpu": "1500m"}}), path="spec.roles.verifier.resources.requests.cpu",
+         message="must be less than or equal to cpu limit"),
+    Case(id="gpu-fraction", change=_set("spec.roles.generator.resources.limits", {"nvidia.com/gpu": "500m"}),
+         path=f"{GENERATOR}.resources.limits.nvidia.com/gpu", message="must be an integer"),
+    Case(id="gpu-request-not-limit", change=_set("spec.roles.generator.resources", {
+         "limits": {"nvidia.com/gpu": 1}, "requests": {"nvidia.com/gpu": 2}}),
+         path=f"{GENERATOR}.resources.requests.nvidia.com/gpu", message="must be equal to nvidia.com/gpu limit"),
+    Case(id="env-name-invalid", change=_set("spec.roles.trainer.env", [{"name": "1A", "value": "x"}]),
+         path=f"{TRAINER}.env[0].name", message="a valid environment variable name"),
+    Case(id="env-name-reserved", change=_set("spec.roles.trainer.env", [{"name": "KUBEFORGE_ROLE", "value": "x"}]),
+         path=f"{TRAINER}.env[0].name", message="are set by kubeforge itself"),
+    Case(id="node-selector-key-invalid", change=_set("spec.roles.generator.nodeSelector", {"bad key!": "x"}),
+         path=f"{GENERATOR}.nodeSelector.bad key!", message="not a valid label key"),
+    Case(id="node-selector-value-invalid", change=_set("spec.roles.generator.nodeSelector", {"zone": "a b"}),
+         path=f"{GENERATOR}.nodeSelector.zone", message="a valid label value"),
+    Case(id="toleration-operator", change=_set("spec.roles.generator.tolerations", [{"key": "k", "operator": "Maybe"}]),
+         path=f"{GENERATOR}.tolerations[0].operator", message="Unsupported value"),
+    Case(id="toleration-exists-with-value", change=_set("spec.roles.generator.tolerations", [
+         {"key": "k", "operator": "Exists", "value": "v"}]), path=f"{GENERATOR}.tolerations[0].value",
+         message="must be empty when operator is 'Exists'"),
+    Case(id="toleration-seconds-without-noexecute", change=_set("spec.roles.generator.tolerations", [
+         {"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}]),
+         path=f"{GENERATOR}.tolerations[0].tolerationSeconds", message="only be set when effect is 'NoExecute'"),
+    Case(id="volume-without-name", change=_set("spec.roles.trainer.volumes", [{"emptyDir": {}}]),
+         path=f"{TRAINER}.volumes[0].name", message="Required value"),
+    Case(id="volume-reserved-name", change=_set("spec.roles.trainer.volumes", [{"name": "kubeforge-config",
+         "emptyDir": {}}]), path=f"{TRAINER}.volumes[0].name", message="are kubeforge's own"),
+    Case(id="volume-duplicate-name", change=_set("spec.roles.trainer.volumes", [{"name": "data", "emptyDir": {}},
+         {"name": "data", "emptyDir": {}}]), path=f"{TRAINER}.volumes[1].name", message="Duplicate value"),
+    Case(id="mount-of-unknown-volume", change=_set("spec.roles.trainer.volumeMounts", [{"name": "data",
+         "mountPath": "/data"}]), path=f"{TRAINER}.volumeMounts[0].name", message="Not found"),
+    Case(id="mount-over-kubeforge-config", change=_all(_set("spec.roles.trainer.volumes", [{"name": "data",
+         "emptyDir": {}}]), _set("spec.roles.trainer.volumeMounts", [{"name": "data", "mountPath": "/etc/kubeforge"}])),
+         path=f"{TRAINER}.volumeMounts[0].mountPath", message="is kubeforge's own"),
+    Case(id="mount-path-relative", change=_all(_set("spec.roles.trainer.volumes", [{"name": "data",
+         "emptyDir": {}}]), _set("spec.roles.trainer.volumeMounts", [{"name": "data", "mountPath": "data"}])),
+         path=f"{TRAINER}.volumeMounts[0].mountPath", message="must be an absolute path"),
+    Case(id="priority-class-invalid", change=_set("spec.roles.trainer.priorityClassName", "High_Priority"),
+         path=f"{TRAINER}.priorityClassName", message="must be a lowercase RFC 1123 subdomain"),
+)
+
+ALL_CASES: tuple[Case, ...] = CASES + SEMANTIC_CASES
 
 
 def compact(value: Any) -> Any:

@@ -52,9 +52,9 @@ def test_replayed_pass_writes_status_once_and_skips_unchanged_objects() -> None:
     cache = reconcile.ApplyCache()
     out = reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
     assert out.phase == "Pending" and fake.status_writes == 1 and fake.events == ["Pending"]
-    assert ("PodGroup", "tiny") in fake.objects and fake.applies == 11
+    assert ("PodGroup", "tiny") in fake.objects and fake.applies == 12
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
-    assert fake.status_writes == 1 and fake.applies == 11 and fake.events == ["Pending"]
+    assert fake.status_writes == 1 and fake.applies == 12 and fake.events == ["Pending"]
 
 
 def test_suspend_then_resume_recreates_the_gang_object() -> None:

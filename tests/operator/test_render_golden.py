@@ -37,6 +37,12 @@ CASES = {
                                                  "effect": "NoSchedule"}],
                                 "command": ["/venv/bin/python", "-m", "kubeforge.cli"],
                                 "env": [{"name": "EXTRA", "value": "1"}]}), CTX),
+    "tiny-checkpoint-claim": (lambda: opbuilders.job(
+        "tiny", spec__checkpoint={"path": "/ckpt", "everySteps": 5, "claimName": "shared-ckpt"}), CTX),
+    "tiny-checkpoint-template": (lambda: opbuilders.job(
+        "tiny", spec__checkpoint={"path": "/ckpt", "volumeClaimTemplate": {
+            "storage": "2Gi", "storageClassName": "local-path", "accessModes": ["ReadWriteOnce"]}},
+        spec__roles__trainer={"replicas": 2}), CTX),
 }
 
 

@@ -137,6 +137,55 @@ def _worker(argv: list[str]) -> None:
     group.close()
 
 
+def _scale_worker(argv: list[str]) -> None:
+    """One trainer rank with a given sharding: ``--steps`` steps from a fresh model (or, with ``--resume``, from
+    the newest checkpoint in ``--ckpt``); after each step rank 0 writes the full parameters ``<tag>-<step>.pt``
+    (gathered as a weight sync would: every rank iterates the stream), at the end the step metrics; a fresh run
+    also checkpoints."""
+    from kubeforge.runtime.trainer import parallel, step
+
+    ap = argparse.ArgumentParser()
+    for name in ("--model", "--out", "--ckpt", "--sharding", "--tag", "--dtype"):
+        ap.add_argument(name, required=True)
+    for name in ("--rank", "--world", "--port", "--steps", "--prompts", "--micro"):
+        ap.add_argument(name, type=int, required=True)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--ac", action="store_true")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    group = parallel.DataParallel(config=parallel.DistConfig(rank=a.rank, world_size=a.world, master_port=a.port,
+                                                             timeout_s=120))
+    scale = step.Scale(sharding=a.sharding, micro_batch_tokens=a.micro or None, activation_checkpointing=a.ac)
+    t = step.Trainer(model_path=a.model, algorithm=algorithm(loss="DAPO"), group=group, scale=scale,
+                     dtype=a.dtype)
+
+    def share(s: int) -> list[types.RolloutGroup]:
+        return [g for g in synthetic_groups(step=s, prompts=a.prompts, group_size=4)
+                if g.prompt.index % a.world == a.rank]
+
+    first = 0
+    if a.resume:
+        state = t.resume(directory=a.ckpt)
+        assert state is not None
+        first = int(state["data_cursor"])
+    history = []
+    for s in range(first, first + a.steps):
+        history.append(t.train_step(groups=share(s)).as_dict())
+        stream = t.named_tensors()
+        if a.rank == 0:
+            assert [e.name for e in stream.meta] == [n for n, _ in t.model.named_parameters()]
+            torch.save({n: v.clone() for n, v in stream}, out / f"{a.tag}-{s + 1}.pt")
+        else:
+            t.follow_sync()
+    if a.rank == 0:
+        (out / f"{a.tag}.json").write_text(json.dumps(history))
+    if not a.resume:
+        t.save_checkpoint(directory=a.ckpt, keep=2, data_cursor=first + a.steps)
+    group.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:
         _worker(sys.argv[2:])
+    elif sys.argv[1:2] == ["scale-worker"]:
+        _scale_worker(sys.argv[2:])

@@ -101,13 +101,26 @@ def env_for_raw(manifest: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("patch,field", [
-    ({"algorithm": {"promptsPerStep": 1}}, "spec.algorithm.promptsPerStep"),
-    ({"algorithm": {"maxPolicyLag": 0}, "weightSync": {"everySteps": 3}}, "spec.algorithm.maxPolicyLag"),
     ({"model": {"path": "/nonexistent/model"}}, "spec.model.path"),
     ({"task": {"jsonl": {"path": "/nonexistent.jsonl"}}}, "spec.task.jsonl.path"),
 ])
-def test_runtime_spec_problems(patch: dict[str, object], field: str) -> None:
+def test_runtime_local_problems(patch: dict[str, object], field: str) -> None:
     doc = json.loads(json.dumps(DOC))
     doc["spec"].update(patch)
-    problems = config.spec_problems(load.parse(doc).spec)
+    problems = config.local_problems(load.parse(doc).spec)
     assert len(problems) == 1 and problems[0].startswith(field + ":"), problems
+
+
+@pytest.mark.parametrize("patch,field", [
+    ({"algorithm": {"promptsPerStep": 1}}, "spec.algorithm.promptsPerStep"),
+    ({"algorithm": {"maxPolicyLag": 0}, "weightSync": {"everySteps": 3}}, "spec.algorithm.maxPolicyLag"),
+])
+def test_cross_field_rules_refuse_in_every_role(patch: dict[str, object], field: str, tmp_path: Path) -> None:
+    """The API model's rules (kubeforge.api.validate) reach a role through load.parse: exit before any socket."""
+    doc = json.loads(json.dumps(DOC))
+    doc["spec"].update(patch)
+    manifest = tmp_path / "job.json"
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(config.ConfigError) as err:
+        config.from_env(env_for_raw(manifest))
+    assert any(p.startswith(field + ":") for p in err.value.problems), err.value.problems

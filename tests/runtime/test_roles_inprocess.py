@@ -182,7 +182,7 @@ def test_three_loops_train_sync_checkpoint_and_resume(tmp_path: Path) -> None:
     assert all(r["weight_sync_seconds"] is not None for r in records[:2])
     assert sum(out["buffer"].lag_counts.values()) == 12 and max(out["buffer"].lag_counts) <= 1
     ckpts = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    assert ckpts == ["step-000000002", "step-000000003"]
+    assert ckpts == ["export-step-000000003", "step-000000002", "step-000000003"]   # + the HF export at the end
     # resume: the same job with 5 steps continues at step 4 with contiguous records, after pushing v3 first
     out2 = run_job(job(steps=5), tmp_path)
     assert [r["step"] for r in out2["records"]] == [1, 2, 3, 4, 5]

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Sequence
 
+import numpy as np
 import pytest
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types, verifiers
-from kubeforge.runtime.verifiers import exact, extract, math_equivalence, regex
+from kubeforge.runtime.verifiers import aggregate, exact, extract, length, math_equivalence, regex
 
 
 def prompt(answer: str, text: str = "q") -> types.Prompt:
@@ -100,8 +102,34 @@ def test_regex() -> None:
     partial = regex.Regex(pattern=r"a+")
     assert full.score(prompt(""), ["aaa", "baaa"]) == [1.0, 0.0]
     assert partial.score(prompt(""), ["aaa", "baaa"]) == [1.0, 1.0]
+    with pytest.raises(ValueError, match="regex.pattern\n.*regular expression does not compile"):
+        vspec("fmt", "Regex", regex={"pattern": "(unclosed"})  # the API model refuses it (launcher and operator)
     with pytest.raises(ValueError, match="fmt: regex.pattern: invalid regular expression"):
-        verifiers.build(vspec("fmt", "Regex", regex={"pattern": "(unclosed"}))
+        verifiers.build(rljob.VerifierSpec.model_construct(  # and the runtime engine, if one got through
+            name="fmt", type="Regex", regex=rljob.RegexVerifier.model_construct(pattern="(unclosed", full_match=False),
+            timeout_seconds=1.0, isolation="Thread", fallback_score=0.0))
+
+
+def test_regex_is_time_limited() -> None:
+    """Catastrophic backtracking is bounded: nested quantifiers on a long non-matching input stop within the
+    verifier's time limit, score NaN (the Scorer's fallback) and are counted; the next completion still scores."""
+    nested = regex.Regex(pattern=r"^(a+)+$", timeout_s=0.2)
+    t0 = time.monotonic()
+    assert nested.score(prompt(""), ["a" * 5000 + "!", "aaa"]) == [0.0, 1.0]  # the engine needs no backtracking
+    evil = regex.Regex(pattern=r"(x+x+)+y", timeout_s=0.2)
+    got = evil.score(prompt(""), ["x" * 5000, "xxy"])
+    assert math.isnan(got[0]) and evil.timeouts == 1
+    assert time.monotonic() - t0 < 30  # unbounded, this takes longer than the age of the universe
+    s = verifiers.Scorer([vspec("evil", "Regex", timeoutSeconds=0.2, fallbackScore=0.0,
+                                regex={"pattern": r"(x+x+)+y"})])
+    assert s.score_group(group("", ["x" * 5000, "xxy"]))[0] == [0.0, 1.0]
+    assert s.fallbacks == {"evil": 1} and s.errors == {}
+
+
+def test_length_shaping() -> None:
+    v = length.Length(min_chars=2, max_chars=4, slope_chars=2)
+    assert v.score(prompt(""), ["", "a", "ab", " abcd ", "abcde", "abcdef", "abcdefg"]) == [
+        0.0, 0.5, 1.0, 1.0, 0.5, 0.0, 0.0]
 
 
 def test_registry_covers_every_type() -> None:
@@ -165,7 +193,7 @@ def test_cache_is_bounded() -> None:
     assert a.calls == [1, 1, 1, 1]  # "x" was evicted
 
 
-@pytest.mark.parametrize("bad", [RuntimeError("boom"), [1.0], [math.nan, 1.0], ["1", None]])
+@pytest.mark.parametrize("bad", [RuntimeError("boom"), [1.0], [math.inf, 1.0], ["1", None]])
 def test_a_failing_verifier_scores_zero_and_is_counted(bad: object) -> None:
     s = verifiers.Scorer(SPECS, verifiers={"answer": Broken(bad)})
     rewards, scores = s.score_group(group("68", ["68", "6"]))
@@ -174,6 +202,32 @@ def test_a_failing_verifier_scores_zero_and_is_counted(bad: object) -> None:
     assert s.errors == {"answer": 1}
     s.score_group(group("68", ["68", "6"]))
     assert s.errors == {"answer": 2}  # failures are not cached
+
+
+def test_nan_is_a_missing_score_given_the_fallback_or_an_abstention() -> None:
+    specs = [vspec("answer", "ExactAnswer", 1.0, fallbackScore=0.5), vspec("format", "Regex", 0.25, fallbackScore=None,
+                                                                          regex={"pattern": r"^\d+$"})]
+    s = verifiers.Scorer(specs, verifiers={"answer": Broken([math.nan, 1.0]), "format": Broken([math.nan, 1.0])})
+    rewards, scores = s.score_group(group("68", ["68", "6"]))
+    assert scores == {"answer": [0.5, 1.0], "format": [0.0, 1.0]}  # an abstention travels as 0.0
+    assert rewards == [0.5, 1.25]
+    assert s.fallbacks == {"answer": 1, "format": 1} and s.errors == {}
+
+
+@pytest.mark.parametrize("aggregation,want", [
+    ("WeightedSum", [2.0, 1.0, 0.0, 1.0]),
+    ("MajorityVote", [1.0, 0.5, 0.0, 0.5]),
+])
+def test_aggregations(aggregation: str, want: list[float]) -> None:
+    specs = [vspec("a", "Regex", regex={"pattern": "a"}), vspec("b", "Regex", regex={"pattern": "b"})]
+    s = verifiers.Scorer(specs, reward=rljob.RewardSpec.model_validate({"aggregation": aggregation}))
+    assert s.score_group(group("", ["ab", "a", "c", "b"]))[0] == want
+
+
+def test_majority_vote_skips_abstentions() -> None:
+    agg = aggregate.MajorityVote(["a", "b", "c"])
+    got = agg.rewards(np.array([[1.0, np.nan, 0.0], [1.0, np.nan, np.nan], [np.nan] * 3, [0.2, 0.9, 0.1]]), step=0)
+    assert got.tolist() == [0.5, 1.0, 0.5, 0.0]
 
 
 def test_scorer_needs_a_verifier() -> None:

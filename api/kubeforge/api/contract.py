@@ -24,6 +24,7 @@ CATEGORIES = ("kubeforge", "all")
 ROLES = ("generator", "verifier", "trainer")
 
 # ---- environment variables (one contract, pods and local processes alike) ----
+ENV_PREFIX = "KUBEFORGE_"                    # every contract variable starts so; a role's own env may not
 ENV_ROLE = "KUBEFORGE_ROLE"                  # generator | verifier | trainer
 ENV_INDEX = "KUBEFORGE_INDEX"                # replica index within the role (StatefulSet ordinal)
 ENV_CONFIG = "KUBEFORGE_CONFIG"              # path of the RLJob manifest (YAML or JSON)
@@ -67,6 +68,10 @@ FIELD_MANAGER = "kubeforge-operator"
 
 # The trainer (rank 0) reports progress on its own pod as a JSON annotation; the operator watches it.
 ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done"}
+
+# ---- what kubeforge reserves inside a role's pod (a user's volumes and mounts may not collide) ----
+RESERVED_NAME_PREFIX = "kubeforge-"              # volume names kubeforge adds to every pod
+RESERVED_MOUNT_DIR = "/etc/kubeforge"            # kubeforge's own mounts (the config, the job's secret)
 
 # ---- children's names ----
 MAX_JOB_NAME_LENGTH = 40  # "<name>-generator" must stay <= 52 chars (StatefulSet limit) with room to spare

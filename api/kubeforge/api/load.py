@@ -14,7 +14,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from kubeforge.api import rljob
+from kubeforge.api import rljob, validate
 
 
 class InvalidRLJob(ValueError):
@@ -76,7 +76,9 @@ def problems_of(exc: pydantic.ValidationError) -> list[str]:
 
 
 def parse(doc: Any) -> rljob.RLJob:
-    """Validate a decoded manifest (a dict) into an RLJob or raise :class:`InvalidRLJob`."""
+    """Validate a decoded manifest (a dict) into an RLJob or raise :class:`InvalidRLJob`: the schema first, then
+    (on a schema-valid job, as the API server runs webhooks only after its schema) the cross-field and semantic
+    rules of :mod:`kubeforge.api.validate`."""
     if not isinstance(doc, dict):
         raise InvalidRLJob(["<root>: Invalid value: the manifest must be a mapping"])
     try:
@@ -85,9 +87,13 @@ def parse(doc: Any) -> rljob.RLJob:
         raise InvalidRLJob([f"<root>: Invalid value: not representable as JSON: {exc}"]) from None
     try:
         # Strict JSON-mode validation, as the API server types values: "5" is not an integer, "yes" not a boolean.
-        return rljob.RLJob.model_validate_json(text, strict=True)
+        job = rljob.RLJob.model_validate_json(text, strict=True)
     except pydantic.ValidationError as exc:
         raise InvalidRLJob(problems_of(exc)) from None
+    semantic = validate.problems(job)
+    if semantic:
+        raise InvalidRLJob(semantic)
+    return job
 
 
 class _Loader(yaml.SafeLoader):

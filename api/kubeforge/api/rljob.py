@@ -18,11 +18,13 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import Field
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 from kubeforge.api import contract
 
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+#: A DNS-1123 subdomain (names of PersistentVolumeClaims and most other objects).
+NAME_PATTERN_DNS1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 class Model(pydantic.BaseModel):
@@ -65,6 +67,17 @@ class DType(str, enum.Enum):
 MSG_ONE_MODEL = "exactly one of builtin or path must be set"
 
 
+class LoraSpec(Model):
+    """Low-rank adapters on the named linear layers: W x + (alpha / rank) B A x, with A, B trained."""
+
+    rank: int = Field(16, ge=1, le=256, description="Rank r of each adapter (A is r x in, B is out x r).")
+    alpha: float = Field(32.0, gt=0, le=4096, description="Scale numerator: the adapter's output is multiplied "
+                         "by alpha / rank.")
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.]+$")]] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1, max_length=32,
+        description="Names (last path component) of the linear layers that get an adapter.")
+
+
 class ModelSpec(Model):
     """The policy model. Exactly one source: a built-in model or an HF folder."""
 
@@ -84,7 +97,9 @@ class ModelSpec(Model):
     dtype: DType = Field(DType.FLOAT32, description="Compute dtype: the trainer computes in it (autocast, or FSDP2's "
                          "mixed precision) over float32 master weights and optimizer state; generators run in it "
                          "and receive weights in it.")
-
+    lora: LoraSpec | None = Field(None, description="Train low-rank adapters only (the base weights stay frozen); "
+                                  "generators serve them as vLLM LoRA adapters and a weight sync ships adapters "
+                                  "only.")
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -158,38 +173,205 @@ class VerifierType(str, enum.Enum):
     EXACT_ANSWER = "ExactAnswer"
     MATH_EQUIVALENCE = "MathEquivalence"
     REGEX = "Regex"
+    LENGTH = "Length"
+    CODE_EXECUTION = "CodeExecution"
+    REWARD_MODEL = "RewardModel"
+    PYTHON = "Python"
+
+
+class Isolation(str, enum.Enum):
+    THREAD = "Thread"
+    PROCESS = "Process"
+
+
+MSG_REGEX_INVALID = "regular expression does not compile"
 
 
 class RegexVerifier(Model):
     """Settings of a Regex verifier: reward 1 when the completion matches."""
 
-    pattern: str = Field(min_length=1, description="Python regular expression matched against the completion.")
+    pattern: str = Field(min_length=1, max_length=4096, description="Python regular expression matched against "
+                         "the completion (must compile; matching is time-limited by timeoutSeconds).")
     full_match: bool = Field(False, description="Require the whole completion to match (else search anywhere).")
+
+    @pydantic.field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"{MSG_REGEX_INVALID}: {e}") from None
+        return v
+
+
+MSG_LENGTH_RANGE = "maxChars must be greater than or equal to minChars"
+
+
+class LengthVerifier(Model):
+    """Settings of a Length verifier (length shaping): 1 inside [minChars, maxChars], falling linearly to 0 over
+    slopeChars characters outside."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(_cel("self.maxChars >= self.minChars", MSG_LENGTH_RANGE)))
+
+    min_chars: int = Field(0, ge=0, le=10_000_000, description="Shortest completion (characters, stripped) that "
+                           "scores 1.")
+    max_chars: int = Field(ge=0, le=10_000_000, description="Longest completion (characters, stripped) that "
+                           "scores 1.")
+    slope_chars: int = Field(1, ge=1, le=10_000_000, description="Characters outside the range over which the "
+                             "score falls from 1 to 0.")
+
+    @pydantic.model_validator(mode="after")
+    def _range(self) -> LengthVerifier:
+        if self.max_chars < self.min_chars:
+            raise ValueError(MSG_LENGTH_RANGE)
+        return self
+
+
+class CodeExecutionVerifier(Model):
+    """Settings of a CodeExecution verifier: the completion's Python code runs against the record's tests (the
+    reference answer: one `assert` statement per line) in a sandboxed subprocess; score = fraction of tests passed
+    (or all-or-nothing)."""
+
+    timeout_seconds: float = Field(5.0, gt=0, le=600, description="Wall-clock limit of one completion's run "
+                                   "(the process tree is killed after it); CPU time is limited to it too.")
+    memory_mi_b: int = Field(256, alias="memoryMiB", ge=32, le=65536, description="Address-space limit of the "
+                             "sandboxed process, MiB.")
+    max_processes: int = Field(8, ge=1, le=1024, description="Processes the sandboxed code may create.")
+    max_file_mi_b: int = Field(16, alias="maxFileMiB", ge=1, le=4096, description="Largest file (and output) the "
+                               "sandboxed code may write, MiB.")
+    parallelism: int = Field(0, ge=0, le=256, description="Completions run at once; 0 = the CPU count.")
+    partial_credit: bool = Field(True, description="Score the fraction of tests passed (else 1 only when all pass).")
+
+
+class RewardModelVerifier(Model):
+    """Settings of a RewardModel verifier: a Hugging Face sequence classifier scores (prompt, completion); one
+    label: sigmoid of the logit; several: the softmax probability of the last label."""
+
+    path: str = Field(min_length=1, max_length=4096, description="HF model folder (a PVC mount on a cluster).")
+    max_length: int = Field(1024, ge=8, le=131072, description="Tokens of prompt + completion kept (truncated).")
+    batch_size: int = Field(16, ge=1, le=4096, description="Completions per forward pass.")
+
+
+ENTRY_POINT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+MSG_ENTRY_POINT = "entryPoint must look like 'package.module:function'"
+
+
+class PythonVerifier(Model):
+    """Settings of a Python verifier: a user's function on the image's Python path, called once per group as
+    ``fn(prompt=str, reference=str, completions=list[str])`` and returning one float per completion."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(_cel(f"self.entryPoint.matches('{ENTRY_POINT_PATTERN}')", MSG_ENTRY_POINT)))
+
+    entry_point: str = Field(min_length=3, max_length=512, description="'package.module:function'.")
+
+    @pydantic.field_validator("entry_point")
+    @classmethod
+    def _shape(cls, v: str) -> str:
+        if not re.fullmatch(ENTRY_POINT_PATTERN, v):
+            raise ValueError(MSG_ENTRY_POINT)
+        return v
 
 
 MSG_REGEX_NEEDS_SETTINGS = "regex must be set when type is Regex"
+MSG_LENGTH_NEEDS_SETTINGS = "length must be set when type is Length"
+MSG_REWARD_MODEL_NEEDS_SETTINGS = "rewardModel must be set when type is RewardModel"
+MSG_PYTHON_NEEDS_SETTINGS = "python must be set when type is Python"
+
+# (type, settings field (wire name), message): a verifier of that type needs those settings.
+_NEEDS_SETTINGS = (
+    (VerifierType.REGEX, "regex", MSG_REGEX_NEEDS_SETTINGS),
+    (VerifierType.LENGTH, "length", MSG_LENGTH_NEEDS_SETTINGS),
+    (VerifierType.REWARD_MODEL, "rewardModel", MSG_REWARD_MODEL_NEEDS_SETTINGS),
+    (VerifierType.PYTHON, "python", MSG_PYTHON_NEEDS_SETTINGS),
+)
 
 
 class VerifierSpec(Model):
-    """One verifier; it scores a whole group of completions in one call. Reward = sum of weight x score."""
+    """One verifier; it scores a whole group of completions in one call. How scores become the reward is
+    spec.reward.aggregation."""
 
     model_config = pydantic.ConfigDict(
         json_schema_extra=_schema_extra(
-            _cel("self.type != 'Regex' || has(self.regex)", MSG_REGEX_NEEDS_SETTINGS),
+            *(_cel(f"self.type != '{t.value}' || has(self.{f})", msg) for t, f, msg in _NEEDS_SETTINGS),
         )
     )
 
     name: str = Field(min_length=1, max_length=63, pattern=NAME_PATTERN,
                       description="Unique name; labels this verifier's reward metrics.")
-    type: VerifierType = Field(description="ExactAnswer | MathEquivalence | Regex.")
-    weight: float = Field(1.0, ge=-100, le=100, description="Weight of this verifier's score in the reward.")
+    type: VerifierType = Field(description="ExactAnswer | MathEquivalence | Regex | Length | CodeExecution | "
+                               "RewardModel | Python.")
+    weight: float = Field(1.0, ge=-100, le=100, description="Weight of this verifier's score in a WeightedSum "
+                          "reward (other aggregations ignore it).")
+    timeout_seconds: float = Field(30.0, gt=0, le=3600, description="Time limit of one group's call; an overrun "
+                                   "gives the unscored completions fallbackScore (counted).")
+    fallback_score: float | None = Field(0.0, ge=-100, le=100, description="Score of a completion the verifier "
+                                         "failed or ran out of time on (counted); null: it abstains (MajorityVote "
+                                         "and WeakSupervision skip it, WeightedSum counts 0).")
+    isolation: Isolation = Field(Isolation.THREAD, description="Thread (in the verifier process) | Process (a "
+                                 "worker process, killed and restarted when it overruns timeoutSeconds).")
     regex: RegexVerifier | None = Field(None, description="Settings for type Regex.")
+    length: LengthVerifier | None = Field(None, description="Settings for type Length.")
+    code_execution: CodeExecutionVerifier | None = Field(None, description="Settings for type CodeExecution "
+                                                         "(defaults apply when unset).")
+    reward_model: RewardModelVerifier | None = Field(None, description="Settings for type RewardModel.")
+    python: PythonVerifier | None = Field(None, description="Settings for type Python.")
 
     @pydantic.model_validator(mode="after")
-    def _regex_settings(self) -> VerifierSpec:
-        if self.type == VerifierType.REGEX.value and self.regex is None:
-            raise ValueError(MSG_REGEX_NEEDS_SETTINGS)
+    def _settings(self) -> VerifierSpec:
+        for t, f, msg in _NEEDS_SETTINGS:
+            if self.type == t.value and getattr(self, to_snake(f)) is None:
+                raise ValueError(msg)
         return self
+
+
+class Aggregation(str, enum.Enum):
+    WEIGHTED_SUM = "WeightedSum"
+    MAJORITY_VOTE = "MajorityVote"
+    WEAK_SUPERVISION = "WeakSupervision"
+
+
+MSG_POSITIVE_RATES = "maxPositiveRate must be greater than minPositiveRate"
+
+
+class WeakSupervisionSpec(Model):
+    """Weaver-style weak supervision: binarised verifier votes -> a label model -> P(correct) as the reward."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(_cel("self.maxPositiveRate > self.minPositiveRate", MSG_POSITIVE_RATES)))
+
+    class_balance: float | None = Field(None, gt=0, lt=1, description="Prior share of correct completions; "
+                                        "estimated from the votes when unset.")
+    refit_every_steps: int = Field(10, ge=1, le=1_000_000, description="Refit the label model after every this "
+                                   "many optimizer steps (groups carry their step).")
+    window: int = Field(4096, ge=16, le=1_000_000, description="Recent completions the label model is fitted on.")
+    min_items: int = Field(64, ge=8, le=1_000_000, description="Completions needed before the first fit (until "
+                           "then the reward is the mean vote).")
+    threshold: float = Field(0.5, gt=0, lt=1, description="A normalised score at or above it votes correct.")
+    min_positive_rate: float = Field(0.02, ge=0, lt=1, description="Verifiers voting correct less often are "
+                                     "dropped.")
+    max_positive_rate: float = Field(0.98, gt=0, le=1, description="Verifiers voting correct more often are "
+                                     "dropped.")
+    duplicate_agreement: float = Field(0.99, gt=0.5, le=1, description="A verifier agreeing with an earlier one "
+                                       "on more than this share of the window is dropped as a duplicate.")
+
+    @pydantic.model_validator(mode="after")
+    def _rates(self) -> WeakSupervisionSpec:
+        if self.max_positive_rate <= self.min_positive_rate:
+            raise ValueError(MSG_POSITIVE_RATES)
+        return self
+
+
+class RewardSpec(Model):
+    """How the verifiers' scores become one reward per completion."""
+
+    aggregation: Aggregation = Field(Aggregation.WEIGHTED_SUM, description="WeightedSum | MajorityVote | "
+                                     "WeakSupervision.")
+    weak_supervision: WeakSupervisionSpec = Field(default_factory=WeakSupervisionSpec,
+                                                  description="Settings of WeakSupervision.")
+    cache_size: int = Field(65536, ge=0, le=100_000_000, description="Scores cached per verifier replica, keyed "
+                            "by (verifier, prompt, reference, completion); 0 disables the cache.")
 
 
 # ---------------------------------------------------------------- algorithm
@@ -254,12 +436,67 @@ class WeightSyncSpec(Model):
     timeout_seconds: int = Field(120, ge=1, le=86400, description="A broadcast that takes longer fails the role.")
 
 
-class CheckpointSpec(Model):
-    """Trainer checkpoints: model, optimizer, step, data cursor, policy version and RNG, written atomically."""
+MSG_CHECKPOINT_ABSOLUTE = "must be an absolute path (it is where the checkpoint volume is mounted)"
+MSG_CHECKPOINT_ONE_VOLUME = "set at most one of claimName and volumeClaimTemplate"
+MSG_CHECKPOINT_TEMPLATE_IMMUTABLE = f"spec.checkpoint.volumeClaimTemplate {IMMUTABLE}"
 
-    path: str = Field("/checkpoints", min_length=1, description="Directory (a volume that outlives the pod).")
+
+class AccessMode(str, enum.Enum):
+    READ_WRITE_ONCE = "ReadWriteOnce"
+    READ_WRITE_ONCE_POD = "ReadWriteOncePod"
+    READ_WRITE_MANY = "ReadWriteMany"
+
+
+class CheckpointClaimTemplate(Model):
+    """A PersistentVolumeClaim made for each trainer replica (a StatefulSet volumeClaimTemplate named
+    `checkpoints`: claims `checkpoints-<job>-trainer-<i>`, kept when pods go, so a restarted trainer finds its
+    checkpoints)."""
+
+    storage: Quantity = Field(max_length=64, description="Requested size, e.g. 10Gi.")
+    storage_class_name: str | None = Field(None, min_length=1, max_length=253, description="StorageClass; the cluster's default "
+                                           "when unset.")
+    access_modes: list[AccessMode] = Field(
+        default_factory=lambda: [AccessMode.READ_WRITE_ONCE], min_length=1, max_length=3,
+        description="Access modes of each claim.")
+
+
+class CheckpointSpec(Model):
+    """Trainer checkpoints: model, optimizer, step, data cursor, policy version and RNG, written atomically.
+
+    On a cluster the directory is a volume mounted in every trainer pod: an existing PersistentVolumeClaim
+    (`claimName`), one claim per trainer replica (`volumeClaimTemplate`), or, with neither, an `emptyDir` (lost
+    with the pod) unless a trainer `volumeMounts` entry mounts a volume at `path` itself."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(
+            {**_cel("self.path.startsWith('/')", MSG_CHECKPOINT_ABSOLUTE), "fieldPath": ".path"},
+            _cel("!has(self.claimName) || !has(self.volumeClaimTemplate)", MSG_CHECKPOINT_ONE_VOLUME),
+            _cel("has(self.volumeClaimTemplate) == has(oldSelf.volumeClaimTemplate) && (!has(self.volumeClaimTemplate)"
+                 " || self.volumeClaimTemplate == oldSelf.volumeClaimTemplate)", MSG_CHECKPOINT_TEMPLATE_IMMUTABLE))
+    )
+
+    path: str = Field("/checkpoints", min_length=1, max_length=4096,
+                      description="Directory (a volume that outlives the pod); absolute.")
     every_steps: int = Field(10, ge=1, description="Checkpoint after every this many optimizer steps.")
     keep: int = Field(2, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted.")
+    claim_name: str | None = Field(None, min_length=1, max_length=253, pattern=NAME_PATTERN_DNS1123,
+                                   description="An existing PersistentVolumeClaim mounted at `path` in every "
+                                   "trainer pod (ReadWriteMany when trainers span nodes).")
+    volume_claim_template: CheckpointClaimTemplate | None = Field(
+        None, description="Make one PersistentVolumeClaim per trainer replica instead of naming one (immutable).")
+
+    @pydantic.field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(MSG_CHECKPOINT_ABSOLUTE)
+        return v
+
+    @pydantic.model_validator(mode="after")
+    def _one_volume(self) -> CheckpointSpec:
+        if self.claim_name is not None and self.volume_claim_template is not None:
+            raise ValueError(MSG_CHECKPOINT_ONE_VOLUME)
+        return self
 
 
 # ---------------------------------------------------------------- roles
@@ -483,8 +720,10 @@ class RLJobSpec(Model):
     model: ModelSpec = Field(description="The policy model.")
     task: TaskSpec = Field(description="Prompt and answer source.")
     verifiers: list[VerifierSpec] = Field(
-        min_length=1, max_length=64, description="Verifiers; reward = weighted sum of their scores.",
+        min_length=1, max_length=64, description="Verifiers; spec.reward says how their scores become the reward.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    reward: RewardSpec = Field(default_factory=RewardSpec, description="Aggregation of verifier scores into "
+                               "rewards.")
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="GRPO settings.")
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Trainer to generator sync.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Trainer checkpoints.")

@@ -5,6 +5,8 @@ Subcommands:
 - ``kubeforge role generator|verifier|trainer`` → ``kubeforge.runtime.roles`` (the container entrypoint)
 - ``kubeforge operator ...`` → ``kubeforge.operator.main:main`` (argv passed through)
 - ``kubeforge crd ...`` → ``kubeforge.api.crd:main`` (argv passed through)
+- ``kubeforge validate FILE`` → ``kubeforge.api.load`` (offline: the checks of the launcher and of the admission
+  webhook; one ``path: message`` line per problem on stdout, exit 1 when there is one)
 
 Invariant: importing this module imports neither torch nor vLLM nor the operator; each subcommand pulls in only
 what it needs, so the operator image (no runtime extra) runs ``kubeforge operator`` unchanged.
@@ -30,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
     role = sub.add_parser("role", help="run one role process (the container entrypoint)")
     role.add_argument("role", choices=ROLES)
+    val = sub.add_parser("validate", help="check an RLJob manifest offline, as the cluster and the launcher do")
+    val.add_argument("file", help="RLJob manifest (YAML or JSON; - for stdin)")
     sub.add_parser("operator", help="run the operator (arguments are passed through)", add_help=False)
     sub.add_parser("crd", help="print or write the CRD (arguments are passed through)", add_help=False)
     return p
@@ -44,6 +48,28 @@ def _dispatch(target: str, argv: Sequence[str]) -> int:
     return result if isinstance(result, int) else 0
 
 
+EXIT_INVALID = 1
+
+
+def validate(file: str) -> int:
+    """``kubeforge validate FILE``: one ``path: message`` per problem and exit 1, or ``FILE: valid`` and exit 0."""
+    from kubeforge.api import load
+
+    try:
+        text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
+    except OSError as exc:
+        print(f"{file}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        load.parse_text(text)
+    except load.InvalidRLJob as exc:
+        for problem in exc.problems:
+            print(problem)
+        return EXIT_INVALID
+    print(f"{file}: valid")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in and args_in[0] == "operator":
@@ -54,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "run":
         from kubeforge.runtime.launcher import main as launcher_main
         raise SystemExit(launcher_main.run(file=args.file, run_dir=args.run_dir, steps=args.steps))
+    if args.command == "validate":
+        raise SystemExit(validate(args.file))
     if args.command == "role":
         from kubeforge.runtime.roles import main as roles_main
         raise SystemExit(roles_main.run(role=args.role))

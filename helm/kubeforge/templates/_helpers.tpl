@@ -45,7 +45,8 @@ The operator's rules on namespaced resources (used by the ClusterRole, or by one
 Least privilege for what it does:
 - rljobs: watch (kopf), patch (kopf keeps its progress in annotations), delete (ttlSecondsAfterFinished);
   rljobs/status: the typed status, merge-patched once per pass.
-- children, applied server-side (create + patch), deleted when a job is suspended, restarted or finished.
+- children (incl. the job's NetworkPolicy), applied server-side (create + patch), deleted when a job is
+  suspended, restarted or finished.
 - pods: watched for readiness and failures; get/patch because the per-job Role the operator creates grants
   exactly these to the job's own pods (RBAC allows granting only what one holds).
 - events: one per transition.
@@ -63,6 +64,9 @@ Least privilege for what it does:
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
+  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]

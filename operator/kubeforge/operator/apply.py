@@ -26,6 +26,7 @@ KINDS: dict[tuple[str, str], str] = {
     ("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Pod"): "pods", ("v1", "Event"): "events",
     ("apps/v1", "StatefulSet"): "statefulsets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles", ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups",

@@ -17,10 +17,10 @@ ANNOTATION_WORLD = "kubeforge.dev/world"
 LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
 
 # ---- the runtime config mount ----
-CONFIG_DIR = "/etc/kubeforge"
+CONFIG_DIR = contract.RESERVED_MOUNT_DIR
 CONFIG_FILE = "rljob.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
-CONFIG_VOLUME = "kubeforge-config"
+CONFIG_VOLUME = f"{contract.RESERVED_NAME_PREFIX}config"
 
 #: Image of the role containers when the role sets none (overridable by the operator's --runtime-image flag).
 DEFAULT_RUNTIME_IMAGE = "kubeforge/runtime:0.1.0"
@@ -52,3 +52,8 @@ def pod_group(job: str) -> str:
 
 pod = contract.pod_name            # replica ``index`` of ``role`` (StatefulSet ordinal naming)
 peer_host = contract.peer_host     # stable DNS name of a pod behind its role's headless Service
+
+
+def network_policy(job: str) -> str:
+    """The job's NetworkPolicy."""
+    return f"{job}-network"

@@ -155,23 +155,15 @@ def _job(env: Mapping[str, str], problems: list[str]) -> tuple[rljob.RLJob | Non
     except load.InvalidRLJob as exc:
         problems.extend(exc.problems)
         return None, path
-    problems.extend(spec_problems(job.spec))
+    problems.extend(local_problems(job.spec))
     return job, path
 
 
-def spec_problems(spec: rljob.RLJobSpec) -> list[str]:
-    """Checks the runtime adds to the schema's: combinations the roles cannot run. One message per problem."""
+def local_problems(spec: rljob.RLJobSpec) -> list[str]:
+    """What only this machine can check: the files a spec names exist here. (Every rule about the spec itself is
+    ``kubeforge.api.validate``'s, run by ``load.parse``: on a cluster these paths are volumes, checked by no
+    admission.) One message per problem."""
     problems: list[str] = []
-    trainers = spec.roles.trainer.replicas
-    if spec.algorithm.prompts_per_step < trainers:
-        problems.append(f"spec.algorithm.promptsPerStep: Invalid value: {spec.algorithm.prompts_per_step}: "
-                        f"should be at least spec.roles.trainer.replicas ({trainers}), so every trainer rank "
-                        "gets a share of each step")
-    lag, every = spec.algorithm.max_policy_lag, spec.weight_sync.every_steps
-    if lag < every - 1:
-        problems.append(f"spec.algorithm.maxPolicyLag: Invalid value: {lag}: should be at least "
-                        f"spec.weightSync.everySteps - 1 ({every - 1}): generators sample with weights up to "
-                        "everySteps - 1 versions old, so a smaller lag would drop every group")
     if spec.model.path is not None and not pathlib.Path(spec.model.path).is_dir():
         problems.append(f"spec.model.path: Not found: {spec.model.path!r} is not a directory")
     if spec.task.jsonl is not None and not pathlib.Path(spec.task.jsonl.path).is_file():

@@ -6,6 +6,7 @@ API::
     rank_base(generator_index=g, tensor_parallel_size=T) -> int        # 1 + g*T; worker rank = base + tp_rank
     sender = WeightSender(host=..., port=..., world_size=..., timeout=..., join_timeout=...)  # trainer rank 0
     stats = sender.send(named_tensors, version=v)                      # -> SyncStats(bytes, seconds, ...)
+    stats = sender.send(stream, version=v)   # a TensorStream: meta first, tensors produced bucket by bucket
     receiver = WeightReceiver(host=..., port=..., world_size=..., rank=..., timeout=...)    # a vLLM worker
     stats = receiver.receive(load)   # load(iterator of (name, tensor)) consumes the new weights
     sender.close(); receiver.close()
@@ -47,9 +48,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -259,6 +261,45 @@ def decode_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int]]:
     return version, entries, buckets
 
 
+@runtime_checkable
+class TensorMeta(Protocol):
+    """What a receiver must know of a tensor before it arrives."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+
+@runtime_checkable
+class TensorStream(Protocol):
+    """Named tensors produced lazily, described up front by ``meta`` (same order, same names, shapes, dtypes)."""
+
+    @property
+    def meta(self) -> Sequence[TensorMeta]: ...
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _Meta:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class _ListStream:
+    """A ``TensorStream`` over tensors already in memory."""
+
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.tensors = tensors
+        self.meta = [_Meta(n, tuple(t.shape), t.dtype) for n, t in tensors]
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.tensors)
+
+
 def _unique(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
     """Detached, contiguous CPU/GPU tensors; a tensor sharing storage with an earlier one (a tied weight) is
     sent once, under its first name."""
@@ -322,28 +363,34 @@ class WeightSender:
         self.epoch += 1
         return self.epoch
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> SyncStats:
-        """Broadcast the tensors (HF names) as policy ``version``; return once every receiver has loaded them."""
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | TensorStream, *,
+             version: int) -> SyncStats:
+        """Broadcast the tensors (HF names) as policy ``version``; return once every receiver has loaded them.
+
+        A :class:`TensorStream` (it has ``meta``) is consumed lazily: the metadata goes out first, then each tensor
+        is produced (e.g. gathered from shards) only when its bucket is packed, so at most one bucket, or one tensor
+        bigger than a bucket, is materialised. A plain iterable is listed first (tied weights sent once)."""
         self.connect()
         assert self.group is not None
         group = self.group
-        tensors = [(n, t.to(group.device)) for n, t in _unique(named_tensors)]
-        sizes = [t.numel() * t.element_size() for _, t in tensors]
+        stream = named_tensors if isinstance(named_tensors, TensorStream) else _ListStream(_unique(named_tensors))
+        metas = list(stream.meta)
+        sizes = [math.prod(m.shape) * torch.empty((), dtype=m.dtype).element_size() for m in metas]
         places = plan_buckets(sizes, bucket_bytes=self.bucket_bytes)
         nb = places[-1][0] + 1 if places else 0
         bucket_sizes = [0] * nb
         for (b, off), size in zip(places, sizes):
             bucket_sizes[b] = max(bucket_sizes[b], off + size)
-        entries = [{"name": n, "shape": list(t.shape), "dtype": _dtype_name(t.dtype), "bucket": b, "offset": off}
-                   for (n, t), (b, off) in zip(tensors, places)]
+        entries = [{"name": m.name, "shape": list(m.shape), "dtype": _dtype_name(m.dtype), "bucket": b,
+                    "offset": off} for m, (b, off) in zip(metas, places)]
         meta = encode_meta(version=version, entries=entries, bucket_sizes=bucket_sizes)
         start = time.perf_counter()
         try:
             group.broadcast(torch.tensor([MAGIC, PROTOCOL, version, len(meta)], dtype=torch.int64,
                                          device=group.device))
             group.broadcast(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(group.device))
-            for b in range(nb):
-                group.broadcast(_pack(tensors, places, b, bucket_sizes[b], group.device))
+            for buf in _buckets(iter(stream), metas, places, bucket_sizes, group.device):
+                group.broadcast(buf)
             ack = torch.zeros(2, dtype=torch.int64, device=group.device)
             group.all_reduce_sum(ack)
         except (RuntimeError, dist.DistError) as e:
@@ -353,7 +400,7 @@ class WeightSender:
         if failures or count != group.size - 1:
             raise WeightSyncError(f"weight sync v{version}: {failures} of {group.size - 1} receivers failed to "
                                   f"load ({count} acked)")
-        return SyncStats(version=version, bytes=sum(sizes), seconds=seconds, tensors=len(tensors), buckets=nb)
+        return SyncStats(version=version, bytes=sum(sizes), seconds=seconds, tensors=len(metas), buckets=nb)
 
     def close(self) -> None:
         if self.group is not None:
@@ -367,16 +414,28 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES[dtype]
 
 
-def _pack(tensors: list[tuple[str, torch.Tensor]], places: list[tuple[int, int]], bucket: int, size: int,
-          device: torch.device) -> torch.Tensor:
-    members = [(t, off) for (_, t), (b, off) in zip(tensors, places) if b == bucket]
-    if len(members) == 1 and members[0][1] == 0:
-        return members[0][0].reshape(-1).view(torch.uint8)  # a big tensor travels as itself, uncopied
-    buf = torch.empty(size, dtype=torch.uint8, device=device)
-    for t, off in members:
-        flat = t.reshape(-1).view(torch.uint8)
-        buf[off:off + flat.numel()].copy_(flat)
-    return buf
+def _buckets(tensors: Iterator[tuple[str, torch.Tensor]], metas: list[TensorMeta], places: list[tuple[int, int]],
+             sizes: list[int], device: torch.device) -> Iterator[torch.Tensor]:
+    """The bucket buffers in order, filled from ``tensors`` as they come (checked against ``metas``)."""
+    i = 0
+    for bucket, size in enumerate(sizes):
+        members = []
+        while i < len(metas) and places[i][0] == bucket:
+            name, t = next(tensors, (None, None))
+            m = metas[i]
+            if t is None or name != m.name or tuple(t.shape) != tuple(m.shape) or t.dtype != m.dtype:
+                raise WeightSyncError(f"weight sync: tensor {i} is {name!r} {getattr(t, 'shape', None)} "
+                                      f"{getattr(t, 'dtype', None)}, its metadata said {m.name!r} {m.shape} {m.dtype}")
+            members.append((t.detach().to(device).contiguous(), places[i][1]))
+            i += 1
+        if len(members) == 1 and members[0][1] == 0:
+            yield members[0][0].reshape(-1).view(torch.uint8)  # a big tensor travels as itself, uncopied
+            continue
+        buf = torch.empty(size, dtype=torch.uint8, device=device)
+        for t, off in members:
+            flat = t.reshape(-1).view(torch.uint8)
+            buf[off:off + flat.numel()].copy_(flat)
+        yield buf
 
 
 class WeightReceiver:

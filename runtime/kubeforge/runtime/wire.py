@@ -32,6 +32,9 @@ Invariants:
 - Token ids and logprobs travel as packed binary (u32 / f64 little-endian): exact round trip, and decoding cost
   does not grow with one Python object per token on the wire.
 - A change to any payload layout bumps ``SCHEMA_VERSION``; peers on another version are refused, never guessed.
+- Decoding memory is bounded by the frame: ``wire_budget.check`` prices a large payload's items from their headers
+  before ``msgpack`` builds any object (at most ``wire_budget.RATIO`` times the payload, nesting and item count
+  capped), so a hostile 64 MiB frame cannot make a receiver allocate gigabytes.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ from typing import Any, Callable, Union
 
 import msgpack
 
-from kubeforge.runtime import types
+from kubeforge.runtime import types, wire_budget
 
 MAGIC = b"KFW\x01"
 SCHEMA_VERSION = 2   # 2: SYNC carries the weight-sync group epoch
@@ -292,8 +295,14 @@ def _decode(data: bytes | bytearray | memoryview) -> Message:
         kind = Kind(kind_num)
     except ValueError:
         raise WireError(REASON_MALFORMED, f"unknown kind {kind_num}") from None
+    body = view[HEADER.size:]
+    if len(body) > wire_budget.WALK_ABOVE:
+        try:  # what unpacking would allocate, from the headers alone: a hostile frame never gets that far
+            wire_budget.check(body)
+        except wire_budget.Refused as e:
+            raise WireError(REASON_MALFORMED, f"{kind.name}: payload refused before decoding: {e}") from None
     try:
-        payload = msgpack.unpackb(view[HEADER.size:], raw=False, strict_map_key=True, use_list=True,
+        payload = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True,
                                   max_array_len=MAX_PROMPTS, max_map_len=256)
     except Exception as e:
         raise WireError(REASON_MALFORMED, f"{kind.name}: bad msgpack payload ({type(e).__name__})") from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from kubeforge.api import contract, rljob
-from kubeforge.operator.render import config, context, meta, rbac, service, statefulset
+from kubeforge.operator.render import config, context, meta, network, rbac, service, statefulset
 from kubeforge.operator.render import gang as gangs
 
 
@@ -23,7 +23,7 @@ class Rendered:
 def render(job: rljob.RLJob, ctx: context.RenderContext) -> Rendered:
     """Every child of ``job`` for this context."""
     gang = gangs.render(job, ctx)
-    desired: list[meta.Obj] = [config.config_map(job, ctx), *rbac.objects(job, ctx)]
+    desired: list[meta.Obj] = [config.config_map(job, ctx), *rbac.objects(job, ctx), network.network_policy(job, ctx)]
     desired += [service.headless_service(job, ctx, role=r) for r in contract.ROLES]
     absent: list[meta.Obj] = []
     (desired if ctx.gang_active else absent).extend(gang.objects)

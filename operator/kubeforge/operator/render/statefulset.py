@@ -6,19 +6,37 @@ placement and the gang's pod labels meet. Invariants:
 - the selector holds only job and role (immutable, attempt-independent);
 - ``updateStrategy: OnDelete``: the operator alone decides when pods go (a whole attempt at a time), so the
   StatefulSet controller never rolls pods one by one into a mixed world;
-- replicas are 0 unless the context is active (suspended, finished, or an old attempt still draining).
+- replicas are 0 unless the context is active (suspended, finished, or an old attempt still draining);
+- a pod that talks NCCL or runs vLLM tensor parallelism (it requests GPUs, or a generator has
+  ``tensorParallelSize > 1``) gets a memory-backed ``/dev/shm`` sized per GPU (the container runtime's default
+  64 MiB makes NCCL and vLLM's shared-memory broadcast fail).
 """
 from __future__ import annotations
 
 from kubeforge.api import contract, rljob
 from kubeforge.operator import names
-from kubeforge.operator.render import context, env, meta, placement, service
+from kubeforge.operator.render import checkpoint, context, env, meta, placement, security, service
 from kubeforge.operator.render.gang import base
 
 # The runtime image's ENTRYPOINT is ``tini -- kubeforge`` (images/runtime/Containerfile): a pod leaves ``command``
 # unset so tini stays PID 1 (forwards SIGTERM, reaps vLLM's children) and gets only ``args: [role, <role>]``.
 # Setting ``command: [kubeforge]`` would replace the entrypoint and make the role process PID 1, which ignores
 # SIGTERM without a handler (the trainer has none): every restart would wait out the grace period.
+
+
+SHM_VOLUME = "dshm"
+SHM_GIB_PER_DEVICE = 2
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
+def shm_gib(spec: rljob.RoleSpec) -> int:
+    """GiB of ``/dev/shm`` a role's pod needs: 0 when it uses neither GPUs nor vLLM tensor parallelism."""
+    limits = {**spec.resources.requests, **spec.resources.limits}
+    gpus = max((int(str(limits[k])) for k in GPU_RESOURCES if str(limits.get(k, "")).isdigit()), default=0)
+    tp = spec.tensor_parallel_size if isinstance(spec, rljob.GeneratorRole) else 1
+    if gpus == 0 and tp <= 1:
+        return 0
+    return SHM_GIB_PER_DEVICE * max(gpus, tp)
 
 
 def world(job: rljob.RLJob) -> str:
@@ -36,6 +54,13 @@ def _resources(spec: rljob.RoleSpec) -> meta.Obj:
     return out
 
 
+def _env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list[meta.Obj]:
+    """The env contract and the role's env, then the security defaults the role does not set itself."""
+    out = env.role_env(job, ctx, role=role)
+    taken = {e["name"] for e in out}
+    return out + [e for e in security.default_env() if e["name"] not in taken]
+
+
 def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> meta.Obj:
     """The role's container: the image's entrypoint with ``role <role>`` (a role's ``command`` replaces it)."""
     spec: rljob.RoleSpec = getattr(job.spec.roles, role)
@@ -44,7 +69,7 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
         "image": spec.image or ctx.image,
         **({"command": list(spec.command)} if spec.command else {}),
         "args": ["role", role],
-        "env": env.role_env(job, ctx, role=role),
+        "env": _env(job, ctx, role=role),
         "ports": [{"name": p["name"], "containerPort": p["port"], "protocol": "TCP"} for p in service.ports()],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
                            "periodSeconds": 5, "failureThreshold": 3},
@@ -53,11 +78,15 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
                           "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
         "volumeMounts": [{"name": names.CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
+                         *security.writable_mounts(), *checkpoint.mounts(job, role),
                          *[dict(m) for m in spec.volume_mounts]],
+        "securityContext": security.container_security_context(),
     }
     res = _resources(spec)
     if res:
         c["resources"] = res
+    if shm_gib(spec):
+        c["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     return c
 
 
@@ -68,12 +97,18 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
     annotations = {names.ANNOTATION_WORLD: world(job), **gang.pod_annotations, **gang.role_annotations.get(role, {})}
     pod: meta.Obj = {
         "serviceAccountName": names.service_account(job.metadata.name),
+        "automountServiceAccountToken": security.automount_token(role),
+        "securityContext": security.pod_security_context(),
         "restartPolicy": "Always",
         "containers": [container(job, ctx, role=role)],
         "volumes": [{"name": names.CONFIG_VOLUME, "configMap": {"name": names.config_map(job.metadata.name)}},
+                    *security.writable_volumes(), *checkpoint.pod_volumes(job, role),
                     *[dict(v) for v in spec.volumes]],
         **placement.pod_placement(job, role),
     }
+    if shm_gib(spec):
+        pod["volumes"].append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
+                                                                "sizeLimit": f"{shm_gib(spec)}Gi"}})
     if gang.scheduler_name:
         pod["schedulerName"] = gang.scheduler_name
     if spec.priority_class_name:
@@ -95,5 +130,6 @@ def statefulset(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPar
             "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": meta.role_labels(job, role)},
             "template": pod_template(job, ctx, gang, role=role),
+            **({"volumeClaimTemplates": claims} if (claims := checkpoint.claim_templates(job, role)) else {}),
         },
     }

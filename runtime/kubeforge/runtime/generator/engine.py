@@ -31,6 +31,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -38,6 +40,7 @@ import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types, weightsync
+from kubeforge.runtime.trainer import lora as lora_mod
 
 EXTENSION = "kubeforge.runtime.generator.extension.WeightSyncExtension"
 BLOCK_SIZE = 32
@@ -46,10 +49,18 @@ LOGPROBS_MODE = "processed_logprobs"
 SEED_STRIDE = 1_000_003
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # the max_lora_rank values vLLM accepts
+
+
 def engine_kwargs(*, model_dir: pathlib.Path, dtype: str, role: rljob.GeneratorRole, seed: int,
-                  max_model_len: int | None = None) -> dict[str, Any]:
+                  max_model_len: int | None = None, lora: rljob.LoraSpec | None = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for a generator (pure: tests and the bench read them)."""
+    extra: dict[str, Any] = {}
+    if lora is not None:      # one adapter at a time: the current policy's
+        extra = {"enable_lora": True, "max_loras": 1,
+                 "max_lora_rank": next(r for r in LORA_RANKS if r >= lora.rank)}
     return {
+        **extra,
         "model": str(model_dir),
         "dtype": dtype,
         "seed": seed,
@@ -79,7 +90,7 @@ class Engine:
 
     def __init__(self, *, model_dir: pathlib.Path, dtype: str = "float32",
                  role: rljob.GeneratorRole | None = None, seed: int = 0, max_model_len: int | None = None,
-                 in_process: bool = True) -> None:
+                 in_process: bool = True, lora: rljob.LoraSpec | None = None) -> None:
         role = role or rljob.GeneratorRole()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(role.kv_cache_gib))
         if in_process:
@@ -89,7 +100,10 @@ class Engine:
         self._vllm = vllm
         self.model_dir = pathlib.Path(model_dir)
         self.kwargs = engine_kwargs(model_dir=self.model_dir, dtype=dtype, role=role, seed=seed,
-                                    max_model_len=max_model_len)
+                                    max_model_len=max_model_len, lora=lora)
+        self.lora = lora
+        self.lora_request: Any = None          # the adapter being served (None: the base model, policy v0)
+        self._adapters = pathlib.Path(tempfile.mkdtemp(prefix="kubeforge-lora-")) if lora is not None else None
         start = time.perf_counter()
         self.llm = vllm.LLM(**self.kwargs)
         self.start_seconds = time.perf_counter() - start
@@ -119,7 +133,7 @@ class Engine:
             seed=None if seed is None else request_seed(seed, prompt_index=p.index, n=n))
             for p in prompts]
         inputs: Any = [{"prompt_token_ids": ids} for ids in encoded]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         return [(ids, [_completion(c) for c in out.outputs]) for ids, out in zip(encoded, outputs)]
 
     def greedy(self, prompts: list[types.Prompt], *, max_tokens: int = 8,
@@ -147,12 +161,30 @@ class Engine:
         ``refresh_tied`` is for tests only (False leaves a tied lm_head stale); ``load=False`` receives and
         discards (benchmarks only)."""
         start = time.perf_counter()
+        if self.lora is not None:
+            return self._receive_adapter(start)
         results = self.llm.collective_rpc("kf_receive_weights", args=(refresh_tied, load))
         self.llm.reset_prefix_cache()
         first = results[0]
         return weightsync.SyncStats(version=int(first["version"]), bytes=int(first["bytes"]),
                                     seconds=time.perf_counter() - start, tensors=int(first["tensors"]),
                                     buckets=int(first["buckets"]))
+
+    def _receive_adapter(self, start: float) -> weightsync.SyncStats:
+        """LoRA: receive the adapter, serve it as a new ``LoRARequest`` (a new id per version), drop older ones."""
+        from vllm.lora.request import LoRARequest
+
+        assert self.lora is not None and self._adapters is not None
+        config = lora_mod.adapter_config(self.lora, base=str(self.model_dir))
+        first = self.llm.collective_rpc("kf_receive_adapter", args=(str(self._adapters), json.dumps(config)))[0]
+        version = int(first["version"])
+        self.lora_request = LoRARequest(f"policy-v{version}", version + 1, str(first["path"]))
+        for old in self._adapters.iterdir():
+            if old.name != f"v{version}" and not old.name.startswith("."):
+                shutil.rmtree(old, ignore_errors=True)
+        self.llm.reset_prefix_cache()
+        return weightsync.SyncStats(version=version, bytes=int(first["bytes"]), seconds=time.perf_counter() - start,
+                                    tensors=int(first["tensors"]), buckets=int(first["buckets"]))
 
     def leave_weight_sync(self) -> None:
         if self.joined:
@@ -168,6 +200,8 @@ class Engine:
                 getattr(self.llm.llm_engine, "engine_core", None), "shutdown", None)
             if shutdown is not None:
                 shutdown()
+            if self._adapters is not None:
+                shutil.rmtree(self._adapters, ignore_errors=True)
 
 
 def _completion(c: Any) -> types.Completion:

@@ -15,15 +15,21 @@ Loading (why each step is needed, all checked by tests/runtime/test_weightsync.p
    "loaded" by name, so its repacked copy stays stale while checksums look right; we re-run its
    ``quant_method.process_weights_after_loading``.
 3. The Engine resets the prefix cache after the RPC returns (cached blocks hold keys/values of the old weights).
+
+LoRA (``spec.model.lora``): the base weights never change; a sync carries the adapter tensors only, which
+``kf_receive_adapter`` writes as a PEFT folder; the Engine then serves it as a new vLLM ``LoRARequest``.
 """
 from __future__ import annotations
 
+import json
+import pathlib
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from kubeforge.runtime import weightsync
+from kubeforge.runtime.trainer import lora
 
 
 class WeightSyncExtension:
@@ -61,6 +67,22 @@ class WeightSyncExtension:
                 refresh_shared_weights(self.model_runner.get_model())  # type: ignore[attr-defined]
 
         return self._kf_receiver.receive(reload if load else discard).as_dict()
+
+    def kf_receive_adapter(self, directory: str, config_json: str) -> dict[str, Any]:
+        """Receive one sync of LoRA adapter tensors and write them as a PEFT folder ``directory/v<version>`` (TP
+        rank 0 writes; every rank receives); returns ``SyncStats.as_dict()`` plus ``path``."""
+        if self._kf_receiver is None:
+            raise RuntimeError("kf_receive_adapter before kf_join_weight_sync")
+        got: list[tuple[str, torch.Tensor]] = []
+
+        def keep(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+            got.extend((n, t.clone()) for n, t in weights)
+
+        stats = self._kf_receiver.receive(keep).as_dict()
+        path = pathlib.Path(directory) / f"v{int(stats['version'])}"
+        if _tp_rank() == 0:
+            lora.save_adapter(path, got, config=json.loads(config_json))
+        return {**stats, "path": str(path)}
 
     def kf_leave_weight_sync(self) -> None:
         if self._kf_receiver is not None:

@@ -49,7 +49,7 @@ def prepare(file: str, *, steps: int | None) -> rljob.RLJob:
         doc = load.dump(job)
         doc["spec"].setdefault("algorithm", {})["steps"] = steps
         job = load.parse(doc)
-    problems = config.spec_problems(job.spec)
+    problems = config.local_problems(job.spec)
     if problems:
         raise load.InvalidRLJob(problems)
     return job

@@ -92,7 +92,7 @@ def _verifier(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.Metric
     from kubeforge.runtime.roles import observe
     from kubeforge.runtime.roles import verifier as loop
 
-    scorer = verifiers.Scorer(cfg.spec.verifiers)
+    scorer = verifiers.Scorer(cfg.spec.verifiers, reward=cfg.spec.reward)
     inbox = transport.open_receiver(bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
     trainers = transport.open_sender(data_addresses(cfg, "trainer"), role="verifier", index=cfg.index,
                                     send_timeout=role_deadline(cfg))

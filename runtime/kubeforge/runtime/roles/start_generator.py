@@ -81,7 +81,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     to_verifiers = transport.open_sender(role_main.data_addresses(cfg, "verifier"), role="generator", index=cfg.index,
                                     send_timeout=role_main.role_deadline(cfg))
     engine = engine_mod.Engine(model_dir=models.resolve(spec.model), dtype=spec.model.dtype,
-                               role=spec.roles.generator, seed=spec.task.seed + cfg.index)
+                               role=spec.roles.generator, seed=spec.task.seed + cfg.index, lora=spec.model.lora)
     print(f"{cfg.name}: vLLM engine up in {engine.start_seconds:.1f}s", flush=True)
     server.set_ready(True)
     try:

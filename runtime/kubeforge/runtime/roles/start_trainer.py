@@ -97,7 +97,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     learner = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm, dtype=spec.model.dtype,
                            group=group, device=str(group.device),
                            logit_temperature=spec.algorithm.temperature or 1.0,
-                           scale=step.Scale.from_spec(spec.roles.trainer))
+                           scale=step.Scale.from_spec(spec.roles.trainer), lora=spec.model.lora)
     generators = transport.open_sender(role_main.data_addresses(cfg, "generator"), role="trainer", index=cfg.index,
                                        send_timeout=role_main.role_deadline(cfg))
     rank0 = _rank0(cfg, learner=learner, generators=generators, control=control) if control is not None else None

@@ -11,7 +11,8 @@
    rank 0: push weights v every weightSync.everySteps (SYNC notice, then the broadcast; generators ACK);
            the other ranks follow the push (sharded weights are gathered by every rank)
    rank 0: report the step (JSONL locally, pod annotation on a cluster)
-   rank 0: checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
+   checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
+ every rank: export the policy as an HF folder next to the checkpoints (rank 0 writes)
  rank 0: STOP every generator, report done
 ```
 
@@ -26,7 +27,7 @@ Invariants:
 - Outstanding work never exceeds ``ahead + 1`` steps: the only queue growth is bounded by it.
 - A generator's weights are at most ``everySteps - 1`` versions behind the trainer's when it samples, and work is
   issued ``ahead`` steps early, so a group's lag at training is at most ``ahead + everySteps - 1 = maxPolicyLag``:
-  in a healthy run nothing is stale (``config.spec_problems`` refuses ``maxPolicyLag < everySteps - 1``).
+  in a healthy run nothing is stale (``kubeforge.api.validate`` refuses ``maxPolicyLag < everySteps - 1``).
 - Re-issues go from the rank that needs them straight to a generator, never through rank 0, so no rank ever
   waits inside a collective for a message another rank has yet to forward.
 - No wait is unbounded (``Settings.deadline`` = ``spec.failurePolicy.progressDeadlineSeconds``): a step whose
@@ -94,6 +95,8 @@ class Learner(Protocol):
                         extra: Mapping[str, Any] | None = None) -> Any: ...
     def follow_sync(self) -> None:
         """A non-zero rank's part of rank 0's weight push (gathers of sharded weights); may do nothing."""
+    def export(self, *, directory: str) -> Any:
+        """Write the policy as an HF folder under ``directory`` (every rank calls it; rank 0 writes)."""
 
 
 class WeightPusher(Protocol):
@@ -186,16 +189,18 @@ class Loop:
             self._push(step=start)
         for s in range(start, self.s.steps):
             self._issue_window(current=s)
+            waited = self.clock()
             groups = self._collect(s)
             self.beat("train")
             t0 = self.clock()
             stats = self.learner.train_step(groups=groups)
-            self._after_step(s, stats, groups, train_seconds=self.clock() - t0)
+            self._after_step(s, stats, groups, train_seconds=self.clock() - t0, wait_seconds=t0 - waited)
             self.beat("step")
             if self.should_stop() and s + 1 < self.s.steps:
                 raise Terminated(f"SIGTERM after step {s + 1} (its checkpoint, if due, is complete)")
+        exported = self.learner.export(directory=self.s.checkpoint_dir)
         if self.rank0 is not None:
-            self._finish()
+            self._finish(exported)
 
     def _resume(self) -> int:
         state = self.learner.resume(directory=self.s.checkpoint_dir)
@@ -370,13 +375,15 @@ class Loop:
 
     # ------------------------------------------------------------ after a step
 
-    def _after_step(self, s: int, stats: Any, groups: Sequence[types.RolloutGroup], *, train_seconds: float) -> None:
+    def _after_step(self, s: int, stats: Any, groups: Sequence[types.RolloutGroup], *, train_seconds: float,
+                    wait_seconds: float = 0.0) -> None:
         done = s + 1
         last = done == self.s.steps
         sync: generator_role.SyncResult | None = None
         if (done % self.s.sync_every == 0) and not last:
             sync = self._push(step=done)
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
+        record["wait_seconds"] = wait_seconds
         self.observer.trained(record=record)
         if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
             self.rank0.reporter.step(record)
@@ -402,6 +409,8 @@ class Loop:
             print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
                   f"{self.epochs} forms when the generators are back", flush=True)
             return None
+        finally:    # the other ranks' follow_sync gathers complete even when the push did not
+            getattr(self.learner, "complete_sync", lambda: None)()
 
     def _record(self, stats: Any, groups: Sequence[types.RolloutGroup], *,
                 sync: generator_role.SyncResult | None, train_seconds: float) -> dict[str, Any]:
@@ -419,11 +428,12 @@ class Loop:
         }
         return record
 
-    def _finish(self) -> None:
+    def _finish(self, exported: Any) -> None:
         assert self.rank0 is not None
         for g in range(self.members):
             try:
                 self.generators.send(wire.Stop(reason="done"), to=g, timeout=5.0)
             except transport.TransportError:
                 pass
-        self.rank0.reporter.done({"step": self.learner.step, "policy_version": self.learner.policy_version})
+        self.rank0.reporter.done({"step": self.learner.step, "policy_version": self.learner.policy_version,
+                                  "export": str(exported) if exported else None})

@@ -89,21 +89,25 @@ class Entry:
 class Stream:
     """Named full tensors of ``params``, gathered lazily; ``meta`` describes them before any gather happens.
 
-    Satisfies ``weightsync.TensorStream``. ``dtype`` None keeps each tensor's own dtype."""
+    Satisfies ``weightsync.TensorStream``. One pass only: every ``iter()`` continues the same pass, so
+    :meth:`drain` after a consumer stopped early (a failed sync) completes exactly the gathers that are left.
+    ``dtype`` None keeps each tensor's own dtype."""
 
     def __init__(self, params: list[tuple[str, torch.Tensor]], *, dtype: torch.dtype | None) -> None:
-        self._params = params
-        self._dtype = dtype
         self.meta = [Entry(name=n, shape=tuple(p.shape), dtype=dtype if dtype is not None and p.is_floating_point()
                            else p.dtype) for n, p in params]
+        self._pass = self._gather(params)
+
+    def _gather(self, params: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for (name, p), e in zip(params, self.meta):
+            yield name, full(p, dtype=e.dtype)
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for (name, p), e in zip(self._params, self.meta):
-            yield name, full(p, dtype=e.dtype)
+        return self._pass
 
     def drain(self) -> int:
         """Iterate to the end, discarding (what a non-zero rank does while rank 0 sends); returns the count."""
-        return sum(1 for _ in self)
+        return sum(1 for _ in self._pass)
 
 
 def unique_named(module: torch.nn.Module, *, trainable_only: bool = False) -> list[tuple[str, torch.Tensor]]:

