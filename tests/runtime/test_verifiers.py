@@ -115,10 +115,20 @@ def test_regex_is_time_limited() -> None:
     verifier's time limit, score NaN (the Scorer's fallback) and are counted; the next completion still scores."""
     nested = regex.Regex(pattern=r"^(a+)+$", timeout_s=0.2)
     t0 = time.monotonic()
-    assert nested.score(prompt(""), ["a" * 5000 + "!", "aaa"]) == [0.0, 1.0]  # the engine needs no backtracking
+    got = nested.score(prompt(""), ["a" * 5000 + "!", "aaa"])      # main thread: re under an interval timer
+    assert (got[0] == 0.0 or math.isnan(got[0])) and got[1] == 1.0
+    out: list[list[float]] = []
+    t = threading.Thread(target=lambda: out.append(nested.score(prompt(""), ["a" * 5000 + "!", "aaa"])))
+    t.start()
+    t.join(30)
+    assert out == [[0.0, 1.0]]                       # elsewhere: the regex engine, which needs no backtracking here
     evil = regex.Regex(pattern=r"(x+x+)+y", timeout_s=0.2)
     got = evil.score(prompt(""), ["x" * 5000, "xxy"])
-    assert math.isnan(got[0]) and evil.timeouts == 1
+    assert math.isnan(got[0]) and got[1] == 1.0 and evil.timeouts == 1
+    t = threading.Thread(target=lambda: out.append(evil.score(prompt(""), ["x" * 5000, "xxy"])))
+    t.start()
+    t.join(30)
+    assert math.isnan(out[1][0]) and out[1][1] == 1.0 and evil.timeouts == 2
     assert time.monotonic() - t0 < 30  # unbounded, this takes longer than the age of the universe
     s = verifiers.Scorer([vspec("evil", "Regex", timeoutSeconds=0.2, fallbackScore=0.0,
                                 regex={"pattern": r"(x+x+)+y"})])

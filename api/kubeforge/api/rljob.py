@@ -49,6 +49,7 @@ def _schema_extra(*rules: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 IMMUTABLE = "is immutable while the job exists"
+MSG_EVAL_VERIFIER = "must name one of spec.verifiers"
 
 # ---------------------------------------------------------------- model and task
 
@@ -140,7 +141,27 @@ class JsonlTask(Model):
     answer_field: str = Field("answer", min_length=1, description="Key of the reference answer in each record.")
 
 
-MSG_ONE_TASK = "exactly one of arithmetic, copy or jsonl must be set"
+class CodeFunction(str, enum.Enum):
+    ADD = "Add"
+    MULTIPLY = "Multiply"
+    MAX = "Max"
+    REVERSE = "Reverse"
+    COUNT = "Count"
+    PARITY = "Parity"
+
+
+class CodeTask(Model):
+    """Procedural code: write a small Python function; the reference answer is its tests (one assert per line),
+    run by a CodeExecution verifier."""
+
+    functions: list[CodeFunction] = Field(
+        default_factory=lambda: [CodeFunction.ADD, CodeFunction.MULTIPLY, CodeFunction.MAX],
+        min_length=1, max_length=6, description="Function families to draw from: Add | Multiply | Max | Reverse | "
+        "Count | Parity.")
+    tests: int = Field(4, ge=1, le=32, description="Test cases (asserts) per problem.")
+
+
+MSG_ONE_TASK = "exactly one of arithmetic, copy, jsonl or code must be set"
 
 
 class TaskSpec(Model):
@@ -148,20 +169,22 @@ class TaskSpec(Model):
 
     model_config = pydantic.ConfigDict(
         json_schema_extra=_schema_extra(
-            _cel("[has(self.arithmetic), has(self.copy), has(self.jsonl)].filter(x, x).size() == 1", MSG_ONE_TASK),
+            _cel("[has(self.arithmetic), has(self.copy), has(self.jsonl), has(self.code)].filter(x, x).size() == 1",
+                 MSG_ONE_TASK),
         )
     )
 
     arithmetic: ArithmeticTask | None = Field(None, description="Procedural arithmetic problems.")
     copy_: CopyTask | None = Field(None, alias="copy", description="Procedural copy task (tests, tiny model).")
     jsonl: JsonlTask | None = Field(None, description="A JSONL file of prompts and answers.")
+    code: CodeTask | None = Field(None, description="Procedural code problems with tests (for CodeExecution).")
     seed: int = Field(0, ge=0, description="Seed of the prompt stream; with the data cursor it fixes every prompt.")
     chat_template: bool = Field(
         True, description="Wrap prompts in the model's chat template when it has one.")
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> TaskSpec:
-        if sum(x is not None for x in (self.arithmetic, self.copy_, self.jsonl)) != 1:
+        if sum(x is not None for x in (self.arithmetic, self.copy_, self.jsonl, self.code)) != 1:
             raise ValueError(MSG_ONE_TASK)
         return self
 
@@ -386,6 +409,21 @@ class LossType(str, enum.Enum):
 MSG_CLIP_HIGH = "clipEpsilonHigh must be greater than or equal to clipEpsilon"
 
 
+class LRScheduleType(str, enum.Enum):
+    CONSTANT = "Constant"
+    COSINE = "Cosine"
+
+
+class LRScheduleSpec(Model):
+    """The learning rate over the steps: a linear warm-up from 0, then constant or a cosine decay."""
+
+    type: LRScheduleType = Field(LRScheduleType.CONSTANT, description="Constant | Cosine (decays from "
+                                 "learningRate after the warm-up to minRatio * learningRate at the last step).")
+    warmup_steps: int = Field(0, ge=0, le=10_000_000, description="Steps of linear warm-up from 0 to learningRate.")
+    min_ratio: float = Field(0.0, ge=0, le=1, description="Cosine: the final learning rate as a fraction of "
+                             "learningRate.")
+
+
 class AlgorithmSpec(Model):
     """GRPO and its variants. Immutable while the job exists."""
 
@@ -404,6 +442,8 @@ class AlgorithmSpec(Model):
     temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     learning_rate: float = Field(1.0e-6, gt=0, le=1, description="AdamW learning rate.")
+    learning_rate_schedule: LRScheduleSpec = Field(default_factory=LRScheduleSpec,
+                                                   description="Warm-up and decay of the learning rate.")
     weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clipping threshold.")
     clip_epsilon: float = Field(0.2, gt=0, le=10, description="Clip range of the importance ratio against the "
@@ -714,8 +754,32 @@ class FailurePolicySpec(Model):
 # ---------------------------------------------------------------- spec, status, object
 
 
+class EvaluationSpec(Model):
+    """Held-out evaluation: greedy answers to prompts the policy never trains on, from the same task source."""
+
+    every_steps: int = Field(10, ge=1, le=10_000_000, description="Evaluate after every this many optimizer steps "
+                             "(and before the first step and after the last).")
+    prompts: int = Field(64, ge=1, le=10_000, description="Held-out prompts per evaluation (the same ones each "
+                         "time).")
+    first_index: int = Field(1 << 40, ge=0, le=1 << 50, description="Index of the first held-out prompt in the task "
+                             "stream; training uses indices below promptsPerStep * steps (arithmetic/copy streams "
+                             "are procedural, so these prompts are new; a JSONL file wraps around).")
+    max_new_tokens: int | None = Field(None, ge=1, le=131072, description="Greedy tokens per answer; default "
+                                       "algorithm.maxNewTokens.")
+    verifier: str | None = Field(None, min_length=1, max_length=63, description="Name of the verifier that decides "
+                                 "correctness (score >= 0.5); default the first in spec.verifiers.")
+
+
 class RLJobSpec(Model):
     """Desired state of an RLJob."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(
+            _cel("!has(self.evaluation) || !has(self.evaluation.verifier) || "
+                 "self.verifiers.exists(v, v.name == self.evaluation.verifier)",
+                 f"evaluation.verifier: {MSG_EVAL_VERIFIER}"),
+        )
+    )
 
     model: ModelSpec = Field(description="The policy model.")
     task: TaskSpec = Field(description="Prompt and answer source.")
@@ -725,6 +789,8 @@ class RLJobSpec(Model):
     reward: RewardSpec = Field(default_factory=RewardSpec, description="Aggregation of verifier scores into "
                                "rewards.")
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="GRPO settings.")
+    evaluation: EvaluationSpec | None = Field(None, description="Held-out greedy accuracy every N steps "
+                                              "(metrics, the run's plot, status.progress).")
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Trainer to generator sync.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Trainer checkpoints.")
     roles: RolesSpec = Field(default_factory=RolesSpec, description="Generator, verifier and trainer roles.")
@@ -745,6 +811,13 @@ class RLJobSpec(Model):
         if dup:
             raise ValueError(f"Duplicate value: verifier names must be unique: {', '.join(dup)}")
         return v
+
+    @pydantic.model_validator(mode="after")
+    def _evaluation_verifier(self) -> RLJobSpec:
+        ev = self.evaluation
+        if ev is not None and ev.verifier is not None and ev.verifier not in {v.name for v in self.verifiers}:
+            raise ValueError(f"evaluation.verifier: {MSG_EVAL_VERIFIER}")
+        return self
 
 
 class Phase(str, enum.Enum):
@@ -783,6 +856,8 @@ class Progress(Model):
     step: int = Field(0, description="Last completed optimizer step.")
     mean_reward: float | None = Field(None, description="Mean reward of the last step.")
     policy_version: int = Field(0, description="Policy version the generators were last synced to.")
+    eval_accuracy: float | None = Field(None, description="Held-out greedy accuracy at the last evaluation "
+                                        "(spec.evaluation).")
 
 
 class FailureInfo(Model):

@@ -75,7 +75,18 @@ class Metrics:
                                                "verifier.", ("verifier",), buckets=_UNIT), self._base)
         self.verifier_errors = Family(self._raw(prom.Counter, "verifier_errors_total", "Verifier calls that failed "
                                                 "(their group scored 0).", ("verifier",)), self._base)
-        self.reward = h("reward", "Reward (weighted sum of verifier scores) of each completion.", _UNIT)
+        self.verifier_fallbacks = Family(self._raw(prom.Counter, "verifier_fallbacks_total", "Completions a "
+                                                   "verifier gave no score (error, timeout, NaN): fallback or "
+                                                   "abstention.", ("verifier",)), self._base)
+        self.verifier_accuracy = Family(self._raw(prom.Gauge, "verifier_accuracy", "Estimated accuracy of each "
+                                                  "verifier (WeakSupervision's label model; NaN when not "
+                                                  "estimated or dropped).", ("verifier",)), self._base)
+        self.verifier_weight = Family(self._raw(prom.Gauge, "verifier_weight", "Weight of each verifier in the "
+                                                "reward (WeightedSum: its weight; WeakSupervision: its log-odds "
+                                                "weight, 0 when dropped).", ("verifier",)), self._base)
+        self.verifier_cache = Family(self._raw(prom.Counter, "verifier_cache_total", "Score cache lookups by "
+                                               "result (hit, miss).", ("result",)), self._base)
+        self.reward = h("reward", "Reward (the aggregation of verifier scores) of each completion.", _UNIT)
         self.reward_mean = g("reward_mean", "Mean reward of the last optimizer step.")
         # trainer
         self.step = g("step", "Last completed optimizer step.")

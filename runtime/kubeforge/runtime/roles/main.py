@@ -96,11 +96,15 @@ def _verifier(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.Metric
     inbox = transport.open_receiver(bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
     trainers = transport.open_sender(data_addresses(cfg, "trainer"), role="verifier", index=cfg.index,
                                     send_timeout=role_deadline(cfg))
+    log = cfg.run_dir / f"verifier-{cfg.index}.jsonl" if cfg.run_dir is not None else None
+    observer = observe.VerifierObserver(m, scorer.errors, scorer=scorer, log_path=log)
     server.set_ready(True)
     try:
-        loop.run(inbox=inbox, trainers=trainers, score=scorer.apply, observer=observe.VerifierObserver(m, scorer.errors),
+        loop.run(inbox=inbox, trainers=trainers, score=scorer.apply, observer=observer,
                  should_stop=stop.is_set, beat=server.heartbeat, deadline=role_deadline(cfg))
     finally:
+        observer.close()
+        scorer.close()
         trainers.close()
         inbox.close()
     return 0

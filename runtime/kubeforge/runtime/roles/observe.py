@@ -6,9 +6,12 @@ builds these with the process's ``Metrics``; unit tests pass the same classes wi
 from __future__ import annotations
 
 import collections
+import json
+import math
+import pathlib
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from kubeforge.runtime import metrics as metrics_mod
 from kubeforge.runtime import types, wire
@@ -49,11 +52,32 @@ class GeneratorObserver(Base):
         self.m.weight_sync_bytes.inc(result.bytes)
 
 
+class ScorerState(Protocol):
+    """What the verifier observer reads from ``verifiers.Scorer`` (counters and the aggregation's state)."""
+
+    @property
+    def fallbacks(self) -> Mapping[str, int]: ...
+    @property
+    def cache_hits(self) -> int: ...
+    @property
+    def cache_misses(self) -> int: ...
+    def state(self) -> Mapping[str, Mapping[str, float | None]]: ...
+
+
 class VerifierObserver(Base):
-    def __init__(self, metrics: metrics_mod.Metrics, errors: Mapping[str, int] | None = None) -> None:
+    """Per scored group: reward and per-verifier score histograms, error/fallback/cache counters, the
+    aggregation's per-verifier accuracy and weight gauges; with ``log_path`` also one JSON line per group (the
+    run's verifier metrics: step, prompt, per-verifier mean scores, rewards, fallbacks, accuracies, weights)."""
+
+    def __init__(self, metrics: metrics_mod.Metrics, errors: Mapping[str, int] | None = None, *,
+                 scorer: ScorerState | None = None, log_path: pathlib.Path | None = None) -> None:
         super().__init__(metrics)
         self._errors = errors if errors is not None else {}
         self._seen: dict[str, int] = {}
+        self._scorer = scorer
+        self._fallbacks_seen: dict[str, int] = {}
+        self._cache_seen = (0, 0)
+        self._log = log_path.open("a", encoding="utf-8") if log_path is not None else None
 
     def scored(self, *, group: types.RolloutGroup, seconds: float) -> None:
         self.m.rollouts_received.inc()
@@ -62,10 +86,43 @@ class VerifierObserver(Base):
         new = {k: v - self._seen.get(k, 0) for k, v in self._errors.items()}
         self._seen = dict(self._errors)
         self.m.observe_scores(rewards=group.rewards or [], scores=group.scores, errors=new)
+        if self._scorer is not None:
+            self._scorer_metrics(group, seconds)
+
+    def _scorer_metrics(self, group: types.RolloutGroup, seconds: float) -> None:
+        sc = self._scorer
+        assert sc is not None
+        fb = {k: v - self._fallbacks_seen.get(k, 0) for k, v in sc.fallbacks.items()}
+        self._fallbacks_seen = dict(sc.fallbacks)
+        for name, n in fb.items():
+            if n:
+                self.m.verifier_fallbacks.labels(verifier=name).inc(n)
+        hits, misses = sc.cache_hits, sc.cache_misses
+        self.m.verifier_cache.labels(result="hit").inc(hits - self._cache_seen[0])
+        self.m.verifier_cache.labels(result="miss").inc(misses - self._cache_seen[1])
+        self._cache_seen = (hits, misses)
+        state = sc.state()
+        for name, acc in state.get("accuracy", {}).items():
+            self.m.verifier_accuracy.labels(verifier=name).set(math.nan if acc is None else acc)
+        for name, w in state.get("weight", {}).items():
+            self.m.verifier_weight.labels(verifier=name).set(math.nan if w is None else w)
+        if self._log is not None:
+            rec = {"step": group.step, "prompt": group.prompt.index, "policy_version": group.policy_version,
+                   "seconds": round(seconds, 6), "rewards": group.rewards,
+                   "mean_scores": {k: (sum(v) / len(v) if v else None) for k, v in group.scores.items()},
+                   "fallbacks": {k: v for k, v in fb.items() if v},
+                   "accuracy": dict(state.get("accuracy", {})), "weight": dict(state.get("weight", {}))}
+            self._log.write(json.dumps(rec) + "\n")
+            self._log.flush()
 
     def failed(self, *, error: BaseException) -> None:
         print(f"verifier: scoring failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         self.m.verifier_errors.labels(verifier="*").inc()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
 
 class TrainerObserver(Base):

@@ -8,7 +8,7 @@ from typing import Callable, TypeVar
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.tasks import arithmetic, base, copy, jsonl
+from kubeforge.runtime.tasks import arithmetic, base, code, copy, jsonl
 
 T = TypeVar("T")
 Builder = Callable[[rljob.TaskSpec], base.PromptStream]
@@ -17,6 +17,7 @@ KINDS: dict[str, Builder] = {
     "arithmetic": lambda s: arithmetic.ArithmeticStream(spec=_need(s.arithmetic, "arithmetic"), seed=s.seed),
     "copy": lambda s: copy.CopyStream(spec=_need(s.copy_, "copy"), seed=s.seed),
     "jsonl": lambda s: jsonl.JsonlStream.from_spec(_need(s.jsonl, "jsonl"), seed=s.seed),
+    "code": lambda s: code.CodeStream(spec=_need(s.code, "code"), seed=s.seed),
 }
 
 
@@ -27,8 +28,9 @@ def _need(value: T | None, field: str) -> T:
 
 
 def kind_of(spec: rljob.TaskSpec) -> str:
-    """Which source the spec sets: arithmetic | copy | jsonl."""
-    kinds = [k for k, v in (("arithmetic", spec.arithmetic), ("copy", spec.copy_), ("jsonl", spec.jsonl)) if v]
+    """Which source the spec sets: arithmetic | copy | jsonl | code."""
+    kinds = [k for k, v in (("arithmetic", spec.arithmetic), ("copy", spec.copy_), ("jsonl", spec.jsonl),
+                            ("code", spec.code)) if v]
     if len(kinds) != 1:
         raise base.TaskError(f"spec.task: {rljob.MSG_ONE_TASK}")
     return kinds[0]

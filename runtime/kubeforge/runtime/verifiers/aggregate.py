@@ -41,7 +41,8 @@ class WeightedSum:
         self.weights = np.asarray(weights, dtype=np.float64)
 
     def rewards(self, scores: Array, *, step: int) -> Array:
-        return np.nan_to_num(scores, nan=0.0) @ self.weights
+        out: Array = np.einsum("ij,j->i", np.nan_to_num(scores, nan=0.0), self.weights)
+        return out
 
     def state(self) -> State:
         return {"accuracy": {n: None for n in self.names},
@@ -105,15 +106,13 @@ class WeakSupervision:
             self.positive_rate = np.nanmean(v, axis=0)
         rate = np.nan_to_num(self.positive_rate, nan=0.0)
         keep = (rate >= self.spec.min_positive_rate) & (rate <= self.spec.max_positive_rate)
-        seen = ~np.isnan(v)
+        ones, zeros = (v == 1.0).astype(np.float64), (v == 0.0).astype(np.float64)
+        both = np.einsum("ij,ik->jk", ones + zeros, ones + zeros)
+        agree = (np.einsum("ij,ik->jk", ones, ones) + np.einsum("ij,ik->jk", zeros, zeros)) / np.maximum(both, 1.0)
         for j in range(len(self.names)):
-            if not keep[j]:
-                continue
-            for i in range(j):
-                both = seen[:, i] & seen[:, j]
-                if keep[i] and both.any() and np.mean(v[both, i] == v[both, j]) > self.spec.duplicate_agreement:
-                    keep[j] = False
-                    break
+            if keep[j] and any(keep[i] and both[i, j] > 0 and agree[i, j] > self.spec.duplicate_agreement
+                               for i in range(j)):
+                keep[j] = False
         self.keep = keep
         self.model = LabelModel(class_balance=self.spec.class_balance).fit(v[:, keep]) if keep.any() else None
         self.fitted_step = step

@@ -48,7 +48,7 @@ def _validated(got: Any, n: int) -> list[float]:
     vals = [float(s) for s in got]
     if len(vals) != n:
         raise ValueError(f"{len(vals)} scores for {n} completions")
-    if any(math.isinf(s) for s in vals):
+    if math.inf in vals or -math.inf in vals:
         raise ValueError("infinite score")
     return vals
 

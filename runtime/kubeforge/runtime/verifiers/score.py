@@ -66,49 +66,53 @@ class Scorer:
         """``[completions, verifiers]`` scores after fallback (NaN = abstained), verifiers in spec order."""
         texts = [c.text for c in group.completions]
         keys = [cache.key(group.prompt, t) for t in texts]
+        uniq: dict[bytes, str] = dict(zip(keys, texts))     # identical completions are scored once
+        ukeys = list(uniq)
+        pos = {k: i for i, k in enumerate(ukeys)}
+        where = [pos[k] for k in keys]
         names = list(self.specs)
-        known: dict[str, dict[bytes, float]] = {}
+        cached: dict[str, list[float | None]] = {}
         calls: dict[str, tuple[types.Prompt, list[str]]] = {}
-        todo: dict[str, dict[bytes, str]] = {}
+        all_texts = list(uniq.values())
         for name in names:
-            have: dict[bytes, float] = {}
-            miss: dict[bytes, str] = {}   # uncached, deduplicated: identical completions are scored once
-            for k, t in zip(keys, texts):
-                if k in have or k in miss:
-                    continue
-                s = self.cache.get(name, k)
-                if s is None:
-                    miss[k] = t
-                else:
-                    have[k] = s
-            known[name], todo[name] = have, miss
+            if self.cache.size > 0:
+                got = [self.cache.get(name, k) for k in ukeys]
+                cached[name] = got
+                miss = [t for t, g in zip(all_texts, got) if g is None]
+            else:
+                miss = all_texts
             if miss:
-                calls[name] = (group.prompt, list(miss.values()))
+                calls[name] = (group.prompt, miss)
         outcomes = self.pool.run(calls)
         out = np.empty((len(texts), len(names)))
         for j, name in enumerate(names):
-            have = known[name]
             o = outcomes.get(name)
+            fresh: list[float] = []
             if o is not None:
                 if o.scores is None:
                     self.errors[name] += 1
                     self.last_error[name] = o.error or ""
                     if o.timed_out:
                         self.timeouts[name] += 1
-                    fresh = [math.nan] * len(todo[name])
+                    fresh = [math.nan] * len(calls[name][1])
                 else:
                     fresh = o.scores
-                for k, s in zip(todo[name], fresh):
-                    have[k] = s
-                    if not math.isnan(s):
-                        self.cache.put(name, k, s)
-            fb = self.specs[name].fallback_score
-            col = [have[k] for k in keys]
-            missing = sum(1 for s in col if math.isnan(s))
+            have = cached.get(name)
+            if have is None:
+                uscores = fresh
+            else:
+                it = iter(fresh)
+                uscores = [next(it) if g is None else g for g in have]
+                for k, g, sc in zip(ukeys, have, uscores):
+                    if g is None and not math.isnan(sc):
+                        self.cache.put(name, k, sc)
+            col = [uscores[i] for i in where]
+            missing = sum(1 for sc in col if sc != sc)      # NaN
             if missing:
                 self.fallbacks[name] += missing
+                fb = self.specs[name].fallback_score
                 if fb is not None:
-                    col = [fb if math.isnan(s) else s for s in col]
+                    col = [fb if sc != sc else sc for sc in col]
             out[:, j] = col
         return out
 
