@@ -35,8 +35,8 @@ def test_weak_supervision_example_trains(tmp_path: pathlib.Path) -> None:
     first, last = range(0, 4), range(STEPS - 4, STEPS)
     print(f"\nreward {mean('reward', first):.3f} -> {mean('reward', last):.3f}; "
           f"exact answers {mean('answer', first):.3f} -> {mean('answer', last):.3f}")
-    assert mean("reward", last) > mean("reward", first) + 0.15
-    assert mean("answer", last) > mean("answer", first) + 0.05
+    assert mean("reward", last) > mean("reward", first) + 0.15   # measured: 0.102 -> 0.708
+    assert mean("answer", last) > mean("answer", first) + 0.03   # measured: 0.013 -> 0.106
     fitted = [g for g in groups if any(a is not None for a in g["accuracy"].values())]
     assert fitted and all(0.5 <= a <= 1.0 for g in fitted for a in g["accuracy"].values() if a is not None)
     assert all(g["weight"]["answer-again"] == 0.0 for g in fitted)      # the duplicate is always dropped
