@@ -42,7 +42,7 @@ test: venv host-deps build-cluster
 
 # The CRD is generated from the typed model (kubeforge.api.crd) and copied into the Helm chart, and the field
 # table of docs/api.md refreshed; tests/api/test_crd.py fails when any of them differs from the model.
-CRD_FILES := crds/kubeforge.dev_rljobs.yaml helm/kubeforge/crds/kubeforge.dev_rljobs.yaml
+CRD_FILES := crds/kubeforge.dev_rljobs.yaml helm/kubeforge/files/crds/kubeforge.dev_rljobs.yaml
 crd: venv
 	$(VENV)/bin/python -m kubeforge.api.crd --write $(CRD_FILES) --docs docs/api.md
 
@@ -62,6 +62,12 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) runs
+
+# The operator image and the CPU runtime image, built with buildah from a debootstrap rootfs (no Docker, no
+# registry), cached by the hash of their inputs under ~/.cache/kubeforge/images. Prints `<ref> <OCI archive>` per
+# image and imports them into the real test node's containerd when it runs. See images/README.md.
+images: venv host-deps
+	@KF_IMPORT=1 WHEELS=$(WHEELS) bash images/build.sh operator runtime
 
 # --- test cluster (issue 4; owner: test-cluster engineer). See docs/test-cluster.md. ---
 .PHONY: build-cluster e2e-kind

@@ -16,7 +16,7 @@ from kubeforge.api import contract, crd, load
 import invalid_manifests  # tests/api: the shared table and its helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-COMMITTED = (ROOT / "crds" / "kubeforge.dev_rljobs.yaml", ROOT / "helm" / "kubeforge" / "crds" / "kubeforge.dev_rljobs.yaml")
+COMMITTED = (ROOT / "crds" / "kubeforge.dev_rljobs.yaml", ROOT / "helm" / "kubeforge" / "files" / "crds" / "kubeforge.dev_rljobs.yaml")
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 Node = dict[str, Any]

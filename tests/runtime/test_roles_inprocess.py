@@ -109,7 +109,8 @@ class InProcessPusher:
         return generator_role.SyncResult(seconds=0.01, bytes=1)
 
 
-def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = ()) -> dict[str, object]:
+def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = (),
+            evaluate: trainer_role.Evaluate | None = None, eval_every: int = 0) -> dict[str, object]:
     """Run generator, verifier and trainer loops to completion; returns observations."""
     n = next(_ids)
     a = {k: f"mem://t{n}-{k}" for k in ("gen", "ver", "trn", "ctl")}
@@ -157,7 +158,8 @@ def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = ()) -
         inbox=trn_in, generators=to_gen, learner=learner, prompt_at=tasks.stream(spec.task).prompt_at,
         observer=observe.TrainerObserver(m["trainer"]),
         rank0=trainer_role.Rank0(control=ctl_in, pusher=InProcessPusher(to_gen, ctl_in),
-                                 reporter=report.JsonlReporter(path=records, echo=False)))
+                                 reporter=report.JsonlReporter(path=records, echo=False),
+                                 evaluate=evaluate, eval_every=eval_every))
     loop.run()
     for t in threads:
         t.join(timeout=30)
@@ -382,3 +384,23 @@ def test_a_lost_frame_is_reissued_and_a_step_that_never_completes_stalls_within_
     assert 3.0 <= _time.monotonic() - started < 10.0 and loop2.reissued >= 4
     for r in (gen_in, ver_in, trn_in, ctl_in, dead_gen, trn2, ctl2):
         r.close()
+
+
+def test_held_out_evaluation_before_every_n_steps_and_after_the_last(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    class Result:
+        def __init__(self, accuracy: float) -> None:
+            self.accuracy, self.seconds = accuracy, 0.5
+
+    def evaluate() -> Result:
+        calls.append(len(calls))
+        return Result(0.1 * len(calls))
+
+    out = run_job(job(steps=3), tmp_path, evaluate=evaluate, eval_every=2)
+    recs = out["records"]
+    assert len(calls) == 3                                   # before step 1, after step 2, after step 3 (last)
+    assert recs[0]["eval_accuracy_base"] == pytest.approx(0.1)
+    assert [r.get("evaluated", False) for r in recs] == [False, True, True]
+    assert [r["eval_accuracy"] for r in recs] == pytest.approx([0.1, 0.2, 0.3])   # the latest, carried forward
+    assert "eval_accuracy_base" not in recs[1]

@@ -67,7 +67,7 @@ MANAGED_BY = "kubeforge"
 FIELD_MANAGER = "kubeforge-operator"
 
 # The trainer (rank 0) reports progress on its own pod as a JSON annotation; the operator watches it.
-ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done"}
+ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done", "evalAccuracy"?}
 
 # ---- what kubeforge reserves inside a role's pod (a user's volumes and mounts may not collide) ----
 RESERVED_NAME_PREFIX = "kubeforge-"              # volume names kubeforge adds to every pod

@@ -59,7 +59,8 @@ def trainer_report(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> ob
 def _progress(report: observed.ProgressReport | None, prev: rljob.Progress) -> rljob.Progress:
     if report is None:
         return prev
-    return rljob.Progress(step=report.step, mean_reward=report.mean_reward, policy_version=report.policy_version)
+    return rljob.Progress(step=report.step, mean_reward=report.mean_reward, policy_version=report.policy_version,
+                          eval_accuracy=report.eval_accuracy)
 
 
 def _failure_info(f: observed.Failure, action: str, now: dt.datetime) -> rljob.FailureInfo:

@@ -129,6 +129,6 @@ def statefulset(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPar
             "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": meta.role_labels(job, role)},
             "template": pod_template(job, ctx, gang, role=role),
-            **({"volumeClaimTemplates": claims} if (claims := checkpoint.claim_templates(job, role)) else {}),
+            **checkpoint.statefulset_fields(job, role),
         },
     }

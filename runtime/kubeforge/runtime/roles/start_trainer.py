@@ -6,15 +6,18 @@ lives on trainer 0 at ``contract.PORT_WEIGHTS``, the data-parallel store at ``co
 from __future__ import annotations
 
 import pathlib
+import sys
 
 import torch
+import transformers
 
 from kubeforge.api import contract, rljob
 from kubeforge.runtime import config, metrics, models, tasks, transport, weightsync
 from kubeforge.runtime.roles import main as role_main
 from kubeforge.runtime.roles import observe, report, sync
 from kubeforge.runtime.roles import trainer as loop
-from kubeforge.runtime.trainer import parallel, step
+from kubeforge.runtime.trainer import evaluate, parallel, step
+from kubeforge.runtime.verifiers import registry as verifier_registry
 
 
 def backend(spec: rljob.WeightSyncSpec) -> str:
@@ -67,7 +70,30 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
     pusher = sync.Pusher(generators=generators, control=control, sender=sender, tensors=learner.named_tensors,
                          host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world, backend=be,
                          timeout_s=spec.weight_sync.timeout_seconds)
-    return loop.Rank0(control=control, pusher=pusher, reporter=reporter(cfg))
+    ev = spec.evaluation
+    held_out = evaluator(cfg, learner)
+    return loop.Rank0(control=control, pusher=pusher, reporter=reporter(cfg),
+                      evaluate=held_out.run if held_out is not None else None,
+                      eval_every=ev.every_steps if ev is not None else 0)
+
+
+def evaluator(cfg: config.RoleConfig, learner: step.Trainer) -> evaluate.Evaluator | None:
+    """Rank 0's held-out evaluator on the trainer's own model (None with a sharded model: its forward needs every
+    rank, and evaluation runs on rank 0 alone)."""
+    spec = cfg.spec
+    ev = spec.evaluation
+    if ev is None:
+        return None
+    if learner.sharded:
+        print("trainer: spec.evaluation is skipped with FSDP sharding (evaluation runs on rank 0 alone)",
+              file=sys.stderr, flush=True)
+        return None
+    tok = transformers.AutoTokenizer.from_pretrained(str(learner.model_path))
+    return evaluate.Evaluator(
+        model=learner.model, tokenizer=tok, prompts=evaluate.held_out(tasks.stream(spec.task), ev),
+        verifier=verifier_registry.build_inner(evaluate.verifier_spec(spec)),
+        max_new_tokens=ev.max_new_tokens or spec.algorithm.max_new_tokens, chat_template=spec.task.chat_template,
+        compute_dtype=learner.compute_dtype, device=learner.device)
 
 
 def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer) -> int:

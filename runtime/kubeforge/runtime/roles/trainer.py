@@ -114,6 +114,13 @@ class Rank0:
     control: transport.Receiver           # READY/ACK from generators
     pusher: WeightPusher
     reporter: report.Reporter
+    evaluate: Evaluate | None = None      # held-out accuracy (spec.evaluation); None: no evaluation
+    eval_every: int = 0
+
+
+class Evaluate(Protocol):
+    def __call__(self) -> Any:
+        """Run the held-out evaluation now; the result has ``accuracy`` and ``seconds``."""
 
 
 def prompt_indices(*, step: int, prompts_per_step: int) -> range:
@@ -158,6 +165,8 @@ class Loop:
         self.buffer = buffer_mod.RolloutBuffer(max_policy_lag=settings.max_policy_lag, capacity=capacity)
         self.issued = 0                   # rank 0: next step whose work has not been handed out
         self._next_generator = settings.rank
+        self.eval_base: float | None = None   # rank 0: held-out accuracy before the first step (fresh start)
+        self.eval_last: float | None = None   # rank 0: the latest held-out accuracy (carried in every record)
         self.ahead = settings.max_policy_lag - (settings.sync_every - 1)
         if self.ahead < 0:
             raise ValueError("spec.algorithm.maxPolicyLag must be >= spec.weightSync.everySteps - 1")
@@ -170,6 +179,9 @@ class Loop:
             self._wait_for_generators()
         if 0 < start < self.s.steps:
             self._push(step=start)
+        if start == 0 and self.rank0 is not None and self.rank0.evaluate is not None:
+            self.beat("evaluate")
+            self.eval_base = self.eval_last = float(self.rank0.evaluate().accuracy)
         for s in range(start, self.s.steps):
             self._issue_window(current=s)
             waited = self.clock()
@@ -316,6 +328,7 @@ class Loop:
             sync = self._push(step=done)
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
         record["wait_seconds"] = wait_seconds
+        self._evaluate(record, done=done, last=last)
         self.observer.trained(record=record)
         if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
             self.rank0.reporter.step(record)
@@ -325,6 +338,23 @@ class Loop:
             self.beat("checkpoint")
             self.learner.save_checkpoint(directory=self.s.checkpoint_dir, keep=self.s.checkpoint_keep,
                                          data_cursor=done)
+
+    def _evaluate(self, record: dict[str, Any], *, done: int, last: bool) -> None:
+        """Rank 0: held-out accuracy every ``eval_every`` steps and after the last; every record carries the latest
+        (``eval_accuracy``), the step's own evaluation time, and the first also the base accuracy."""
+        r0 = self.rank0
+        if r0 is None or r0.evaluate is None:
+            return
+        if done % max(r0.eval_every, 1) == 0 or last:
+            self.beat("evaluate")
+            result = r0.evaluate()
+            self.eval_last = float(result.accuracy)
+            record["eval_seconds"] = float(result.seconds)
+            record["evaluated"] = True
+        if self.eval_last is not None:
+            record["eval_accuracy"] = self.eval_last
+        if done == 1 and self.eval_base is not None:
+            record["eval_accuracy_base"] = self.eval_base
 
     def _push(self, *, step: int) -> generator_role.SyncResult | None:
         """Push the current policy (other ranks take part in the gathers a sharded model needs); a broken group (a
@@ -368,4 +398,5 @@ class Loop:
             except transport.TransportError:
                 pass
         self.rank0.reporter.done({"step": self.learner.step, "policy_version": self.learner.policy_version,
-                                  "export": str(exported) if exported else None})
+                                  "export": str(exported) if exported else None,
+                                  **({"eval_accuracy": self.eval_last} if self.eval_last is not None else {})})
