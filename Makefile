@@ -54,6 +54,7 @@ lint: venv
 # Benchmarks (each prints ratios against a baseline measured in the same run). bench_operator needs a cluster:
 # `make cluster-up` first.
 bench: venv
+	$(VENV)/bin/python bench/bench_verifiers.py
 	$(VENV)/bin/python bench/bench_transport.py
 	$(VENV)/bin/python bench/bench_trainer.py --steps 6
 	$(VENV)/bin/python bench/bench_weightsync.py --model tiny
