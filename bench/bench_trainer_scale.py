@@ -9,7 +9,11 @@
    (float32 masters either way), steps interleaved so machine noise hits both; warm-up steps dropped.
    Baseline: float32, in the same run.
 
-    .venv/bin/python bench/bench_trainer_scale.py [--mem-steps 2] [--steps 4] [--skip-memory] [--skip-precision]
+    .venv/bin/python bench/bench_trainer_scale.py [--mem-steps 2] [--steps 4] [--layers 24] [--skip-memory]
+                                                  [--skip-precision]
+
+The DDP baseline of part 1 needs ~18 GiB free (2 ranks x 16 bytes per parameter); the script refuses to start it
+with less (``--layers`` shrinks the stack, the embedding stays 136M parameters).
 
 Prints one JSON object last (ratios: ``fsdp_over_ddp_peak_rss``, ``bf16_over_fp32_step_time``).
 """
@@ -68,7 +72,7 @@ def worker(a: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     group = parallel.DataParallel(config=parallel.DistConfig(rank=a.rank, world_size=2, master_port=a.port,
                                                              timeout_s=1800))
-    t = step.Trainer(model_path=a.model, algorithm=algorithm(16), group=group,
+    t = step.Trainer(model_path=a.model, algorithm=algorithm(16), group=group, dtype=a.dtype,
                      scale=step.Scale(sharding=a.sharding, micro_batch_tokens=256))
     times = []
     for s in range(a.mem_steps):
@@ -89,19 +93,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def available_gib() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return 0.0
+
+
 def memory(a: argparse.Namespace) -> dict[str, object]:
+    shape = {**QWEN2_05B, "num_hidden_layers": a.layers}
+    params_est = 151936 * 896 + a.layers * 14.9e6
+    need = 2 * params_est * 16 / 2**30 * 1.15        # DDP: 2 ranks x (params, grads, 2 AdamW moments) + slack
+    if available_gib() < need:
+        raise SystemExit(f"bench_trainer_scale: the DDP baseline needs ~{need:.0f} GiB, only "
+                         f"{available_gib():.0f} GiB available (try --layers N for a smaller stack)")
     with tempfile.TemporaryDirectory() as d:
-        cfg = transformers.Qwen2Config(**QWEN2_05B)
+        cfg = transformers.Qwen2Config(**shape)
         torch.manual_seed(0)
         model = transformers.Qwen2ForCausalLM(cfg)
         params = sum(p.numel() for p in model.parameters())
         model.save_pretrained(d)
         del model
-        out: dict[str, object] = {"params": params}
+        out: dict[str, object] = {"params": params, "layers": a.layers, "dtype": a.dtype}
         for sharding in ("DDP", "FSDP"):
             port = free_port()
             cmd = [sys.executable, __file__, "--worker", "--model", d, "--sharding", sharding, "--port", str(port),
-                   "--mem-steps", str(a.mem_steps)]
+                   "--mem-steps", str(a.mem_steps), "--dtype", a.dtype]
             procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, text=True,
                                       env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in range(2)]
             ranks = []
@@ -148,6 +166,8 @@ def main() -> None:
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--mem-steps", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=24, help="decoder layers of the 0.5B shape (24 = Qwen2 0.5B)")
+    ap.add_argument("--dtype", default="float32", help="model.dtype of the memory runs (masters stay float32)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=4)
@@ -164,7 +184,7 @@ def main() -> None:
     if not a.skip_precision:
         result["precision"] = precision(a)
     if not a.skip_memory:
-        result["memory_qwen2_0_5b_2_ranks"] = memory(a)
+        result["memory_qwen2_0_5b_shape_2_ranks"] = memory(a)
     print(json.dumps(result))
 
 

@@ -80,8 +80,14 @@ def test_values_schema_refuses_bad_values(bad: str) -> None:
 
 
 def test_chart_installs_the_generated_crd() -> None:
-    objs = render()
-    assert one(objs, "CustomResourceDefinition") == crd.crd()
+    """The CRD is a template (upgraded with the release), kept on uninstall unless crds.keep=false."""
+    got = one(render(include_crds=False), "CustomResourceDefinition")
+    want = crd.crd()
+    assert got["spec"] == want["spec"] and got["metadata"]["name"] == want["metadata"]["name"]
+    assert got["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "annotations" not in one(render("crds.keep=false"), "CustomResourceDefinition")["metadata"]
+    assert not [o for o in render("crds.install=false") if o["kind"] == "CustomResourceDefinition"]
+    assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the CRD lives in files/crds and a template"
 
 
 def test_operator_deployment() -> None:
@@ -129,7 +135,7 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     apply = pytest.importorskip("kubeforge.operator.apply")
     for (api_version, kind), plural in apply.KINDS.items():
         group = api_version.rpartition("/")[0]
-        if kind in ("Pod", "Event", contract.KIND):
+        if kind in ("Pod", "Event", "Lease", contract.KIND):   # Lease: the leader Role (test below)
             continue
         assert granted.get((group, plural), set()) >= write, f"{kind} ({api_version}): {granted.get((group, plural))}"
     scanning = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge-scanning")["rules"])
@@ -190,3 +196,18 @@ def test_api_server_accepts_the_rendered_chart(kube_cluster: Any, namespaces: li
     kinds = [line.split("/")[0] for line in run.stdout.splitlines() if "serverside-applied" in line]
     expected = len([d for d in yaml.safe_load_all(rendered.stdout) if d])
     assert len(kinds) == expected, run.stdout
+
+
+def test_two_replicas_elect_a_leader() -> None:
+    """replicas > 1 turns leader election on: a Lease Role in the release namespace, RollingUpdate, the flags."""
+    objs = render("replicas=2")
+    spec = one(objs, "Deployment")["spec"]
+    assert spec["replicas"] == 2 and spec["strategy"] == {"type": "RollingUpdate"}
+    (container,) = spec["template"]["spec"]["containers"]
+    main = pytest.importorskip("kubeforge.operator.main")
+    opts = main.parse_args(container["args"][1:])
+    assert opts.leader_elect and opts.leader_lease == f"{RELEASE}-kubeforge"
+    role = one(objs, "Role", f"{RELEASE}-kubeforge-leader")
+    assert role["metadata"]["namespace"] == RELEASE_NS
+    assert rules_by_resource(role["rules"]) == {("coordination.k8s.io", "leases"): {"get", "create", "update", "delete"}}
+    assert "--leader-elect" not in one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -151,13 +151,15 @@ def _scale_worker(argv: list[str]) -> None:
         ap.add_argument(name, type=int, required=True)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--ac", action="store_true")
+    ap.add_argument("--lora", action="store_true")
     a = ap.parse_args(argv)
     out = Path(a.out)
     group = parallel.DataParallel(config=parallel.DistConfig(rank=a.rank, world_size=a.world, master_port=a.port,
                                                              timeout_s=120))
     scale = step.Scale(sharding=a.sharding, micro_batch_tokens=a.micro or None, activation_checkpointing=a.ac)
-    t = step.Trainer(model_path=a.model, algorithm=algorithm(loss="DAPO"), group=group, scale=scale,
-                     dtype=a.dtype)
+    lora = rljob.LoraSpec(rank=4, alpha=8, targetModules=["q_proj", "down_proj"]) if a.lora else None
+    t = step.Trainer(model_path=a.model, algorithm=algorithm(loss="DAPO", learningRate=1e-2 if a.lora else 1e-3),
+                     group=group, scale=scale, dtype=a.dtype, lora=lora)
 
     def share(s: int) -> list[types.RolloutGroup]:
         return [g for g in synthetic_groups(step=s, prompts=a.prompts, group_size=4)
@@ -173,7 +175,8 @@ def _scale_worker(argv: list[str]) -> None:
         history.append(t.train_step(groups=share(s)).as_dict())
         stream = t.named_tensors()
         if a.rank == 0:
-            assert [e.name for e in stream.meta] == [n for n, _ in t.model.named_parameters()]
+            assert [e.name for e in stream.meta] == [n for n, p in t.model.named_parameters()
+                                                     if p.requires_grad or not a.lora]
             torch.save({n: v.clone() for n, v in stream}, out / f"{a.tag}-{s + 1}.pt")
         else:
             t.follow_sync()

@@ -87,3 +87,11 @@ def test_unknown_target_modules_are_refused(tiny: Path) -> None:
     with pytest.raises(ValueError, match="spec.model.lora.targetModules"):
         step.Trainer(model_path=tiny, algorithm=util.algorithm(),
                      lora=rljob.LoraSpec(targetModules=["no_such_proj"]))
+
+
+def test_adapters_start_the_same_in_every_process(tiny: Path) -> None:
+    torch.manual_seed(1)
+    a = step.Trainer(model_path=tiny, algorithm=util.algorithm(), lora=SPEC)
+    torch.manual_seed(2)
+    b = step.Trainer(model_path=tiny, algorithm=util.algorithm(), lora=SPEC)
+    assert all(torch.equal(p, q) for p, q in zip(a.model.parameters(), b.model.parameters()))

@@ -25,7 +25,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(tiny: Path, out: Path, *, tag: str, sharding: str, world: int, steps: int, ckpt: Path, micro: int = 0,
-        resume: bool = False, ac: bool = False, dtype: str = "float32") -> tuple[dict[str, torch.Tensor], list[dict]]:
+        resume: bool = False, ac: bool = False, dtype: str = "float32",
+        lora: bool = False) -> tuple[dict[str, torch.Tensor], list[dict]]:
     """Launch ``world`` real trainer processes; (rank 0's full parameters after the last step, step metrics)."""
     port = util.free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -33,7 +34,7 @@ def run(tiny: Path, out: Path, *, tag: str, sharding: str, world: int, steps: in
     cmd = [sys.executable, str(HERE / "_trainer_util.py"), "scale-worker", "--model", str(tiny), "--out", str(out),
            "--ckpt", str(ckpt), "--sharding", sharding, "--tag", tag, "--dtype", dtype, "--world", str(world),
            "--port", str(port), "--steps", str(steps), "--prompts", str(PROMPTS), "--micro", str(micro)]
-    cmd += ["--resume"] * resume + ["--ac"] * ac
+    cmd += ["--resume"] * resume + ["--ac"] * ac + ["--lora"] * lora
     procs = [subprocess.Popen([*cmd, "--rank", str(r)], env=env) for r in range(world)]
     codes = [p.wait(timeout=300) for p in procs]
     assert codes == [0] * world
@@ -85,3 +86,15 @@ def test_fsdp_matches_ddp_resumes_sharded_onto_one_and_two_ranks_and_runs_bf16(t
     assert h16[0]["loss"] == pytest.approx(h_ddp[0]["loss"], rel=0.05, abs=0.02)
     close({k: v.float() for k, v in params(tmp_path, "ddp-1").items()}, {k: v.float() for k, v in b16.items()},
           atol=3e-3)    # one step moves by <= 1e-3 (a flipped sign: 2e-3), bf16 rounding ~1e-4
+
+
+@pytest.mark.slow
+def test_fsdp_lora_matches_ddp_lora(tiny: Path, tmp_path: Path) -> None:
+    ddp, h_ddp = run(tiny, tmp_path, tag="ddp", sharding="DDP", world=2, steps=2, ckpt=tmp_path / "a", lora=True)
+    fsdp, h_fsdp = run(tiny, tmp_path, tag="fsdp", sharding="FSDP", world=2, steps=2, ckpt=tmp_path / "b",
+                       lora=True, micro=24)
+    assert ddp.keys() == fsdp.keys() and all(".lora_" in k for k in ddp)        # the stream: adapters only
+    for a, b in zip(h_ddp, h_fsdp):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+    close(ddp, fsdp, atol=2e-4)                                                  # lr 1e-2 x 2 steps
+    assert any(float(v.abs().max()) > 0 for k, v in fsdp.items() if ".lora_B." in k)

@@ -49,6 +49,7 @@ def _schema_extra(*rules: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 IMMUTABLE = "is immutable while the job exists"
+MSG_EVAL_VERIFIER = "must name one of spec.verifiers"
 
 # ---------------------------------------------------------------- model and task
 
@@ -408,6 +409,21 @@ class LossType(str, enum.Enum):
 MSG_CLIP_HIGH = "clipEpsilonHigh must be greater than or equal to clipEpsilon"
 
 
+class LRScheduleType(str, enum.Enum):
+    CONSTANT = "Constant"
+    COSINE = "Cosine"
+
+
+class LRScheduleSpec(Model):
+    """The learning rate over the steps: a linear warm-up from 0, then constant or a cosine decay."""
+
+    type: LRScheduleType = Field(LRScheduleType.CONSTANT, description="Constant | Cosine (decays from "
+                                 "learningRate after the warm-up to minRatio * learningRate at the last step).")
+    warmup_steps: int = Field(0, ge=0, le=10_000_000, description="Steps of linear warm-up from 0 to learningRate.")
+    min_ratio: float = Field(0.0, ge=0, le=1, description="Cosine: the final learning rate as a fraction of "
+                             "learningRate.")
+
+
 class AlgorithmSpec(Model):
     """GRPO and its variants. Immutable while the job exists."""
 
@@ -426,6 +442,8 @@ class AlgorithmSpec(Model):
     temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     learning_rate: float = Field(1.0e-6, gt=0, le=1, description="AdamW learning rate.")
+    learning_rate_schedule: LRScheduleSpec = Field(default_factory=LRScheduleSpec,
+                                                   description="Warm-up and decay of the learning rate.")
     weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clipping threshold.")
     clip_epsilon: float = Field(0.2, gt=0, le=10, description="Clip range of the importance ratio against the "
@@ -593,6 +611,11 @@ class GeneratorRole(RoleSpec):
     kv_cache_gib: int = Field(1, ge=1, le=1024, description="vLLM KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
     max_model_len: int | None = Field(None, ge=16, description="vLLM max model length; defaults to the model's.")
     enforce_eager: bool = Field(False, description="Skip vLLM graph compilation (faster start, slower decode).")
+    min_replicas: int | None = Field(None, ge=1, le=4096, description="Generators the gang holds the job for "
+                                     "(default: all replicas). Generators beyond it are not gang-held: the job "
+                                     "starts with what fits and grows. spec.roles.generator.replicas may change "
+                                     "while the job runs (kubectl scale): the trainer keeps running and re-forms "
+                                     "the weight-sync group.")
 
 
 class VerifierRole(RoleSpec):
@@ -731,8 +754,32 @@ class FailurePolicySpec(Model):
 # ---------------------------------------------------------------- spec, status, object
 
 
+class EvaluationSpec(Model):
+    """Held-out evaluation: greedy answers to prompts the policy never trains on, from the same task source."""
+
+    every_steps: int = Field(10, ge=1, le=10_000_000, description="Evaluate after every this many optimizer steps "
+                             "(and before the first step and after the last).")
+    prompts: int = Field(64, ge=1, le=10_000, description="Held-out prompts per evaluation (the same ones each "
+                         "time).")
+    first_index: int = Field(1 << 40, ge=0, le=1 << 50, description="Index of the first held-out prompt in the task "
+                             "stream; training uses indices below promptsPerStep * steps (arithmetic/copy streams "
+                             "are procedural, so these prompts are new; a JSONL file wraps around).")
+    max_new_tokens: int | None = Field(None, ge=1, le=131072, description="Greedy tokens per answer; default "
+                                       "algorithm.maxNewTokens.")
+    verifier: str | None = Field(None, min_length=1, max_length=63, description="Name of the verifier that decides "
+                                 "correctness (score >= 0.5); default the first in spec.verifiers.")
+
+
 class RLJobSpec(Model):
     """Desired state of an RLJob."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(
+            _cel("!has(self.evaluation) || !has(self.evaluation.verifier) || "
+                 "self.verifiers.exists(v, v.name == self.evaluation.verifier)",
+                 f"evaluation.verifier: {MSG_EVAL_VERIFIER}"),
+        )
+    )
 
     model: ModelSpec = Field(description="The policy model.")
     task: TaskSpec = Field(description="Prompt and answer source.")
@@ -742,6 +789,8 @@ class RLJobSpec(Model):
     reward: RewardSpec = Field(default_factory=RewardSpec, description="Aggregation of verifier scores into "
                                "rewards.")
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="GRPO settings.")
+    evaluation: EvaluationSpec | None = Field(None, description="Held-out greedy accuracy every N steps "
+                                              "(metrics, the run's plot, status.progress).")
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Trainer to generator sync.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Trainer checkpoints.")
     roles: RolesSpec = Field(default_factory=RolesSpec, description="Generator, verifier and trainer roles.")
@@ -762,6 +811,13 @@ class RLJobSpec(Model):
         if dup:
             raise ValueError(f"Duplicate value: verifier names must be unique: {', '.join(dup)}")
         return v
+
+    @pydantic.model_validator(mode="after")
+    def _evaluation_verifier(self) -> RLJobSpec:
+        ev = self.evaluation
+        if ev is not None and ev.verifier is not None and ev.verifier not in {v.name for v in self.verifiers}:
+            raise ValueError(f"evaluation.verifier: {MSG_EVAL_VERIFIER}")
+        return self
 
 
 class Phase(str, enum.Enum):
@@ -800,6 +856,8 @@ class Progress(Model):
     step: int = Field(0, description="Last completed optimizer step.")
     mean_reward: float | None = Field(None, description="Mean reward of the last step.")
     policy_version: int = Field(0, description="Policy version the generators were last synced to.")
+    eval_accuracy: float | None = Field(None, description="Held-out greedy accuracy at the last evaluation "
+                                        "(spec.evaluation).")
 
 
 class FailureInfo(Model):
@@ -833,6 +891,8 @@ class RLJobStatus(Model):
     handled_failures: dict[str, str] = Field(default_factory=dict, description="Per pod, the failure the "
                                              "failure policy last acted on (so none is acted on twice).")
     progress: Progress = Field(default_factory=Progress, description="Training progress.")
+    last_progress_time: str | None = Field(None, description="When the trainer's reported step last moved (or "
+                                           "the current attempt started); the Stalled condition counts from it.")
     start_time: str | None = Field(None, description="When the job first ran.")
     completion_time: str | None = Field(None, description="When the job finished.")
 

@@ -84,3 +84,7 @@ Least privilege for what it does:
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end -}}
+
+{{- define "kubeforge.leaderElection" -}}
+{{- if or .Values.leaderElection.enabled (gt (int .Values.replicas) 1) }}true{{ end -}}
+{{- end -}}

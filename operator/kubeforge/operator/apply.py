@@ -26,6 +26,7 @@ KINDS: dict[tuple[str, str], str] = {
     ("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Pod"): "pods", ("v1", "Event"): "events", ("v1", "Secret"): "secrets",
     ("apps/v1", "StatefulSet"): "statefulsets",
+    ("coordination.k8s.io/v1", "Lease"): "leases",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles", ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): "podgroups",
@@ -113,6 +114,17 @@ class Cluster:
         return json.loads(text) if text else {}
 
     # ---- verbs ----
+    def get_lease(self, namespace: str, name: str) -> Obj | None:
+        return self.request("GET", path_of("coordination.k8s.io/v1", "Lease", namespace, name))
+
+    def create_lease(self, lease: Obj) -> None:
+        self.request("POST", path_of("coordination.k8s.io/v1", "Lease", lease["metadata"]["namespace"]), body=lease)
+
+    def replace_lease(self, lease: Obj) -> None:
+        """PUT with the resourceVersion the caller read: a concurrent writer makes it fail (409)."""
+        md = lease["metadata"]
+        self.request("PUT", path_of("coordination.k8s.io/v1", "Lease", md["namespace"], md["name"]), body=lease)
+
     def get_rljob(self, namespace: str, name: str) -> Obj | None:
         return self.request("GET", path_of(contract.API_VERSION, contract.KIND, namespace, name))
 

@@ -44,6 +44,7 @@ class ProgressReport:
     mean_reward: float | None = None
     policy_version: int = 0
     done: bool = False
+    eval_accuracy: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -95,10 +96,11 @@ def parse_progress(text: str | None) -> ProgressReport | None:
         doc = json.loads(text)
         if not isinstance(doc, dict):
             return None
-        reward = doc.get("meanReward")
+        reward, acc = doc.get("meanReward"), doc.get("evalAccuracy")
         return ProgressReport(
             step=int(doc.get("step", 0)), policy_version=int(doc.get("policyVersion", 0)),
-            mean_reward=None if reward is None else float(reward), done=bool(doc.get("done", False)))
+            mean_reward=None if reward is None else float(reward), done=bool(doc.get("done", False)),
+            eval_accuracy=None if acc is None else float(acc))
     except (ValueError, TypeError):
         return None
 

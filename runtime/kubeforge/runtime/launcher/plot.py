@@ -7,7 +7,8 @@ from typing import Any
 
 
 def reward_curve(records: Sequence[Mapping[str, Any]], *, path: pathlib.Path, title: str) -> pathlib.Path:
-    """Plot mean reward per step (and a 10-step moving average); returns ``path``."""
+    """Plot mean reward per step (and a 10-step moving average), and the held-out greedy accuracy at each
+    evaluation when the job has one (same axis: both lie in [0, 1] for the usual verifiers); returns ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -22,7 +23,12 @@ def reward_curve(records: Sequence[Mapping[str, Any]], *, path: pathlib.Path, ti
     ax.set_ylabel("reward")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    evals = [(0, float(r["eval_accuracy_base"])) for r in records if r.get("eval_accuracy_base") is not None]
+    evals += [(int(r["step"]), float(r["eval_accuracy"])) for r in records if r.get("evaluated")]
+    if evals:
+        ax.plot([s for s, _ in evals], [a for _, a in evals], "o-", color="tab:green",
+                label="held-out greedy accuracy")
+    ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -56,8 +56,10 @@ class Progress:
         rate = self._done / dt if dt > 0 else 0.0
         self._bar.n = int(rec["step"])
         reward = rec.get("mean_reward")
-        self._bar.set_postfix(reward=f"{reward:.3f}" if reward is not None else "-",
-                              completions_s=f"{rate:.1f}", refresh=False)
+        post = {"reward": f"{reward:.3f}" if reward is not None else "-", "completions_s": f"{rate:.1f}"}
+        if rec.get("eval_accuracy") is not None:
+            post["eval_acc"] = f"{float(rec['eval_accuracy']):.2f}"
+        self._bar.set_postfix(post, refresh=False)
         self._bar.refresh()
         self.last = rec
 

@@ -7,6 +7,8 @@ Definitions (what each figure means, so bench/ and tests compare like with like)
   and the end of step N (step 1 carries engine warm-up and is dropped, as verl/prime-rl do); with one step, over
   that step's own duration.
 - ``reward_first`` / ``reward_last``: mean of the per-step mean reward over the first / last 10 steps.
+- ``eval_accuracy_before`` / ``eval_accuracy_after``: held-out greedy accuracy (``spec.evaluation``) before the
+  first step and at the last evaluation (null without evaluation).
 - ``weight_sync_seconds``: mean wall time of one trainer → generators weight push (send, load, ack);
   ``weight_sync_gb_per_second``: total bytes pushed / total push time (GB = 1e9 bytes).
 """
@@ -78,6 +80,10 @@ def summarize(records: Iterable[Mapping[str, Any]], *, wall_seconds: float, metr
         "weight_sync_gb_per_second": _round(sync_bytes / 1e9 / sum(sync_s) if sum(sync_s) > 0 else None, 4),
         "weight_syncs": len(syncs),
         "dropped_stale": int(sum(float(r.get("dropped_stale", 0)) for r in recs)),
+        "eval_accuracy_before": next((r["eval_accuracy_base"] for r in recs if r.get("eval_accuracy_base")
+                                      is not None), None),
+        "eval_accuracy_after": next((r["eval_accuracy"] for r in reversed(recs) if r.get("eval_accuracy")
+                                     is not None), None),
         "metrics_path": metrics_path,
     }
     out.update(extra or {})

@@ -96,10 +96,13 @@ class JsonlReporter:
 
 
 def progress_annotation(record: Mapping[str, Any], *, done: bool) -> str:
-    """The annotation value: ``{"step", "meanReward", "policyVersion", "done"}`` as compact JSON."""
-    return json.dumps({"step": int(record.get("step", 0)), "meanReward": record.get("mean_reward"),
-                       "policyVersion": int(record.get("policy_version", 0)), "done": done},
-                      separators=(",", ":"))
+    """The annotation value: ``{"step", "meanReward", "policyVersion", "done"}`` (plus ``evalAccuracy`` once the
+    job has evaluated) as compact JSON."""
+    doc = {"step": int(record.get("step", 0)), "meanReward": record.get("mean_reward"),
+           "policyVersion": int(record.get("policy_version", 0)), "done": done}
+    if record.get("eval_accuracy") is not None:
+        doc["evalAccuracy"] = record["eval_accuracy"]
+    return json.dumps(doc, separators=(",", ":"))
 
 
 class PodAnnotationReporter:

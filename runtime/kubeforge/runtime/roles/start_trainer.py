@@ -6,15 +6,20 @@ lives on trainer 0 at ``contract.PORT_WEIGHTS``, the data-parallel store at ``co
 from __future__ import annotations
 
 import pathlib
+import sys
+import threading
+from collections.abc import Callable
 
 import torch
+import transformers
 
 from kubeforge.api import contract, rljob
 from kubeforge.runtime import config, metrics, models, tasks, transport, weightsync
 from kubeforge.runtime.roles import main as role_main
 from kubeforge.runtime.roles import observe, report, sync
 from kubeforge.runtime.roles import trainer as loop
-from kubeforge.runtime.trainer import parallel, step
+from kubeforge.runtime.trainer import evaluate, parallel, step
+from kubeforge.runtime.verifiers import registry as verifier_registry
 
 
 def backend(spec: rljob.WeightSyncSpec) -> str:
@@ -67,10 +72,47 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
     pusher = sync.Pusher(generators=generators, control=control, sender=sender, tensors=learner.named_tensors,
                          host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world, backend=be,
                          timeout_s=spec.weight_sync.timeout_seconds)
-    return loop.Rank0(control=control, pusher=pusher, reporter=reporter(cfg))
+    ev = spec.evaluation
+    held_out = evaluator(cfg, learner)
+    return loop.Rank0(control=control, pusher=pusher, reporter=reporter(cfg),
+                      evaluate=held_out.run if held_out is not None else None,
+                      eval_every=ev.every_steps if ev is not None else 0)
 
 
-def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer) -> int:
+def evaluator(cfg: config.RoleConfig, learner: step.Trainer) -> evaluate.Evaluator | None:
+    """Rank 0's held-out evaluator on the trainer's own model (None with a sharded model: its forward needs every
+    rank, and evaluation runs on rank 0 alone)."""
+    spec = cfg.spec
+    ev = spec.evaluation
+    if ev is None:
+        return None
+    if learner.sharded:
+        print("trainer: spec.evaluation is skipped with FSDP sharding (evaluation runs on rank 0 alone)",
+              file=sys.stderr, flush=True)
+        return None
+    tok = transformers.AutoTokenizer.from_pretrained(str(learner.model_path))
+    return evaluate.Evaluator(
+        model=learner.model, tokenizer=tok, prompts=evaluate.held_out(tasks.stream(spec.task), ev),
+        verifier=verifier_registry.build_inner(evaluate.verifier_spec(spec)),
+        max_new_tokens=ev.max_new_tokens or spec.algorithm.max_new_tokens, chat_template=spec.task.chat_template,
+        compute_dtype=learner.compute_dtype, device=learner.device)
+
+
+EXIT_TERMINATED = 143   # 128 + SIGTERM, as if the signal had ended the process
+
+
+def generator_address(cfg: config.RoleConfig) -> Callable[[int], str | None]:
+    """Where generator ``i`` listens, for a generator that joins a running job (elastic replicas): its stable DNS
+    name on a cluster; locally the launcher's processes are fixed, so none can join."""
+    namespace = cfg.namespace
+    if cfg.report != config.REPORT_POD_ANNOTATION or namespace is None:
+        return lambda index: None
+    return lambda index: transport.tcp_address(contract.peer_host(cfg.job_name, "generator", index, namespace),
+                                               contract.DEFAULT_PORT_BASE + contract.PORT_DATA)
+
+
+def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer,
+         stop: threading.Event | None = None) -> int:
     spec = cfg.spec
     s = settings(cfg)
     inbox = transport.open_receiver(role_main.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook(),
@@ -89,7 +131,12 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     stream = tasks.stream(spec.task)
     try:
         loop.Loop(settings=s, inbox=inbox, generators=generators, learner=learner, prompt_at=stream.prompt_at,
-                  observer=observe.TrainerObserver(m), rank0=rank0, beat=server.heartbeat).run()
+                  observer=observe.TrainerObserver(m), rank0=rank0, beat=server.heartbeat,
+                  should_stop=stop.is_set if stop is not None else lambda: False,
+                  generator_address=generator_address(cfg)).run()
+    except loop.Terminated as exc:
+        print(f"{cfg.name}: {exc}", flush=True)
+        return EXIT_TERMINATED
     finally:
         if rank0 is not None:
             rank0.pusher.close()  # type: ignore[attr-defined]

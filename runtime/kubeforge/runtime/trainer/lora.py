@@ -42,20 +42,21 @@ def _hook(module: torch.nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> 
     return out + scaled.to(out.dtype)
 
 
-def attach(lm: torch.nn.Module, spec: rljob.LoraSpec) -> list[str]:
-    """Freeze ``lm`` and give every ``nn.Linear`` named in ``spec.target_modules`` an adapter; their names."""
+def attach(lm: torch.nn.Module, spec: rljob.LoraSpec, *, seed: int = 0) -> list[str]:
+    """Freeze ``lm`` and give every ``nn.Linear`` named in ``spec.target_modules`` an adapter; their names.
+    The A matrices are drawn from a generator seeded with ``seed``: the same in every process."""
     lm.requires_grad_(False)
     targets = set(spec.target_modules)
+    rng = torch.Generator(device="cpu").manual_seed(seed)   # every process draws the same adapters
     names = []
     for name, module in list(lm.named_modules()):
         if name.rsplit(".", 1)[-1] not in targets or not isinstance(module, torch.nn.Linear):
             continue
-        a = torch.nn.Linear(module.in_features, spec.rank, bias=False, dtype=torch.float32,
-                            device=module.weight.device)
-        torch.nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5))
-        b = torch.nn.Linear(spec.rank, module.out_features, bias=False, dtype=torch.float32,
-                            device=module.weight.device)
+        a = torch.nn.Linear(module.in_features, spec.rank, bias=False, dtype=torch.float32)
+        torch.nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5), generator=rng)   # on CPU: the generator's device
+        b = torch.nn.Linear(spec.rank, module.out_features, bias=False, dtype=torch.float32)
         torch.nn.init.zeros_(b.weight)
+        a, b = a.to(module.weight.device), b.to(module.weight.device)
         module.add_module("lora_A", a)
         module.add_module("lora_B", b)
         setattr(module, "lora_scaling", spec.alpha / spec.rank)

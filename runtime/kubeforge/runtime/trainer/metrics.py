@@ -25,6 +25,7 @@ class StepMetrics:
     tokens: int                     # completion tokens, all ranks
     zero_signal_groups: int         # groups whose rewards were all equal (no gradient from them)
     seconds: dict[str, float]       # per phase: collate, forward, backward, allreduce, optimizer, total
+    learning_rate: float = 0.0      # the rate this step used (spec.algorithm.learningRateSchedule)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -42,7 +42,7 @@ from kubeforge.api import rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, registry
 from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import checkpoint, logprobs, metrics, parallel, precision, sharding
+from kubeforge.runtime.trainer import checkpoint, logprobs, metrics, parallel, precision, schedule, sharding
 from kubeforge.runtime.trainer import export as export_mod
 from kubeforge.runtime.trainer import lora as lora_mod
 from kubeforge.runtime.trainer import policy as policy_mod
@@ -106,6 +106,9 @@ class Trainer:
             sharding.shard(self.policy, lm=self.model, world_size=self.group.world_size, device=self.device,
                            compute_dtype=self.compute_dtype)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.base_lr = algorithm.learning_rate
+        self.lr_schedule = algorithm.learning_rate_schedule
+        self.total_steps = algorithm.steps
         self.optimizer = precision.adamw(self.params, lr=algorithm.learning_rate,
                                          weight_decay=algorithm.weight_decay, device=self.device)
         pad = getattr(self.model.config, "pad_token_id", None)
@@ -157,6 +160,9 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         if sharding.is_sharded(grad_norm):
             grad_norm = grad_norm.full_tensor()  # type: ignore[attr-defined]
+        lr = self.base_lr * schedule.factor(self.lr_schedule, step=self.step, steps=self.total_steps)
+        for pg in self.optimizer.param_groups:
+            pg["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -167,7 +173,7 @@ class Trainer:
             step=self.step, policy_version=self.policy_version, loss=g[0] / denominator, kl=g[4] / tok,
             clip_fraction=g[2] / tok, ratio_mean=g[3] / tok, entropy=g[5] / tok, grad_norm=float(grad_norm),
             mean_reward=g[6] / max(g[7], 1.0), groups=int(g[9]), completions=int(g[7]), tokens=int(g[1]),
-            zero_signal_groups=int(g[8]), seconds=clock.totals())
+            zero_signal_groups=int(g[8]), seconds=clock.totals(), learning_rate=lr)
 
     def _micro_loss(self, mb: batch_mod.Batch) -> tuple[inputs.LossOutput, float]:
         autocast = torch.float32 if self.sharded else self.compute_dtype   # FSDP casts through its own policy

@@ -1,0 +1,118 @@
+"""Held-out evaluation: the policy's greedy answers to prompts it never trains on, scored by one verifier.
+
+API (``roles.start_trainer`` builds one on trainer rank 0 when ``spec.evaluation`` is set; the role loop calls it
+before the first step, every ``evaluation.everySteps`` and after the last)::
+
+    ev = Evaluator(model=hf_lm, tokenizer=tok, prompts=held_out(stream, spec.evaluation), verifier=v,
+                   max_new_tokens=10, chat_template=True, compute_dtype=torch.bfloat16)
+    ev.run() -> EvalResult(accuracy, correct, prompts, seconds)
+
+Neighbours: ``tasks`` gives the prompts (``held_out``: indices ``[firstIndex, firstIndex + prompts)`` of the same
+stream the job trains on, far beyond any index training reaches); ``verifiers.registry`` builds the verifier that
+decides correctness (score >= 0.5); the model is the trainer's own float32 master copy (``policy.lm``), run under
+the same autocast as training.
+
+Invariants: the same prompts every time (accuracy curves compare like with like); the model is left in the mode
+it was in; prompts are encoded as the generators encode them (chat template when the task asks and the tokenizer
+has one), left-padded; greedy means ``do_sample=False`` (ties broken by the lowest token id, deterministic).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kubeforge.api import rljob
+from kubeforge.runtime import types
+from kubeforge.runtime.tasks import base as tasks_base
+from kubeforge.runtime.trainer import precision
+from kubeforge.runtime.verifiers import base as verifiers_base
+
+CORRECT = 0.5
+BATCH = 64
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalResult:
+    accuracy: float
+    correct: int
+    prompts: int
+    seconds: float
+
+
+def held_out(stream: tasks_base.PromptStream, spec: rljob.EvaluationSpec) -> list[types.Prompt]:
+    return [stream.prompt_at(spec.first_index + i) for i in range(spec.prompts)]
+
+
+def verifier_spec(job: rljob.RLJobSpec) -> rljob.VerifierSpec:
+    """The verifier that decides correctness: ``evaluation.verifier`` or the first in ``spec.verifiers``."""
+    name = job.evaluation.verifier if job.evaluation else None
+    return next((v for v in job.verifiers if v.name == name), job.verifiers[0])
+
+
+class Evaluator:
+    def __init__(self, *, model: torch.nn.Module, tokenizer: Any, prompts: Sequence[types.Prompt],
+                 verifier: verifiers_base.Verifier, max_new_tokens: int, chat_template: bool,
+                 compute_dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
+        if not prompts:
+            raise ValueError("evaluation needs at least one prompt")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prompts = list(prompts)
+        self.verifier = verifier
+        self.max_new_tokens = max_new_tokens
+        self.compute_dtype = compute_dtype
+        self.device = device or torch.device("cpu")
+        pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+        tok_pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad) if isinstance(pad, int) else int(tok_pad) if isinstance(tok_pad, int) else 0
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.eos_id = int(eos) if isinstance(eos, int) else None
+        self.encoded = [self._encode(p, chat_template) for p in self.prompts]
+
+    def _encode(self, prompt: types.Prompt, chat_template: bool) -> list[int]:
+        if chat_template and getattr(self.tokenizer, "chat_template", None):
+            ids: Any = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}],
+                                                          add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return [int(x) for x in ids]
+        return [int(x) for x in self.tokenizer.encode(prompt.text, add_special_tokens=True)]
+
+    def answers(self) -> list[str]:
+        """The greedy completion of every held-out prompt (text, special tokens dropped)."""
+        out: list[str] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(self.encoded), BATCH):
+                out.extend(self._batch(self.encoded[start:start + BATCH]))
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _batch(self, encoded: list[list[int]]) -> list[str]:
+        width = max(len(e) for e in encoded)
+        ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(encoded), width), dtype=torch.long)
+        for i, e in enumerate(encoded):
+            ids[i, width - len(e):] = torch.tensor(e, dtype=torch.long)
+            mask[i, width - len(e):] = 1
+        gen: Any = self.model
+        with torch.no_grad(), precision.autocast(device=self.device, dtype=self.compute_dtype):
+            seq = gen.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                               max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.pad_id,
+                               eos_token_id=self.eos_id)
+        return [str(self.tokenizer.decode(row[width:].tolist(), skip_special_tokens=True)) for row in seq]
+
+    def run(self) -> EvalResult:
+        t0 = time.perf_counter()
+        texts = self.answers()
+        correct = 0
+        for p, t in zip(self.prompts, texts):
+            correct += int(self.verifier.score(p, [t])[0] >= CORRECT)
+        return EvalResult(accuracy=correct / len(self.prompts), correct=correct, prompts=len(self.prompts),
+                          seconds=time.perf_counter() - t0)
