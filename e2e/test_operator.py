@@ -235,19 +235,32 @@ def test_container_failure_restarts_the_job(env: Any, ns: str, style: str) -> No
     assert "ContainerFailed" in reasons and "Restarting" in reasons
 
 
-def test_replica_change_rolls_out(env: Any, ns: str) -> None:
+def test_generators_scale_without_touching_the_trainer(env: Any, ns: str) -> None:
+    """Generators are elastic: `kubectl scale` (the scale subresource) 1 -> 2 -> 1 keeps the attempt and the
+    trainer's pod; a verifier replica change still rolls out as a new attempt (not a restart)."""
     _, k, _ = env
     k.apply(example("tiny", ns))
     wait("Running", phase_is(k, ns, "tiny", "Running"))
-    k.run("patch", "rljob", "tiny", "-n", ns, "--type=merge", "-p",
-          '{"spec":{"roles":{"generator":{"replicas":2}}}}')
+    trainer_uid = k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"]["uid"]
+    k.run("scale", "rljob", "tiny", "-n", ns, "--replicas=2")
     wait("2 generators ready", lambda: (s := job(k, ns, "tiny").get("status", {})).get("phase") == "Running"
          and s["roles"]["generator"]["ready"] == 2)
+    st = job(k, ns, "tiny")["status"]
+    assert st["restarts"] == 0 and st["attempt"] == 0
+    assert k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"]["uid"] == trainer_uid
+    k.run("scale", "rljob", "tiny", "-n", ns, "--replicas=1")
+    wait("1 generator", lambda: len([p for p in pods(k, ns, "tiny") if p["metadata"]["labels"].get(
+        "kubeforge.dev/role") == "generator" and not p["metadata"].get("deletionTimestamp")]) == 1)
+    assert k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"]["uid"] == trainer_uid
+    assert job(k, ns, "tiny")["status"]["attempt"] == 0
+    k.run("patch", "rljob", "tiny", "-n", ns, "--type=merge", "-p", '{"spec":{"roles":{"verifier":{"replicas":2}}}}')
+    wait("2 verifiers ready", lambda: (s := job(k, ns, "tiny").get("status", {})).get("phase") == "Running"
+         and s["roles"]["verifier"]["ready"] == 2)
     st = job(k, ns, "tiny")["status"]
     assert st["restarts"] == 0 and st["attempt"] == 1
     env_vars = {e["name"]: e.get("value") for e in
                 k.get("pod", "tiny-trainer-0", "-n", ns)["spec"]["containers"][0]["env"]}
-    assert env_vars["KUBEFORGE_GENERATOR_REPLICAS"] == "2"
+    assert env_vars["KUBEFORGE_VERIFIER_REPLICAS"] == "2"
 
 
 def test_operator_killed_mid_reconcile_leaves_no_duplicate_or_orphan(env: Any, ns: str,
