@@ -42,7 +42,7 @@ test: venv host-deps build-cluster
 
 # The CRD is generated from the typed model (kubeforge.api.crd) and copied into the Helm chart, and the field
 # table of docs/api.md refreshed; tests/api/test_crd.py fails when any of them differs from the model.
-CRD_FILES := crds/kubeforge.dev_rljobs.yaml helm/kubeforge/crds/kubeforge.dev_rljobs.yaml
+CRD_FILES := crds/kubeforge.dev_rljobs.yaml helm/kubeforge/files/crds/kubeforge.dev_rljobs.yaml
 crd: venv
 	$(VENV)/bin/python -m kubeforge.api.crd --write $(CRD_FILES) --docs docs/api.md
 
@@ -54,6 +54,7 @@ lint: venv
 # Benchmarks (each prints ratios against a baseline measured in the same run). bench_operator needs a cluster:
 # `make cluster-up` first.
 bench: venv
+	$(VENV)/bin/python bench/bench_verifiers.py
 	$(VENV)/bin/python bench/bench_transport.py
 	$(VENV)/bin/python bench/bench_trainer.py --steps 6
 	$(VENV)/bin/python bench/bench_weightsync.py --model tiny
@@ -61,6 +62,12 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) runs
+
+# The operator image and the CPU runtime image, built with buildah from a debootstrap rootfs (no Docker, no
+# registry), cached by the hash of their inputs under ~/.cache/kubeforge/images. Prints `<ref> <OCI archive>` per
+# image and imports them into the real test node's containerd when it runs. See images/README.md.
+images: venv host-deps
+	@KF_IMPORT=1 WHEELS=$(WHEELS) bash images/build.sh operator runtime
 
 # --- test cluster (issue 4; owner: test-cluster engineer). See docs/test-cluster.md. ---
 .PHONY: build-cluster e2e-kind
@@ -84,6 +91,13 @@ e2e-kind: venv
 # when its real node is Ready, else on a cluster it starts with the real node and stops afterwards
 # (KF_KEEP_CLUSTER=1 keeps it). Prints the measured figures, then the RLJob's final status JSON as the LAST line.
 # Without pytest: `.venv/bin/python e2e/run_real.py` (same run, same last line).
+# Elastic generators in real pods (issue 14; docs/failures.md): scales the tiny RLJob's generators 1 -> 2 -> 1 while
+# it trains; prints the figures, then the RLJob's final status JSON (with trainerRestarts, generatorsBefore,
+# generatorsMax) as the LAST line. Same cluster rules as e2e-real (one real node per machine).
+.PHONY: e2e-elastic
+e2e-elastic: venv host-deps
+	KUBEFORGE_REAL_NODE=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} $(VENV)/bin/python e2e/run_elastic.py
+
 e2e-real: venv host-deps
 	@out=$$(mktemp -d)/status.json; \
 	KUBEFORGE_REAL_NODE=1 KF_E2E_REAL_OUT=$$out $(PYTEST) -p no:cacheprovider -m realnode e2e/test_e2e_real.py; rc=$$?; \

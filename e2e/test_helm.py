@@ -80,8 +80,14 @@ def test_values_schema_refuses_bad_values(bad: str) -> None:
 
 
 def test_chart_installs_the_generated_crd() -> None:
-    objs = render()
-    assert one(objs, "CustomResourceDefinition") == crd.crd()
+    """The CRD is a template (upgraded with the release), kept on uninstall unless crds.keep=false."""
+    got = one(render(include_crds=False), "CustomResourceDefinition")
+    want = crd.crd()
+    assert got["spec"] == want["spec"] and got["metadata"]["name"] == want["metadata"]["name"]
+    assert got["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "annotations" not in one(render("crds.keep=false"), "CustomResourceDefinition")["metadata"]
+    assert not [o for o in render("crds.install=false") if o["kind"] == "CustomResourceDefinition"]
+    assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the CRD lives in files/crds and a template"
 
 
 def test_operator_deployment() -> None:
@@ -93,7 +99,7 @@ def test_operator_deployment() -> None:
     assert args[0] == "operator" and "--all-namespaces" in args
     assert "--runtime-image=kubeforge/runtime:0.1.0" in args and "--metrics-port=8080" in args
     assert container["image"] == "kubeforge/operator:0.1.0"
-    assert {p["name"] for p in container["ports"]} == {"metrics", "health"}
+    assert {p["name"] for p in container["ports"]} == {"metrics", "health", "webhook"}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert spec["template"]["spec"]["serviceAccountName"] == one(render(), "ServiceAccount")["metadata"]["name"]
 
@@ -120,7 +126,8 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     objs = render()
     granted = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge")["rules"])
     assert all("*" not in verbs for verbs in granted.values()) and ("*", "*") not in granted
-    assert not any(r in ("secrets", "nodes") for _, r in granted), "nothing beyond what the operator touches"
+    assert not any(r == "nodes" for _, r in granted), "nothing beyond what the operator touches"
+    assert granted[("", "secrets")] == {"create"}, "the job key Secret is created once, never read back"
     write = {"get", "list", "watch", "create", "patch", "delete"}
     assert granted[("kubeforge.dev", "rljobs")] >= {"get", "list", "watch", "patch"}
     assert granted[("kubeforge.dev", "rljobs/status")] >= {"patch"}
@@ -129,12 +136,34 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     apply = pytest.importorskip("kubeforge.operator.apply")
     for (api_version, kind), plural in apply.KINDS.items():
         group = api_version.rpartition("/")[0]
-        if kind in ("Pod", "Event", contract.KIND):
+        if kind in ("Pod", "Event", "Lease", "Secret", contract.KIND):   # Lease: the leader Role (test below)
             continue
         assert granted.get((group, plural), set()) >= write, f"{kind} ({api_version}): {granted.get((group, plural))}"
     scanning = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge-scanning")["rules"])
     assert scanning == {("", "namespaces"): {"list", "watch"},
                         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+
+
+def test_the_admission_webhook_is_wired() -> None:
+    """docs/security.md: a Service in front of the operator's webhook port, a chart-made certificate, and the
+    configuration sending RLJob CREATE/UPDATE there (failurePolicy and namespaceSelector from values)."""
+    objs = render()
+    cfg = one(objs, "ValidatingWebhookConfiguration", f"{RELEASE}-kubeforge")
+    (hook,) = cfg["webhooks"]
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None" and "namespaceSelector" not in hook
+    assert hook["clientConfig"]["service"] == {"name": f"{RELEASE}-kubeforge-webhook", "namespace": RELEASE_NS,
+                                               "path": "/validate.rljobs", "port": 443}
+    assert hook["clientConfig"]["caBundle"] and hook["rules"][0]["resources"] == ["rljobs"]
+    assert one(objs, "Secret", f"{RELEASE}-kubeforge-webhook-tls")["type"] == "kubernetes.io/tls"
+    (container,) = one(objs, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]["containers"]
+    assert "--webhook-cert-dir=/etc/kubeforge-webhook" in container["args"]
+    selective = render("webhook.failurePolicy=Ignore", "webhook.namespaceSelector.matchLabels.team=a")
+    (hook,) = one(selective, "ValidatingWebhookConfiguration", f"{RELEASE}-kubeforge")["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["namespaceSelector"] == {"matchLabels": {"team": "a"}}
+    off = render("webhook.enabled=false")
+    assert not [o for o in off if o["kind"] == "ValidatingWebhookConfiguration"]
+    (container,) = one(off, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]["containers"]
+    assert "--no-webhook" in container["args"]
 
 
 def test_namespaced_mode_uses_roles() -> None:
@@ -190,3 +219,18 @@ def test_api_server_accepts_the_rendered_chart(kube_cluster: Any, namespaces: li
     kinds = [line.split("/")[0] for line in run.stdout.splitlines() if "serverside-applied" in line]
     expected = len([d for d in yaml.safe_load_all(rendered.stdout) if d])
     assert len(kinds) == expected, run.stdout
+
+
+def test_two_replicas_elect_a_leader() -> None:
+    """replicas > 1 turns leader election on: a Lease Role in the release namespace, RollingUpdate, the flags."""
+    objs = render("replicas=2")
+    spec = one(objs, "Deployment")["spec"]
+    assert spec["replicas"] == 2 and spec["strategy"] == {"type": "RollingUpdate"}
+    (container,) = spec["template"]["spec"]["containers"]
+    main = pytest.importorskip("kubeforge.operator.main")
+    opts = main.parse_args(container["args"][1:])
+    assert opts.leader_elect and opts.leader_lease == f"{RELEASE}-kubeforge"
+    role = one(objs, "Role", f"{RELEASE}-kubeforge-leader")
+    assert role["metadata"]["namespace"] == RELEASE_NS
+    assert rules_by_resource(role["rules"]) == {("coordination.k8s.io", "leases"): {"get", "create", "update", "delete"}}
+    assert "--leader-elect" not in one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# Build (or reuse from the cache) the local images the real test node needs; print "REF TARPATH" per image.
+# Build (or reuse from the cache) kubeforge's images; print "REF ARCHIVE" per image.
 #
-# Cache: ${KUBEFORGE_CACHE:-~/.cache/kubeforge}/images/<name>-<inputs-hash>.tar. The hash covers the build
-# script, its sources, the shared packer and (for base) the busybox binary, so a changed input rebuilds.
-# Usage: images/build.sh            (both images)      images/build.sh pause|base
+#   images/build.sh                  pause base              (the real test node's images; e2e/node/up.sh)
+#   images/build.sh operator runtime                         (`make images`: the operator and the CPU runtime)
+#   images/build.sh rootfs                                   (the debootstrap base the two build on)
+#
+# Cache: ${KUBEFORGE_CACHE:-~/.cache/kubeforge}/images/<name>-<inputs-hash>.tar. The hash covers everything the
+# image is made of (build scripts, Containerfile, the project's sources and pyproject.toml, the overrides, the
+# wheels dir, uv's version, the base image's hash), so an unchanged input tree never rebuilds and a changed one
+# does. pause/base are hand-packed tars (lib/dockersave.py: no tool is needed on the node's path); rootfs,
+# operator and runtime are built by buildah (lib/buildah.sh) and written as OCI archives.
+# With KF_IMPORT=1 (`make images` sets it) each archive is also imported into the real node's containerd when
+# that node is up on this machine.
 set -euo pipefail
+shopt -s inherit_errexit
 here="$(cd "$(dirname "$0")" && pwd)"
-"$here/../e2e/host/install.sh" >&2 # gcc, strip, static busybox
+KF_REPO_ROOT="$(cd "$here/.." && pwd)"
 cache="${KUBEFORGE_CACHE:-$HOME/.cache/kubeforge}/images"
 mkdir -p "$cache"
+WHEELS="${WHEELS:-$(cd "$KF_REPO_ROOT/.." && pwd)/shared/wheels}"
+VERSION="$(python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['project']['version'])" \
+  "$KF_REPO_ROOT/pyproject.toml")"
+log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-build_one() {  # name ref
+packed_one() {  # name ref: the hand-packed images of the real node
   local name="$1" ref="$2" inputs hash out
   inputs=("$here/$name/build.sh" "$here/lib/dockersave.py")
   [ "$name" = pause ] && inputs+=("$here/pause/pause.c")
@@ -24,11 +37,101 @@ build_one() {  # name ref
   echo "$ref $out"
 }
 
+buildah_ready() {
+  "$KF_REPO_ROOT/e2e/host/install.sh" >/dev/null
+  source "$here/lib/buildah.sh"
+  mkdir -p "$KF_BUILDAH_ROOT" "$KF_BUILDAH_RUNROOT"
+}
+
+ROOTFS_REF=kubeforge.local/debian:bookworm
+rootfs_hash() { kf_hash "$here/rootfs/build.sh" "$here/lib/buildah.sh"; }
+
+# ensure_rootfs: the debootstrap base image in buildah's storage (an archive in the cache too, so a fresh storage
+# is refilled without debootstrap). Sets ROOTFS_HASH.
+ensure_rootfs() {
+  ROOTFS_HASH="$(rootfs_hash)"
+  local out="$cache/rootfs-$ROOTFS_HASH.tar" t0=$SECONDS
+  if [ ! -s "$out" ]; then
+    log "rootfs: debootstrap bookworm (minbase + python3) ..."
+    "$here/rootfs/build.sh" "$ROOTFS_REF"
+    kf_buildah push --disable-compression "$ROOTFS_REF" "oci-archive:$out.new:$ROOTFS_REF" >/dev/null
+    mv "$out.new" "$out"
+    log "rootfs built in $((SECONDS - t0)) s"
+    echo "$ROOTFS_HASH" >"$KF_IMG_CACHE/buildah/rootfs.hash"
+  elif [ "$(cat "$KF_IMG_CACHE/buildah/rootfs.hash" 2>/dev/null)" != "$ROOTFS_HASH" ] ||
+       ! kf_buildah inspect --type image "$ROOTFS_REF" >/dev/null 2>&1; then
+    local id  # a fresh or stale buildah storage: refill it from the archive
+    id="$(kf_buildah pull --quiet "oci-archive:$out:$ROOTFS_REF")"
+    kf_buildah tag "$id" "$ROOTFS_REF"
+    echo "$ROOTFS_HASH" >"$KF_IMG_CACHE/buildah/rootfs.hash"
+  fi
+  echo "$ROOTFS_REF $out"
+}
+
+# built_one NAME REF: the operator or the runtime image, built with `buildah bud` from images/NAME/Containerfile.
+built_one() {
+  local name="$1" ref="$2" hash out ctx t0=$SECONDS wheel_hash=none
+  if [ "$name" = runtime ]; then
+    [ -d "$WHEELS" ] || { log "missing $WHEELS (the CPU torch wheel)"; exit 1; }
+    wheel_hash="$(kf_hash "$WHEELS")"
+  fi
+  local uv="$KF_REPO_ROOT/.venv/bin/uv"
+  [ -x "$uv" ] || { log "$uv not found (make venv)"; exit 1; }
+  hash="$( { echo "$ref $ROOTFS_HASH $wheel_hash $("$uv" --version)"; kf_hash "$here/$name/Containerfile" \
+    "$here/build.sh" "$here/overrides.txt" "$KF_REPO_ROOT/pyproject.toml" "$KF_REPO_ROOT/README.md" \
+    "$KF_REPO_ROOT/api" "$KF_REPO_ROOT/operator" "$KF_REPO_ROOT/runtime"; } | sha256sum | cut -c1-16)"
+  out="$cache/$name-$hash.tar"
+  if [ ! -s "$out" ]; then
+    ctx="$(mktemp -d)"
+    # the kubeforge wheel, built from a copy of the sources (the checkout stays untouched)
+    mkdir -p "$ctx/src"
+    cp -r "$KF_REPO_ROOT"/{pyproject.toml,README.md,api,operator,runtime} "$ctx/src/"
+    find "$ctx/src" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
+    "$uv" build --quiet --wheel --out-dir "$ctx/dist" "$ctx/src" >/dev/null 2>&1 ||
+      "$uv" build --wheel --out-dir "$ctx/dist" "$ctx/src"
+    mv "$ctx"/dist/kubeforge-*.whl "$ctx/kubeforge.whl"
+    cp "$uv" "$ctx/uv"; cp "$KF_REPO_ROOT/pyproject.toml" "$here/overrides.txt" "$ctx/"
+    log "$name: buildah bud ..."
+    local vols=(-v "${UV_CACHE_DIR:-$HOME/.cache/uv}:/root/.cache/uv")
+    if [ "$name" = runtime ]; then vols+=(-v "$WHEELS:/wheels:ro"); fi
+    # the host's CA bundle for the build steps only (a machine may reach the package index through a proxy whose
+    # CA only the host trusts); ARG, not ENV: nothing of it stays in the image
+    local ca="${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" args=(--build-arg "BASE=$ROOTFS_REF")
+    if [ -f "$ca" ]; then
+      vols+=(-v "$ca:/run/kubeforge-host-ca.crt:ro"); args+=(--build-arg SSL_CERT_FILE=/run/kubeforge-host-ca.crt)
+    fi
+    kf_buildah bud --quiet --layers "${args[@]}" "${vols[@]}" \
+      --annotation "kubeforge.dev/inputs=$hash" -f "$here/$name/Containerfile" -t "$ref" "$ctx" >&2
+    rm -rf "$ctx"
+    kf_buildah push --disable-compression "$ref" "oci-archive:$out.new:$ref" >/dev/null
+    mv "$out.new" "$out"
+    log "$name built in $((SECONDS - t0)) s: $(du -m "$out" | cut -f1) MiB archive"
+  fi
+  echo "$ref $out"
+}
+
+# import_into_node REF ARCHIVE: into the real node's containerd, when that node runs on this machine.
+import_into_node() {
+  local w sock pid
+  w="$(cat /run/kubeforge-node/workdir 2>/dev/null)" || return 0
+  sock="$w/node/containerd/containerd.sock"; pid="$(cat "$w/node/pids/containerd.pid" 2>/dev/null)" || return 0
+  [ -S "$sock" ] && kill -0 "$pid" 2>/dev/null || return 0
+  ctr --address "$sock" -n k8s.io images import "$2" >/dev/null
+  log "imported $1 into the real node's containerd ($w)"
+}
+
 names=("${@:-pause base}")
 for name in ${names[@]}; do
   case "$name" in
-    pause) build_one pause "${KUBEFORGE_PAUSE_IMAGE:-kubeforge.local/pause:1}" ;;
-    base) build_one base "${KUBEFORGE_BASE_IMAGE:-kubeforge.local/base:1}" ;;
+    pause) packed_one pause "${KUBEFORGE_PAUSE_IMAGE:-kubeforge.local/pause:1}" ;;
+    base) packed_one base "${KUBEFORGE_BASE_IMAGE:-kubeforge.local/base:1}" ;;
+    rootfs) buildah_ready; ensure_rootfs ;;
+    operator|runtime)
+      buildah_ready; ensure_rootfs >/dev/null
+      ref="kubeforge.local/$name:$VERSION"
+      if [ "$name" = runtime ]; then ref="$ref-cpu"; fi
+      line="$(built_one "$name" "$ref")"; echo "$line"
+      if [ "${KF_IMPORT:-0}" = 1 ]; then import_into_node $line; fi ;;
     *) echo "unknown image: $name" >&2; exit 2 ;;
   esac
 done

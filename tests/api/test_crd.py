@@ -16,7 +16,7 @@ from kubeforge.api import contract, crd, load
 import invalid_manifests  # tests/api: the shared table and its helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-COMMITTED = (ROOT / "crds" / "kubeforge.dev_rljobs.yaml", ROOT / "helm" / "kubeforge" / "crds" / "kubeforge.dev_rljobs.yaml")
+COMMITTED = (ROOT / "crds" / "kubeforge.dev_rljobs.yaml", ROOT / "helm" / "kubeforge" / "files" / "crds" / "kubeforge.dev_rljobs.yaml")
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 Node = dict[str, Any]
@@ -95,7 +95,8 @@ def test_names_and_subresources() -> None:
     assert spec["names"]["categories"] == list(contract.CATEGORIES)
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.roles.generator.replicas", "statusReplicasPath": ".status.roles.generator.ready"}}
 
 
 def test_printer_columns_point_at_status_fields(schema: Node) -> None:

@@ -65,6 +65,9 @@ Least privilege for what it does:
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
@@ -80,4 +83,8 @@ Least privilege for what it does:
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
+{{- end -}}
+
+{{- define "kubeforge.leaderElection" -}}
+{{- if or .Values.leaderElection.enabled (gt (int .Values.replicas) 1) }}true{{ end -}}
 {{- end -}}

@@ -6,6 +6,8 @@
 
 Namespace scoping: ``--namespace`` (repeatable) watches those namespaces only; ``--all-namespaces`` (the default
 when none is named) watches the whole cluster. Logs are JSON lines (``--log-format text`` for humans).
+``--leader-elect``: several replicas, one active (``leader``: a Lease in ``--leader-namespace``); a standby serves
+/metrics and a plain /healthz until it holds the Lease, then starts kopf.
 """
 from __future__ import annotations
 
@@ -13,14 +15,18 @@ import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
+import http.server
 import logging
+import os
+import signal
+import socket
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import kopf
 
-from kubeforge.operator import apply, handlers, metrics, names, reconcile, router as router_mod
+from kubeforge.operator import apply, handlers, leader, metrics, names, reconcile, router as router_mod, webhook
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -34,6 +40,14 @@ class Options:
     workers: int = 16
     log_format: str = "json"
     verbose: bool = False
+    webhook: bool = True
+    webhook_addr: str = "127.0.0.1"
+    webhook_port: int = 0
+    webhook_host: str | None = None
+    webhook_cert_dir: str | None = None
+    leader_elect: bool = False
+    leader_lease: str = "kubeforge-operator"
+    leader_namespace: str | None = None
 
 
 def parse_args(argv: Sequence[str]) -> Options:
@@ -48,14 +62,29 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--workers", type=int, default=16, help="Reconcile worker threads.")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("-v", "--verbose", action="store_true")
+    w = p.add_argument_group("admission webhook (docs/security.md)")
+    w.add_argument("--no-webhook", dest="webhook", action="store_false", help="Do not serve the webhook.")
+    w.add_argument("--webhook-addr", default="127.0.0.1", help="Bind address (0.0.0.0 in a pod).")
+    w.add_argument("--webhook-port", type=int, default=0, help="HTTPS port (0: a free one; 9443 with a cert dir).")
+    w.add_argument("--webhook-host", default=None, help="Host in the webhook URL and certificate (default: the "
+                   "bind address).")
+    w.add_argument("--webhook-cert-dir", default=None, help="tls.crt/tls.key from the cluster (Helm); without it "
+                   "a self-signed certificate is made and the ValidatingWebhookConfiguration is managed here.")
+    p.add_argument("--leader-elect", action="store_true", help="Run active only while holding a Lease (replicas > 1).")
+    p.add_argument("--leader-lease", default="kubeforge-operator", help="Name of the Lease.")
+    p.add_argument("--leader-namespace", help="Namespace of the Lease (default: $POD_NAMESPACE).")
     a = p.parse_args(list(argv))
     return Options(namespaces=tuple(a.namespace), all_namespaces=a.all_namespaces or not a.namespace,
                    kubeconfig=a.kubeconfig, metrics_port=a.metrics_port, health_port=a.health_port,
-                   runtime_image=a.runtime_image, workers=a.workers, log_format=a.log_format, verbose=a.verbose)
+                   runtime_image=a.runtime_image, workers=a.workers, log_format=a.log_format, verbose=a.verbose,
+                   webhook=a.webhook, webhook_addr=a.webhook_addr, webhook_port=a.webhook_port,
+                   webhook_host=a.webhook_host, webhook_cert_dir=a.webhook_cert_dir,
+                   leader_elect=a.leader_elect, leader_lease=a.leader_lease,
+                   leader_namespace=a.leader_namespace or os.environ.get("POD_NAMESPACE"))
 
 
-def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry]:
-    """The router (with its reconcile work) and the kopf registry routing into it."""
+def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, apply.Cluster, webhook.Webhook | None]:
+    """The router (with its reconcile work), the kopf registry routing into it, the API client, the webhook."""
     creds = apply.load_credentials(opts.kubeconfig)
     cluster = apply.Cluster(creds, pool_size=max(opts.workers * 4, 16))
     cache = reconcile.ApplyCache()
@@ -66,13 +95,18 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry]:
                                    seen_failures=failures)
 
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
-    return router, handlers.build_registry(router, creds)
+    hook = webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,
+                           host=opts.webhook_host or opts.webhook_addr, cert_dir=opts.webhook_cert_dir) \
+        if opts.webhook else None
+    return router, handlers.build_registry(router, creds, hook), cluster, hook
 
 
-async def serve(opts: Options, *, stop_flag: Any = None, ready_flag: Any = None) -> None:
+async def serve(opts: Options, *, stop_flag: Any = None, ready_flag: Any = None,
+                metrics_started: bool = False) -> None:
     """Run the operator until ``stop_flag`` is set (or forever)."""
-    router, registry = build(opts)
-    metrics.serve(opts.metrics_port)
+    router, registry, cluster, hook = build(opts)
+    if not metrics_started:
+        metrics.serve(opts.metrics_port)
     try:
         await kopf.operator(
             registry=registry, standalone=True, clusterwide=opts.all_namespaces, namespaces=list(opts.namespaces),
@@ -80,6 +114,11 @@ async def serve(opts: Options, *, stop_flag: Any = None, ready_flag: Any = None)
             stop_flag=stop_flag, ready_flag=ready_flag)
     finally:
         router.shutdown()
+        if hook is not None and hook.managed:  # a webhook nobody serves would refuse every RLJob
+            try:
+                cluster.delete_webhook_configuration(webhook.MANAGED_NAME)
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                logging.getLogger("kubeforge.operator").warning("could not delete the webhook configuration: %s", exc)
 
 
 def run_in_thread(opts: Options) -> tuple[threading.Thread, threading.Event]:
@@ -92,6 +131,48 @@ def run_in_thread(opts: Options) -> tuple[threading.Thread, threading.Event]:
     return thread, stop
 
 
+class _Healthz(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(200 if self.path == "/healthz" else 404)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def standby(opts: Options) -> leader.Elector | None:
+    """With --leader-elect: block until this process holds the Lease (serving a plain /healthz meanwhile), keep
+    renewing it, release it on SIGTERM; exit at once if it is lost."""
+    if not opts.leader_elect:
+        return None
+    if not opts.leader_namespace:
+        raise SystemExit("--leader-elect needs --leader-namespace or $POD_NAMESPACE")
+    identity = os.environ.get("POD_NAME") or socket.gethostname()
+    elector = leader.Elector(apply.Cluster(apply.load_credentials(opts.kubeconfig), pool_size=2),
+                             namespace=opts.leader_namespace, name=opts.leader_lease, identity=identity)
+    health = None
+    if opts.health_port:
+        health = http.server.ThreadingHTTPServer(("0.0.0.0", opts.health_port), _Healthz)
+        threading.Thread(target=health.serve_forever, name="standby-healthz", daemon=True).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))   # a standby holds nothing: leave at once
+    try:
+        if not elector.acquire(stop):
+            raise SystemExit(0)
+    finally:
+        if health is not None:
+            health.shutdown()
+            health.server_close()
+
+    def on_term(*_: Any) -> None:   # until kopf installs its own handler (then main releases after kopf stops)
+        elector.release()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    elector.keep(lambda: os._exit(1), threading.Event())
+    return elector
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv or [])
     fmt = kopf.LogFormat.JSON if opts.log_format == "json" else kopf.LogFormat.FULL
@@ -99,5 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("kubeforge").setLevel(logging.DEBUG if opts.verbose else logging.INFO)
     if not opts.verbose:   # kopf logs every handler success at INFO: one line per watch event
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    asyncio.run(serve(opts))
+    elector = None
+    if opts.leader_elect:
+        metrics.serve(opts.metrics_port)   # a standby is scraped too
+        elector = standby(opts)
+    try:
+        asyncio.run(serve(opts, metrics_started=opts.leader_elect))   # kopf stops gracefully on SIGTERM
+    finally:
+        if elector is not None:
+            elector.release()
     return 0

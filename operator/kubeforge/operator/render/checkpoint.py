@@ -3,8 +3,9 @@
 Role: the volume fragments of the trainer's pod and StatefulSet. Sources, by the spec:
 - ``claimName``: that PersistentVolumeClaim in every trainer pod (it outlives pods and the job);
 - ``volumeClaimTemplate``: a StatefulSet ``volumeClaimTemplates`` entry, so each trainer replica gets its own
-  claim ``checkpoints-<job>-trainer-<i>``, kept when the pods go (a restarted trainer resumes from it, on any node
-  the volume can reach);
+  claim ``checkpoints-<job>-trainer-<i>``, kept while the job lives (pods going and the scale to 0 of a restart
+  or completion keep it: a restarted trainer resumes from it, on any node the volume can reach) and deleted with
+  the job (``persistentVolumeClaimRetentionPolicy.whenDeleted: Delete``; name a claim to keep checkpoints);
 - neither: an ``emptyDir`` (the root filesystem is read-only), unless one of the trainer's own ``volumeMounts``
   is at the path already (then the user's volume serves, e.g. a hostPath in tests).
 Invariant: exactly one mount at the checkpoint path; other roles get nothing.
@@ -51,3 +52,12 @@ def claim_templates(job: rljob.RLJob, role: str) -> list[meta.Obj]:
     if t.storage_class_name:
         spec["storageClassName"] = t.storage_class_name
     return [{"metadata": {"name": VOLUME, "labels": {contract.LABEL_JOB: job.metadata.name}}, "spec": spec}]
+
+
+def statefulset_fields(job: rljob.RLJob, role: str) -> meta.Obj:
+    """The StatefulSet spec fields of the per-replica claims (none without a claim template)."""
+    claims = claim_templates(job, role)
+    if not claims:
+        return {}
+    return {"volumeClaimTemplates": claims,
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"}}
