@@ -254,3 +254,45 @@ def test_summary_figures() -> None:
     assert out["weight_sync_seconds"] == 0.5 and out["weight_sync_gb_per_second"] == 2.0
     empty = summary.summarize([], wall_seconds=1.0, metrics_path="m")
     assert empty["steps"] == 0 and empty["reward_first"] is None
+
+
+def test_watchdog_kills_a_process_whose_heartbeat_is_too_old(tmp_path: Path) -> None:
+    """A role whose /healthz says 503 (no heartbeat within progressDeadlineSeconds) is SIGKILLed and judged
+    Unhealthy; a healthy one is left alone."""
+    script = (
+        "import sys, time\n"
+        "from kubeforge.runtime import metrics\n"
+        "s = metrics.serve(metrics.Metrics(role='trainer', replica=0), host='127.0.0.1', port_base=int(sys.argv[1]))\n"
+        "s.deadline = float(sys.argv[2])\n"
+        "print('up', flush=True)\n"
+        "time.sleep(120)\n")
+    specs = []
+    for name, deadline in (("trainer-0", 0.5), ("verifier-0", 600.0)):
+        port = _free_port()
+        specs.append(supervisor.ProcSpec(name=name, role=name.split("-")[0],
+                                         argv=[sys.executable, "-c", script, str(port), str(deadline)],
+                                         env={**os.environ, contract.ENV_PORT_BASE: str(port)},
+                                         log=tmp_path / f"{name}.log"))
+    group = supervisor.Group(specs)
+    group.start()
+    try:
+        dog = supervisor.Watchdog(group, period=0.2)
+        wait_for(lambda: (dog.check(), [e for e in group.poll() if e.name == "trainer-0"])[1], timeout=60)
+        exits = group.poll()
+        assert dog.unhealthy(exits) == [supervisor.Exit(name="trainer-0", role="trainer", code=-9)]
+        pol = rljob.FailurePolicySpec.model_validate({"rules": [{"action": "Fail", "onReasons": ["Unhealthy"]}]})
+        verdict, decision = supervisor.judge(exits=exits, trainers=1, restarts=0, policy=pol,
+                                             unhealthy=dog.unhealthy(exits))
+        assert verdict is supervisor.Verdict.FAILED and decision is not None
+        assert decision.cause is not None and decision.cause.reason == "Unhealthy"
+        assert "verifier-0" not in {e.name for e in exits}
+    finally:
+        group.stop(grace=1)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

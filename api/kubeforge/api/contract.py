@@ -80,3 +80,14 @@ MAX_JOB_NAME_LENGTH = 40  # "<name>-generator" must stay <= 52 chars (StatefulSe
 def child_name(job: str, role: str) -> str:
     """Deterministic name of a role's StatefulSet and headless Service."""
     return f"{job}-{role}"
+
+
+def pod_name(job: str, role: str, index: int) -> str:
+    """The StatefulSet pod of ``role`` with ordinal ``index``."""
+    return f"{child_name(job, role)}-{index}"
+
+
+def peer_host(job: str, role: str, index: int, namespace: str) -> str:
+    """Stable DNS name of a pod behind its role's headless Service (a trainer finds a generator that joins a
+    running job by it: generator replicas are elastic)."""
+    return f"{pod_name(job, role, index)}.{child_name(job, role)}.{namespace}.svc"

@@ -15,6 +15,7 @@ import datetime as dt
 
 from kubeforge.api import contract, failures, rljob
 from kubeforge.operator import lifecycle, observed, reasons, timefmt
+from kubeforge.operator.render.gang import base as gang_base
 
 Phase = rljob.Phase
 Cond = tuple[bool, str, str]   # status, reason, message
@@ -52,7 +53,7 @@ def gang_condition(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Pla
     stuck = [p for p in pods if p.unschedulable]
     if stuck:
         return False, reasons.UNSCHEDULABLE, f"{len(stuck)} pods unschedulable: {stuck[0].unschedulable}"
-    want = sum(getattr(job.spec.roles, r).replicas for r in contract.ROLES)
+    want = gang_base.min_member(job)            # generators beyond generator.minReplicas are not gang-held
     placed = sum(p.scheduled for p in pods)
     if plan.active and placed >= want:
         return True, reasons.SCHEDULED, f"all {want} pods are bound to nodes"
@@ -64,6 +65,12 @@ def ready_condition(roles: dict[str, rljob.RoleStatus], plan: lifecycle.Plan) ->
     if plan.active and not lagging:
         return True, reasons.ALL_ROLES_READY, "every role has all replicas ready"
     return False, reasons.ROLES_NOT_READY, ", ".join(lagging) or "no pods are wanted now"
+
+
+def serving(job: rljob.RLJob, roles: dict[str, rljob.RoleStatus], plan: lifecycle.Plan) -> bool:
+    """Every role has at least its gang minimum ready (extra generators may still be starting: the job runs)."""
+    mins = gang_base.minimums(job)
+    return plan.active and all(s.ready >= mins[r] for r, s in roles.items())
 
 
 def phase_of(plan: lifecycle.Plan, gang: Cond, ready: Cond) -> str:
@@ -84,6 +91,10 @@ def _conditions(job: rljob.RLJob, plan: lifecycle.Plan, gang: Cond, ready: Cond)
     out = {reasons.GANG_SCHEDULED: gang, reasons.READY: ready,
            reasons.SUSPENDED: (True, reasons.JOB_SUSPENDED, "spec.suspend is true") if plan.suspended
            else (False, reasons.NOT_SUSPENDED, "")}
+    limit = job.spec.failure_policy.progress_deadline_seconds
+    out[reasons.STALLED] = ((True, reasons.NO_PROGRESS, f"the trainer's step has not moved for "
+                             f"{plan.stalled_for:.0f}s (progressDeadlineSeconds={limit})")
+                            if plan.stalled_for is not None else (False, reasons.PROGRESSING, ""))
     if plan.terminal == Phase.SUCCEEDED.value:
         out[reasons.COMPLETE] = (True, plan.terminal_reason, plan.terminal_message)
     if plan.terminal == Phase.FAILED.value:
@@ -111,13 +122,15 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
     prev = job.status or rljob.RLJobStatus()
     roles = role_statuses(job, obs, plan)
     gang, ready = gang_condition(job, obs, plan), ready_condition(roles, plan)
+    running: Cond = (serving(job, roles, plan), ready[1], ready[2])
     ready_roles = sum(1 for s in roles.values() if s.replicas and s.ready >= s.replicas)
     return rljob.RLJobStatus(
-        phase=phase_of(plan, gang, ready), observed_generation=generation,
+        phase=phase_of(plan, gang, running), observed_generation=generation,
         conditions=merge_conditions(prev.conditions, _conditions(job, plan, gang, ready), generation=generation,
                                     now=now),
         roles=roles, ready=f"{ready_roles}/{len(roles)}", restarts=plan.restarts, attempt=plan.attempt,
-        last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress, start_time=plan.start_time,
+        last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress,
+        last_progress_time=plan.last_progress_time, start_time=plan.start_time,
         completion_time=plan.completion_time,
     )
 

@@ -68,6 +68,9 @@ class Sender(Protocol):
     @property
     def peers(self) -> int: ...
 
+    def add_peer(self, address: str) -> int:
+        """Connect one more peer (a generator that joined a running job); returns its index."""
+
     def send(self, msg: wire.Message, *, to: int | None = None, timeout: float | None = None) -> None:
         """Send to peer ``to``, or round robin over peers with room when None. Blocks while the queue is full;
         raises ``TransportTimeout`` after ``timeout`` seconds (None: the sender's default, possibly forever)."""
@@ -332,6 +335,7 @@ class ZmqSender(_SenderBase):
             self.close()
             raise
         self._hello = hello
+        self._hwm = hwm
         self._send_timeout = send_timeout
         self._next = 0
         self._poller = zmq.Poller()
@@ -342,6 +346,12 @@ class ZmqSender(_SenderBase):
     @property
     def peers(self) -> int:
         return len(self._peers)
+
+    def add_peer(self, address: str) -> int:
+        p = _Peer(zmq.Context.instance(), address, self._hwm)
+        self._peers.append(p)
+        self._poller.register(p.sock, zmq.POLLOUT)
+        return len(self._peers) - 1
 
     def wait_ready(self, timeout: float) -> None:
         """Block until every peer's handshake has completed and it has been sent its HELLO."""
@@ -473,6 +483,11 @@ class MemSender(_SenderBase):
     @property
     def peers(self) -> int:
         return len(self._addresses)
+
+    def add_peer(self, address: str) -> int:
+        self._addresses.append(address)
+        self._greeted.append(False)
+        return len(self._addresses) - 1
 
     def wait_ready(self, timeout: float) -> None:
         deadline = _deadline(timeout)

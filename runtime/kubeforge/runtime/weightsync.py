@@ -339,9 +339,18 @@ class WeightSender:
                 self._store = open_store(host=self._host, port=self._port, rank=0, join_timeout=self._join_timeout)
             self.group = _open(**self._args, epoch=self.epoch, store=self._store)  # type: ignore[arg-type]
 
-    def reset(self) -> int:
+    @property
+    def world_size(self) -> int:
+        return int(str(self._args["world_size"]))
+
+    def reset(self, *, world_size: int | None = None) -> int:
         """Abandon the current epoch (its group is closed; anyone still joining it fails at once); the next
-        ``send`` forms the next epoch. Returns the new epoch."""
+        ``send`` forms the next epoch, of ``world_size`` ranks when given (generators joined or left). Returns the
+        new epoch."""
+        if world_size is not None:
+            if world_size < 2:
+                raise ValueError("weight sync: world_size must count the sender and at least one receiver")
+            self._args["world_size"] = world_size
         if self._store is not None:
             try:
                 prefixed: Any = dist.PrefixStore(epoch_prefix(self.epoch), self._store)  # type: ignore[attr-defined]

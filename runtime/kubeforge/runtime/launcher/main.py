@@ -108,17 +108,20 @@ def _watch(group: supervisor.Group, *, job: rljob.RLJob, tally: Tally, attempt: 
            ) -> tuple[supervisor.Verdict, failures.Decision | None]:
     """Watch one attempt until it succeeds, fails or must restart whole; restarts in place on the way."""
     policy = job.spec.failure_policy
+    dog = supervisor.Watchdog(group)
     while True:
         bar.poll()
+        dog.check()
         exits = group.poll()
         verdict, decision = supervisor.judge(exits=exits, trainers=job.spec.roles.trainer.replicas,
-                                             restarts=tally.restarts, policy=policy)
+                                             restarts=tally.restarts, policy=policy, unhealthy=dog.unhealthy(exits))
         if decision is not None:
             tally.record(decision, attempt=attempt)
         if verdict is supervisor.Verdict.RESTART_IN_PLACE:
             assert decision is not None
             bar.note(f"kubeforge: {decision.message}")
             group.restart(decision.restart)
+            dog.forget(decision.restart)
         elif verdict is not supervisor.Verdict.RUNNING:
             return verdict, decision
         time.sleep(POLL_SECONDS)

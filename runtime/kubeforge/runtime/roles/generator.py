@@ -95,6 +95,16 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
                                   detail=json.dumps({"seconds": result.seconds, "bytes": result.bytes})))
         else:
             observer.unexpected(kind=type(msg).__name__)
+    _leave(control, index=index, version=version)
+
+
+def _leave(control: transport.Sender, *, index: int, version: int) -> None:
+    """Stopped by a signal (scaled down, pod deleted): tell trainer 0, which shrinks the weight-sync group and hands
+    this generator's work to the others (best effort: a dead generator is found by the sync instead)."""
+    try:
+        control.send(wire.Ack(role="generator", index=index, of=wire.Kind.STOP, version=version), timeout=2.0)
+    except transport.TransportError:
+        pass
 
 
 def _work(msg: wire.Work, *, index: int, version: int, sampler: Sampler, verifiers: transport.Sender,

@@ -10,7 +10,8 @@
 ```
 
 Every receiver is bound before any sender waits for its peers, so start order never matters. SIGTERM/SIGINT end the
-generator and verifier loops between messages (exit 0); the trainer exits 0 only after its last step.
+generator and verifier loops between messages (exit 0); the trainer exits 0 only after its last step, and on
+SIGTERM stops at the next safe point (a checkpoint write in progress finishes) with exit code 143.
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
             from kubeforge.runtime.roles import start_generator
             return start_generator.main(cfg, m, server, _stop_flag())
         from kubeforge.runtime.roles import start_trainer
-        return start_trainer.main(cfg, m, server)
+        return start_trainer.main(cfg, m, server, _stop_flag())
     finally:
         server.stop()
 
