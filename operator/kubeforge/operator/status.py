@@ -135,6 +135,18 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
     )
 
 
+def apply_failed(job: rljob.RLJob, message: str, *, generation: int | None, now: dt.datetime) -> rljob.RLJobStatus:
+    """The stored status plus a False ``ChildrenApplied`` condition carrying the API server's refusal (the next
+    pass that applies everything computes conditions afresh, so the condition goes with the cause)."""
+    prev = job.status or rljob.RLJobStatus()
+    keep = {c.type: (c.status == "True", c.reason, c.message) for c in prev.conditions
+            if c.type != reasons.CHILDREN_APPLIED}
+    conds = merge_conditions(prev.conditions, {**keep, reasons.CHILDREN_APPLIED: (False, reasons.APPLY_FAILED,
+                                                                                  message[:1000])},
+                             generation=generation, now=now)
+    return prev.model_copy(update={"conditions": conds})
+
+
 _PHASE_EVENT = {
     Phase.PENDING.value: ("Normal", "Pending"), Phase.STARTING.value: ("Normal", "Starting"),
     Phase.RUNNING.value: ("Normal", "Running"), Phase.RESTARTING.value: ("Warning", "Restarting"),
