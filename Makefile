@@ -54,6 +54,7 @@ lint: venv
 # Benchmarks (each prints ratios against a baseline measured in the same run). bench_operator needs a cluster:
 # `make cluster-up` first.
 bench: venv
+	$(VENV)/bin/python bench/bench_verifiers.py
 	$(VENV)/bin/python bench/bench_transport.py
 	$(VENV)/bin/python bench/bench_trainer.py --steps 6
 	$(VENV)/bin/python bench/bench_weightsync.py --model tiny
@@ -90,6 +91,13 @@ e2e-kind: venv
 # when its real node is Ready, else on a cluster it starts with the real node and stops afterwards
 # (KF_KEEP_CLUSTER=1 keeps it). Prints the measured figures, then the RLJob's final status JSON as the LAST line.
 # Without pytest: `.venv/bin/python e2e/run_real.py` (same run, same last line).
+# Elastic generators in real pods (issue 14; docs/failures.md): scales the tiny RLJob's generators 1 -> 2 -> 1 while
+# it trains; prints the figures, then the RLJob's final status JSON (with trainerRestarts, generatorsBefore,
+# generatorsMax) as the LAST line. Same cluster rules as e2e-real (one real node per machine).
+.PHONY: e2e-elastic
+e2e-elastic: venv host-deps
+	KUBEFORGE_REAL_NODE=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} $(VENV)/bin/python e2e/run_elastic.py
+
 e2e-real: venv host-deps
 	@out=$$(mktemp -d)/status.json; \
 	KUBEFORGE_REAL_NODE=1 KF_E2E_REAL_OUT=$$out $(PYTEST) -p no:cacheprovider -m realnode e2e/test_e2e_real.py; rc=$$?; \

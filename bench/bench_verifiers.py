@@ -12,7 +12,8 @@ Cases (every completion distinct and the score cache off, so nothing is served f
   the same 20 verifiers with WeightedSum, so the ratio is the cost of the weak supervision itself.
 - ``label-model-fit``: one ``LabelModel.fit`` on 4096 x 20 votes (ms).
 Reported: completions per CPU-second of this single-threaded process (= per core; robust to a busy machine)
-and per wall-clock second (best of ``repeat``), the ratios of the CPU rates, and LabelModel.fit CPU time. The last line of stdout is a JSON summary.
+and per wall-clock second (best of ``repeat``), the ratios of the CPU rates, and LabelModel.fit CPU time. The
+last line of stdout is a JSON summary.
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ the model's parameters (the baseline: wire speed on this machine, now), then ``-
 (``WeightSender.send`` -> ``Engine.receive_weights``: metadata, buckets, vLLM ``reload_weights`` with repacking,
 tied-weight refresh, prefix-cache reset, ack). Prints one JSON line per model; ``ratio`` = sync GB/s / raw GB/s
 (medians after one warm-up each). ``receive_discard`` syncs run the same protocol into the engine's worker but
-discard the tensors instead of loading them: the difference to a full sync is vLLM's reload time. Nothing is asserted: speed is reported, never hard-coded.
+discard the tensors instead of loading them: the difference to a full sync is vLLM's reload time. ``memcpy_*`` is one
+in-process copy of the same bytes into a preallocated buffer (the ceiling of landing them in memory once). Nothing is asserted: speed is reported, never hard-coded.
 """
 from __future__ import annotations
 
@@ -57,6 +58,21 @@ def raw_rounds(*, rank: int, port: int, nbytes: int, reps: int) -> list[float]:
         times.append(time.perf_counter() - start)
     group.close()
     return times[1:]
+
+
+def memcpy_seconds(*, nbytes: int, reps: int) -> float:
+    """Median time of one in-process copy of ``nbytes`` into a preallocated buffer (torch's copy, its threads):
+    the ceiling of any receive that has to land the bytes in memory once."""
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
 
 
 def sender_main(args: argparse.Namespace) -> None:
@@ -111,6 +127,7 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
     wire_syncs, syncs = all_syncs[1:args.reps + 1], all_syncs[args.reps + 2:]
     wire_s = statistics.median(s["seconds"] for s in wire_syncs)
     raw_s = statistics.median(raw)
+    memcpy_s = memcpy_seconds(nbytes=nbytes, reps=args.reps)
     sync_s = statistics.median(s["seconds"] for s in syncs)
     report = {
         "model": args.model, "bytes": nbytes, "reps": args.reps, "threads": torch.get_num_threads(),
@@ -121,6 +138,9 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
         "engine_receive_seconds": round(statistics.median(s.seconds for s in engine_side), 4),
         "buckets": syncs[0]["buckets"], "tensors": syncs[0]["tensors"],
         "ratio_sync_vs_raw": round(raw_s / sync_s, 3), "ratio_discard_vs_raw": round(raw_s / wire_s, 3),
+        "memcpy_seconds": round(memcpy_s, 4), "memcpy_gb_per_s": round(nbytes / memcpy_s / 1e9, 3),
+        "ratio_sync_vs_memcpy": round(memcpy_s / sync_s, 3),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     eng.close()
     return report

@@ -235,19 +235,77 @@ def test_container_failure_restarts_the_job(env: Any, ns: str, style: str) -> No
     assert "ContainerFailed" in reasons and "Restarting" in reasons
 
 
-def test_replica_change_rolls_out(env: Any, ns: str) -> None:
+def _crash(k: harness.K, ns: str, pod: str, code: int) -> None:
+    """One in-place container crash (kubelet style) with ``code`` (the kwok stage of e2e/kfcluster/stages)."""
+    prefix = "container-restart.stage.kubeforge.dev"
+    k.run("annotate", "--overwrite", "pod", pod, "-n", ns, f"{prefix}/exit-code={code}", f"{prefix}/reason=Error")
+    k.run("label", "pod", pod, "-n", ns, f"{prefix}=true")
+
+
+def test_failure_rules_restart_role_once_fail_by_rule_and_backoff(env: Any, ns: str) -> None:
+    """RestartRole on a generator: counted once (also across an operator restart right after it), the trainer
+    pod and the attempt untouched, no duplicate pod; the next crash exhausts maxRestarts; a Fail rule on an exit
+    code fails another job with FailedByRule."""
+    _, k, op = env
+    policy = {"maxRestarts": 1, "rules": [{"action": "Fail", "onExitCodes": [3]},
+                                          {"action": "RestartRole", "roles": ["generator", "verifier"]}]}
+    k.apply(example("tiny", ns, failurePolicy=policy))
+    wait("Running", phase_is(k, ns, "tiny", "Running"))
+    trainer_uid = k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"]["uid"]
+    _crash(k, ns, "tiny-generator-0", 137)
+    st = wait("a role restart counted", lambda: (s := job(k, ns, "tiny").get("status", {})).get("restarts") == 1 and s)
+    assert st["attempt"] == 0 and st["roles"]["generator"]["restarts"] == 1 and st["roles"]["trainer"]["restarts"] == 0
+    assert st["lastFailure"]["action"] == "RestartRole" and st["lastFailure"]["exitCode"] == 137
+    op.kill()                                    # the operator dies right after acting; a new one replays
+    op.start()
+    time.sleep(8)
+    st = job(k, ns, "tiny")["status"]
+    assert st["restarts"] == 1 and st["attempt"] == 0 and st["phase"] != "Failed"
+    ps = pods(k, ns, "tiny")
+    assert sorted(p["metadata"]["name"] for p in ps) == ["tiny-generator-0", "tiny-trainer-0", "tiny-verifier-0"]
+    assert k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"]["uid"] == trainer_uid
+    time.sleep(1.1)                              # a later crash ends at a later second: a new failure
+    _crash(k, ns, "tiny-generator-0", 137)
+    st = wait("Failed", lambda: (s := job(k, ns, "tiny").get("status", {})).get("phase") == "Failed" and s)
+    failed = condition(st, "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded" and "maxRestarts=1" in failed["message"]
+
+    doc = example("tiny", ns, failurePolicy=policy)
+    doc["metadata"]["name"] = "rule"
+    k.apply(doc)
+    wait("Running", phase_is(k, ns, "rule", "Running"))
+    _crash(k, ns, "rule-trainer-0", 3)
+    st = wait("Failed", lambda: (s := job(k, ns, "rule").get("status", {})).get("phase") == "Failed" and s)
+    assert condition(st, "Failed")["reason"] == "FailedByRule" and st["restarts"] == 0
+    assert "exit code 3" in condition(st, "Failed")["message"]
+
+
+def test_generators_scale_without_touching_the_trainer(env: Any, ns: str) -> None:
+    """Generators are elastic: `kubectl scale` (the scale subresource) 1 -> 2 -> 1 keeps the attempt and the
+    trainer's pod; a verifier replica change still rolls out as a new attempt (not a restart)."""
     _, k, _ = env
     k.apply(example("tiny", ns))
     wait("Running", phase_is(k, ns, "tiny", "Running"))
-    k.run("patch", "rljob", "tiny", "-n", ns, "--type=merge", "-p",
-          '{"spec":{"roles":{"generator":{"replicas":2}}}}')
+    trainer_uid = k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"]["uid"]
+    k.run("scale", "rljob", "tiny", "-n", ns, "--replicas=2")
     wait("2 generators ready", lambda: (s := job(k, ns, "tiny").get("status", {})).get("phase") == "Running"
          and s["roles"]["generator"]["ready"] == 2)
+    st = job(k, ns, "tiny")["status"]
+    assert st["restarts"] == 0 and st["attempt"] == 0
+    assert k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"]["uid"] == trainer_uid
+    k.run("scale", "rljob", "tiny", "-n", ns, "--replicas=1")
+    wait("1 generator", lambda: len([p for p in pods(k, ns, "tiny") if p["metadata"]["labels"].get(
+        "kubeforge.dev/role") == "generator" and not p["metadata"].get("deletionTimestamp")]) == 1)
+    assert k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"]["uid"] == trainer_uid
+    assert job(k, ns, "tiny")["status"]["attempt"] == 0
+    k.run("patch", "rljob", "tiny", "-n", ns, "--type=merge", "-p", '{"spec":{"roles":{"verifier":{"replicas":2}}}}')
+    wait("2 verifiers ready", lambda: (s := job(k, ns, "tiny").get("status", {})).get("phase") == "Running"
+         and s["roles"]["verifier"]["ready"] == 2)
     st = job(k, ns, "tiny")["status"]
     assert st["restarts"] == 0 and st["attempt"] == 1
     env_vars = {e["name"]: e.get("value") for e in
                 k.get("pod", "tiny-trainer-0", "-n", ns)["spec"]["containers"][0]["env"]}
-    assert env_vars["KUBEFORGE_GENERATOR_REPLICAS"] == "2"
+    assert env_vars["KUBEFORGE_VERIFIER_REPLICAS"] == "2"
 
 
 def test_operator_killed_mid_reconcile_leaves_no_duplicate_or_orphan(env: Any, ns: str,

@@ -95,7 +95,8 @@ def test_names_and_subresources() -> None:
     assert spec["names"]["categories"] == list(contract.CATEGORIES)
     (version,) = spec["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {"status": {}, "scale": {
+        "specReplicasPath": ".spec.roles.generator.replicas", "statusReplicasPath": ".status.roles.generator.ready"}}
 
 
 def test_printer_columns_point_at_status_fields(schema: Node) -> None:

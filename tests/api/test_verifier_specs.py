@@ -1,6 +1,7 @@
 """Verifier and reward settings: rules the API server cannot check with CEL (a Python regular expression that must
 compile) are refused by the model, so ``kubeforge validate`` / the launcher refuse them naming the field and the
-operator marks a stored job that slipped past admission InvalidSpec; defaults keep old manifests' meaning."""
+operator refuses to run a stored job that slipped past admission (event InvalidSpec); defaults keep old
+manifests' meaning."""
 from __future__ import annotations
 
 import pytest

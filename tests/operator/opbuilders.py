@@ -44,7 +44,7 @@ def pod(job_name: str, role: str, index: int, *, attempt: int = 0, phase: str = 
         unschedulable: str | None = None, progress: dict[str, Any] | None = None, world: str | None = None,
         deleting: bool = False) -> dict[str, Any]:
     """A raw pod of ``job_name``."""
-    ann = {names.ANNOTATION_WORLD: world or "generator=1,verifier=1,trainer=1"}
+    ann = {names.ANNOTATION_WORLD: world or "verifier=1,trainer=1"}
     if progress is not None:
         ann[contract.ANNOTATION_PROGRESS] = json.dumps(progress)
     cs: dict[str, Any] = {"name": role, "restartCount": restarts, "ready": ready,

@@ -100,3 +100,24 @@ def test_trainer_failure_under_restart_role_rules_restarts_all() -> None:
     plan, s = run(_job(s0), pods)
     assert (plan.attempt, plan.restarts, plan.draining) == (1, 1, True) and s.roles["trainer"].restarts == 1
     assert s.handled_failures == {}      # a new attempt starts with a clean slate
+
+
+def test_stalled_condition_after_progress_deadline() -> None:
+    import datetime as dt
+
+    from opbuilders import T0
+
+    policy = {"progressDeadlineSeconds": 60}
+    trainer = pod("tiny", "trainer", 0, progress={"step": 4, "policyVersion": 4})
+    pods = [pod("tiny", "generator", 0), pod("tiny", "verifier", 0), trainer]
+    _, s0 = run(_job(policy=policy), pods)
+    assert cond(s0, reasons.STALLED).status == "False" and s0.last_progress_time == "2026-11-22T12:00:00Z"
+    plan, s1 = run(_job(s0, policy), pods, now=T0 + dt.timedelta(seconds=50))
+    assert cond(s1, reasons.STALLED).status == "False" and plan.requeue_after is not None
+    assert plan.requeue_after <= 11
+    _, s2 = run(_job(s1, policy), pods, now=T0 + dt.timedelta(seconds=61))
+    assert cond(s2, reasons.STALLED).status == "True" and cond(s2, reasons.STALLED).reason == reasons.NO_PROGRESS
+    moved = [pod("tiny", "generator", 0), pod("tiny", "verifier", 0),
+             pod("tiny", "trainer", 0, progress={"step": 5, "policyVersion": 5})]
+    _, s3 = run(_job(s2, policy), moved, now=T0 + dt.timedelta(seconds=62))
+    assert cond(s3, reasons.STALLED).status == "False" and s3.last_progress_time == "2026-11-22T12:01:02Z"

@@ -168,9 +168,18 @@ def test_terminal_is_sticky() -> None:
 
 def test_replica_change_rolls_out_as_a_new_attempt_not_a_restart() -> None:
     _, s0 = run(opbuilders.job("tiny"), ALL_READY)
-    plan, s1 = run(_with(s0, spec__roles__generator={"replicas": 2}), ALL_READY)
+    plan, s1 = run(_with(s0, spec__roles__verifier={"replicas": 2}), ALL_READY)
     assert plan.attempt == 1 and plan.restarts == 0 and plan.new_attempt_reason == reasons.RESCALED
     assert s1.phase == "Restarting"
+
+
+def test_generator_replica_change_keeps_the_attempt_and_the_trainer() -> None:
+    """Generators are elastic: scaling them is followed by their StatefulSet alone (no new attempt)."""
+    _, s0 = run(opbuilders.job("tiny"), ALL_READY)
+    plan, s1 = run(_with(s0, spec__roles__generator={"replicas": 2, "minReplicas": 1}), ALL_READY)
+    assert plan.attempt == 0 and plan.active and plan.new_attempt_reason is None
+    assert s1.roles["generator"].replicas == 2 and s1.roles["generator"].ready == 1 and s1.phase == "Running"
+    assert cond(s1, reasons.READY).status == "False" and "generator 1/2" in cond(s1, reasons.READY).message
 
 
 def test_status_is_stable_when_nothing_changes() -> None:

@@ -65,6 +65,8 @@ def test_coscheduling_gang_spans_all_roles() -> None:
     (group,) = parts.objects
     assert group["spec"] == {"minMember": 7, "scheduleTimeoutSeconds": 30}
     assert parts.pod_labels == {"scheduling.x-k8s.io/pod-group": "tiny"}
+    job3 = opbuilders.job("tiny", spec__roles__generator={"replicas": 4, "minReplicas": 3})
+    assert gang.render(job3, CTX).objects[0]["spec"]["minMember"] == 5          # generators beyond 3 not held
 
 
 def test_gang_registry_covers_every_backend() -> None:

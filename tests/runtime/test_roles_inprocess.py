@@ -12,6 +12,7 @@ import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -323,19 +324,78 @@ class DropFirstScored:
 
 
 def _loop(tmp: Path, spec_job: rljob.RLJob, inbox: transport.Receiver, *, deadline: float, reissue_after: float,
-          generators: transport.Sender, control: transport.Receiver) -> trainer_role.Loop:
+          generators: transport.Sender, control: transport.Receiver, checkpoint_every: int = 10) -> trainer_role.Loop:
     spec = spec_job.spec
     learner = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm)
     return trainer_role.Loop(
         settings=trainer_role.Settings(rank=0, world=1, steps=spec.algorithm.steps,
                                        prompts_per_step=spec.algorithm.prompts_per_step,
                                        max_policy_lag=spec.algorithm.max_policy_lag, sync_every=1,
-                                       checkpoint_every=10, checkpoint_dir=str(tmp / "ckpt"), checkpoint_keep=1,
+                                       checkpoint_every=checkpoint_every, checkpoint_dir=str(tmp / "ckpt"),
+                                       checkpoint_keep=1,
                                        deadline=deadline, reissue_after=reissue_after),
         inbox=inbox, generators=generators, learner=learner, prompt_at=tasks.stream(spec.task).prompt_at,
         observer=observe.TrainerObserver(metrics.Metrics(role="trainer", replica=0)),
         rank0=trainer_role.Rank0(control=control, pusher=InProcessPusher(generators, control),
                                  reporter=report.JsonlReporter(path=tmp / "m.jsonl", echo=False)))
+
+
+def _serve(spec_job: rljob.RLJob, name: str, weights: list[CopyWeights] | None = None
+           ) -> tuple[dict[str, str], threading.Event, list[transport.Receiver]]:
+    """A generator and a verifier loop serving in threads; the trainer's inboxes to hand to a Loop."""
+    a = {k: f"mem://{name}-{k}" for k in ("gen", "ver", "trn", "ctl")}
+    gen_in, ver_in = transport.open_receiver(a["gen"]), transport.open_receiver(a["ver"])
+    trn_in, ctl_in = transport.open_receiver(a["trn"], hwm=256), transport.open_receiver(a["ctl"])
+    sampler = HFSampler(path=models.resolve(spec_job.spec.model), n=spec_job.spec.algorithm.group_size,
+                        max_new=spec_job.spec.algorithm.max_new_tokens)
+    stop = threading.Event()
+    scorer = verifiers.Scorer(spec_job.spec.verifiers)
+    m = metrics.Metrics(role="x", replica=0)
+    loader = CopyWeights(sampler)
+    if weights is not None:
+        weights.append(loader)
+    threads = [
+        threading.Thread(target=lambda: generator_role.run(
+            index=0, inbox=gen_in, verifiers=transport.open_sender([a["ver"]], role="generator", index=0),
+            control=transport.open_sender([a["ctl"]], role="generator", index=0), sampler=sampler,
+            weights=loader, observer=observe.GeneratorObserver(m), should_stop=stop.is_set),
+            daemon=True),
+        threading.Thread(target=lambda: verifier_role.run(
+            inbox=ver_in, trainers=transport.open_sender([a["trn"]], role="verifier", index=0), score=scorer.apply,
+            observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop.is_set), daemon=True)]
+    for t in threads:
+        t.start()
+    return a, stop, [gen_in, ver_in, trn_in, ctl_in]
+
+
+def test_sigterm_stops_the_trainer_after_a_complete_checkpoint(tmp_path: Path) -> None:
+    """SIGTERM (``should_stop``) during step 2 of 3: the step and its due checkpoint finish, then ``Terminated``;
+    the newest checkpoint is complete and a resume continues at step 3."""
+    spec_job = job(steps=3)
+    n = next(_ids)
+    loaders: list[CopyWeights] = []
+    a, stop, recv = _serve(spec_job, f"term{n}", loaders)
+    loop = _loop(tmp_path, spec_job, recv[2], deadline=60, reissue_after=30,
+                 generators=transport.open_sender([a["gen"]], role="trainer", index=0), control=recv[3],
+                 checkpoint_every=2)
+    loaders[0].learner = loop.learner  # type: ignore[assignment]
+    term = threading.Event()
+    train = loop.learner.train_step
+
+    def train_and_get_sigterm(**kw: object) -> object:
+        if loop.learner.step == 1:
+            term.set()                                               # SIGTERM arrives during step 2
+        return train(**kw)  # type: ignore[arg-type]
+
+    loop.learner.train_step = train_and_get_sigterm  # type: ignore[method-assign]
+    loop.should_stop = term.is_set
+    with pytest.raises(trainer_role.Terminated, match="after step 2"):
+        loop.run()
+    stop.set()
+    ckpts = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert ckpts == ["step-000000002"] and (tmp_path / "ckpt" / ckpts[0] / "COMPLETE").exists()
+    for r in recv:
+        r.close()
 
 
 def test_a_lost_frame_is_reissued_and_a_step_that_never_completes_stalls_within_the_deadline(tmp_path: Path) -> None:
@@ -346,24 +406,7 @@ def test_a_lost_frame_is_reissued_and_a_step_that_never_completes_stalls_within_
 
     spec_job = job(steps=1)
     n = next(_ids)
-    a = {k: f"mem://drop{n}-{k}" for k in ("gen", "ver", "trn", "ctl")}
-    gen_in, ver_in = transport.open_receiver(a["gen"]), transport.open_receiver(a["ver"])
-    trn_in, ctl_in = transport.open_receiver(a["trn"], hwm=256), transport.open_receiver(a["ctl"])
-    sampler = HFSampler(path=models.resolve(spec_job.spec.model), n=4, max_new=2)
-    stop = threading.Event()
-    scorer = verifiers.Scorer(spec_job.spec.verifiers)
-    m = metrics.Metrics(role="x", replica=0)
-    threads = [
-        threading.Thread(target=lambda: generator_role.run(
-            index=0, inbox=gen_in, verifiers=transport.open_sender([a["ver"]], role="generator", index=0),
-            control=transport.open_sender([a["ctl"]], role="generator", index=0), sampler=sampler,
-            weights=CopyWeights(sampler), observer=observe.GeneratorObserver(m), should_stop=stop.is_set),
-            daemon=True),
-        threading.Thread(target=lambda: verifier_role.run(
-            inbox=ver_in, trainers=transport.open_sender([a["trn"]], role="verifier", index=0), score=scorer.apply,
-            observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop.is_set), daemon=True)]
-    for t in threads:
-        t.start()
+    a, stop, (gen_in, ver_in, trn_in, ctl_in) = _serve(spec_job, f"drop{n}")
     inbox = DropFirstScored(trn_in)
     loop = _loop(tmp_path, spec_job, inbox, deadline=60, reissue_after=1.0,  # type: ignore[arg-type]
                  generators=transport.open_sender([a["gen"]], role="trainer", index=0), control=ctl_in)
@@ -383,6 +426,125 @@ def test_a_lost_frame_is_reissued_and_a_step_that_never_completes_stalls_within_
         loop2.run()
     assert 3.0 <= _time.monotonic() - started < 10.0 and loop2.reissued >= 4
     for r in (gen_in, ver_in, trn_in, ctl_in, dead_gen, trn2, ctl2):
+        r.close()
+
+
+class ElasticPusher(InProcessPusher):
+    """``InProcessPusher`` over the generators in the group now (``reform(members=...)`` changes it)."""
+
+    def __init__(self, generators: transport.Sender, control: transport.Receiver) -> None:
+        super().__init__(generators, control)
+        self.members, self.epoch, self.pushes = generators.peers, 0, []
+        self.on_other: Any = lambda msg: None
+
+    def reform(self, *, members: int | None = None) -> int:
+        self.members = members or self.members
+        self.epoch += 1
+        return self.epoch
+
+    def push(self, *, version: int, step: int) -> generator_role.SyncResult:
+        for g in range(self.members):
+            self.generators.send(wire.Sync(version=version, step=step, host="mem", port=1, world_size=2,
+                                           epoch=self.epoch), to=g)
+        acked: set[int] = set()
+        while len(acked) < self.members:
+            msg = self.control.recv(timeout=5)
+            if msg is None:          # as the broadcast fails when a member is gone: the trainer re-forms
+                raise RuntimeError(f"no ACK from generators {set(range(self.members)) - acked}")
+            if isinstance(msg, wire.Ack) and msg.of == wire.Kind.SYNC and msg.version == version:
+                acked.add(msg.index)
+            else:
+                self.on_other(msg)
+        self.pushes.append((version, self.members))
+        return generator_role.SyncResult(seconds=0.01, bytes=1)
+
+
+def test_generators_join_and_leave_while_the_trainer_runs(tmp_path: Path) -> None:
+    """Generators 1 -> 2 -> 1 during a run: the joiner gets the current policy before it samples anything, the
+    leaver's work goes to the other, every step is trained once with its full share, the trainer never restarts."""
+    spec_job = job(steps=6)
+    n = next(_ids)
+    base = f"mem://elastic{n}"
+    trn_in, ctl_in = transport.open_receiver(f"{base}-trn", hwm=256), transport.open_receiver(f"{base}-ctl")
+    ver_in = transport.open_receiver(f"{base}-ver")
+    scorer = verifiers.Scorer(spec_job.spec.verifiers)
+    m = metrics.Metrics(role="x", replica=0)
+    stop_all = threading.Event()
+    events: list[tuple[int, str, int]] = []      # (generator, "sync"|"sample", version)
+
+    class Logged(CopyWeights):
+        def __init__(self, sampler: HFSampler, index: int) -> None:
+            super().__init__(sampler)
+            self.index = index
+
+        def load(self, sync: wire.Sync) -> generator_role.SyncResult:
+            events.append((self.index, "sync", sync.version))
+            return super().load(sync)
+
+    loaders: dict[int, Logged] = {}
+    stops = {0: threading.Event(), 1: threading.Event()}
+
+    def start_generator(i: int) -> threading.Thread:
+        inbox = transport.open_receiver(f"{base}-gen{i}")
+        sampler = HFSampler(path=models.resolve(spec_job.spec.model), n=4, max_new=2)
+        sample = sampler.sample
+
+        def logged_sample(prompts: Sequence[types.Prompt]) -> list[types.RolloutGroup]:
+            events.append((i, "sample", len(prompts)))
+            return sample(prompts)
+
+        sampler.sample = logged_sample  # type: ignore[method-assign]
+        loaders[i] = Logged(sampler, i)
+        loaders[i].learner = learner_box[0]
+        t = threading.Thread(target=lambda: generator_role.run(
+            index=i, inbox=inbox, verifiers=transport.open_sender([f"{base}-ver"], role="generator", index=i),
+            control=transport.open_sender([f"{base}-ctl"], role="generator", index=i), sampler=sampler,
+            weights=loaders[i], observer=observe.GeneratorObserver(m), max_policy_lag=1,
+            should_stop=lambda: stops[i].is_set() or stop_all.is_set()), daemon=True)
+        t.start()
+        return t
+
+    learner = step.Trainer(model_path=models.resolve(spec_job.spec.model), algorithm=spec_job.spec.algorithm)
+    learner_box = [learner]
+    start_generator(0)
+    to_gen = transport.open_sender([f"{base}-gen0"], role="trainer", index=0)
+    pusher = ElasticPusher(to_gen, ctl_in)
+    loop = trainer_role.Loop(
+        settings=trainer_role.Settings(rank=0, world=1, steps=6, prompts_per_step=4, max_policy_lag=1, sync_every=1,
+                                       checkpoint_every=10, checkpoint_dir=str(tmp_path / "ckpt"),
+                                       checkpoint_keep=1, deadline=60, reissue_after=20),
+        inbox=trn_in, generators=to_gen, learner=learner, prompt_at=tasks.stream(spec_job.spec.task).prompt_at,
+        observer=observe.TrainerObserver(metrics.Metrics(role="trainer", replica=0)),
+        rank0=trainer_role.Rank0(control=ctl_in, pusher=pusher,
+                                 reporter=report.JsonlReporter(path=tmp_path / "m.jsonl", echo=False)),
+        generator_address=lambda i: f"{base}-gen{i}")
+    threading.Thread(target=lambda: verifier_role.run(
+        inbox=ver_in, trainers=transport.open_sender([f"{base}-trn"], role="verifier", index=0), score=scorer.apply,
+        observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop_all.is_set), daemon=True).start()
+    train = learner.train_step
+    members_seen: list[int] = []
+
+    def train_and_scale(**kw: object) -> object:
+        members_seen.append(loop.members)
+        if learner.step == 1:
+            start_generator(1)                        # scale up while step 2 trains
+        if learner.step == 3:
+            stops[1].set()                            # scale down while step 4 trains
+        return train(**kw)  # type: ignore[arg-type]
+
+    learner.train_step = train_and_scale  # type: ignore[method-assign]
+    loop.run()
+    stop_all.set()
+    records = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["policy_version"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert all(r["completions"] == 16 for r in records)
+    assert max(members_seen) == 2 and members_seen[-1] == 1 and loop.members == 1
+    assert {mem for _, mem in pusher.pushes} == {1, 2}
+    joined = [e for e in events if e[0] == 1]
+    assert joined and joined[0][1] == "sync" and joined[0][2] >= 2      # the current policy before any sample
+    assert any(e[1] == "sample" for e in joined)                        # and it did take work
+    for r in (trn_in, ctl_in, ver_in):
         r.close()
 
 

@@ -14,7 +14,8 @@ from kubeforge.runtime.roles import observe
 
 
 def test_observer_exports_per_verifier_series_and_logs_each_group(tmp_path: pathlib.Path) -> None:
-    specs = [rljob.VerifierSpec.model_validate({"name": n, "type": "Regex", "regex": {"pattern": p}, "timeoutSeconds": 0.2})
+    specs = [rljob.VerifierSpec.model_validate({"name": n, "type": "Regex", "regex": {"pattern": p},
+                                                 "timeoutSeconds": 0.2})
              for n, p in (("one", "1"), ("onetwo", "1|2"), ("onethree", "1|3"), ("evil", "(x+x+)+y"))]
     reward = rljob.RewardSpec.model_validate({"aggregation": "WeakSupervision",
                                               "weakSupervision": {"minItems": 16, "maxPositiveRate": 1.0}})

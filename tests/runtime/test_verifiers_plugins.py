@@ -65,7 +65,8 @@ def test_python_function(user_module: str) -> None:
 
 
 def test_wrong_count_falls_back_and_is_counted(user_module: str) -> None:
-    s = verifiers.Scorer([spec(name="w", type="Python", fallbackScore=0.25, python={"entryPoint": f"{user_module}:wrong"})])
+    s = verifiers.Scorer([spec(name="w", type="Python", fallbackScore=0.25,
+                               python={"entryPoint": f"{user_module}:wrong"})])
     assert s.score_group(group(["a", "b"]))[0] == [0.25, 0.25]
     assert s.errors == {"w": 1} and s.fallbacks == {"w": 2} and "2 completions" in s.last_error["w"]
 

@@ -36,6 +36,7 @@ ENV_BIND_HOST = "KUBEFORGE_BIND_HOST"        # address to listen on (0.0.0.0 in 
 ENV_RUN_DIR = "KUBEFORGE_RUN_DIR"            # where a role writes local artefacts (metrics JSONL, logs)
 ENV_CHECKPOINT_DIR = "KUBEFORGE_CHECKPOINT_DIR"  # overrides spec.checkpoint.path (local runs)
 ENV_ATTEMPT = "KUBEFORGE_ATTEMPT"            # restart attempt of the whole job (0 first)
+ENV_JOB_KEY = "KUBEFORGE_JOB_KEY"            # the job's secret (64 hex chars): CURVE keys and weight-sync auth
 ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the trainer reports progress on its pod
 
 
@@ -69,6 +70,14 @@ FIELD_MANAGER = "kubeforge-operator"
 # The trainer (rank 0) reports progress on its own pod as a JSON annotation; the operator watches it.
 ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done", "evalAccuracy"?}
 
+JOB_KEY_SECRET_KEY = "key"                   # the data key holding ENV_JOB_KEY in the job's Secret
+
+
+def job_key_secret(job: str) -> str:
+    """Name of the per-job Secret holding the job key (created by the operator, owned by the RLJob)."""
+    return f"{job}-key"
+
+
 # ---- what kubeforge reserves inside a role's pod (a user's volumes and mounts may not collide) ----
 RESERVED_NAME_PREFIX = "kubeforge-"              # volume names kubeforge adds to every pod
 RESERVED_MOUNT_DIR = "/etc/kubeforge"            # kubeforge's own mounts (the config, the job's secret)
@@ -80,3 +89,14 @@ MAX_JOB_NAME_LENGTH = 40  # "<name>-generator" must stay <= 52 chars (StatefulSe
 def child_name(job: str, role: str) -> str:
     """Deterministic name of a role's StatefulSet and headless Service."""
     return f"{job}-{role}"
+
+
+def pod_name(job: str, role: str, index: int) -> str:
+    """The StatefulSet pod of ``role`` with ordinal ``index``."""
+    return f"{child_name(job, role)}-{index}"
+
+
+def peer_host(job: str, role: str, index: int, namespace: str) -> str:
+    """Stable DNS name of a pod behind its role's headless Service (a trainer finds a generator that joins a
+    running job by it: generator replicas are elastic)."""
+    return f"{pod_name(job, role, index)}.{child_name(job, role)}.{namespace}.svc"

@@ -251,7 +251,10 @@ def crd() -> dict[str, Any]:
                 "name": contract.VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
+                "subresources": {"status": {}, "scale": {
+                    # `kubectl scale rljob/NAME --replicas N` sets the generators (elastic; see docs/failures.md)
+                    "specReplicasPath": ".spec.roles.generator.replicas",
+                    "statusReplicasPath": ".status.roles.generator.ready"}},
                 "additionalPrinterColumns": [dict(c) for c in PRINTER_COLUMNS],
                 "schema": {"openAPIV3Schema": openapi_schema()},
             }],

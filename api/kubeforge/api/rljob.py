@@ -611,6 +611,11 @@ class GeneratorRole(RoleSpec):
     kv_cache_gib: int = Field(1, ge=1, le=1024, description="vLLM KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
     max_model_len: int | None = Field(None, ge=16, description="vLLM max model length; defaults to the model's.")
     enforce_eager: bool = Field(False, description="Skip vLLM graph compilation (faster start, slower decode).")
+    min_replicas: int | None = Field(None, ge=1, le=4096, description="Generators the gang holds the job for "
+                                     "(default: all replicas). Generators beyond it are not gang-held: the job "
+                                     "starts with what fits and grows. spec.roles.generator.replicas may change "
+                                     "while the job runs (kubectl scale): the trainer keeps running and re-forms "
+                                     "the weight-sync group.")
 
 
 class VerifierRole(RoleSpec):
@@ -886,6 +891,8 @@ class RLJobStatus(Model):
     handled_failures: dict[str, str] = Field(default_factory=dict, description="Per pod, the failure the "
                                              "failure policy last acted on (so none is acted on twice).")
     progress: Progress = Field(default_factory=Progress, description="Training progress.")
+    last_progress_time: str | None = Field(None, description="When the trainer's reported step last moved (or "
+                                           "the current attempt started); the Stalled condition counts from it.")
     start_time: str | None = Field(None, description="When the job first ran.")
     completion_time: str | None = Field(None, description="When the job finished.")
 

@@ -9,7 +9,9 @@ Invariants:
 - Succeeded and Failed are terminal: once written, nothing restarts the job.
 - Two attempts never overlap: pods of attempt N+1 are wanted only once no pod of another attempt exists
   (``active`` is False while stale pods drain; their StatefulSets are rendered with 0 replicas).
-- A replica change (allowed spec change) starts a new attempt that does not count as a restart.
+- A verifier replica change starts a new attempt that does not count as a restart; a generator replica change does
+  not (generators are elastic: the StatefulSet follows ``spec.roles.generator.replicas`` and the running trainer
+  re-forms the weight-sync group; its pods are never touched).
 """
 from __future__ import annotations
 
@@ -43,6 +45,8 @@ class Plan:
     progress: rljob.Progress = dataclasses.field(default_factory=rljob.Progress)
     start_time: str | None = None
     completion_time: str | None = None
+    last_progress_time: str | None = None
+    stalled_for: float | None = None       # seconds without progress beyond progressDeadlineSeconds (else None)
     delete_job: bool = False
     requeue_after: float | None = None
 
@@ -135,6 +139,14 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Pla
         start_time = None      # as for a Job: the deadline restarts on resume
     elif active and start_time is None:
         start_time = timefmt.fmt(now)
+    last_progress = prev.last_progress_time
+    if not active or new_reason is not None or progress.step != prev.progress.step or last_progress is None:
+        last_progress = timefmt.fmt(now)      # not running, a new attempt, a step moved: the clock starts again
+    since = timefmt.parse(last_progress)
+    idle = (now - since).total_seconds() if since is not None else 0.0
+    limit = float(job.spec.failure_policy.progress_deadline_seconds)
+    stalled_for = idle if active and idle > limit else None
+    stall_left = limit - idle + 1.0 if active and stalled_for is None else None
     ttl_left = ttl.remaining(job, completion_time, now) if terminal else None
     deadline_left = deadline.remaining(job, start_time, now) if terminal is None and not suspended else None
     return Plan(
@@ -143,9 +155,10 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Pla
         terminal=terminal, terminal_reason=t_reason, terminal_message=t_message,
         new_attempt_reason=new_reason, new_failure=new_failure, decision=decision, last_failure=last_failure,
         role_restarts=role_restarts, handled=handled, progress=progress,
-        start_time=start_time, completion_time=completion_time,
+        start_time=start_time, completion_time=completion_time, last_progress_time=last_progress,
+        stalled_for=stalled_for,
         delete_job=ttl_left is not None and ttl_left <= 0,
-        requeue_after=_min(ttl_left, deadline_left),
+        requeue_after=_min(ttl_left, deadline_left, stall_left),
     )
 
 

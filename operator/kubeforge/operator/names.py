@@ -50,14 +50,8 @@ def pod_group(job: str) -> str:
     return job
 
 
-def pod(job: str, role: str, index: int) -> str:
-    """Name of replica ``index`` of ``role`` (StatefulSet ordinal naming)."""
-    return f"{contract.child_name(job, role)}-{index}"
-
-
-def peer_host(job: str, role: str, index: int, namespace: str) -> str:
-    """Stable DNS name of a pod behind its role's headless Service."""
-    return f"{pod(job, role, index)}.{contract.child_name(job, role)}.{namespace}.svc"
+pod = contract.pod_name            # replica ``index`` of ``role`` (StatefulSet ordinal naming)
+peer_host = contract.peer_host     # stable DNS name of a pod behind its role's headless Service
 
 
 def network_policy(job: str) -> str:

@@ -11,6 +11,7 @@ READY = "Ready"                    # every role has all replicas ready
 SUSPENDED = "Suspended"            # spec.suspend is true
 COMPLETE = "Complete"              # training finished (terminal)
 FAILED = "Failed"                  # the job failed (terminal)
+STALLED = "Stalled"                # the trainer's step has not moved for spec.failurePolicy.progressDeadlineSeconds
 
 # ---- reasons ----
 WAITING_FOR_PODS = "WaitingForPods"      # pods of the attempt are not all created yet
@@ -28,9 +29,13 @@ ROLE_RESTARTED = "RoleRestarted"         # a RestartRole failure: only the faile
 FAILURE_IGNORED = "FailureIgnored"       # event: an Ignore rule matched; nothing counted
 FAILED_BY_RULE = "FailedByRule"          # a failurePolicy rule with action Fail matched
 RESCALED = "Rescaled"                    # replicas changed: the job restarts with the new world
+NO_PROGRESS = "NoProgress"
+PROGRESSING = "Progressing"
 NOT_FINISHED = "NotFinished"
 NOT_SUSPENDED = "NotSuspended"
 FINISHED = "Finished"                    # the job is over: nothing is scheduled any more
 INVALID_SPEC = "InvalidSpec"             # event: the stored RLJob does not parse (API server and model disagree)
 TTL_EXPIRED = "TTLExpired"               # event: a finished job was deleted after ttlSecondsAfterFinished
+CHILDREN_APPLIED = "ChildrenApplied"     # condition: the API server accepted every child (False: ApplyFailed)
+APPLY_FAILED = "ApplyFailed"             # condition reason and event: the API server refused a child, its message kept
 CONTAINER_FAILED = "ContainerFailed"      # event: a container of the current attempt failed

@@ -15,6 +15,7 @@ import datetime as dt
 
 from kubeforge.api import contract, failures, rljob
 from kubeforge.operator import lifecycle, observed, reasons, timefmt
+from kubeforge.operator.render.gang import base as gang_base
 
 Phase = rljob.Phase
 Cond = tuple[bool, str, str]   # status, reason, message
@@ -52,18 +53,29 @@ def gang_condition(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Pla
     stuck = [p for p in pods if p.unschedulable]
     if stuck:
         return False, reasons.UNSCHEDULABLE, f"{len(stuck)} pods unschedulable: {stuck[0].unschedulable}"
-    want = sum(getattr(job.spec.roles, r).replicas for r in contract.ROLES)
+    want = gang_base.min_member(job)            # generators beyond generator.minReplicas are not gang-held
     placed = sum(p.scheduled for p in pods)
     if plan.active and placed >= want:
         return True, reasons.SCHEDULED, f"all {want} pods are bound to nodes"
     return False, reasons.WAITING_FOR_PODS, f"{placed}/{want} pods bound to nodes"
 
 
-def ready_condition(roles: dict[str, rljob.RoleStatus], plan: lifecycle.Plan) -> Cond:
+def ready_condition(roles: dict[str, rljob.RoleStatus], plan: lifecycle.Plan,
+                    obs: observed.Observed | None = None) -> Cond:
     lagging = [f"{r} {s.ready}/{s.replicas}" for r, s in roles.items() if s.ready < s.replicas]
     if plan.active and not lagging:
         return True, reasons.ALL_ROLES_READY, "every role has all replicas ready"
+    stuck = [p for p in (obs.of_attempt(plan.attempt) if obs else []) if p.stuck and not p.ready]
+    if plan.active and stuck:   # say why, with the kubelet's reason (ImagePullBackOff, CreateContainerError, ...)
+        reason, message = stuck[0].stuck  # type: ignore[misc]
+        return False, reason, f"pod {stuck[0].name} {message}"[:1000]
     return False, reasons.ROLES_NOT_READY, ", ".join(lagging) or "no pods are wanted now"
+
+
+def serving(job: rljob.RLJob, roles: dict[str, rljob.RoleStatus], plan: lifecycle.Plan) -> bool:
+    """Every role has at least its gang minimum ready (extra generators may still be starting: the job runs)."""
+    mins = gang_base.minimums(job)
+    return plan.active and all(s.ready >= mins[r] for r, s in roles.items())
 
 
 def phase_of(plan: lifecycle.Plan, gang: Cond, ready: Cond) -> str:
@@ -84,6 +96,10 @@ def _conditions(job: rljob.RLJob, plan: lifecycle.Plan, gang: Cond, ready: Cond)
     out = {reasons.GANG_SCHEDULED: gang, reasons.READY: ready,
            reasons.SUSPENDED: (True, reasons.JOB_SUSPENDED, "spec.suspend is true") if plan.suspended
            else (False, reasons.NOT_SUSPENDED, "")}
+    limit = job.spec.failure_policy.progress_deadline_seconds
+    out[reasons.STALLED] = ((True, reasons.NO_PROGRESS, f"the trainer's step has not moved for "
+                             f"{plan.stalled_for:.0f}s (progressDeadlineSeconds={limit})")
+                            if plan.stalled_for is not None else (False, reasons.PROGRESSING, ""))
     if plan.terminal == Phase.SUCCEEDED.value:
         out[reasons.COMPLETE] = (True, plan.terminal_reason, plan.terminal_message)
     if plan.terminal == Phase.FAILED.value:
@@ -110,16 +126,30 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
     """The status to store for this pass."""
     prev = job.status or rljob.RLJobStatus()
     roles = role_statuses(job, obs, plan)
-    gang, ready = gang_condition(job, obs, plan), ready_condition(roles, plan)
+    gang, ready = gang_condition(job, obs, plan), ready_condition(roles, plan, obs)
+    running: Cond = (serving(job, roles, plan), ready[1], ready[2])
     ready_roles = sum(1 for s in roles.values() if s.replicas and s.ready >= s.replicas)
     return rljob.RLJobStatus(
-        phase=phase_of(plan, gang, ready), observed_generation=generation,
+        phase=phase_of(plan, gang, running), observed_generation=generation,
         conditions=merge_conditions(prev.conditions, _conditions(job, plan, gang, ready), generation=generation,
                                     now=now),
         roles=roles, ready=f"{ready_roles}/{len(roles)}", restarts=plan.restarts, attempt=plan.attempt,
-        last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress, start_time=plan.start_time,
+        last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress,
+        last_progress_time=plan.last_progress_time, start_time=plan.start_time,
         completion_time=plan.completion_time,
     )
+
+
+def apply_failed(job: rljob.RLJob, message: str, *, generation: int | None, now: dt.datetime) -> rljob.RLJobStatus:
+    """The stored status plus a False ``ChildrenApplied`` condition carrying the API server's refusal (the next
+    pass that applies everything computes conditions afresh, so the condition goes with the cause)."""
+    prev = job.status or rljob.RLJobStatus()
+    keep = {c.type: (c.status == "True", c.reason, c.message) for c in prev.conditions
+            if c.type != reasons.CHILDREN_APPLIED}
+    conds = merge_conditions(prev.conditions, {**keep, reasons.CHILDREN_APPLIED: (False, reasons.APPLY_FAILED,
+                                                                                  message[:1000])},
+                             generation=generation, now=now)
+    return prev.model_copy(update={"conditions": conds})
 
 
 _PHASE_EVENT = {
@@ -145,6 +175,10 @@ def transitions(prev: rljob.RLJobStatus | None, new: rljob.RLJobStatus, plan: li
         out.append(Event(type="Warning" if plan.new_attempt_reason == reasons.RESTARTING else "Normal",
                          reason=plan.new_attempt_reason,
                          message=f"starting attempt {plan.attempt} (restart {plan.restarts})"))
+    ready = next((c for c in new.conditions if c.type == reasons.READY), None)
+    before = next((c.reason for c in (prev.conditions if prev else []) if c.type == reasons.READY), None)
+    if ready is not None and ready.reason in observed.STUCK_REASONS and ready.reason != before:
+        out.append(Event(type="Warning", reason=ready.reason, message=ready.message))
     if prev is None or prev.phase != new.phase:
         kind, reason = _PHASE_EVENT[new.phase]
         detail = next((c.message for c in new.conditions if c.type in (reasons.COMPLETE, reasons.FAILED)), "")

@@ -40,8 +40,9 @@ def shm_gib(spec: rljob.RoleSpec) -> int:
 
 
 def world(job: rljob.RLJob) -> str:
-    """Replica counts a pod was rendered for, e.g. ``generator=1,verifier=1,trainer=1``."""
-    return ",".join(f"{r}={n}" for r, n in base.replicas(job).items())
+    """Replica counts a pod was rendered for, e.g. ``verifier=1,trainer=1``. Generators are not part of it: their
+    count may change while the job runs (the trainer follows it), so a change never starts a new attempt."""
+    return ",".join(f"{r}={n}" for r, n in base.replicas(job).items() if r != "generator")
 
 
 def _resources(spec: rljob.RoleSpec) -> meta.Obj:

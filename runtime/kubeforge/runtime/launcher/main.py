@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import secrets
 import signal
 import sys
 import time
@@ -56,8 +57,10 @@ def prepare(file: str, *, steps: int | None) -> rljob.RLJob:
 
 
 def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
-                  bases: list[int] | None = None) -> list[supervisor.ProcSpec]:
-    """One ProcSpec per role replica, with the env contract filled in (fresh ports per attempt)."""
+                  bases: list[int] | None = None, job_key: bytes | None = None) -> list[supervisor.ProcSpec]:
+    """One ProcSpec per role replica, with the env contract filled in (fresh ports per attempt; a fresh job key
+    per attempt unless one is given: every socket of the attempt uses CURVE with it)."""
+    job_key = job_key or secrets.token_bytes(32)
     roles = job.spec.roles
     counts = {r: getattr(roles, r).replicas for r in contract.ROLES}
     bases = bases or ports.allocate(sum(counts.values()))
@@ -71,7 +74,7 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
             env.update(config.role_env(
                 job=job, config_path=str(run.manifest), role=role, index=i, peers=peers,
                 run_dir=str(run.root), checkpoint_dir=str(run.checkpoints), attempt=attempt,
-                report=config.REPORT_JSONL))
+                report=config.REPORT_JSONL, job_key=job_key))
             env["PYTHONUNBUFFERED"] = "1"
             name = f"{role}-{i}"
             out.append(supervisor.ProcSpec(
@@ -108,17 +111,20 @@ def _watch(group: supervisor.Group, *, job: rljob.RLJob, tally: Tally, attempt: 
            ) -> tuple[supervisor.Verdict, failures.Decision | None]:
     """Watch one attempt until it succeeds, fails or must restart whole; restarts in place on the way."""
     policy = job.spec.failure_policy
+    dog = supervisor.Watchdog(group)
     while True:
         bar.poll()
+        dog.check()
         exits = group.poll()
         verdict, decision = supervisor.judge(exits=exits, trainers=job.spec.roles.trainer.replicas,
-                                             restarts=tally.restarts, policy=policy)
+                                             restarts=tally.restarts, policy=policy, unhealthy=dog.unhealthy(exits))
         if decision is not None:
             tally.record(decision, attempt=attempt)
         if verdict is supervisor.Verdict.RESTART_IN_PLACE:
             assert decision is not None
             bar.note(f"kubeforge: {decision.message}")
             group.restart(decision.restart)
+            dog.forget(decision.restart)
         elif verdict is not supervisor.Verdict.RUNNING:
             return verdict, decision
         time.sleep(POLL_SECONDS)

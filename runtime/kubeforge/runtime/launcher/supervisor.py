@@ -27,9 +27,11 @@ import pathlib
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 
-from kubeforge.api import failures, rljob
+from kubeforge.api import contract, failures, rljob
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -152,6 +154,46 @@ class Group:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs.values()]
+
+
+class Watchdog:
+    """The local liveness probe: asks each process's ``/healthz`` every ``period`` seconds; a 503 (its heartbeat is
+    older than ``progressDeadlineSeconds``) gets the process SIGKILLed and its exit judged with reason Unhealthy.
+    A process not answering at all is left alone (it may be starting; its exit is seen anyway)."""
+
+    def __init__(self, group: Group, *, period: float = 5.0) -> None:
+        self.group, self.period = group, period
+        self.killed: set[str] = set()
+        self._next = time.monotonic() + period
+
+    def check(self) -> None:
+        if time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.period
+        exited = {e.name for e in self.group.poll()}
+        for spec in self.group.specs:
+            if spec.name in exited or spec.name in self.killed:
+                continue
+            port = int(spec.env.get(contract.ENV_PORT_BASE, "0")) + contract.PORT_METRICS
+            if port and _health(port) == 503:
+                self.killed.add(spec.name)
+                self.group.kill(spec.name)
+
+    def unhealthy(self, exits: Sequence[Exit]) -> list[Exit]:
+        return [e for e in exits if e.name in self.killed]
+
+    def forget(self, names: Sequence[str]) -> None:
+        self.killed -= set(names)
+
+
+def _health(port: int) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except (OSError, ValueError):
+        return None
 
 
 def _stop_one(proc: subprocess.Popen[bytes], *, grace: float) -> None:

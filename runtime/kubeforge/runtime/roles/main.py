@@ -10,7 +10,8 @@
 ```
 
 Every receiver is bound before any sender waits for its peers, so start order never matters. SIGTERM/SIGINT end the
-generator and verifier loops between messages (exit 0); the trainer exits 0 only after its last step.
+generator and verifier loops between messages (exit 0); the trainer exits 0 only after its last step, and on
+SIGTERM stops at the next safe point (a checkpoint write in progress finishes) with exit code 143.
 """
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         for p in exc.problems:
             print(f"kubeforge role {role}: {p}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
+    if cfg.job_key is not None:   # every socket below speaks CURVE with the job's keys (docs/security.md)
+        transport.use_curve(transport.CurveKeys.from_job_key(cfg.job_key))
+    else:
+        print(f"{cfg.name}: WARNING: no {contract.ENV_JOB_KEY}: role traffic is not authenticated", flush=True)
     m = metrics.Metrics(role=role, replica=cfg.index)
     server = metrics.serve(m, host=cfg.bind_host, port_base=cfg.port_base)
     server.deadline = float(cfg.spec.failure_policy.progress_deadline_seconds)
@@ -66,7 +71,7 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
             from kubeforge.runtime.roles import start_generator
             return start_generator.main(cfg, m, server, _stop_flag())
         from kubeforge.runtime.roles import start_trainer
-        return start_trainer.main(cfg, m, server)
+        return start_trainer.main(cfg, m, server, _stop_flag())
     finally:
         server.stop()
 

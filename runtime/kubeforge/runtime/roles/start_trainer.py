@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pathlib
 import sys
+import threading
+from collections.abc import Callable
 
 import torch
 import transformers
@@ -96,7 +98,21 @@ def evaluator(cfg: config.RoleConfig, learner: step.Trainer) -> evaluate.Evaluat
         compute_dtype=learner.compute_dtype, device=learner.device)
 
 
-def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer) -> int:
+EXIT_TERMINATED = 143   # 128 + SIGTERM, as if the signal had ended the process
+
+
+def generator_address(cfg: config.RoleConfig) -> Callable[[int], str | None]:
+    """Where generator ``i`` listens, for a generator that joins a running job (elastic replicas): its stable DNS
+    name on a cluster; locally the launcher's processes are fixed, so none can join."""
+    namespace = cfg.namespace
+    if cfg.report != config.REPORT_POD_ANNOTATION or namespace is None:
+        return lambda index: None
+    return lambda index: transport.tcp_address(contract.peer_host(cfg.job_name, "generator", index, namespace),
+                                               contract.DEFAULT_PORT_BASE + contract.PORT_DATA)
+
+
+def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer,
+         stop: threading.Event | None = None) -> int:
     spec = cfg.spec
     s = settings(cfg)
     inbox = transport.open_receiver(role_main.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook(),
@@ -115,7 +131,12 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     stream = tasks.stream(spec.task)
     try:
         loop.Loop(settings=s, inbox=inbox, generators=generators, learner=learner, prompt_at=stream.prompt_at,
-                  observer=observe.TrainerObserver(m), rank0=rank0, beat=server.heartbeat).run()
+                  observer=observe.TrainerObserver(m), rank0=rank0, beat=server.heartbeat,
+                  should_stop=stop.is_set if stop is not None else lambda: False,
+                  generator_address=generator_address(cfg)).run()
+    except loop.Terminated as exc:
+        print(f"{cfg.name}: {exc}", flush=True)
+        return EXIT_TERMINATED
     finally:
         if rank0 is not None:
             rank0.pusher.close()  # type: ignore[attr-defined]

@@ -48,19 +48,27 @@ class Pusher:
                  host: str, port: int, world_size: int, backend: str, timeout_s: int,
                  on_other: Callable[[wire.Message], Any] = lambda m: None) -> None:
         self.generators = generators
+        self.members = generators.peers            # generators in the weight-sync group now (elastic)
+        self.tensor_parallel_size = max(1, (world_size - 1) // max(1, generators.peers))
         self.control = control
         self.sender = sender
         self.tensors = tensors
-        self.notice = dict(host=host, port=port, world_size=world_size, backend=backend, timeout_s=timeout_s)
+        self.notice: dict[str, Any] = dict(host=host, port=port, world_size=world_size, backend=backend,
+                                           timeout_s=timeout_s)
         self.on_other = on_other
 
-    def reform(self) -> int:
-        """Abandon the weight-sync epoch (a generator left or came back); the next push forms the next one."""
-        return self.sender.reset()
+    def reform(self, *, members: int | None = None) -> int:
+        """Abandon the weight-sync epoch (a generator left, came back or joined); the next push forms the next one,
+        over ``members`` generators when given."""
+        if members is not None:
+            self.members = members
+            self.notice["world_size"] = weightsync.world_size(generators=members,
+                                                              tensor_parallel_size=self.tensor_parallel_size)
+        return self.sender.reset(world_size=int(self.notice["world_size"]))
 
     def push(self, *, version: int, step: int) -> generator_role.SyncResult:
-        sync = wire.Sync(version=version, step=step, epoch=self.sender.epoch, **self.notice)  # type: ignore[arg-type]
-        for g in range(self.generators.peers):
+        sync = wire.Sync(version=version, step=step, epoch=self.sender.epoch, **self.notice)
+        for g in range(self.members):
             self.generators.send(sync, to=g)
         stats = self.sender.send(self.tensors(), version=version)
         acks = self._acks(version)
@@ -68,7 +76,7 @@ class Pusher:
         return generator_role.SyncResult(seconds=seconds, bytes=stats.bytes)
 
     def _acks(self, version: int) -> list[generator_role.SyncResult]:
-        want = set(range(self.generators.peers))
+        want = set(range(self.members))
         got: list[generator_role.SyncResult] = []
         deadline = time.monotonic() + ACK_TIMEOUT_SECONDS
         while want and time.monotonic() < deadline:

@@ -34,6 +34,9 @@ Invariants:
   groups stop arriving for ``reissue_after`` has its missing prompts re-issued (a frame lost with a dead
   verifier or generator); no progress for ``deadline`` raises :class:`Stalled` (the process exits non-zero and
   the failure policy restarts it). Waiting for the generators' READY is bounded the same way.
+- SIGTERM (``should_stop``) ends the loop only at a safe point: while collecting, or after a step whose checkpoint
+  (if due) is complete; a checkpoint write in progress always finishes (the write itself is atomic: temp folder,
+  fsync, rename, COMPLETE marker), so a pod deleted mid-write leaves the new checkpoint or the previous one.
 - Elastic generators (rank 0): a READY from a generator seen before means it restarted. Rank 0 then re-forms the
   weight-sync group (a new epoch, ``WeightPusher.reform``), pushes the current policy (the new generator gets it
   before any WORK it samples) and re-issues the work it had handed that generator for steps not yet trained;
@@ -76,6 +79,10 @@ class Stalled(RuntimeError):
     """No progress within the deadline (spec.failurePolicy.progressDeadlineSeconds)."""
 
 
+class Terminated(Exception):
+    """SIGTERM reached the trainer: it stopped at a safe point (never inside a checkpoint write)."""
+
+
 class Learner(Protocol):
     """What the loop needs of ``trainer.step.Trainer``."""
 
@@ -97,8 +104,9 @@ class WeightPusher(Protocol):
         """Announce SYNC to every generator, broadcast the weights, wait for every ACK; raises
         ``weightsync.WeightSyncError`` (or any RuntimeError) when the group broke."""
 
-    def reform(self) -> int:
-        """Abandon the current weight-sync epoch; the next push forms a new one. Returns the new epoch."""
+    def reform(self, *, members: int | None = None) -> int:
+        """Abandon the current weight-sync epoch; the next push forms a new one (over ``members`` generators when
+        given). Returns the new epoch."""
 
 
 class TrainerObserver(Protocol):
@@ -145,7 +153,9 @@ class Loop:
     def __init__(self, *, settings: Settings, inbox: transport.Receiver, generators: transport.Sender,
                  learner: Learner, prompt_at: Callable[[int], types.Prompt], observer: TrainerObserver,
                  rank0: Rank0 | None = None, clock: Callable[[], float] = time.time,
-                 beat: Callable[[str], None] = lambda activity: None) -> None:
+                 beat: Callable[[str], None] = lambda activity: None,
+                 should_stop: Callable[[], bool] = lambda: False,
+                 generator_address: Callable[[int], str | None] = lambda index: None) -> None:
         if (rank0 is None) == (settings.rank == 0):
             raise ValueError("rank 0, and only rank 0, needs the Rank0 parts")
         self.s = settings
@@ -157,7 +167,14 @@ class Loop:
         self.rank0 = rank0
         self.clock = clock
         self.beat = beat                  # heartbeat: the role's liveness (``/healthz``) follows it
+        self.should_stop = should_stop    # SIGTERM: stop at the next safe point (a write in progress finishes)
         self.ready_seen: set[int] = set()     # rank 0: generators that announced themselves
+        self.members = generators.peers       # generators taking work now: indexes 0..members-1 (elastic)
+        self.joining: set[int] = set()        # rank 0: generators beyond ``members`` that said READY
+        self.generator_address = generator_address   # data address of generator i (None: cannot grow)
+        self._deferred: list[wire.Message] = []      # control messages a push read past (READY, leave)
+        if rank0 is not None and hasattr(rank0.pusher, "on_other"):
+            rank0.pusher.on_other = self._deferred.append
         self.outstanding: dict[int, list[wire.Work]] = {}   # rank 0: work handed to each generator
         self.epochs = 0                   # rank 0: weight-sync re-formations
         self.reissued = 0                 # groups re-issued because they did not arrive in time
@@ -191,6 +208,8 @@ class Loop:
             stats = self.learner.train_step(groups=groups)
             self._after_step(s, stats, groups, train_seconds=self.clock() - t0, wait_seconds=t0 - waited)
             self.beat("step")
+            if self.should_stop() and s + 1 < self.s.steps:
+                raise Terminated(f"SIGTERM after step {s + 1} (its checkpoint, if due, is complete)")
         exported = self.learner.export(directory=self.s.checkpoint_dir)
         if self.rank0 is not None:
             self._finish(exported)
@@ -206,7 +225,7 @@ class Loop:
 
     def _wait_for_generators(self) -> None:
         assert self.rank0 is not None
-        waiting = set(range(self.generators.peers))
+        waiting = set(range(self.members))
         until = time.monotonic() + self.s.deadline
         while waiting:
             self.beat("wait-generators")
@@ -228,7 +247,7 @@ class Loop:
         while self.issued <= last:
             step = self.issued
             prompts = [self.prompt_at(k) for k in prompt_indices(step=step, prompts_per_step=self.s.prompts_per_step)]
-            for g, chunk in enumerate(split(prompts, self.generators.peers)):
+            for g, chunk in enumerate(split(prompts, self.members)):
                 if chunk:
                     self._send_work(g, self._work(step, chunk))
             self.issued += 1
@@ -243,16 +262,61 @@ class Loop:
 
     def _control(self, msg: wire.Message) -> None:
         if isinstance(msg, wire.Ready) and msg.role == "generator" and self.rank0 is not None:
-            if msg.index in self.ready_seen and 0 <= msg.index < self.generators.peers:
+            if msg.index in self.ready_seen and 0 <= msg.index < self.members:
                 self._rejoin(msg.index)
+            elif msg.index >= self.members:
+                self.joining.add(msg.index)
+                self._grow()
             self.ready_seen.add(msg.index)
+        elif (isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.STOP
+              and self.rank0 is not None):
+            self._leave(msg.index)
         elif not isinstance(msg, (wire.Ready, wire.Ack)):
             self.observer.unexpected(kind=type(msg).__name__)
+
+    def _grow(self) -> None:
+        """Generators that said READY beyond the membership join it, lowest index first (StatefulSet ordinals are
+        contiguous): connect, new epoch over the larger group, current policy pushed before they get WORK."""
+        assert self.rank0 is not None
+        grown = self.members
+        while grown in self.joining:
+            address = self.generator_address(grown)
+            if address is None:
+                break
+            while self.generators.peers <= grown:
+                self.generators.add_peer(address)
+            self.joining.discard(grown)
+            grown += 1
+        if grown == self.members:
+            return
+        before, self.members = self.members, grown
+        self.epochs = self.rank0.pusher.reform(members=self.members)
+        if not getattr(self.learner, "sharded", False):
+            self._push(step=self.learner.step)
+        print(f"trainer-0: generators {before} -> {self.members} (joined); weight-sync epoch {self.epochs}",
+              flush=True)
+
+    def _leave(self, g: int) -> None:
+        """Generator ``g`` is going away (scaled down: the highest index leaves; at least one stays): a smaller
+        epoch, and its outstanding work to the others."""
+        assert self.rank0 is not None
+        self.ready_seen.discard(g)
+        if g != self.members - 1 or self.members == 1:
+            return                         # not a scale-down: it restarts, and its READY re-forms the group
+        self.members -= 1
+        self.epochs = self.rank0.pusher.reform(members=self.members)
+        pending = [w for w in self.outstanding.pop(g, []) if w.step >= self.buffer.next_step]
+        if not getattr(self.learner, "sharded", False):
+            self._push(step=self.learner.step)
+        for i, w in enumerate(pending):
+            self._send_work(i % self.members, self._work(w.step, w.prompts))
+        print(f"trainer-0: generators {self.members + 1} -> {self.members} (generator-{g} left); weight-sync "
+              f"epoch {self.epochs}, {sum(len(w.prompts) for w in pending)} prompts re-issued", flush=True)
 
     def _rejoin(self, g: int) -> None:
         """Generator ``g`` restarted: new weight-sync epoch, current policy to everyone, its work again."""
         assert self.rank0 is not None
-        self.epochs = self.rank0.pusher.reform()
+        self.epochs = self.rank0.pusher.reform(members=self.members)
         if not getattr(self.learner, "sharded", False):
             # a sharded (FSDP) model's push needs every rank's gathers: it waits for the next step boundary, and
             # the work below is skipped by the generator until then and re-issued by the stall timer
@@ -272,6 +336,8 @@ class Loop:
         have = self.buffer.count(step=step)
         while not self.buffer.ready(step=step, expected=expected, policy_version=self.learner.policy_version):
             self.beat("collect")
+            if self.should_stop():
+                raise Terminated(f"SIGTERM while collecting step {step} (nothing was being written)")
             msg = self.inbox.recv(timeout=POLL_SECONDS)
             if isinstance(msg, wire.Scored):
                 reason = self.buffer.add(group=msg.group, policy_version=self.learner.policy_version)
@@ -297,7 +363,7 @@ class Loop:
         missing = [k for k in prompt_indices(step=step, prompts_per_step=self.s.prompts_per_step)
                    if k % self.s.world == self.s.rank and not self.buffer.holds(step=step, index=k)]
         for k in missing:
-            g = self._next_generator % self.generators.peers
+            g = self._next_generator % self.members
             self._next_generator = g + 1
             self._send_work(g, self._work(step, [self.prompt_at(k)]))
         self.reissued += len(missing)
@@ -307,13 +373,15 @@ class Loop:
     def _drain_control(self) -> None:
         if self.rank0 is None:
             return
+        while self._deferred:
+            self._control(self._deferred.pop(0))
         while (msg := self.rank0.control.recv(timeout=0)) is not None:
             self._control(msg)
 
     def _forward_reissues(self) -> None:
         """Hand dropped-but-needed prompts out again, round robin over generators."""
         for r in self.buffer.drain_reissue():
-            g = self._next_generator % self.generators.peers
+            g = self._next_generator % self.members
             self._next_generator = g + 1
             self._send_work(g, self._work(r.step, [r.prompt]))
 
@@ -367,7 +435,7 @@ class Loop:
         try:
             return self.rank0.pusher.push(version=self.learner.policy_version, step=step)
         except RuntimeError as exc:
-            self.epochs = self.rank0.pusher.reform()
+            self.epochs = self.rank0.pusher.reform(members=self.members)
             print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
                   f"{self.epochs} forms when the generators are back", flush=True)
             return None
@@ -392,7 +460,7 @@ class Loop:
 
     def _finish(self, exported: Any) -> None:
         assert self.rank0 is not None
-        for g in range(self.generators.peers):
+        for g in range(self.members):
             try:
                 self.generators.send(wire.Stop(reason="done"), to=g, timeout=5.0)
             except transport.TransportError:

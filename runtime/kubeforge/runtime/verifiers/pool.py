@@ -7,7 +7,7 @@ that missed the cache) and gets an ``Outcome`` per verifier; ``registry`` wraps 
 ```
  Pool.run ──submit──▶ thread pool: slow / Process-isolated verifiers ─┐
           ──inline──▶ cheap rule verifiers (bounded by themselves)    ├─▶ Outcome per verifier
-          ◀──wait each future until its verifier's deadline ──────────┘   (scores | error | timed out)
+          ◀──wait for each until its verifier's deadline ─────────────┘   (scores | error | timed out)
 ```
 
 Invariants:

@@ -13,8 +13,10 @@ from kubeforge.runtime.verifiers import base, code, exact, length, math_equivale
 
 Constructor = Callable[[rljob.VerifierSpec], base.Verifier]
 
-# Rule verifiers cheap and bounded by themselves: scored inline in the role's thread (no hop to the pool).
-INLINE = {rljob.VerifierType.EXACT_ANSWER.value, rljob.VerifierType.REGEX.value, rljob.VerifierType.LENGTH.value}
+# Rule verifiers bounded by themselves, scored inline in the role's (main) thread, no hop to the pool: Regex and
+# MathEquivalence use SIGALRM-based time limits, which work on the main thread only.
+INLINE = {rljob.VerifierType.EXACT_ANSWER.value, rljob.VerifierType.REGEX.value, rljob.VerifierType.LENGTH.value,
+          rljob.VerifierType.MATH_EQUIVALENCE.value}
 
 
 def _need(spec: rljob.VerifierSpec, value: object, msg: str) -> None:

@@ -40,6 +40,17 @@ def replicas(job: rljob.RLJob) -> dict[str, int]:
     return {role: getattr(job.spec.roles, role).replicas for role in contract.ROLES}
 
 
+def minimums(job: rljob.RLJob) -> dict[str, int]:
+    """Pods per role the gang holds the job for: every trainer and verifier, ``generator.minReplicas`` generators
+    (default all; generators are elastic: those beyond the minimum are placed when they fit and join the running
+    job)."""
+    out = replicas(job)
+    least = job.spec.roles.generator.min_replicas
+    if least is not None:
+        out["generator"] = min(out["generator"], least)
+    return out
+
+
 def min_member(job: rljob.RLJob) -> int:
-    """Pods that must be placed together: every replica of every role."""
-    return sum(replicas(job).values())
+    """Pods that must be placed together: the per-role minimums."""
+    return sum(minimums(job).values())

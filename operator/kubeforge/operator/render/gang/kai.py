@@ -25,7 +25,7 @@ def render(job: rljob.RLJob, ctx: context.RenderContext) -> base.GangParts:
     group = {
         "apiVersion": API_VERSION, "kind": "PodGroup", "metadata": meta.metadata(job, ctx, name=name),
         "spec": {"minMember": base.min_member(job), "queue": queue,
-                 "subGroups": [{"name": r, "minMember": n} for r, n in base.replicas(job).items()]},
+                 "subGroups": [{"name": r, "minMember": n} for r, n in base.minimums(job).items()]},
     }
     return base.GangParts(
         objects=(group,), pod_labels={LABEL_QUEUE: queue}, pod_annotations={ANNOTATION_GROUP: name},

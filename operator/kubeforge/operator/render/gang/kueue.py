@@ -20,4 +20,5 @@ def render(job: rljob.RLJob, ctx: context.RenderContext) -> base.GangParts:
     return base.GangParts(
         pod_labels={LABEL_QUEUE: job.spec.gang.queue or DEFAULT_QUEUE,
                     LABEL_POD_GROUP: names.pod_group(job.metadata.name)},
-        pod_annotations={ANNOTATION_TOTAL: str(base.min_member(job))})
+        # Kueue's pod groups need the exact pod count (no minimum): every replica, generators included
+        pod_annotations={ANNOTATION_TOTAL: str(sum(base.replicas(job).values()))})

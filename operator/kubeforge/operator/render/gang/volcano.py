@@ -18,7 +18,7 @@ SCHEDULER = "volcano"
 
 def render(job: rljob.RLJob, ctx: context.RenderContext) -> base.GangParts:
     name = names.pod_group(job.metadata.name)
-    spec: meta.Obj = {"minMember": base.min_member(job), "minTaskMember": base.replicas(job)}
+    spec: meta.Obj = {"minMember": base.min_member(job), "minTaskMember": base.minimums(job)}
     if job.spec.gang.queue:
         spec["queue"] = job.spec.gang.queue
     group = {"apiVersion": API_VERSION, "kind": "PodGroup", "metadata": meta.metadata(job, ctx, name=name),

@@ -1,0 +1,148 @@
+"""Elastic generators in real pods: scale the tiny RLJob's generators 1 -> 2 -> 1 while it trains (`make e2e-elastic`).
+
+```
+ apply ──▶ Running (1 generator) ── trainer step >= 5 ──▶ kubectl scale rljob --replicas 2
+      ──▶ generator-1 pod starts vLLM, says READY; trainer 0 grows the weight-sync group (epoch +1), pushes the
+          current policy, hands it work ── 5 more steps ──▶ kubectl scale rljob --replicas 1
+      ──▶ generator-1 pod deleted (SIGTERM: it tells trainer 0 it leaves; its work goes to generator-0)
+      ──▶ Succeeded; the trainer pod's UID and restart count never changed
+```
+
+Uses the same cluster, operator and manifest as ``run_real`` (every role on the real node). Prints a measurement
+line (``E2E-ELASTIC {...}``) and, on its LAST line, the RLJob's final ``status`` as JSON with ``trainerRestarts``
+(trainer pod UID changes + container restarts), ``generatorsBefore`` and ``generatorsMax`` added; exits 0 only
+when the job Succeeded at every step, with the trainer untouched and 2 generators reached.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+_E2E = pathlib.Path(__file__).resolve().parent
+if str(_E2E) not in sys.path:
+    sys.path.insert(0, str(_E2E))
+
+import run_real  # noqa: E402
+from run_real import harness, lifecycle, log, realjob  # noqa: E402
+
+UP_AT_STEP = 5           # scale up once the trainer reported this step
+STEPS_WITH_TWO = 5       # steps trained with both generators before scaling down
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in pod.get("status", {}).get("conditions") or [])
+
+
+def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str = "tiny", timeout_s: float = 1800.0
+        ) -> tuple[dict[str, Any], dict[str, Any]]:
+    k = cluster.kubectl
+    harness.K(kubectl=k.binary, kubeconfig=k.kubeconfig).ensure_crd()
+    ns = f"e2e-elastic-{uuid.uuid4().hex[:6]}"
+    k.run("create", "namespace", ns)
+    checkpoints = workdir / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    op = harness.Operator(kubeconfig=k.kubeconfig, log_path=workdir / "operator.log", extra=("--namespace", ns))
+    op.start()
+    figures: dict[str, Any] = {"scaled": []}
+    trainer_uids: set[str] = set()
+    trainer_restarts = 0
+    generators_before, generators_max = None, 0
+    try:
+        job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints)
+        job["spec"]["roles"]["generator"]["replicas"] = 1
+        job["spec"]["roles"]["generator"]["minReplicas"] = 1      # the gang holds one; more join when they fit
+        r = run_real.Run(k=k, namespace=ns, name=name, workdir=workdir, kill_after_step=None, timeout_s=timeout_s)
+        steps = int(job["spec"]["algorithm"]["steps"])
+        t0 = time.monotonic()
+        k.apply(job)
+        log(f"applied RLJob {ns}/{name} ({steps} steps, 1 generator)")
+        stage, up_step, status = "wait-up", 0, {}
+        while time.monotonic() - t0 < timeout_s:
+            status = r.get_job().get("status") or {}
+            pods = r.get_pods()
+            r.follow_new_containers(pods)
+            for p in pods:
+                md = p["metadata"]
+                if md["name"] == f"{name}-trainer-0" and not md.get("deletionTimestamp"):
+                    trainer_uids.add(md["uid"])
+                    trainer_restarts = max(trainer_restarts, sum(int(c.get("restartCount", 0)) for c in
+                                                                 p.get("status", {}).get("containerStatuses") or []))
+            gens = [p for p in pods if p["metadata"]["labels"].get(run_real.LABEL_ROLE) == "generator"
+                    and not p["metadata"].get("deletionTimestamp")]
+            ready_gens = sum(_ready(p) for p in gens)
+            generators_max = max(generators_max, ready_gens)
+            step = r.trainer_step(pods)
+            phase = status.get("phase")
+            if stage == "wait-up" and phase == "Running" and step >= UP_AT_STEP:
+                generators_before = ready_gens
+                k.run("scale", "rljob", name, "-n", ns, "--replicas=2")
+                figures["scaled"].append({"to": 2, "at_step": step, "t": round(time.monotonic() - t0, 1)})
+                log(f"scaled generators to 2 at step {step}")
+                stage, t_up = "wait-two", time.monotonic()
+            elif stage == "wait-two" and ready_gens == 2:
+                figures["second_generator_ready_s"] = round(time.monotonic() - t_up, 1)
+                stage, up_step = "train-two", step
+                log(f"2 generators ready at step {step}")
+            elif stage == "train-two" and step >= up_step + STEPS_WITH_TWO:
+                k.run("scale", "rljob", name, "-n", ns, "--replicas=1")
+                figures["scaled"].append({"to": 1, "at_step": step, "t": round(time.monotonic() - t0, 1)})
+                log(f"scaled generators to 1 at step {step}")
+                stage = "done-scaling"
+            if phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(0.5)
+        figures["apply_to_end_s"] = round(time.monotonic() - t0, 1)
+        figures["stage"] = stage
+        for key, f in r.followers.items():
+            text = f.finish()
+            if key.startswith("trainer:"):
+                _, seq = run_real.step_sequence(text)
+                figures.setdefault("trainer_steps", []).append(seq)
+                figures["membership"] = [line for line in text.splitlines() if "generators " in line and "->" in line]
+        status = dict(status)
+        status["trainerRestarts"] = trainer_restarts + max(0, len(trainer_uids) - 1)
+        status["generatorsBefore"] = generators_before
+        status["generatorsMax"] = generators_max
+        figures["steps"] = steps
+        return figures, status
+    finally:
+        op.stop()
+        k.run("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False, timeout_s=150)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="run_elastic", description=__doc__.split("\n")[0])
+    p.add_argument("--workdir")
+    p.add_argument("--timeout", type=float, default=1800.0)
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    got = run_real.acquire_cluster(start=True)
+    if isinstance(got, str):
+        log(got)
+        return 2
+    workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="kf-e2e-elastic-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        figures, status = run(cluster=got.cluster, workdir=workdir, timeout_s=args.timeout)
+    finally:
+        if got.started and os.environ.get("KF_KEEP_CLUSTER") != "1":
+            lifecycle.down(workdir=got.cluster.workdir)
+    print("E2E-ELASTIC " + json.dumps({**figures, "workdir": str(workdir)}), flush=True)
+    print(json.dumps(status), flush=True)
+    steps = figures.get("trainer_steps") or [[]]
+    ok = (status.get("phase") == "Succeeded" and (status.get("progress") or {}).get("step") == figures["steps"]
+          and status["trainerRestarts"] == 0 and status["generatorsMax"] == 2
+          and steps[-1] == list(range(1, figures["steps"] + 1)))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
