@@ -120,3 +120,20 @@ def test_an_apply_the_api_server_refuses_reaches_the_status_and_an_event() -> No
     cond = {c["type"]: c for c in cluster.job["status"]["conditions"]}["ChildrenApplied"]
     assert cond["status"] == "False" and cond["reason"] == "ApplyFailed" and "is invalid" in cond["message"]
     assert "ApplyFailed" in cluster.events
+
+
+def test_an_image_that_cannot_be_pulled_shows_in_the_ready_condition_and_an_event() -> None:
+    cluster = FakeCluster(raw_job())
+    cache = reconcile.ApplyCache()
+    reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    pod = opbuilders.pod("tiny", "trainer", 0, ready=False)
+    pod["status"]["containerStatuses"] = [{"name": "trainer", "restartCount": 0, "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}}}]
+    cluster.list_pods = lambda namespace, job: [pod]  # type: ignore[method-assign]
+    reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    ready = {c["type"]: c for c in cluster.job["status"]["conditions"]}["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "ImagePullBackOff", ready
+    assert "tiny-trainer-0" in ready["message"] and "nope:1" in ready["message"]
+    assert cluster.events.count("ImagePullBackOff") == 1
+    reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    assert cluster.events.count("ImagePullBackOff") == 1               # once per transition, not per pass
