@@ -586,6 +586,9 @@ def lease_holder(env: Env) -> str:
     return str(json.loads(run.stdout)["spec"].get("holderIdentity") or "") if run.returncode == 0 else ""
 
 
+@pytest.mark.xfail(strict=True, reason="known bug (issue 10 report): a leader whose process is killed restarts in the "
+                   "same pod under the same identity (POD_NAME) and renews its own Lease at once, so the standby "
+                   "never takes over; the identity must be per process (POD_NAME + container start)")
 def test_two_replicas_one_active_and_a_killed_leader_is_replaced(installed: Env, images: dict[str, str],
                                                                   job: JobRun) -> None:
     installed.helm("upgrade", RELEASE, str(CHART), "--namespace", SYS_NS,
@@ -624,6 +627,11 @@ def test_helm_uninstall_leaves_nothing(installed: Env, job: JobRun) -> None:
     assert not left, left
     assert installed.kubectl("get", "crd", "rljobs.kubeforge.dev", check=False).returncode != 0
     installed.wait("operator pods gone", lambda: not operator_pods(installed), timeout_s=120)
+
+
+@pytest.mark.xfail(strict=True, reason="known bug (issue 10 report): the stopping leader does not delete its Lease "
+                   "within the pod's grace period (kopf's own SIGTERM handling; release runs only after kopf returns)")
+def test_helm_uninstall_leaves_no_lease(installed: Env, job: JobRun) -> None:
     # the last leader deletes its Lease when it stops (helm does not wait for the pods, so neither can we at once)
     installed.wait("the Lease gone", lambda: installed.kubectl("get", "lease", FULLNAME, "-n", SYS_NS,
                                                                check=False).returncode != 0, timeout_s=60)
