@@ -1,5 +1,5 @@
 """The admission review is the launcher's validation (pure; the webhook on a real API server is
-e2e/test_admission.py), and the self-signed certificate names the address the API server dials."""
+e2e/test_webhook_admission.py), and the self-signed certificate names the address the API server dials."""
 from __future__ import annotations
 
 import pathlib
