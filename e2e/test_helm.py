@@ -154,9 +154,13 @@ def test_the_admission_webhook_is_wired() -> None:
     assert hook["clientConfig"]["service"] == {"name": f"{RELEASE}-kubeforge-webhook", "namespace": RELEASE_NS,
                                                "path": "/validate.rljobs", "port": 443}
     assert hook["clientConfig"]["caBundle"] and hook["rules"][0]["resources"] == ["rljobs"]
-    assert one(objs, "Secret", f"{RELEASE}-kubeforge-webhook-tls")["type"] == "kubernetes.io/tls"
+    secret = one(objs, "Secret", f"{RELEASE}-kubeforge-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert secret["data"]["ca.crt"] == hook["clientConfig"]["caBundle"], "kept for upgrades (lookup)"
     (container,) = one(objs, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]["containers"]
     assert "--webhook-cert-dir=/etc/kubeforge-webhook" in container["args"]
+    # every replica answers reviews (standbys too); the Service routes only to ready ones, ready = serving
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "webhook", "scheme": "HTTPS"}
     selective = render("webhook.failurePolicy=Ignore", "webhook.namespaceSelector.matchLabels.team=a")
     (hook,) = one(selective, "ValidatingWebhookConfiguration", f"{RELEASE}-kubeforge")["webhooks"]
     assert hook["failurePolicy"] == "Ignore" and hook["namespaceSelector"] == {"matchLabels": {"team": "a"}}
@@ -230,6 +234,9 @@ def test_two_replicas_elect_a_leader() -> None:
     main = pytest.importorskip("kubeforge.operator.main")
     opts = main.parse_args(container["args"][1:])
     assert opts.leader_elect and opts.leader_lease == f"{RELEASE}-kubeforge"
+    assert (opts.leader_lease_s, opts.leader_renew_s) == (6, 2.0)
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    assert env["POD_UID"] == "metadata.uid", "the Lease's owner (gone with the leader's pod)"
     role = one(objs, "Role", f"{RELEASE}-kubeforge-leader")
     assert role["metadata"]["namespace"] == RELEASE_NS
     assert rules_by_resource(role["rules"]) == {("coordination.k8s.io", "leases"): {"get", "create", "update", "delete"}}
