@@ -29,7 +29,7 @@ log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 packed_one() {  # name ref: the real node's images, a directory packed by buildah
   local name="$1" ref="$2" inputs hash out
-  inputs=("$here/$name/build.sh" "$here/lib/buildah.sh")
+  inputs=("$here/$name/build.sh" "$here/lib/buildah.sh" "$here/lib/pack.sh")
   [ "$name" = pause ] && inputs+=("$here/pause/pause.c")
   [ "$name" = base ] && inputs+=("$(command -v busybox)")
   hash="$( { echo "$ref"; cat "${inputs[@]}"; } | sha256sum | cut -c1-16)"

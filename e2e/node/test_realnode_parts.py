@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import realnode  # noqa: E402
 
-IMAGES_LIB = pathlib.Path(__file__).resolve().parents[2] / "images" / "lib" / "buildah.sh"
+IMAGES_LIB = pathlib.Path(__file__).resolve().parents[2] / "images" / "lib"
 
 
 def _fake_install(tmp_path: pathlib.Path, *, venv_inside_repo: bool) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
@@ -120,10 +120,10 @@ def test_packed_images_are_reproducible_oci_archives(tmp_path: pathlib.Path) -> 
     (root / "bin" / "hello").write_text("#!/bin/sh\necho hi\n")
     (root / "bin" / "hello").chmod(0o755)
     (root / "bin" / "hi").symlink_to("hello")
-    script = (f'source {IMAGES_LIB}; for o in a b; do kf_pack_rootfs {root} kubeforge.local/test:1 {tmp_path}/$o.tar '
+    script = (f'source {IMAGES_LIB}/buildah.sh; source {IMAGES_LIB}/pack.sh; for o in a b; do kf_pack_rootfs {root} kubeforge.local/test:1 {tmp_path}/$o.tar '
               '--cmd \'["/bin/hello"]\'; done')
     subprocess.run(["bash", "-c", script], check=True, timeout=120, capture_output=True,
-                   env={**os.environ, "KF_REPO_ROOT": str(IMAGES_LIB.parents[2]),   # a private storage
+                   env={**os.environ, "KF_REPO_ROOT": str(IMAGES_LIB.parents[1]),   # a private storage
                         "KF_BUILDAH_ROOT": str(tmp_path / "storage"), "KF_BUILDAH_RUNROOT": str(tmp_path / "run"),
                         "KF_BUILDAH_DRIVER": "vfs"})
     indexes = []

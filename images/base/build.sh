@@ -19,6 +19,6 @@ done
 ln -s ../../bin/env "$root/usr/bin/env"
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
-source "$here/../lib/buildah.sh"
+source "$here/../lib/buildah.sh"; source "$here/../lib/pack.sh"
 kf_pack_rootfs "$root" "$ref" "$out" --cmd '["/bin/sh"]'
 

@@ -9,6 +9,6 @@ out="$1"; ref="${2:-kubeforge.local/pause:1}"
 root="$(mktemp -d)"; trap 'rm -rf "$root"' EXIT
 gcc -static -O2 -Wall -Wextra -Werror -o "$root/pause" "$here/pause.c"
 strip "$root/pause"
-source "$here/../lib/buildah.sh"
+source "$here/../lib/buildah.sh"; source "$here/../lib/pack.sh"
 kf_pack_rootfs "$root" "$ref" "$out" --entrypoint '["/pause"]'
 
