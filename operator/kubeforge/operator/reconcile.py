@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubeforge.api import failures, load, rljob
-from kubeforge.operator import apply, lifecycle, observed, reasons, render, status, timefmt
+from kubeforge.operator import apply, lifecycle, observed, reasons, render, status, timefmt, watchcache
 from kubeforge.operator.render import context, meta, secret
 
 log = logging.getLogger("kubeforge.operator")
@@ -46,11 +46,12 @@ class Outcome:
 class ApplyCache:
     """Digests of objects this process applied, per job, so unchanged objects are not re-sent every pass."""
 
-    def __init__(self, *, max_age: float = 120.0) -> None:
+    def __init__(self, *, max_age: float = 600.0) -> None:
         self._max_age = max_age
         self._lock = threading.Lock()
         self._seen: dict[Key, dict[tuple[str, str, str, str], tuple[str, float]]] = {}
         self._keyed: set[Key] = set()   # jobs whose key Secret this process has made sure of
+        self._done: dict[Key, tuple[Any, float]] = {}   # job -> (render key, when) of its last complete apply
 
     @staticmethod
     def digest(obj: meta.Obj) -> str:
@@ -69,11 +70,25 @@ class ApplyCache:
         """``obj`` was deleted: the next pass that wants it must send it again."""
         with self._lock:
             self._seen.get(job, {}).pop(meta.key(obj), None)
+            self._done.pop(job, None)
 
     def forget(self, job: Key) -> None:
         with self._lock:
             self._seen.pop(job, None)
             self._keyed.discard(job)
+            self._done.pop(job, None)
+
+    def unchanged(self, job: Key, render_key: Any) -> bool:
+        """Every child rendered from ``render_key`` was applied (and every absent one deleted) by this process
+        less than ``max_age`` ago: the pass can skip rendering and applying altogether."""
+        with self._lock:
+            hit = self._done.get(job)
+        return render_key is not None and hit is not None and hit[0] == render_key and \
+            time.monotonic() - hit[1] < self._max_age
+
+    def applied(self, job: Key, render_key: Any) -> None:
+        with self._lock:
+            self._done[job] = (render_key, time.monotonic())
 
     def has_key_secret(self, job: Key) -> bool:
         with self._lock:
@@ -112,12 +127,40 @@ def apply_all(cluster: apply.Cluster, key: Key, objs: Iterable[meta.Obj], *, cac
             cache.remember(key, obj)
 
 
+def _read_job(cluster: apply.Cluster, key: Key, jobs: watchcache.JobCache | None) -> meta.Obj | None:
+    raw = jobs.get(key) if jobs is not None else None
+    if raw is None:
+        raw = cluster.get_rljob(*key)
+        if raw is not None and jobs is not None:
+            jobs.put(raw)
+    return raw
+
+
+def _read_pods(cluster: apply.Cluster, key: Key, pods: watchcache.PodCache | None) -> list[observed.PodFacts]:
+    if pods is None:
+        return [observed.pod_facts(p) for p in cluster.list_pods(*key)]
+    facts = pods.pods(key)
+    if facts is None:
+        items, rv = cluster.list_pods_at(*key)
+        pods.merge_list(key, items, rv)
+        facts = pods.pods(key) or []
+    return facts
+
+
+def _write_status(cluster: apply.Cluster, key: Key, doc: dict[str, Any], jobs: watchcache.JobCache | None) -> None:
+    written = cluster.patch_status(*key, doc)
+    if written and jobs is not None:
+        jobs.put(written, own=True)
+
+
 def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache,
               pool: concurrent.futures.Executor | None = None, seen_failures: Iterable[observed.Failure] = (),
-              clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> Outcome:
-    """Bring the children and the status of RLJob ``key`` (namespace, name) in line with its spec."""
+              clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+              jobs: watchcache.JobCache | None = None, pods: watchcache.PodCache | None = None) -> Outcome:
+    """Bring the children and the status of RLJob ``key`` (namespace, name) in line with its spec. With the watch
+    caches (``jobs``, ``pods``) the pass reads the RLJob and its pods from them instead of GET and LIST."""
     namespace, name = key
-    raw = cluster.get_rljob(namespace, name)
+    raw = _read_job(cluster, key, jobs)
     if raw is None or raw["metadata"].get("deletionTimestamp"):
         cache.forget(key)
         return Outcome(gone=True)
@@ -127,7 +170,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
                            message="the RLJob does not match the kubeforge API model; see the operator log")
         return Outcome()
     now = clock()
-    obs = observed.observe(cluster.list_pods(namespace, name), seen_failures)
+    obs = observed.observe_facts(_read_pods(cluster, key, pods), seen_failures)
     plan = lifecycle.decide(job, obs, now=now)
     if plan.delete_job:
         log.info("deleting %s/%s: ttlSecondsAfterFinished expired", namespace, name)
@@ -139,6 +182,27 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     if not cache.has_key_secret(key):   # the job key: drawn once, created only when absent (render/secret.py)
         cluster.create_if_absent(secret.job_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
         cache.key_secret_made(key)
+    # The children are a function of the spec (its generation), the job's identity and the context alone (the
+    # renderers read no status), so a pass whose render key matches the last complete apply skips both steps.
+    generation = raw["metadata"].get("generation")
+    render_key = (generation, ctx) if generation is not None else None
+    if not cache.unchanged(key, render_key):
+        _apply_children(cluster, key, job, ctx, raw, now=now, cache=cache, pool=pool, jobs=jobs)
+        cache.applied(key, render_key)
+    new = status.compute(job, obs, plan, generation=raw["metadata"].get("generation"), now=now)
+    if _status_doc(new) != _status_doc(job.status):
+        _write_status(cluster, key, _status_doc(new) or {}, jobs)
+    for ev in status.transitions(job.status, new, plan):
+        cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
+    ready = next((c.status == "True" for c in new.conditions if c.type == reasons.READY), False)
+    return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
+                   requeue_after=plan.requeue_after, created=raw["metadata"].get("creationTimestamp"),
+                   decision=plan.decision, all_ready=ready)
+
+
+def _apply_children(cluster: apply.Cluster, key: Key, job: rljob.RLJob, ctx: context.RenderContext,
+                    raw: meta.Obj, *, now: dt.datetime, cache: ApplyCache, pool: concurrent.futures.Executor | None,
+                    jobs: watchcache.JobCache | None) -> None:
     rendered = render.render(job, ctx)
     try:
         apply_all(cluster, key, rendered.desired, cache=cache, pool=pool)
@@ -147,19 +211,10 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
             raise                                   # transient: the router retries with backoff
         # refused for good (invalid, forbidden): say so on the job, not only in the operator's log; then retry later
         failed = status.apply_failed(job, str(exc), generation=raw["metadata"].get("generation"), now=now)
-        cluster.patch_status(namespace, name, _status_doc(failed) or {})
+        _write_status(cluster, key, _status_doc(failed) or {}, jobs)
         cluster.post_event(raw, type="Warning", reason=reasons.APPLY_FAILED, message=str(exc)[:1000],
                            now=timefmt.fmt(now))
         raise
     for obj in rendered.absent:
         cluster.delete(obj)
         cache.drop(key, obj)
-    new = status.compute(job, obs, plan, generation=raw["metadata"].get("generation"), now=now)
-    if _status_doc(new) != _status_doc(job.status):
-        cluster.patch_status(namespace, name, _status_doc(new) or {})
-    for ev in status.transitions(job.status, new, plan):
-        cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
-    ready = next((c.status == "True" for c in new.conditions if c.type == reasons.READY), False)
-    return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
-                   requeue_after=plan.requeue_after, created=raw["metadata"].get("creationTimestamp"),
-                   decision=plan.decision, all_ready=ready)
