@@ -33,7 +33,8 @@ if str(_E2E) not in sys.path:
 import run_real  # noqa: E402
 from run_real import harness, lifecycle, log, realjob  # noqa: E402
 
-UP_AT_STEP = 5           # scale up once the trainer reported this step
+UP_AT_STEP = 3           # scale up once the trainer reported this step
+STEPS = 300              # long enough that a second vLLM engine (about a minute to start) joins a running job
 STEPS_WITH_TWO = 5       # steps trained with both generators before scaling down
 
 
@@ -57,7 +58,7 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str = "tiny"
     trainer_restarts = 0
     generators_before, generators_max = None, 0
     try:
-        job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints)
+        job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints, steps=STEPS)
         job["spec"]["roles"]["generator"]["replicas"] = 1
         job["spec"]["roles"]["generator"]["minReplicas"] = 1      # the gang holds one; more join when they fit
         r = run_real.Run(k=k, namespace=ns, name=name, workdir=workdir, kill_after_step=None, timeout_s=timeout_s)
