@@ -99,7 +99,7 @@ def test_operator_deployment() -> None:
     assert args[0] == "operator" and "--all-namespaces" in args
     assert "--runtime-image=kubeforge/runtime:0.1.0" in args and "--metrics-port=8080" in args
     assert container["image"] == "kubeforge/operator:0.1.0"
-    assert {p["name"] for p in container["ports"]} == {"metrics", "health"}
+    assert {p["name"] for p in container["ports"]} == {"metrics", "health", "webhook"}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert spec["template"]["spec"]["serviceAccountName"] == one(render(), "ServiceAccount")["metadata"]["name"]
 
@@ -126,7 +126,8 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     objs = render()
     granted = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge")["rules"])
     assert all("*" not in verbs for verbs in granted.values()) and ("*", "*") not in granted
-    assert not any(r in ("secrets", "nodes") for _, r in granted), "nothing beyond what the operator touches"
+    assert not any(r == "nodes" for _, r in granted), "nothing beyond what the operator touches"
+    assert granted[("", "secrets")] == {"create"}, "the job key Secret is created once, never read back"
     write = {"get", "list", "watch", "create", "patch", "delete"}
     assert granted[("kubeforge.dev", "rljobs")] >= {"get", "list", "watch", "patch"}
     assert granted[("kubeforge.dev", "rljobs/status")] >= {"patch"}
@@ -135,12 +136,34 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     apply = pytest.importorskip("kubeforge.operator.apply")
     for (api_version, kind), plural in apply.KINDS.items():
         group = api_version.rpartition("/")[0]
-        if kind in ("Pod", "Event", "Lease", contract.KIND):   # Lease: the leader Role (test below)
+        if kind in ("Pod", "Event", "Lease", "Secret", contract.KIND):   # Lease: the leader Role (test below)
             continue
         assert granted.get((group, plural), set()) >= write, f"{kind} ({api_version}): {granted.get((group, plural))}"
     scanning = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge-scanning")["rules"])
     assert scanning == {("", "namespaces"): {"list", "watch"},
                         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+
+
+def test_the_admission_webhook_is_wired() -> None:
+    """docs/security.md: a Service in front of the operator's webhook port, a chart-made certificate, and the
+    configuration sending RLJob CREATE/UPDATE there (failurePolicy and namespaceSelector from values)."""
+    objs = render()
+    cfg = one(objs, "ValidatingWebhookConfiguration", f"{RELEASE}-kubeforge")
+    (hook,) = cfg["webhooks"]
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None" and "namespaceSelector" not in hook
+    assert hook["clientConfig"]["service"] == {"name": f"{RELEASE}-kubeforge-webhook", "namespace": RELEASE_NS,
+                                               "path": "/validate.rljobs", "port": 443}
+    assert hook["clientConfig"]["caBundle"] and hook["rules"][0]["resources"] == ["rljobs"]
+    assert one(objs, "Secret", f"{RELEASE}-kubeforge-webhook-tls")["type"] == "kubernetes.io/tls"
+    (container,) = one(objs, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]["containers"]
+    assert "--webhook-cert-dir=/etc/kubeforge-webhook" in container["args"]
+    selective = render("webhook.failurePolicy=Ignore", "webhook.namespaceSelector.matchLabels.team=a")
+    (hook,) = one(selective, "ValidatingWebhookConfiguration", f"{RELEASE}-kubeforge")["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["namespaceSelector"] == {"matchLabels": {"team": "a"}}
+    off = render("webhook.enabled=false")
+    assert not [o for o in off if o["kind"] == "ValidatingWebhookConfiguration"]
+    (container,) = one(off, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]["containers"]
+    assert "--no-webhook" in container["args"]
 
 
 def test_namespaced_mode_uses_roles() -> None:

@@ -175,7 +175,12 @@ def _up(config: cfg.ClusterConfig) -> Cluster:
     log(f"apiserver ready after {time.monotonic() - t0:.1f}s")
     _check_alive(cdir)
     local.run("apply", "--server-side", "-f", str(binaries.podgroup_crd()))
-    local.run("wait", "--for=condition=Established", "crd/podgroups.scheduling.x-k8s.io", "--timeout=60s")
+    # Polled, not `kubectl wait --for=condition=Established`: right after the apply the CRD can have no
+    # status.conditions yet, and kubectl wait then fails at once ("<nil> is of the type <nil>") instead of waiting.
+    kube.wait_for("PodGroup CRD Established", lambda: local.run(
+        "get", "crd/podgroups.scheduling.x-k8s.io", "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Established\")].status}", check=False).stdout.strip() == "True",
+        timeout_s=60)
     cluster = add_nodes(cluster, config.nodes, timeout_s=config.ready_timeout_s)
     kube.wait_for("ServiceAccount default/default",
                   lambda: local.run("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,

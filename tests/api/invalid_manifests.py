@@ -3,7 +3,7 @@
 Role: the shared fixture of three tests. ``tests/api/test_invalid_manifests.py`` feeds every case to
 ``kubeforge.api.load.parse`` (and ``kubeforge validate``); ``e2e/test_crd_validation.py`` creates every
 ``CASES`` case (what the CRD's schema and CEL rules say) on the real kube-apiserver (server-side dry run, strict
-field validation, as ``kubectl apply`` does); ``e2e/test_admission.py`` creates every ``SEMANTIC_CASES`` case (the
+field validation, as ``kubectl apply`` does); ``e2e/test_webhook_admission.py`` creates every ``SEMANTIC_CASES`` case (the
 cross-field and semantic rules of ``kubeforge.api.validate``) with the operator's admission webhook installed. All
 assert that the refusal names ``case.path`` and contains ``case.message``.
 

@@ -30,6 +30,9 @@ class FakeCluster:
     def delete(self, obj: dict[str, Any]) -> None:
         self.objects.pop((obj["kind"], obj["metadata"]["name"]), None)
 
+    def create_if_absent(self, obj: dict[str, Any]) -> bool:
+        return self.objects.setdefault((obj["kind"], obj["metadata"]["name"]), obj) is obj
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.status_writes += 1
         self.job["status"] = status
@@ -83,3 +86,54 @@ def test_invalid_stored_job_gets_a_warning_event_and_no_children() -> None:
     fake = FakeCluster(doc)
     out = reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache())
     assert not out.gone and fake.objects == {} and fake.events == ["InvalidSpec"]
+
+
+def test_the_job_key_secret_is_made_once_and_never_replaced() -> None:
+    cluster = FakeCluster(raw_job())
+    cache = reconcile.ApplyCache()
+    reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    first = cluster.objects[("Secret", "tiny-key")]
+    key = first["stringData"]["key"]
+    assert len(bytes.fromhex(key)) == 32 and first["metadata"]["ownerReferences"][0]["kind"] == "RLJob"
+    reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache())  # type: ignore[arg-type]
+    assert cluster.objects[("Secret", "tiny-key")]["stringData"]["key"] == key
+    sts = cluster.objects[("StatefulSet", "tiny-trainer")]
+    env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KUBEFORGE_JOB_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "tiny-key", "key": "key"}
+
+
+def test_an_apply_the_api_server_refuses_reaches_the_status_and_an_event() -> None:
+    import pytest
+
+    from kubeforge.operator import apply
+
+    class Refusing(FakeCluster):
+        def apply(self, obj: dict[str, Any]) -> None:
+            if obj["kind"] == "StatefulSet":
+                raise apply.ApiError(422, "PATCH", "/apis/apps/v1/.../tiny-trainer",
+                                     'StatefulSet "tiny-trainer" is invalid: spec.template.spec.containers[0].image')
+            super().apply(obj)
+
+    cluster = Refusing(raw_job())
+    with pytest.raises(apply.ApiError):
+        reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache())  # type: ignore[arg-type]
+    cond = {c["type"]: c for c in cluster.job["status"]["conditions"]}["ChildrenApplied"]
+    assert cond["status"] == "False" and cond["reason"] == "ApplyFailed" and "is invalid" in cond["message"]
+    assert "ApplyFailed" in cluster.events
+
+
+def test_an_image_that_cannot_be_pulled_shows_in_the_ready_condition_and_an_event() -> None:
+    cluster = FakeCluster(raw_job())
+    cache = reconcile.ApplyCache()
+    reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    pod = opbuilders.pod("tiny", "trainer", 0, ready=False)
+    pod["status"]["containerStatuses"] = [{"name": "trainer", "restartCount": 0, "state": {"waiting": {
+        "reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}}}]
+    cluster.list_pods = lambda namespace, job: [pod]  # type: ignore[method-assign]
+    reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    ready = {c["type"]: c for c in cluster.job["status"]["conditions"]}["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "ImagePullBackOff", ready
+    assert "tiny-trainer-0" in ready["message"] and "nope:1" in ready["message"]
+    assert cluster.events.count("ImagePullBackOff") == 1
+    reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    assert cluster.events.count("ImagePullBackOff") == 1               # once per transition, not per pass

@@ -1,7 +1,9 @@
 """``kubeforge run`` end to end with real processes: real vLLM, real ZeroMQ, real torch.distributed, no mocks.
 
 One full run does most of the work (a vLLM engine takes about a minute to start on 2 cores): 2 generators and 2
-data-parallel trainers; while it trains, every role's receivers are fuzzed with malformed frames; then trainer 0
+data-parallel trainers; while it trains, every role's receivers are fuzzed with malformed frames (by a stranger
+without the job key: refused at the CURVE handshake and counted "unauthenticated"; and by a member of the job:
+counted by wire reason); then trainer 0
 is killed with SIGKILL; the launcher restarts the job (policy: whole job, bounded by maxRestarts) and the trainers
 resume from the last complete checkpoint, so the metrics hold each step exactly once. A second, short test checks
 that a role dying for good stops the run with a clear message, and that Ctrl-C leaves no process behind.
@@ -27,7 +29,7 @@ import yaml
 import zmq
 
 from kubeforge.api import contract, rljob
-from kubeforge.runtime import wire
+from kubeforge.runtime import transport, wire
 from kubeforge.runtime.launcher import summary, supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,13 +104,22 @@ def http(port: int, path: str) -> tuple[int, str]:
         return 0, ""
 
 
-def dropped_frames(metrics_text: str) -> float:
+def dropped_frames(metrics_text: str, reason: str | None = None) -> float:
+    """Frames a role refused: of ``reason``, or of every wire reason (malformed, foreign, version) when None."""
+    wanted = (f'reason="{reason}"',) if reason else ('reason="malformed"', 'reason="foreign"', 'reason="version"')
     return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
-               if line.startswith("kubeforge_rollouts_dropped_total{") and 'reason="stale"' not in line)
+               if line.startswith("kubeforge_rollouts_dropped_total{") and any(w in line for w in wanted))
 
 
-def fuzz(port: int) -> None:
-    """Malformed frames into a role's ZeroMQ port (once it listens: a role binds after its imports)."""
+def job_key(pid: int) -> bytes:
+    """The attempt's job key, from a role process's environment (what a member of the job holds)."""
+    env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+    return bytes.fromhex(env[contract.ENV_JOB_KEY.encode()].decode())
+
+
+def fuzz(port: int, *, key: bytes | None) -> None:
+    """Malformed frames into a role's ZeroMQ port (once it listens: a role binds after its imports), from a member
+    of the job (CURVE with ``key``) or from a stranger (``key`` None: plain ZeroMQ, refused at the handshake)."""
     import socket
 
     def listening() -> bool:
@@ -117,7 +128,10 @@ def fuzz(port: int) -> None:
 
     wait_for(listening, timeout=300)
     sock = zmq.Context.instance().socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 10000)
+    sock.setsockopt(zmq.LINGER, 10000 if key else 2000)   # a stranger's frames never leave: don't wait long
+    if key is not None:
+        keys = transport.CurveKeys.from_job_key(key)
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys.public, keys.public, keys.secret
     sock.connect(f"tcp://127.0.0.1:{port}")
     for frame in JUNK:
         sock.send(frame)
@@ -151,14 +165,20 @@ def test_two_generators_two_trainers_fuzzed_killed_and_resumed(tmp_path: Path) -
         # the restarted job: fuzz every receiver of every role while it runs; each counts the frames and serves on
         wait_for(lambda: len([k for k in processes(run_dir) if k[1] == 1]) == 5, timeout=300, proc=proc)
         second = {n: p for (n, a), p in processes(run_dir).items() if a == 1}
+        # a stranger (no job key: refused at the CURVE handshake, counted "unauthenticated", nothing delivered)
+        # and a member of the job sending junk (counted by wire reason) at every receiver of every role
+        key = job_key(second["verifier-0"]["pid"])
         for name, p in second.items():
-            fuzz(p["port_base"] + contract.PORT_DATA)
-            if name == "trainer-0":
-                fuzz(p["port_base"] + contract.PORT_CONTROL)
-        want = {n: len(JUNK) + 1 + (len(JUNK) + 1 if n == "trainer-0" else 0) for n in second}
+            ports = [p["port_base"] + contract.PORT_DATA] + (
+                [p["port_base"] + contract.PORT_CONTROL] if name == "trainer-0" else [])
+            for port in ports:
+                fuzz(port, key=None)
+                fuzz(port, key=key)
+        nports = {n: 2 if n == "trainer-0" else 1 for n in second}
         metrics_port = {n: p["port_base"] + contract.PORT_METRICS for n, p in second.items()}
-        wait_for(lambda: all(dropped_frames(http(metrics_port[n], "/metrics")[1]) >= want[n] for n in second),
-                 timeout=600, proc=proc)
+        wait_for(lambda: all(dropped_frames(http(metrics_port[n], "/metrics")[1], "unauthenticated") >= nports[n]
+                             and dropped_frames(http(metrics_port[n], "/metrics")[1])
+                             >= nports[n] * (len(JUNK) + 1) for n in second), timeout=600, proc=proc)
         for name, port in metrics_port.items():
             assert http(port, "/healthz")[0] == 200 and http(port, "/readyz")[0] == 200, name
         out, err = proc.communicate(timeout=900)

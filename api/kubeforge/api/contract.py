@@ -36,6 +36,7 @@ ENV_BIND_HOST = "KUBEFORGE_BIND_HOST"        # address to listen on (0.0.0.0 in 
 ENV_RUN_DIR = "KUBEFORGE_RUN_DIR"            # where a role writes local artefacts (metrics JSONL, logs)
 ENV_CHECKPOINT_DIR = "KUBEFORGE_CHECKPOINT_DIR"  # overrides spec.checkpoint.path (local runs)
 ENV_ATTEMPT = "KUBEFORGE_ATTEMPT"            # restart attempt of the whole job (0 first)
+ENV_JOB_KEY = "KUBEFORGE_JOB_KEY"            # the job's secret (64 hex chars): CURVE keys and weight-sync auth
 ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the trainer reports progress on its pod
 
 
@@ -68,6 +69,14 @@ FIELD_MANAGER = "kubeforge-operator"
 
 # The trainer (rank 0) reports progress on its own pod as a JSON annotation; the operator watches it.
 ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done", "evalAccuracy"?}
+
+JOB_KEY_SECRET_KEY = "key"                   # the data key holding ENV_JOB_KEY in the job's Secret
+
+
+def job_key_secret(job: str) -> str:
+    """Name of the per-job Secret holding the job key (created by the operator, owned by the RLJob)."""
+    return f"{job}-key"
+
 
 # ---- what kubeforge reserves inside a role's pod (a user's volumes and mounts may not collide) ----
 RESERVED_NAME_PREFIX = "kubeforge-"              # volume names kubeforge adds to every pod

@@ -24,7 +24,7 @@ Obj = dict[str, Any]
 #: kind → (API path prefix, plural): every kind the operator reads or writes.
 KINDS: dict[tuple[str, str], str] = {
     ("v1", "ConfigMap"): "configmaps", ("v1", "Service"): "services", ("v1", "ServiceAccount"): "serviceaccounts",
-    ("v1", "Pod"): "pods", ("v1", "Event"): "events",
+    ("v1", "Pod"): "pods", ("v1", "Event"): "events", ("v1", "Secret"): "secrets",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("coordination.k8s.io/v1", "Lease"): "leases",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
@@ -151,6 +151,22 @@ class Cluster:
         """Merge-patch the RLJob's status subresource (null deletes a field)."""
         self.request("PATCH", path_of(contract.API_VERSION, contract.KIND, namespace, name) + "/status",
                      body={"status": status}, content_type="application/merge-patch+json")
+
+    def create_if_absent(self, obj: Obj) -> bool:
+        """Create ``obj`` unless an object of that name exists (409 is fine); True when this call created it."""
+        md = obj["metadata"]
+        try:
+            self.request("POST", path_of(obj["apiVersion"], obj["kind"], md["namespace"]), body=obj,
+                         query={"fieldManager": contract.FIELD_MANAGER})
+        except ApiError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def delete_webhook_configuration(self, name: str) -> None:
+        """Delete a ValidatingWebhookConfiguration (gone already is fine)."""
+        self.request("DELETE", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}")
 
     def delete_rljob(self, namespace: str, name: str) -> None:
         self.request("DELETE", path_of(contract.API_VERSION, contract.KIND, namespace, name),

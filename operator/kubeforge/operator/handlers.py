@@ -14,7 +14,7 @@ from typing import Any
 import kopf
 
 from kubeforge.api import contract
-from kubeforge.operator import apply, metrics, observed, router as router_mod
+from kubeforge.operator import admission, apply, metrics, observed, router as router_mod, webhook as webhook_mod
 
 ANNOTATION_PREFIX = "kopf.kubeforge.dev"
 
@@ -30,14 +30,27 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.connect_timeout = 10
 
 
-def build_registry(router: router_mod.Router, creds: apply.Credentials) -> kopf.OperatorRegistry:
-    """A registry with the operator's handlers bound to ``router``."""
+def build_registry(router: router_mod.Router, creds: apply.Credentials,
+                   webhook: webhook_mod.Webhook | None = None) -> kopf.OperatorRegistry:
+    """A registry with the operator's handlers bound to ``router`` (and the admission webhook when given)."""
     reg = kopf.OperatorRegistry()
     present = {contract.LABEL_JOB: kopf.PRESENT}
 
     @kopf.on.startup(registry=reg)
     def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
+        if webhook is not None:
+            webhook_mod.configure(settings, webhook)
+
+    if webhook is not None:
+        @kopf.on.validate(contract.GROUP, contract.VERSION, contract.PLURAL, id=webhook_mod.HANDLER_ID,
+                          operations=["CREATE", "UPDATE"], side_effects=False, registry=reg)
+        def _admit(body: Any, **kw: Any) -> None:
+            metrics.EVENTS.labels("admission").inc()
+            old = kw.get("old")
+            problems = admission.review(kw.get("operation") or "", dict(body), dict(old) if old else None)
+            if problems:
+                raise kopf.AdmissionError(admission.message(problems), code=422)
 
     @kopf.on.login(registry=reg)
     def _login(**_: Any) -> kopf.ConnectionInfo:

@@ -26,7 +26,7 @@ from typing import Any
 
 import kopf
 
-from kubeforge.operator import apply, handlers, leader, metrics, names, reconcile, router as router_mod
+from kubeforge.operator import apply, handlers, leader, metrics, names, reconcile, router as router_mod, webhook
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,6 +40,11 @@ class Options:
     workers: int = 16
     log_format: str = "json"
     verbose: bool = False
+    webhook: bool = True
+    webhook_addr: str = "127.0.0.1"
+    webhook_port: int = 0
+    webhook_host: str | None = None
+    webhook_cert_dir: str | None = None
     leader_elect: bool = False
     leader_lease: str = "kubeforge-operator"
     leader_namespace: str | None = None
@@ -57,6 +62,14 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--workers", type=int, default=16, help="Reconcile worker threads.")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("-v", "--verbose", action="store_true")
+    w = p.add_argument_group("admission webhook (docs/security.md)")
+    w.add_argument("--no-webhook", dest="webhook", action="store_false", help="Do not serve the webhook.")
+    w.add_argument("--webhook-addr", default="127.0.0.1", help="Bind address (0.0.0.0 in a pod).")
+    w.add_argument("--webhook-port", type=int, default=0, help="HTTPS port (0: a free one; 9443 with a cert dir).")
+    w.add_argument("--webhook-host", default=None, help="Host in the webhook URL and certificate (default: the "
+                   "bind address).")
+    w.add_argument("--webhook-cert-dir", default=None, help="tls.crt/tls.key from the cluster (Helm); without it "
+                   "a self-signed certificate is made and the ValidatingWebhookConfiguration is managed here.")
     p.add_argument("--leader-elect", action="store_true", help="Run active only while holding a Lease (replicas > 1).")
     p.add_argument("--leader-lease", default="kubeforge-operator", help="Name of the Lease.")
     p.add_argument("--leader-namespace", help="Namespace of the Lease (default: $POD_NAMESPACE).")
@@ -64,12 +77,14 @@ def parse_args(argv: Sequence[str]) -> Options:
     return Options(namespaces=tuple(a.namespace), all_namespaces=a.all_namespaces or not a.namespace,
                    kubeconfig=a.kubeconfig, metrics_port=a.metrics_port, health_port=a.health_port,
                    runtime_image=a.runtime_image, workers=a.workers, log_format=a.log_format, verbose=a.verbose,
+                   webhook=a.webhook, webhook_addr=a.webhook_addr, webhook_port=a.webhook_port,
+                   webhook_host=a.webhook_host, webhook_cert_dir=a.webhook_cert_dir,
                    leader_elect=a.leader_elect, leader_lease=a.leader_lease,
                    leader_namespace=a.leader_namespace or os.environ.get("POD_NAMESPACE"))
 
 
-def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry]:
-    """The router (with its reconcile work) and the kopf registry routing into it."""
+def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, apply.Cluster, webhook.Webhook | None]:
+    """The router (with its reconcile work), the kopf registry routing into it, the API client, the webhook."""
     creds = apply.load_credentials(opts.kubeconfig)
     cluster = apply.Cluster(creds, pool_size=max(opts.workers * 4, 16))
     cache = reconcile.ApplyCache()
@@ -80,13 +95,16 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry]:
                                    seen_failures=failures)
 
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
-    return router, handlers.build_registry(router, creds)
+    hook = webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,
+                           host=opts.webhook_host or opts.webhook_addr, cert_dir=opts.webhook_cert_dir) \
+        if opts.webhook else None
+    return router, handlers.build_registry(router, creds, hook), cluster, hook
 
 
 async def serve(opts: Options, *, stop_flag: Any = None, ready_flag: Any = None,
                 metrics_started: bool = False) -> None:
     """Run the operator until ``stop_flag`` is set (or forever)."""
-    router, registry = build(opts)
+    router, registry, cluster, hook = build(opts)
     if not metrics_started:
         metrics.serve(opts.metrics_port)
     try:
@@ -96,6 +114,11 @@ async def serve(opts: Options, *, stop_flag: Any = None, ready_flag: Any = None,
             stop_flag=stop_flag, ready_flag=ready_flag)
     finally:
         router.shutdown()
+        if hook is not None and hook.managed:  # a webhook nobody serves would refuse every RLJob
+            try:
+                cluster.delete_webhook_configuration(webhook.MANAGED_NAME)
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                logging.getLogger("kubeforge.operator").warning("could not delete the webhook configuration: %s", exc)
 
 
 def run_in_thread(opts: Options) -> tuple[threading.Thread, threading.Event]:

@@ -64,6 +64,20 @@ class PodFacts:
     unschedulable: str | None        # the scheduler's message while the pod cannot be placed
     failure: Failure | None
     progress: ProgressReport | None
+    stuck: tuple[str, str] | None = None   # (reason, message) of a container that cannot start (STUCK_REASONS)
+
+
+# Waiting reasons of a container that will not start by waiting: the kubelet retries them silently forever.
+STUCK_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerError",
+                 "CreateContainerConfigError", "RunContainerError")
+
+
+def _stuck(st: Raw) -> tuple[str, str] | None:
+    for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_REASONS:
+            return waiting["reason"], f"container {cs.get('name', '?')}: {waiting.get('message', '')}".strip()
+    return None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -164,7 +178,7 @@ def pod_facts(pod: Raw) -> PodFacts:
         terminating=md.get("deletionTimestamp") is not None,
         restarts=sum(int(cs.get("restartCount", 0)) for cs in st.get("containerStatuses") or []),
         unschedulable=unsched, failure=pod_failure(pod),
-        progress=parse_progress(ann.get(contract.ANNOTATION_PROGRESS)),
+        progress=parse_progress(ann.get(contract.ANNOTATION_PROGRESS)), stuck=_stuck(st),
     )
 
 

@@ -36,4 +36,6 @@ NOT_SUSPENDED = "NotSuspended"
 FINISHED = "Finished"                    # the job is over: nothing is scheduled any more
 INVALID_SPEC = "InvalidSpec"             # event: the stored RLJob does not parse (API server and model disagree)
 TTL_EXPIRED = "TTLExpired"               # event: a finished job was deleted after ttlSecondsAfterFinished
+CHILDREN_APPLIED = "ChildrenApplied"     # condition: the API server accepted every child (False: ApplyFailed)
+APPLY_FAILED = "ApplyFailed"             # condition reason and event: the API server refused a child, its message kept
 CONTAINER_FAILED = "ContainerFailed"      # event: a container of the current attempt failed

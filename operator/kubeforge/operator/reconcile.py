@@ -16,6 +16,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,7 +24,7 @@ from typing import Any
 
 from kubeforge.api import failures, load, rljob
 from kubeforge.operator import apply, lifecycle, observed, reasons, render, status, timefmt
-from kubeforge.operator.render import context, meta
+from kubeforge.operator.render import context, meta, secret
 
 log = logging.getLogger("kubeforge.operator")
 Key = tuple[str, str]
@@ -49,6 +50,7 @@ class ApplyCache:
         self._max_age = max_age
         self._lock = threading.Lock()
         self._seen: dict[Key, dict[tuple[str, str, str, str], tuple[str, float]]] = {}
+        self._keyed: set[Key] = set()   # jobs whose key Secret this process has made sure of
 
     @staticmethod
     def digest(obj: meta.Obj) -> str:
@@ -71,6 +73,15 @@ class ApplyCache:
     def forget(self, job: Key) -> None:
         with self._lock:
             self._seen.pop(job, None)
+            self._keyed.discard(job)
+
+    def has_key_secret(self, job: Key) -> bool:
+        with self._lock:
+            return job in self._keyed
+
+    def key_secret_made(self, job: Key) -> None:
+        with self._lock:
+            self._keyed.add(job)
 
 
 def _status_doc(s: rljob.RLJobStatus | None) -> dict[str, Any] | None:
@@ -125,8 +136,21 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         return Outcome(gone=True, phase=job.status.phase if job.status else None)
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
                                 active=plan.active, gang_active=plan.gang_active, image=image)
+    if not cache.has_key_secret(key):   # the job key: drawn once, created only when absent (render/secret.py)
+        cluster.create_if_absent(secret.job_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
+        cache.key_secret_made(key)
     rendered = render.render(job, ctx)
-    apply_all(cluster, key, rendered.desired, cache=cache, pool=pool)
+    try:
+        apply_all(cluster, key, rendered.desired, cache=cache, pool=pool)
+    except apply.ApiError as exc:
+        if exc.status in (409, 429) or exc.status >= 500:
+            raise                                   # transient: the router retries with backoff
+        # refused for good (invalid, forbidden): say so on the job, not only in the operator's log; then retry later
+        failed = status.apply_failed(job, str(exc), generation=raw["metadata"].get("generation"), now=now)
+        cluster.patch_status(namespace, name, _status_doc(failed) or {})
+        cluster.post_event(raw, type="Warning", reason=reasons.APPLY_FAILED, message=str(exc)[:1000],
+                           now=timefmt.fmt(now))
+        raise
     for obj in rendered.absent:
         cluster.delete(obj)
         cache.drop(key, obj)

@@ -60,10 +60,15 @@ def gang_condition(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Pla
     return False, reasons.WAITING_FOR_PODS, f"{placed}/{want} pods bound to nodes"
 
 
-def ready_condition(roles: dict[str, rljob.RoleStatus], plan: lifecycle.Plan) -> Cond:
+def ready_condition(roles: dict[str, rljob.RoleStatus], plan: lifecycle.Plan,
+                    obs: observed.Observed | None = None) -> Cond:
     lagging = [f"{r} {s.ready}/{s.replicas}" for r, s in roles.items() if s.ready < s.replicas]
     if plan.active and not lagging:
         return True, reasons.ALL_ROLES_READY, "every role has all replicas ready"
+    stuck = [p for p in (obs.of_attempt(plan.attempt) if obs else []) if p.stuck and not p.ready]
+    if plan.active and stuck:   # say why, with the kubelet's reason (ImagePullBackOff, CreateContainerError, ...)
+        reason, message = stuck[0].stuck  # type: ignore[misc]
+        return False, reason, f"pod {stuck[0].name} {message}"[:1000]
     return False, reasons.ROLES_NOT_READY, ", ".join(lagging) or "no pods are wanted now"
 
 
@@ -121,7 +126,7 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
     """The status to store for this pass."""
     prev = job.status or rljob.RLJobStatus()
     roles = role_statuses(job, obs, plan)
-    gang, ready = gang_condition(job, obs, plan), ready_condition(roles, plan)
+    gang, ready = gang_condition(job, obs, plan), ready_condition(roles, plan, obs)
     running: Cond = (serving(job, roles, plan), ready[1], ready[2])
     ready_roles = sum(1 for s in roles.values() if s.replicas and s.ready >= s.replicas)
     return rljob.RLJobStatus(
@@ -133,6 +138,18 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
         last_progress_time=plan.last_progress_time, start_time=plan.start_time,
         completion_time=plan.completion_time,
     )
+
+
+def apply_failed(job: rljob.RLJob, message: str, *, generation: int | None, now: dt.datetime) -> rljob.RLJobStatus:
+    """The stored status plus a False ``ChildrenApplied`` condition carrying the API server's refusal (the next
+    pass that applies everything computes conditions afresh, so the condition goes with the cause)."""
+    prev = job.status or rljob.RLJobStatus()
+    keep = {c.type: (c.status == "True", c.reason, c.message) for c in prev.conditions
+            if c.type != reasons.CHILDREN_APPLIED}
+    conds = merge_conditions(prev.conditions, {**keep, reasons.CHILDREN_APPLIED: (False, reasons.APPLY_FAILED,
+                                                                                  message[:1000])},
+                             generation=generation, now=now)
+    return prev.model_copy(update={"conditions": conds})
 
 
 _PHASE_EVENT = {
@@ -158,6 +175,10 @@ def transitions(prev: rljob.RLJobStatus | None, new: rljob.RLJobStatus, plan: li
         out.append(Event(type="Warning" if plan.new_attempt_reason == reasons.RESTARTING else "Normal",
                          reason=plan.new_attempt_reason,
                          message=f"starting attempt {plan.attempt} (restart {plan.restarts})"))
+    ready = next((c for c in new.conditions if c.type == reasons.READY), None)
+    before = next((c.reason for c in (prev.conditions if prev else []) if c.type == reasons.READY), None)
+    if ready is not None and ready.reason in observed.STUCK_REASONS and ready.reason != before:
+        out.append(Event(type="Warning", reason=ready.reason, message=ready.message))
     if prev is None or prev.phase != new.phase:
         kind, reason = _PHASE_EVENT[new.phase]
         detail = next((c.message for c in new.conditions if c.type in (reasons.COMPLETE, reasons.FAILED)), "")

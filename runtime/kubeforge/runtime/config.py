@@ -68,6 +68,7 @@ class RoleConfig:
     attempt: int
     report: str
     peers: Mapping[str, tuple[Peer, ...]]
+    job_key: bytes | None = None   # ENV_JOB_KEY: CURVE on every socket and weight-sync auth (None: unauthenticated)
 
     @property
     def spec(self) -> rljob.RLJobSpec:
@@ -186,6 +187,7 @@ def from_env(env: Mapping[str, str]) -> RoleConfig:
         problems.append(f"{contract.ENV_REPORT}: Unsupported value: {report!r}: supported values: "
                         f"{', '.join(REPORT_KINDS)}")
     peers = _peers(env, problems)
+    job_key = _job_key(env, problems)
     if role in contract.ROLES and peers.get(role) and index >= len(peers[role]):
         problems.append(f"{contract.ENV_INDEX}: Invalid value: {index}: {contract.env_peers(role)} lists only "
                         f"{len(peers[role])} replicas")
@@ -202,8 +204,22 @@ def from_env(env: Mapping[str, str]) -> RoleConfig:
         port_base=port_base, bind_host=env.get(contract.ENV_BIND_HOST) or "0.0.0.0",
         run_dir=pathlib.Path(run_dir) if run_dir else None,
         checkpoint_dir=env.get(contract.ENV_CHECKPOINT_DIR) or job.spec.checkpoint.path,
-        attempt=attempt, report=report, peers=peers,
+        attempt=attempt, report=report, peers=peers, job_key=job_key,
     )
+
+
+def _job_key(env: Mapping[str, str], problems: list[str]) -> bytes | None:
+    raw = env.get(contract.ENV_JOB_KEY, "")
+    if not raw:
+        return None
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        problems.append(f"{contract.ENV_JOB_KEY}: Invalid value: must be at least 32 hex characters")
+        return None
+    return key
 
 
 def _replica_problems(job: rljob.RLJob, peers: Mapping[str, tuple[Peer, ...]]) -> list[str]:
@@ -218,8 +234,10 @@ def _replica_problems(job: rljob.RLJob, peers: Mapping[str, tuple[Peer, ...]]) -
 
 def role_env(*, job: rljob.RLJob, config_path: str, role: str, index: int,
              peers: Mapping[str, list[Peer]], bind_host: str = "127.0.0.1", run_dir: str | None = None,
-             checkpoint_dir: str | None = None, attempt: int = 0, report: str = REPORT_JSONL) -> dict[str, str]:
-    """The env contract for one process: what the launcher sets locally and the operator sets on a pod."""
+             checkpoint_dir: str | None = None, attempt: int = 0, report: str = REPORT_JSONL,
+             job_key: bytes | None = None) -> dict[str, str]:
+    """The env contract for one process: what the launcher sets locally and the operator sets on a pod (there the
+    job key comes from the job's Secret)."""
     me = peers[role][index]
     env = {
         contract.ENV_ROLE: role,
@@ -238,4 +256,6 @@ def role_env(*, job: rljob.RLJob, config_path: str, role: str, index: int,
         env[contract.ENV_RUN_DIR] = run_dir
     if checkpoint_dir:
         env[contract.ENV_CHECKPOINT_DIR] = checkpoint_dir
+    if job_key:
+        env[contract.ENV_JOB_KEY] = job_key.hex()
     return env

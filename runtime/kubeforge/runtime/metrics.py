@@ -34,7 +34,7 @@ import prometheus_client as prom
 from kubeforge.api import contract
 
 BASE_LABELS = ("role", "replica")
-DROP_REASONS = ("stale", "malformed", "foreign", "version")
+DROP_REASONS = ("stale", "malformed", "foreign", "version", "unauthenticated")
 PHASES = ("wait", "generate", "score", "forward", "backward", "optimizer", "sync", "checkpoint", "step")
 _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _UNIT = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)

@@ -33,6 +33,9 @@ Invariants: a Sender or Receiver is used by one thread. ``close`` never blocks (
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import hmac
 import queue
 import threading
 import time
@@ -41,6 +44,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import zmq
 from zmq.utils import monitor as zmq_monitor
+from zmq.utils import z85
 
 from kubeforge.runtime import wire
 
@@ -52,6 +56,70 @@ _POLL_SLICE_S = 0.05
 _PUMP_EVERY_S = 0.05  # how stale a peer's connected/disconnected state may be on the fast send path
 
 DropHook = Callable[[str], None]
+
+# A frame (or a whole connection) refused because the peer failed the CURVE handshake: it does not hold the job key.
+REASON_UNAUTHENTICATED = "unauthenticated"
+ZAP_DOMAIN = "kubeforge"
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+@dataclasses.dataclass(frozen=True)
+class CurveKeys:
+    """The job's ZeroMQ CURVE key pair (Z85), derived from the job key: every role is server and client with it, so
+    only a holder of the job key completes a handshake (docs/security.md)."""
+
+    public: bytes
+    secret: bytes
+
+    @classmethod
+    def from_job_key(cls, job_key: bytes) -> CurveKeys:
+        secret = z85.encode(hmac.new(job_key, b"kubeforge/curve", hashlib.sha256).digest())
+        return cls(public=zmq.curve_public(secret), secret=secret)
+
+
+_default_auth: CurveKeys | None = None
+
+
+def use_curve(keys: CurveKeys | None) -> None:
+    """Make every tcp:// socket this process opens from now on use CURVE with ``keys`` (None: plain sockets).
+    A role calls this once, before opening any socket, with its job's keys."""
+    global _default_auth
+    _default_auth = keys
+    if keys is not None:
+        _Authenticator.get().allow(keys.public)
+
+
+class _Authenticator:
+    """The process's ZAP handler: admits a CURVE client only when its public key is the job's."""
+
+    _instance: _Authenticator | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        from zmq.auth.thread import ThreadAuthenticator
+
+        self.allowed: set[bytes] = set()
+        self.refused = 0
+        self._auth = ThreadAuthenticator(zmq.Context.instance())
+        self._auth.start()
+        self._auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=self)
+
+    @classmethod
+    def get(cls) -> _Authenticator:
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def allow(self, public: bytes) -> None:
+        self.allowed.add(public)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        ok = z85.encode(key) in self.allowed if len(key) == 32 else key in self.allowed
+        if not ok:
+            self.refused += 1
+        return ok
 
 
 class TransportError(RuntimeError):
@@ -106,17 +174,20 @@ def tcp_address(host: str, port: int) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
-def open_receiver(address: str, *, hwm: int = DEFAULT_HWM, on_drop: DropHook | None = None) -> Receiver:
-    """Bind a receiver at ``address`` (``tcp://host:port`` or ``mem://name``)."""
+def open_receiver(address: str, *, hwm: int = DEFAULT_HWM, on_drop: DropHook | None = None,
+                  auth: CurveKeys | None = None) -> Receiver:
+    """Bind a receiver at ``address`` (``tcp://host:port`` or ``mem://name``); tcp:// uses CURVE with ``auth`` (or
+    the process default set by :func:`use_curve`)."""
     if address.startswith("tcp://"):
-        return ZmqReceiver(address, hwm=hwm, on_drop=on_drop)
+        return ZmqReceiver(address, hwm=hwm, on_drop=on_drop, auth=auth or _default_auth)
     if address.startswith("mem://"):
         return MemReceiver(address, hwm=hwm, on_drop=on_drop)
     raise TransportError(f"unsupported address {address!r}: expected tcp://host:port or mem://name")
 
 
 def open_sender(peers: Sequence[str], *, role: str, index: int, hwm: int = DEFAULT_HWM,
-                ready_timeout: float | None = DEFAULT_READY_TIMEOUT, send_timeout: float | None = None) -> Sender:
+                ready_timeout: float | None = DEFAULT_READY_TIMEOUT, send_timeout: float | None = None,
+                auth: CurveKeys | None = None) -> Sender:
     """Connect to ``peers`` (all ``tcp://`` or all ``mem://``), waiting up to ``ready_timeout`` seconds for every
     peer's handshake (None: don't wait; sends then block until their peer is there). ``role``/``index`` name this
     process in the HELLO frames."""
@@ -126,7 +197,7 @@ def open_sender(peers: Sequence[str], *, role: str, index: int, hwm: int = DEFAU
     hello = wire.encode(wire.Hello(role=role, index=index))
     sender: ZmqSender | MemSender
     if schemes == {"tcp"}:
-        sender = ZmqSender(peers, hello=hello, hwm=hwm, send_timeout=send_timeout)
+        sender = ZmqSender(peers, hello=hello, hwm=hwm, send_timeout=send_timeout, auth=auth or _default_auth)
     elif schemes == {"mem"}:
         sender = MemSender(peers, hello=hello, send_timeout=send_timeout)
     else:
@@ -205,15 +276,23 @@ class _BoundReceiver:
 class ZmqReceiver(_BoundReceiver):
     """A bound PULL socket; fair-queues frames from every connected sender."""
 
-    def __init__(self, address: str, *, hwm: int, on_drop: DropHook | None) -> None:
+    def __init__(self, address: str, *, hwm: int, on_drop: DropHook | None, auth: CurveKeys | None = None) -> None:
         self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)  # an oversize peer is cut off, not buffered
+        self._monitor: zmq.Socket[bytes] | None = None
+        if auth is not None:   # CURVE server: a peer without the job key never completes a handshake
+            _Authenticator.get().allow(auth.public)
+            self._sock.setsockopt(zmq.CURVE_SERVER, 1)
+            self._sock.setsockopt(zmq.CURVE_SECRETKEY, auth.secret)
+            self._sock.setsockopt(zmq.CURVE_PUBLICKEY, auth.public)
+            self._sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+            self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED)
         try:
             self._sock.bind(address)
         except zmq.ZMQError as e:
-            self._sock.close(0)
+            self._close_sockets()
             raise TransportError(f"cannot bind {address}: {e}") from e
         self._address = str(self._sock.getsockopt_string(zmq.LAST_ENDPOINT))
         self._inbox = _Inbox(on_drop)
@@ -228,8 +307,12 @@ class ZmqReceiver(_BoundReceiver):
         deadline = _deadline(timeout)
         while True:
             left = _remaining(deadline)
-            if not self._sock.poll(None if left is None else int(left * 1000)):
-                if left is None:
+            wait_ms = None if left is None else int(left * 1000)
+            if self._monitor is not None:   # wake up now and then to count refused handshakes
+                wait_ms = 1000 if wait_ms is None else min(wait_ms, 1000)
+            if not self._sock.poll(wait_ms):
+                self._audit()
+                if left is None or (deadline is not None and time.monotonic() < deadline):
                     continue
                 return None
             msg = self._drain()
@@ -238,8 +321,17 @@ class ZmqReceiver(_BoundReceiver):
             if deadline is not None and time.monotonic() >= deadline:
                 return None
 
+    def _audit(self) -> None:
+        """Count every failed CURVE handshake (a peer without the job key) as an ``unauthenticated`` drop."""
+        if self._monitor is None:
+            return
+        while self._monitor.poll(0):
+            zmq_monitor.recv_monitor_message(self._monitor)
+            self._inbox.refuse(REASON_UNAUTHENTICATED)
+
     def _drain(self) -> wire.Message | None:
         """Read frames while any are queued (no poll per frame); the first valid message, or None when empty."""
+        self._audit()
         while True:
             try:
                 frame = self._sock.recv(zmq.NOBLOCK, copy=False)
@@ -257,15 +349,26 @@ class ZmqReceiver(_BoundReceiver):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._sock.close(0)
+            self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        if self._monitor is not None:
+            self._sock.disable_monitor()
+            self._monitor.close(0)
+        self._sock.close(0)
 
 
 class _Peer:
     """One PUSH socket towards one peer, with a monitor that tells when its ZeroMQ handshake completes."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, hwm: int) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], address: str, hwm: int,
+                 auth: CurveKeys | None = None) -> None:
         self.address = address
         self.sock = ctx.socket(zmq.PUSH)
+        if auth is not None:   # CURVE client with the job's own key pair (the server admits only that one)
+            self.sock.setsockopt(zmq.CURVE_SERVERKEY, auth.public)
+            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, auth.public)
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, auth.secret)
         for opt, val in ((zmq.SNDHWM, hwm), (zmq.LINGER, 0), (zmq.IMMEDIATE, 1),
                          (zmq.RECONNECT_IVL, RECONNECT_IVL_MS), (zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)):
             self.sock.setsockopt(opt, val)
@@ -325,12 +428,13 @@ class _SenderBase:
 class ZmqSender(_SenderBase):
     """One PUSH socket per peer: chosen-peer routing and round robin over peers that have room."""
 
-    def __init__(self, peers: Sequence[str], *, hello: bytes, hwm: int, send_timeout: float | None) -> None:
+    def __init__(self, peers: Sequence[str], *, hello: bytes, hwm: int, send_timeout: float | None,
+                 auth: CurveKeys | None = None) -> None:
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._peers: list[_Peer] = []
         try:
             for address in peers:
-                self._peers.append(_Peer(ctx, address, hwm))
+                self._peers.append(_Peer(ctx, address, hwm, auth))
         except BaseException:
             self.close()
             raise

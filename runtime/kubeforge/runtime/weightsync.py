@@ -46,6 +46,9 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
+import os
 import datetime
 import json
 import math
@@ -56,11 +59,16 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
+from kubeforge.api import contract
+
 MAGIC = 0x4B46_5753  # "KFWS"
 PROTOCOL = 1
 ALIGN = 16  # bytes; every tensor starts at a multiple of this inside its bucket
 DEFAULT_BUCKET_MB = 64
-MAX_META_BYTES = 64 << 20
+MAX_META_BYTES = 16 << 20  # JSON metadata: ~100 bytes per tensor; a 70B model has a few thousand tensors
+MAX_TENSORS = 1 << 16      # tensors per sync
+MAX_NAME_CHARS = 1024
+MAX_DIMS = 8
 DEFAULT_JOIN_TIMEOUT = 600.0  # generators join between rollout batches, maybe long after the trainer
 JOIN_KEY, ALL_JOINED_KEY, ABANDONED_KEY = "joined", "all-joined", "abandoned"   # under the epoch's prefix
 DTYPES: dict[str, torch.dtype] = {
@@ -126,7 +134,7 @@ class TorchGroup:
 
     def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float,
                  join_timeout: float, backend: str = "gloo", device: torch.device | None = None, epoch: int = 0,
-                 store: Any = None) -> None:
+                 store: Any = None, auth_key: bytes | None = None) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"weight sync: rank {rank} outside world of {world_size}")
         td = datetime.timedelta(seconds=timeout)
@@ -135,6 +143,9 @@ class TorchGroup:
                                                                       join_timeout=join_timeout)
         self.store: Any = dist.PrefixStore(epoch_prefix(epoch), self.root)  # type: ignore[attr-defined]
         _barrier(self.store, world_size, timeout=join_timeout)  # everyone is here: the group connects within `timeout`
+        key = auth_key if auth_key is not None else job_key_from_env()
+        if key is not None:   # no weights flow between parties that cannot prove they hold the job key
+            authenticate(self.store, rank=rank, world_size=world_size, key=key)
         self.store.set_timeout(td)
         if backend == "gloo":
             self.device = torch.device("cpu")
@@ -197,6 +208,45 @@ def _barrier(store: Any, world_size: int, *, timeout: float) -> None:
         time.sleep(BARRIER_POLL_SECONDS)
 
 
+def job_key_from_env() -> bytes | None:
+    """The job key of the env contract (``KUBEFORGE_JOB_KEY``). Read here because the receiving end runs inside
+    vLLM's worker processes, which inherit the generator's environment but not its parsed config."""
+    raw = os.environ.get(contract.ENV_JOB_KEY, "")
+    try:
+        return bytes.fromhex(raw) or None
+    except ValueError:
+        raise WeightSyncError(f"weight sync: {contract.ENV_JOB_KEY} is not hex") from None
+
+
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    k = hmac.new(key, b"kubeforge/weightsync", hashlib.sha256).digest()
+    return hmac.new(k, b"|".join(parts), hashlib.sha256).digest()
+
+
+def authenticate(store: Any, *, rank: int, world_size: int, key: bytes) -> None:
+    """Mutual proof of the job key over the rendezvous store, before any process group forms: rank 0 publishes a
+    nonce; each joiner answers with its own nonce and an HMAC over both; rank 0 checks every answer and returns an
+    HMAC of its own, which the joiner checks. A joiner without the key is refused by rank 0; a store that is not
+    our trainer's (or a trainer without the key) is refused by the joiner. WeightSyncError either way."""
+    if rank == 0:
+        n0 = os.urandom(16)
+        store.set("auth/n0", n0)
+        for r in range(1, world_size):
+            got = bytes(store.get(f"auth/{r}"))
+            nr, mac = got[:16], got[16:]
+            if not hmac.compare_digest(mac, _mac(key, b"joiner", n0, nr, str(r).encode())):
+                store.set(f"auth/ok/{r}", b"refused")
+                raise WeightSyncError(f"weight sync: rank {r} failed rendezvous authentication (not the job key)")
+            store.set(f"auth/ok/{r}", _mac(key, b"sender", nr, n0, str(r).encode()))
+        return
+    n0 = bytes(store.get("auth/n0"))
+    nr = os.urandom(16)
+    store.set(f"auth/{rank}", nr + _mac(key, b"joiner", n0, nr, str(rank).encode()))
+    proof = bytes(store.get(f"auth/ok/{rank}"))
+    if not hmac.compare_digest(proof, _mac(key, b"sender", nr, n0, str(rank).encode())):
+        raise WeightSyncError("weight sync: the rendezvous did not prove the job key (not our trainer)")
+
+
 def _open(*, host: str, port: int, world_size: int, rank: int, timeout: float, join_timeout: float,
           backend: str, epoch: int = 0, store: Any = None) -> TorchGroup:
     try:
@@ -245,7 +295,15 @@ def decode_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int]]:
         version, entries, buckets = int(doc["version"]), list(doc["tensors"]), [int(b) for b in doc["buckets"]]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise WeightSyncError(f"weight sync: malformed metadata: {e}") from e
+    if len(entries) > MAX_TENSORS or len(buckets) > len(entries):
+        raise WeightSyncError(f"weight sync: {len(entries)} tensors in {len(buckets)} buckets exceed the bounds "
+                              f"({MAX_TENSORS} tensors, every bucket holding at least one)")
+    extent = [0] * len(buckets)
     for i, entry in enumerate(entries):
+        if (not isinstance(entry, dict) or not isinstance(entry.get("name"), str)
+                or len(entry["name"]) > MAX_NAME_CHARS or not isinstance(entry.get("shape"), list)
+                or len(entry["shape"]) > MAX_DIMS or any(type(d) is not int or d < 0 for d in entry["shape"])):
+            raise WeightSyncError(f"weight sync: metadata entry {i} has a bad name or shape")
         try:
             numel = 1
             for d in entry["shape"]:
@@ -258,6 +316,9 @@ def decode_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int]]:
             raise WeightSyncError(f"weight sync: malformed metadata entry {i}: {err}") from err
         if not ok:
             raise WeightSyncError(f"weight sync: metadata entry {i} ({entry.get('name')!r}) is out of bounds")
+        extent[entry["bucket"]] = max(extent[entry["bucket"]], off + nbytes)
+    if extent != buckets:   # a bucket is exactly as large as the tensors placed in it: no allocation beyond them
+        raise WeightSyncError(f"weight sync: bucket sizes {buckets[:8]} do not match their tensors {extent[:8]}")
     return version, entries, buckets
 
 

@@ -36,6 +36,8 @@ def role_env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list
         {"name": contract.ENV_BIND_HOST, "value": "0.0.0.0"},
         {"name": contract.ENV_ATTEMPT, "value": str(ctx.attempt)},
         {"name": contract.ENV_REPORT, "value": "pod-annotation"},
+        {"name": contract.ENV_JOB_KEY, "valueFrom": {"secretKeyRef": {
+            "name": contract.job_key_secret(job.metadata.name), "key": contract.JOB_KEY_SECRET_KEY}}},
     ]
     for other in contract.ROLES:
         fixed.append({"name": contract.env_replicas(other), "value": str(getattr(job.spec.roles, other).replicas)})

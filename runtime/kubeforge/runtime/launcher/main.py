@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import secrets
 import signal
 import sys
 import time
@@ -56,8 +57,10 @@ def prepare(file: str, *, steps: int | None) -> rljob.RLJob:
 
 
 def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
-                  bases: list[int] | None = None) -> list[supervisor.ProcSpec]:
-    """One ProcSpec per role replica, with the env contract filled in (fresh ports per attempt)."""
+                  bases: list[int] | None = None, job_key: bytes | None = None) -> list[supervisor.ProcSpec]:
+    """One ProcSpec per role replica, with the env contract filled in (fresh ports per attempt; a fresh job key
+    per attempt unless one is given: every socket of the attempt uses CURVE with it)."""
+    job_key = job_key or secrets.token_bytes(32)
     roles = job.spec.roles
     counts = {r: getattr(roles, r).replicas for r in contract.ROLES}
     bases = bases or ports.allocate(sum(counts.values()))
@@ -71,7 +74,7 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
             env.update(config.role_env(
                 job=job, config_path=str(run.manifest), role=role, index=i, peers=peers,
                 run_dir=str(run.root), checkpoint_dir=str(run.checkpoints), attempt=attempt,
-                report=config.REPORT_JSONL))
+                report=config.REPORT_JSONL, job_key=job_key))
             env["PYTHONUNBUFFERED"] = "1"
             name = f"{role}-{i}"
             out.append(supervisor.ProcSpec(

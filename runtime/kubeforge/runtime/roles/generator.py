@@ -31,6 +31,7 @@ from typing import Protocol
 from kubeforge.runtime import transport, types, wire
 
 POLL_SECONDS = 0.2
+FORGED_SYNC = "ForgedSync"  # a SYNC naming a weight-sync address other than the env contract's trainer 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,8 +63,11 @@ class GeneratorObserver(Protocol):
 def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, control: transport.Sender,
         sampler: Sampler, weights: WeightLoader, observer: GeneratorObserver, policy_version: int = 0,
         should_stop: Callable[[], bool] = lambda: False, max_policy_lag: int | None = None,
-        beat: Callable[[str], None] = lambda activity: None) -> None:
-    """Serve until STOP (or ``should_stop``)."""
+        beat: Callable[[str], None] = lambda activity: None,
+        trainer_weights: tuple[str, int] | None = None) -> None:
+    """Serve until STOP (or ``should_stop``). ``trainer_weights`` is trainer 0's weight-sync address as the job's
+    env contract names it: a SYNC naming any other address is refused (counted as ``ForgedSync``, never joined,
+    never acked), so no frame can point a generator at a group that feeds it weights of its choosing."""
     version = policy_version
     control.send(wire.Ready(role="generator", index=index, policy_version=version))
     while not should_stop():
@@ -81,6 +85,9 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
             beat("generate")
             _work(msg, index=index, version=version, sampler=sampler, verifiers=verifiers, observer=observer)
         elif isinstance(msg, wire.Sync):
+            if trainer_weights is not None and (msg.host, msg.port) != trainer_weights:
+                observer.unexpected(kind=FORGED_SYNC)
+                continue
             beat("sync")
             try:
                 result = weights.load(msg)

@@ -56,6 +56,10 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         for p in exc.problems:
             print(f"kubeforge role {role}: {p}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
+    if cfg.job_key is not None:   # every socket below speaks CURVE with the job's keys (docs/security.md)
+        transport.use_curve(transport.CurveKeys.from_job_key(cfg.job_key))
+    else:
+        print(f"{cfg.name}: WARNING: no {contract.ENV_JOB_KEY}: role traffic is not authenticated", flush=True)
     m = metrics.Metrics(role=role, replica=cfg.index)
     server = metrics.serve(m, host=cfg.bind_host, port_base=cfg.port_base)
     server.deadline = float(cfg.spec.failure_policy.progress_deadline_seconds)

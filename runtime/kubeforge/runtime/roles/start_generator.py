@@ -91,7 +91,8 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                                        tensor_parallel_size=spec.roles.generator.tensor_parallel_size,
                                        join_timeout=float(spec.failure_policy.progress_deadline_seconds)),
                  observer=observe.GeneratorObserver(m), should_stop=stop.is_set,
-                 max_policy_lag=spec.algorithm.max_policy_lag, beat=server.heartbeat)
+                 max_policy_lag=spec.algorithm.max_policy_lag, beat=server.heartbeat,
+                 trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)))
     finally:
         to_verifiers.close()
         control.close()

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import safetensors.torch
 import torch
+
+from kubeforge.runtime.trainer import publish
 
 PREFIX = "export-step-"
 SHARD_BYTES = 2 << 30
@@ -62,10 +62,7 @@ def write(*, target: Path, tensors: Iterable[tuple[str, torch.Tensor]], sizes: S
           side: Callable[[Path], Any] | None = None) -> Path:
     """Write an HF folder at ``target`` atomically from ``tensors`` (``sizes``: their byte sizes, in order);
     ``side(tmp)`` may add more (e.g. the LoRA adapter) before the folder is published."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{time.time_ns()}"
-    tmp.mkdir()
-    try:
+    with publish.folder(target) as tmp:
         shards = plan_shards(sizes, shard_bytes=shard_bytes)
         count = (shards[-1] + 1) if shards else 1
         names = ["model.safetensors"] if count == 1 else [f"model-{i + 1:05d}-of-{count:05d}.safetensors"
@@ -91,10 +88,4 @@ def write(*, target: Path, tensors: Iterable[tuple[str, torch.Tensor]], sizes: S
             copy_side_files(source, tmp)
         if side is not None:
             side(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target

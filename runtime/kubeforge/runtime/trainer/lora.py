@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,7 @@ import safetensors.torch
 import torch
 
 from kubeforge.api import rljob
-from kubeforge.runtime.trainer import sharding
+from kubeforge.runtime.trainer import publish, sharding
 
 PEFT_PREFIX = "base_model.model."
 CONFIG = "adapter_config.json"
@@ -78,19 +75,10 @@ def adapter_config(spec: rljob.LoraSpec, *, base: str) -> dict[str, Any]:
 
 def save_adapter(target: Path, tensors: Iterable[tuple[str, torch.Tensor]], *, config: dict[str, Any]) -> Path:
     """Write a PEFT adapter folder atomically (temp + rename); ``tensors`` carry our names (prefix added)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{time.time_ns()}"
-    tmp.mkdir()
-    try:
+    with publish.folder(target) as tmp:
         weights = {PEFT_PREFIX + n: t.detach().to("cpu").contiguous() for n, t in tensors}
         safetensors.torch.save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / CONFIG).write_text(json.dumps(config, indent=1, sort_keys=True))
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
 
 

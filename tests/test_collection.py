@@ -1,0 +1,20 @@
+"""pytest imports test modules by basename (no __init__.py packages, prepend import mode): two test files with the
+same name in different folders make `make test` stop at collection ("import file mismatch"). This happened when
+tests/operator/test_admission.py and e2e/test_admission.py landed the same day; the unit tier alone never sees it.
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_no_two_test_modules_share_a_basename() -> None:
+    names: dict[str, list[str]] = collections.defaultdict(list)
+    for tree in ("tests", "e2e"):
+        for path in (ROOT / tree).rglob("test_*.py"):
+            names[path.name].append(str(path.relative_to(ROOT)))
+    clashes = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not clashes, f"test modules with the same basename: {clashes}"
