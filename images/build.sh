@@ -18,6 +18,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 KF_REPO_ROOT="$(cd "$here/.." && pwd)"
 cache="${KUBEFORGE_CACHE:-$HOME/.cache/kubeforge}/images"
 mkdir -p "$cache"
+# One build at a time per cache (parallel test sessions and `make images` share buildah's storage); bounded wait.
+exec 9>"$cache/.build.lock"
+flock -w 3600 9 || { echo "images: another build held $cache/.build.lock for an hour" >&2; exit 1; }
 WHEELS="${WHEELS:-$(cd "$KF_REPO_ROOT/.." && pwd)/shared/wheels}"
 VERSION="$(python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['project']['version'])" \
   "$KF_REPO_ROOT/pyproject.toml")"
