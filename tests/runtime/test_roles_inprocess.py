@@ -548,6 +548,79 @@ def test_generators_join_and_leave_while_the_trainer_runs(tmp_path: Path) -> Non
         r.close()
 
 
+@pytest.mark.parametrize("notice", [True, False], ids=["leave-notice", "notice-lost"])
+def test_a_generator_scaled_down_inside_a_weight_receive_leaves_without_stalling(tmp_path: Path, notice: bool) -> None:
+    """Generators 2 -> 1 while generator 1 sits inside the receive of a sync (the real-pod case: deleted mid-receive,
+    SIGKILLed after its grace period). Its push fails; with the leave notice (sent by the signal watcher while the
+    receive blocks) the trainer shrinks to generator 0 at once; with the notice lost, generator 1's silence after the
+    failed push drops it within ``answer_within``. Either way: a new epoch over generator 0, generator 1's work
+    re-issued, every step trained once with its full share, no Stalled, no restart."""
+    spec_job = job(steps=6)
+    n = next(_ids)
+    base = f"mem://shrink{n}"
+    trn_in, ctl_in = transport.open_receiver(f"{base}-trn", hwm=256), transport.open_receiver(f"{base}-ctl")
+    ver_in = transport.open_receiver(f"{base}-ver")
+    scorer = verifiers.Scorer(spec_job.spec.verifiers)
+    m = metrics.Metrics(role="x", replica=0)
+    stop_all, stuck, release = threading.Event(), threading.Event(), threading.Event()
+    learner = step.Trainer(model_path=models.resolve(spec_job.spec.model), algorithm=spec_job.spec.algorithm)
+    leave1 = generator_role.LeaveNotice(index=1, open_control=lambda timeout: transport.open_sender(
+        [f"{base}-ctl"], role="generator", index=1, ready_timeout=timeout))
+
+    class StuckAt3(CopyWeights):
+        """Generator 1's receive of v3 never ends: the broadcast waits on a peer being deleted."""
+
+        def load(self, sync: wire.Sync) -> generator_role.SyncResult:
+            if sync.version >= 3:
+                stuck.set()
+                release.wait(120)
+                raise RuntimeError("killed mid-receive")
+            return super().load(sync)
+
+    for i in (0, 1):
+        sampler = HFSampler(path=models.resolve(spec_job.spec.model), n=4, max_new=2)
+        loader = (StuckAt3 if i == 1 else CopyWeights)(sampler)
+        loader.learner = learner
+        inbox = transport.open_receiver(f"{base}-gen{i}")
+        threading.Thread(target=generator_role.run, kwargs=dict(
+            index=i, inbox=inbox, verifiers=transport.open_sender([f"{base}-ver"], role="generator", index=i),
+            control=transport.open_sender([f"{base}-ctl"], role="generator", index=i), sampler=sampler,
+            weights=loader, observer=observe.GeneratorObserver(m), max_policy_lag=1, should_stop=stop_all.is_set,
+            leave=leave1 if i == 1 else None), daemon=True).start()
+    to_gen = transport.open_sender([f"{base}-gen0", f"{base}-gen1"], role="trainer", index=0)
+    pusher = ElasticPusher(to_gen, ctl_in)
+    loop = trainer_role.Loop(
+        settings=trainer_role.Settings(rank=0, world=1, steps=6, prompts_per_step=4, max_policy_lag=1, sync_every=1,
+                                       checkpoint_every=10, checkpoint_dir=str(tmp_path / "ckpt"),
+                                       checkpoint_keep=1, deadline=60, reissue_after=40, answer_within=2.0),
+        inbox=trn_in, generators=to_gen, learner=learner, prompt_at=tasks.stream(spec_job.spec.task).prompt_at,
+        observer=observe.TrainerObserver(metrics.Metrics(role="trainer", replica=0)),
+        rank0=trainer_role.Rank0(control=ctl_in, pusher=pusher,
+                                 reporter=report.JsonlReporter(path=tmp_path / "m.jsonl", echo=False)),
+        generator_address=lambda i: f"{base}-gen{i}")
+    threading.Thread(target=verifier_role.run, kwargs=dict(
+        inbox=ver_in, trainers=transport.open_sender([f"{base}-trn"], role="verifier", index=0), score=scorer.apply,
+        observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop_all.is_set), daemon=True).start()
+
+    def sigterm_generator_1() -> None:      # as the signal watcher does while the loop's thread is blocked
+        stuck.wait(60)
+        if notice:
+            assert leave1.send()
+
+    threading.Thread(target=sigterm_generator_1, daemon=True).start()
+    loop.run()
+    release.set()
+    stop_all.set()
+    records = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert all(r["completions"] == 16 for r in records)
+    assert loop.members == 1 and loop.reissued == 0          # shrunk, not recovered by the stall timer
+    assert (loop.left, loop.dropped) == (({1}, set()) if notice else (set(), {1}))
+    assert pusher.pushes[-1][1] == 1 and (5, 1) in pusher.pushes   # the later pushes reach generator 0 alone
+    for r in (trn_in, ctl_in, ver_in):
+        r.close()
+
+
 def test_held_out_evaluation_before_every_n_steps_and_after_the_last(tmp_path: Path) -> None:
     calls: list[int] = []
 
