@@ -199,8 +199,10 @@ def scenario(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, which: str, n
                 stage = "killed"
                 if sc.get("kill_operator"):
                     op.kill()                 # right after the kill: the failure is not yet (or just) handled
+                    seen = r.get_job().get("status") or {}
                     out["operator_kills"].append({"when": "right after the generator kill",
-                                                  "restarts_in_status": status.get("restarts", 0)})
+                                                  "restarts_in_status": seen.get("restarts", 0),
+                                                  "lastFailure_in_status": bool(seen.get("lastFailure"))})
                     time.sleep(2.0)
                     op.start()
                     stage = "op-killed-once"
