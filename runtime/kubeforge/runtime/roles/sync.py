@@ -68,8 +68,8 @@ class Pusher:
 
     def push(self, *, version: int, step: int) -> generator_role.SyncResult:
         sync = wire.Sync(version=version, step=step, epoch=self.sender.epoch, **self.notice)
-        for g in range(self.members):
-            self.generators.send(sync, to=g)
+        for g in range(self.members):   # bounded: a generator gone without a word fails the push, not the trainer
+            self.generators.send(sync, to=g, timeout=ACK_TIMEOUT_SECONDS)
         stats = self.sender.send(self.tensors(), version=version)
         acks = self._acks(version)
         seconds = max((a.seconds for a in acks), default=stats.seconds)

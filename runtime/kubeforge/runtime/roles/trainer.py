@@ -271,9 +271,21 @@ class Loop:
             self.issued += 1
 
     def _send_work(self, g: int, work: wire.Work) -> None:
+        """Hand ``work`` to generator ``g``, bounded by ``answer_within``: a generator gone without a word (its pod
+        deleted, its notice lost) must not hold the trainer. Rank 0 then counts it as silent (dropped at the top
+        after ``answer_within``, its outstanding work, this one included, re-issued); for any rank the stall timer
+        re-issues what did not go out."""
         if self.rank0 is not None:
             self.outstanding.setdefault(g, []).append(work)
-        self.generators.send(work, to=g, timeout=self.s.deadline)
+        try:
+            self.generators.send(work, to=g, timeout=min(self.s.deadline, self.s.answer_within))
+        except transport.TransportError as exc:
+            print(f"trainer-{self.s.rank}: work of step {work.step} not delivered to generator-{g} ({exc})",
+                  flush=True)
+            if self.rank0 is not None:
+                if not self.silent:
+                    self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
+                self.silent.add(g)
 
     def _work(self, step: int, prompts: Sequence[types.Prompt]) -> wire.Work:
         return wire.Work(step=step, policy_version=self.learner.policy_version, prompts=tuple(prompts))
@@ -491,13 +503,16 @@ class Loop:
         if self.rank0 is None:
             self.learner.follow_sync()
             return None
+        self._drain_control()   # a leave notice that came meanwhile shrinks the group before any SYNC goes out
+        self._check_silent()    # so does a member silent since the last failed push
         self.beat("sync")
         try:
             return self.rank0.pusher.push(version=self.learner.policy_version, step=step)
         except RuntimeError as exc:
             self.epochs = self.rank0.pusher.reform(members=self.members)
-            self.silent = set(range(self.members)) - self.left
-            self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
+            if not self.silent:     # members still silent since an earlier failed push keep their clock
+                self.silent = set(range(self.members)) - self.left
+                self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
             print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
                   f"{self.epochs} forms when the generators are back", flush=True)
             return None
