@@ -86,8 +86,8 @@ class Pusher:
         """SYNC notices, snapshot, broadcast in the background (see the module docstring)."""
         self.finish_quietly()
         sync = wire.Sync(version=version, step=step, epoch=self.sender.epoch, **self.notice)
-        for g in range(self.members):
-            self.generators.send(sync, to=g)
+        for g in range(self.members):   # bounded: a generator gone without a word fails the push, not the trainer
+            self.generators.send(sync, to=g, timeout=ACK_TIMEOUT_SECONDS)
         self._acked = []
         self._flight = self.sender.start(self.tensors(), version=version)
 
