@@ -592,7 +592,11 @@ def start_cluster(nodes: int, timeout_s: float) -> tuple[Any, Any]:
         ready_timeout_s=max(120.0, nodes * 0.6), disable_qps_limits=True,
         kwok_pod_parallelism=env.kwok_pod_parallelism or 32,
         extra_controller_manager_args={"concurrent-statefulset-syncs": "20", **env.extra_controller_manager_args})
-    return lifecycle.up(config), config
+    try:
+        return lifecycle.up(config), config
+    except BaseException:
+        lifecycle.down(config=config, timeout_s=120)   # a half-started cluster leaves nothing behind
+        raise
 
 
 def main() -> int:

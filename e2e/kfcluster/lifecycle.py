@@ -200,12 +200,13 @@ def add_nodes(cluster: Cluster, pools: Iterable[cfg.NodePool], *, timeout_s: flo
     if not names:
         return cluster
     k = cluster.kubectl
-    k.apply(manifest)
+    k.apply(manifest, timeout_s=max(60.0, timeout_s))     # 1,000 nodes take minutes on a loaded machine
     k.run("wait", "--for=condition=Ready", *[f"node/{n}" for n in names], f"--timeout={int(timeout_s)}s",
           timeout_s=timeout_s + 10)
     updated = dataclasses.replace(cluster, nodes=tuple(dict.fromkeys(cluster.nodes + names)))
     updated.save()
-    log(f"nodes Ready: {', '.join(names)}")
+    shown = ", ".join(names) if len(names) <= 10 else f"{', '.join(names[:5])}, ... {names[-1]} ({len(names)})"
+    log(f"nodes Ready: {shown}")
     return updated
 
 
