@@ -591,6 +591,7 @@ def start_cluster(nodes: int, timeout_s: float) -> tuple[Any, Any]:
         name=os.environ.get("KF_CLUSTER_NAME") or "kf-bench-operator", nodes=(pool,), real_node=False,
         ready_timeout_s=max(120.0, nodes * 0.6), disable_qps_limits=True,
         kwok_pod_parallelism=env.kwok_pod_parallelism or 32,
+        kwok_node_lease_parallelism=env.kwok_node_lease_parallelism or 16,
         extra_controller_manager_args={"concurrent-statefulset-syncs": "20", **env.extra_controller_manager_args})
     try:
         return lifecycle.up(config), config
