@@ -71,7 +71,7 @@ def test_shared_prompts_run_once_with_the_full_forwards_logprobs_and_gradients(t
     assert len(shared[2]) == len(full[2])
     for got, want in zip(shared[2], full[2]):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-    assert t.policy.share_prefix                  # the trainer uses it (not sharded, no activation checkpointing)
+    assert not t.policy.share_prefix              # measured slower on CPU: the trainer does not use it
 
 
 def test_logit_temperature_divides_logits(tiny: Path) -> None:

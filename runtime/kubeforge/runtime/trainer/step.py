@@ -105,8 +105,6 @@ class Trainer:
         if self.sharded:
             sharding.shard(self.policy, lm=self.model, world_size=self.group.world_size, device=self.device,
                            compute_dtype=self.compute_dtype)
-        # a group's prompt runs once (logprobs "Shared prompts"), unless each block must run once per forward
-        self.policy.share_prefix = not self.sharded and not self.scale.activation_checkpointing
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.base_lr = algorithm.learning_rate
         self.lr_schedule = algorithm.learning_rate_schedule
