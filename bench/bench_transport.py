@@ -6,7 +6,9 @@ a raw ZeroMQ PUSH/PULL baseline moving byte strings of the same size, measured i
 Each case sends rollout groups (``groupSize`` completions of ``tokens`` tokens, with logprobs and text) from this
 process to a receiver in a child process over tcp://127.0.0.1. Time runs from the first send to the receiver
 having the last message (CLOCK_MONOTONIC is shared by processes). Reported: messages/s, MB/s of frame bytes,
-tokens/s, and the ratio kubeforge / raw. Also encode-only and decode-only rates in one process, for the breakdown,
+tokens/s, and the ratio kubeforge / raw, by wall clock (``kf_over_raw``) and by CPU-seconds per message of the
+busier of the two processes (``kf_over_raw_cpu``: what the ratio would be with a core per process; the machine is
+shared, so the wall-clock ratio swings with its load, the CPU one much less). Also encode-only and decode-only rates in one process, for the breakdown,
 and the decode memory of a maximal valid ROLLOUT (5 completions of 2^20 tokens, ~60 MiB frame): the tracemalloc peak
 while ``wire.decode`` runs, over the frame's size (6.8x when token ids were decoded to Python lists). The load
 average is printed beside the figures. The last line of stdout is a JSON summary.
@@ -47,17 +49,22 @@ def _receiver(kind: str, address: str, count: int, out: Any) -> None:
         sock.setsockopt(zmq.RCVHWM, transport.DEFAULT_HWM)
         sock.bind(address)
         out.send("bound")
-        for _ in range(count):
+        sock.recv(copy=False)
+        cpu = time.process_time()   # from the first message on: the receiving itself, not the wait for it
+        for _ in range(count - 1):
             sock.recv(copy=False)
-        out.send(time.monotonic())
+        out.send((time.monotonic(), {}, time.process_time() - cpu))
         sock.close(0)
     else:
         rx = transport.open_receiver(address)
         out.send("bound")
-        for _ in range(count):
+        if rx.recv(60) is None:
+            raise SystemExit("receiver timed out")
+        cpu = time.process_time()
+        for _ in range(count - 1):
             if rx.recv(60) is None:
                 raise SystemExit("receiver timed out")
-        out.send((time.monotonic(), dict(rx.dropped)))
+        out.send((time.monotonic(), dict(rx.dropped), time.process_time() - cpu))
         rx.close()
 
 
@@ -68,8 +75,10 @@ def _free_address() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def run_case(kind: str, msg: wire.Rollout, count: int) -> float:
-    """Seconds to move ``count`` messages (kind raw: bytes of the encoded size; kind kubeforge: encode + decode)."""
+def run_case(kind: str, msg: wire.Rollout, count: int) -> tuple[float, float]:
+    """(wall seconds to move ``count`` messages, CPU seconds per message of the busier process) for kind raw (bytes
+    of the encoded size) or kubeforge (encode + decode). The CPU figure is what the rate would be on an idle machine
+    with a core per process, whatever else runs: the machine is shared."""
     address = _free_address()
     parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=_receiver, args=(kind, address, count, child), daemon=True)
@@ -79,19 +88,20 @@ def run_case(kind: str, msg: wire.Rollout, count: int) -> float:
     assert isinstance(tx, transport.ZmqSender)
     frame = wire.encode(msg)
     start = time.monotonic()
+    cpu = time.process_time()
     if kind == "raw":
         for _ in range(count):
             tx.send_frame(frame)
     else:
         for _ in range(count):
             tx.send(msg)
-    result = parent.recv()
+    sender_cpu = time.process_time() - cpu
+    end, dropped, receiver_cpu = parent.recv()
     proc.join(30)
     tx.close()
-    end = result if kind == "raw" else result[0]
-    if kind != "raw" and result[1]:
-        raise SystemExit(f"receiver dropped frames: {result[1]}")
-    return float(end - start)
+    if dropped:
+        raise SystemExit(f"receiver dropped frames: {dropped}")
+    return float(end - start), max(sender_cpu / count, receiver_cpu / (count - 1))
 
 
 def local_rates(msg: wire.Rollout, seconds: float) -> tuple[float, float]:
@@ -140,21 +150,27 @@ def main() -> None:
         msg = rollout(group_size, tokens)
         size = len(wire.encode(msg))
         enc, dec = local_rates(msg, args.seconds / 4)
-        count = max(50, int(min(enc, dec) * args.seconds / 2))
-        raw_s = min(run_case("raw", msg, count) for _ in range(args.repeat))
-        kf_s = min(run_case("kubeforge", msg, count) for _ in range(args.repeat))
+        # at least ~200 MB per run: under load the encode/decode estimate collapses and the raw runs got too short
+        count = max(200, int(min(enc, dec) * args.seconds / 2), int(2e8 / size))
+        raw_runs = [run_case("raw", msg, count) for _ in range(args.repeat)]
+        kf_runs = [run_case("kubeforge", msg, count) for _ in range(args.repeat)]
+        raw_s, kf_s = min(r[0] for r in raw_runs), min(r[0] for r in kf_runs)
+        raw_cpu, kf_cpu = min(r[1] for r in raw_runs), min(r[1] for r in kf_runs)
         row = {
             "case": name, "group_size": group_size, "tokens": tokens, "frame_bytes": size, "messages": count,
             "raw_msgs_per_s": round(count / raw_s, 1), "raw_MB_per_s": round(count * size / raw_s / 1e6, 1),
             "kf_msgs_per_s": round(count / kf_s, 1), "kf_MB_per_s": round(count * size / kf_s / 1e6, 1),
             "kf_tokens_per_s": round(count * group_size * tokens / kf_s),
             "kf_over_raw": round(raw_s / kf_s, 3),
+            "raw_cpu_us_per_msg": round(raw_cpu * 1e6, 1), "kf_cpu_us_per_msg": round(kf_cpu * 1e6, 1),
+            "kf_over_raw_cpu": round(raw_cpu / kf_cpu, 3),
             "encode_per_s": round(enc, 1), "decode_per_s": round(dec, 1),
         }
         results.append(row)
         print(f"{name:7s} G={group_size:<3d} T={tokens:<5d} frame={size/1e3:8.1f} kB  raw {row['raw_msgs_per_s']:9.1f} "
               f"msg/s {row['raw_MB_per_s']:7.1f} MB/s | kubeforge {row['kf_msgs_per_s']:9.1f} msg/s "
-              f"{row['kf_MB_per_s']:7.1f} MB/s ({row['kf_over_raw']:.2f}x raw) | encode {enc:8.1f}/s decode "
+              f"{row['kf_MB_per_s']:7.1f} MB/s ({row['kf_over_raw']:.2f}x raw; per CPU-s of the busier process "
+              f"{row['kf_over_raw_cpu']:.2f}x) | encode {enc:8.1f}/s decode "
               f"{dec:8.1f}/s", flush=True)
     memory = decode_memory()
     print(f"decode of a valid {memory['frame_bytes'] / 2**20:.1f} MiB ROLLOUT: peak {memory['decode_peak_bytes'] / 2**20:.1f}"
