@@ -693,6 +693,7 @@ def test_helm_uninstall_leaves_no_lease(installed: Env, job: JobRun) -> None:
     installed.wait("the Lease gone", lambda: installed.kubectl("get", "lease", FULLNAME, "-n", SYS_NS,
                                                                check=False).returncode != 0, timeout_s=60)
     FIGURES["lease_gone_after_uninstall_s"] = round(time.monotonic() - t0, 1)
+    print("HELM-E2E-UNINSTALL " + json.dumps({"lease_gone_after_uninstall_s": FIGURES["lease_gone_after_uninstall_s"]}))
     # the RLJob went with its CRD, and its children (owner references) with it
     installed.wait("the job's children gone", lambda: not any(
         installed.get(kind, "-n", JOBS_NS, "-l", "kubeforge.dev/job=tiny")["items"]

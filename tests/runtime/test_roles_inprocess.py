@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +112,8 @@ class InProcessPusher:
 
 def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = (),
             evaluate: trainer_role.Evaluate | None = None, eval_every: int = 0,
-            colocated: bool = False) -> dict[str, object]:
+            colocated: bool = False, pusher: Callable[..., Any] | None = None,
+            log: list[tuple[str, int]] | None = None) -> dict[str, object]:
     """Run generator, verifier and trainer loops to completion; returns observations."""
     n = next(_ids)
     a = {k: f"mem://t{n}-{k}" for k in ("gen", "ver", "trn", "ctl")}
@@ -148,6 +149,13 @@ def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = (),
             raw.send_frame(frame, to=i)       # type: ignore[attr-defined]
     learner = step.Trainer(model_path=path, algorithm=spec.algorithm)
     weights.learner = learner
+    if log is not None:   # record when each step trains (the overlap test orders it against the pushes)
+        train = learner.train_step
+
+        def logged_train(**kw: Any) -> Any:
+            log.append(("train", learner.step + 1))
+            return train(**kw)
+        learner.train_step = logged_train  # type: ignore[method-assign]
     to_gen = transport.open_sender([a["gen"]], role="trainer", index=0)
     records = tmp / "metrics.jsonl"
     loop = trainer_role.Loop(
@@ -159,7 +167,7 @@ def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = (),
                                        checkpoint_keep=2, colocated=colocated),
         inbox=trn_in, generators=to_gen, learner=learner, prompt_at=tasks.stream(spec.task).prompt_at,
         observer=observe.TrainerObserver(m["trainer"]),
-        rank0=trainer_role.Rank0(control=ctl_in, pusher=InProcessPusher(to_gen, ctl_in),
+        rank0=trainer_role.Rank0(control=ctl_in, pusher=(pusher or InProcessPusher)(to_gen, ctl_in),
                                  reporter=report.JsonlReporter(path=records, echo=False),
                                  evaluate=evaluate, eval_every=eval_every))
     loop.run()
@@ -225,6 +233,66 @@ def test_colocated_hands_out_a_step_only_after_the_last_is_trained_and_pushed(tm
     assert dict(out["buffer"].lag_counts) == {0: 16}
     overlapped = run_job(job(steps=4, maxPolicyLag=1), tmp_path / "overlapped")
     assert overlapped["buffer"].lag_counts.get(1, 0) > 0
+
+
+class OverlapPusher(InProcessPusher):
+    """The ``start``/``finish`` protocol of ``roles.sync.Pusher``: SYNC notices at ``start``, the push completes in
+    the background (here: once every generator ACKed; ACKs the trainer's loop reads arrive through ``acked``), and
+    ``finish`` joins it. Logs the order of starts and finishes."""
+
+    def __init__(self, generators: transport.Sender, control: transport.Receiver, log: list[tuple[str, int]]) -> None:
+        super().__init__(generators, control)
+        self.log = log
+        self.flight: int | None = None
+        self.acks: set[int] = set()
+
+    @property
+    def in_flight(self) -> bool:
+        return self.flight is not None
+
+    def start(self, *, version: int, step: int) -> None:
+        assert self.flight is None, "a push started while another was in flight"
+        self.log.append(("start", version))
+        for g in range(self.generators.peers):
+            self.generators.send(wire.Sync(version=version, step=step, host="mem", port=1, world_size=2), to=g)
+        self.flight, self.acks = version, set()
+
+    def acked(self, msg: wire.Ack) -> None:
+        if msg.version == self.flight:
+            self.acks.add(msg.index)
+
+    def finish(self) -> generator_role.SyncResult | None:
+        version, self.flight = self.flight, None
+        while len(self.acks) < self.generators.peers:
+            msg = self.control.recv(timeout=30)
+            assert msg is not None, "no ACK from the generator"
+            if isinstance(msg, wire.Ack) and msg.of == wire.Kind.SYNC and msg.version == version:
+                self.acks.add(msg.index)
+        self.log.append(("finish", int(version or 0)))
+        return generator_role.SyncResult(seconds=0.02, bytes=1)
+
+    def push(self, *, version: int, step: int) -> generator_role.SyncResult:
+        self.start(version=version, step=step)
+        result = self.finish()
+        assert result is not None
+        return result
+
+    def reform(self, *, members: int | None = None) -> int:
+        return 0
+
+
+def test_an_overlapped_push_runs_while_the_next_step_trains_and_keeps_versions_in_order(tmp_path: Path) -> None:
+    """With a pusher that can ``start``, the trainer starts the push of v after step v and trains step v+1 before
+    joining it; pushes never overlap each other, the generator loads versions in order, nothing goes stale, and
+    each record carries the figures of the push that completed during its step."""
+    log: list[tuple[str, int]] = []
+    out = run_job(job(steps=4, maxPolicyLag=1), tmp_path, pusher=lambda g, c: OverlapPusher(g, c, log), log=log)
+    assert [r["step"] for r in out["records"]] == [1, 2, 3, 4]
+    assert out["versions"] == [1, 2, 3]
+    assert out["buffer"].drops.get("stale", 0) == 0 and max(out["buffer"].lag_counts) <= 1
+    assert log == [("train", 1), ("start", 1), ("train", 2), ("finish", 1), ("start", 2), ("train", 3),
+                   ("finish", 2), ("start", 3), ("train", 4), ("finish", 3)]
+    assert [r["weight_sync_seconds"] for r in out["records"]] == [None, 0.02, 0.02, None]
 
 
 def test_split_and_share_are_exact() -> None:

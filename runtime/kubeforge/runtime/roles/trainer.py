@@ -9,7 +9,8 @@
        dropped-but-needed prompts → re-issued by this rank straight to a generator (round robin)
    train_step(my groups) ── all-reduce ──▶ v = s + 1
    rank 0: push weights v every weightSync.everySteps (SYNC notice, then the broadcast; generators ACK);
-           the other ranks follow the push (sharded weights are gathered by every rank)
+           the other ranks follow the push (sharded weights are gathered by every rank). Unsharded, the push
+           overlaps the next step: SYNC + snapshot now, broadcast in the background, joined at the next push
    rank 0: report the step (JSONL locally, pod annotation on a cluster)
    checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
  every rank: export the policy as an HF folder next to the checkpoints (rank 0 writes)
@@ -308,6 +309,7 @@ class Loop:
         elif (isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.SYNC
               and self.rank0 is not None):
             self._answered(msg)
+            getattr(self.rank0.pusher, "acked", lambda m: None)(msg)   # an ACK of the push in flight
         elif not isinstance(msg, (wire.Ready, wire.Ack)):
             self.observer.unexpected(kind=type(msg).__name__)
 
@@ -465,7 +467,7 @@ class Loop:
         last = done == self.s.steps
         sync: generator_role.SyncResult | None = None
         if (done % self.s.sync_every == 0) and not last:
-            sync = self._push(step=done)
+            sync = self._push_overlapped(step=done)
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
         record["wait_seconds"] = wait_seconds
         self._evaluate(record, done=done, last=last)
@@ -496,6 +498,45 @@ class Loop:
         if done == 1 and self.eval_base is not None:
             record["eval_accuracy_base"] = self.eval_base
 
+    def _push_overlapped(self, *, step: int) -> generator_role.SyncResult | None:
+        """Rank 0: finish the push still in flight (started after the previous due step; its figures go in this
+        step's record), then start this one: SYNC notices and the snapshot now, the broadcast in the background
+        while the next step is collected and trained. A pusher without ``start`` pushes synchronously."""
+        if self.rank0 is None or not hasattr(self.rank0.pusher, "start") or getattr(self.learner, "sharded", False):
+            return self._push(step=step)   # sharded: the streaming push keeps rank 0's memory at one bucket
+        pusher: Any = self.rank0.pusher
+        previous = self._finish_push()
+        self._drain_control()   # as in _push: leave notices and silent members shrink the group first
+        self._check_silent()
+        self.beat("sync")
+        try:
+            pusher.start(version=self.learner.policy_version, step=step)
+        except RuntimeError as exc:
+            self._push_failed(exc)
+        finally:
+            getattr(self.learner, "complete_sync", lambda: None)()
+        return previous
+
+    def _finish_push(self) -> generator_role.SyncResult | None:
+        """Rank 0: join the push in flight, if any; a failed one abandons the epoch (as a failed ``_push``)."""
+        if self.rank0 is None or not getattr(self.rank0.pusher, "in_flight", False):
+            return None
+        try:
+            result: generator_role.SyncResult | None = getattr(self.rank0.pusher, "finish")()
+            return result
+        except RuntimeError as exc:
+            self._push_failed(exc)
+            return None
+
+    def _push_failed(self, exc: BaseException) -> None:
+        assert self.rank0 is not None
+        self.epochs = self.rank0.pusher.reform(members=self.members)
+        if not self.silent:     # members still silent since an earlier failed push keep their clock
+            self.silent = set(range(self.members)) - self.left
+            self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
+        print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
+              f"{self.epochs} forms when the generators are back", flush=True)
+
     def _push(self, *, step: int) -> generator_role.SyncResult | None:
         """Push the current policy (other ranks take part in the gathers a sharded model needs); a broken group (a
         generator died mid-sync) abandons the epoch and returns None: training goes on and the generator's return
@@ -503,18 +544,14 @@ class Loop:
         if self.rank0 is None:
             self.learner.follow_sync()
             return None
+        self._finish_push()
         self._drain_control()   # a leave notice that came meanwhile shrinks the group before any SYNC goes out
         self._check_silent()    # so does a member silent since the last failed push
         self.beat("sync")
         try:
             return self.rank0.pusher.push(version=self.learner.policy_version, step=step)
         except RuntimeError as exc:
-            self.epochs = self.rank0.pusher.reform(members=self.members)
-            if not self.silent:     # members still silent since an earlier failed push keep their clock
-                self.silent = set(range(self.members)) - self.left
-                self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
-            print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
-                  f"{self.epochs} forms when the generators are back", flush=True)
+            self._push_failed(exc)
             return None
         finally:    # the other ranks' follow_sync gathers complete even when the push did not
             getattr(self.learner, "complete_sync", lambda: None)()
@@ -537,6 +574,7 @@ class Loop:
 
     def _finish(self, exported: Any) -> None:
         assert self.rank0 is not None
+        self._finish_push()
         for g in range(self.members):
             try:
                 self.generators.send(wire.Stop(reason="done"), to=g, timeout=5.0)

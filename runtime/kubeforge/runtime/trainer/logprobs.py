@@ -13,13 +13,17 @@ checkpointing, so at most one chunk of float32 logits exists at any time, in for
 (detached).
 
 Shared prompts: the completions of a GRPO group repeat one prompt, and prompts are usually longer than the
-completions. With ``share_prefix`` (the default) every distinct prompt of the batch runs through the decoder
+completions. With ``share_prefix`` (off by default) every distinct prompt of the batch runs through the decoder
 once; its keys and values are then indexed out to every row that repeats it and the completions run on top of
 them, with gradients flowing back through the shared keys and values into the prompt's single pass. The result
 is the full forward's (the same attention over the same positions), at the cost of ``distinct prompts x P +
 rows x T`` tokens instead of ``rows x (P + T)`` (the demo: 4 x 48 + 32 x 16 instead of 32 x 64, 2.9x fewer).
-Used when rows share a prompt and the model takes ``past_key_values`` (HF decoders do); callers whose decoder
-blocks must each run once per forward (FSDP2 sharding, activation checkpointing) pass ``share_prefix=False``.
+It applies when rows share a prompt and the model takes ``past_key_values`` (HF decoders do); never with FSDP2
+sharding or activation checkpointing (each decoder block must run once per forward there). Not used by the
+trainer: measured on the demo (2 CPU cores, bf16 autocast; ``bench/profile_train_step.py --ab``) the step took
+1.19x the CPU time of the full forward despite 2.9x fewer tokens, because the CPU step is bound by per-call
+overhead (autocast casts, elementwise ops) that a second decoder pass doubles, not by FLOPs. It is kept, tested,
+for long prompts and GPUs, where the FLOPs dominate.
 
 Neighbours: ``policy.Policy`` (the trained module calls :func:`forward`), ``step.Trainer`` (reference model, via
 :func:`completion_logprobs`).
@@ -81,7 +85,7 @@ def _shared_prefix_hidden(decoder: torch.nn.Module, *, input_ids: torch.Tensor, 
 def forward(lm: torch.nn.Module, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             position_ids: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
             temperature: float = 1.0, chunk_elements: int = CHUNK_ELEMENTS,
-            share_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+            share_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp [B, T] float32, zero on padding; entropy summed over completion tokens, detached scalar) of
     ``completion_ids`` under the HF causal LM ``lm`` (see the module docstring for the memory bound and for
     ``share_prefix``)."""

@@ -19,11 +19,11 @@ from kubeforge.runtime.trainer import logprobs
 class Policy(torch.nn.Module):
     """``forward(batch) -> (logp [B, T], entropy sum)`` of an HF causal LM at temperature ``temperature``."""
 
-    def __init__(self, lm: torch.nn.Module, *, temperature: float = 1.0, share_prefix: bool = True) -> None:
+    def __init__(self, lm: torch.nn.Module, *, temperature: float = 1.0, share_prefix: bool = False) -> None:
         super().__init__()
         self.lm = lm
         self.temperature = temperature
-        self.share_prefix = share_prefix     # each distinct prompt once (logprobs: "Shared prompts")
+        self.share_prefix = share_prefix     # each distinct prompt once (logprobs: "Shared prompts"; off)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -105,8 +105,6 @@ class Trainer:
         if self.sharded:
             sharding.shard(self.policy, lm=self.model, world_size=self.group.world_size, device=self.device,
                            compute_dtype=self.compute_dtype)
-        # a group's prompt runs once (logprobs "Shared prompts"), unless each block must run once per forward
-        self.policy.share_prefix = not self.sharded and not self.scale.activation_checkpointing
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.base_lr = algorithm.learning_rate
         self.lr_schedule = algorithm.learning_rate_schedule
@@ -321,8 +319,8 @@ class Trainer:
 
 def _filler(pad_id: int) -> batch_mod.Batch:
     """A one-row, one-token batch whose loss is weighted 0: keeps a rank's FSDP collectives in step."""
-    row = batch_mod.Row(prompt=[pad_id], completion=types.Completion(token_ids=[pad_id], logprobs=[0.0], text=""),
-                        advantage=0.0, reward=0.0)
+    filler = types.Completion(token_ids=types.token_array([pad_id]), logprobs=types.logprob_array([0.0]), text="")
+    row = batch_mod.Row(prompt=[pad_id], completion=filler, advantage=0.0, reward=0.0)
     return batch_mod.collate_rows(rows=[row], pad_id=pad_id)
 
 
