@@ -38,7 +38,7 @@ unit: venv
 # Every suite: unit, runtime (real vLLM / ZeroMQ / torch.distributed), the real control plane with kwok GPU
 # nodes, and the real kubelet node. The cluster binaries are built once and cached by version.
 test: venv host-deps build-cluster
-	KUBEFORGE_REAL_NODE=1 $(PYTEST) tests e2e
+	KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=25 tests e2e
 
 # The CRD is generated from the typed model (kubeforge.api.crd) and copied into the Helm chart, and the field
 # table of docs/api.md refreshed; tests/api/test_crd.py fails when any of them differs from the model.

@@ -1,7 +1,7 @@
 """kubeforge vs TRL's GRPOTrainer on the same job, same machine, one after the other.
 
     python bench/bench_vs_trl.py [--example examples/arithmetic-smollm2.yaml] [--steps 12] [--warmup 2]
-                                 [--dtype float32|bfloat16] [--only kubeforge|trl] [--set key.path=value ...]
+                                 [--dtype float32|bfloat16] [--only kubeforge|trl] [--eval] [--set key.path=value ...]
 
 - kubeforge: ``kubeforge run`` of the manifest (real vLLM generator, verifier and trainer processes) in the
   project's venv (``.venv``, ``make venv`` when missing).
@@ -79,6 +79,8 @@ def manifest(args: argparse.Namespace, tmp: pathlib.Path) -> pathlib.Path:
     if args.dtype:
         spec["model"]["dtype"] = args.dtype
     spec["checkpoint"]["everySteps"] = 10 ** 6      # the bench measures steps, not checkpoint writes
+    if not args.eval:
+        spec.pop("evaluation", None)                # nor held-out evaluations (--eval keeps them, both sides)
     for item in args.set or []:
         key, _, raw = item.partition("=")
         set_path(doc, key, json.loads(raw) if raw[:1] in "[{0123456789-tfn\"" else raw)
@@ -113,7 +115,8 @@ def run_kubeforge(path: pathlib.Path, tmp: pathlib.Path) -> list[dict[str, Any]]
                     "seconds": {"generate": r.get("generate_seconds"), "score": r.get("score_seconds"),
                                 "wait": r.get("wait_seconds"), "train": train,
                                 "sync": r.get("weight_sync_seconds") or 0.0},
-                    "eval_accuracy": r.get("eval_accuracy")})
+                    "eval_accuracy": r.get("eval_accuracy"), "eval_accuracy_base": r.get("eval_accuracy_base"),
+                    "eval_seconds": r.get("eval_seconds")})
     return out
 
 
@@ -148,7 +151,19 @@ def summarise(side: str, recs: list[dict[str, Any]], warmup: int) -> dict[str, A
         "completions_per_second": round(comps / span, 3), "completion_tokens_per_second": round(toks / span, 2),
         "phase_seconds_median": phases,
         "reward_per_step": [round(r["mean_reward"], 4) for r in recs],
+        "eval_accuracy": _eval_curve(recs),
     }
+
+
+def _eval_curve(recs: list[dict[str, Any]]) -> dict[str, float] | None:
+    """{"0": base, "<step>": accuracy, ...} at every step that evaluated; None without evaluation."""
+    out = {}
+    if recs and recs[0].get("eval_accuracy_base") is not None:
+        out["0"] = round(recs[0]["eval_accuracy_base"], 4)
+    for r in recs:
+        if r.get("eval_seconds") is not None and r.get("eval_accuracy") is not None:
+            out[str(r["step"])] = round(r["eval_accuracy"], 4)
+    return out or None
 
 
 def load() -> list[float]:
@@ -164,6 +179,8 @@ def main() -> None:
     ap.add_argument("--only", choices=["kubeforge", "trl"], default=None)
     ap.add_argument("--set", action="append", help="override a manifest field: spec.algorithm.learningRate=1e-5")
     ap.add_argument("--keep", default=None, help="keep the run dirs under this folder")
+    ap.add_argument("--eval", action="store_true", help="keep the example's spec.evaluation: both sides report "
+                    "held-out greedy accuracy (same evaluator, same prompts); its time falls inside the measured span")
     args = ap.parse_args()
     ensure_venvs()
     tmp = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="kf-vs-trl-"))
@@ -194,6 +211,8 @@ def main() -> None:
         "completion_tokens_per_second": {s: r["completion_tokens_per_second"] for s, r in results.items()},
         "phase_seconds_median": {s: r["phase_seconds_median"] for s, r in results.items()},
         "reward_per_step": {s: r["reward_per_step"] for s, r in results.items()},
+        "eval_accuracy": {s: r["eval_accuracy"] for s, r in results.items()},
+        "schedule": doc.get("spec", {}).get("schedule", {}).get("mode", "Overlapped"),
         "ratio": round(k["completions_per_second"] / t["completions_per_second"], 3) if k and t else None,
     }
     print(json.dumps(final), flush=True)

@@ -15,6 +15,12 @@ the same model (its vLLM mode needs a GPU server or a colocated vLLM that its ve
 
 Writes one JSON line per optimizer step: ``step``, ``time`` (wall clock at the step's end), ``seconds``
 {generate, score, train, sync, total}, ``completions``, ``tokens`` (completion tokens), ``mean_reward``.
+
+With ``spec.evaluation`` in the manifest, the policy is evaluated exactly as kubeforge's trainer does it (the
+same ``trainer.evaluate.Evaluator``: greedy answers to the same held-out prompts, the same verifier, under the
+same autocast) before the first step, every ``everySteps`` and after the last; such a step's line carries
+``eval_accuracy`` (the first also ``eval_accuracy_base``) and ``eval_seconds``; the evaluation happens after the
+step's ``time`` is taken, as in kubeforge.
 """
 from __future__ import annotations
 
@@ -33,6 +39,8 @@ from trl import GRPOConfig, GRPOTrainer
 from kubeforge.api import rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.tasks import registry as tasks
+from kubeforge.runtime.trainer import evaluate
+from kubeforge.runtime.verifiers import registry as verifier_registry
 from kubeforge.runtime.verifiers import score
 
 
@@ -46,6 +54,28 @@ class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.kf_tokens = 0
         self.kf_rewards: list[float] = []
         self.kf_step_start = time.perf_counter()
+        self.kf_eval: tuple[evaluate.Evaluator, int, int] | None = None   # evaluator, every, last step
+        self.kf_eval_base: float | None = None
+        self.kf_eval_last: float | None = None
+
+    def kf_evaluate(self, step: int) -> dict[str, Any]:
+        """kubeforge's held-out evaluation when due (step 0: before the first step), as its trainer records it:
+        every line carries the latest accuracy, the first also the base one."""
+        if self.kf_eval is None:
+            return {}
+        ev, every, last = self.kf_eval
+        out: dict[str, Any] = {}
+        if step == 0 or step % every == 0 or step == last:
+            res = ev.run()
+            self.kf_eval_last = res.accuracy
+            if step == 0:
+                self.kf_eval_base = res.accuracy
+                return {}
+            out["eval_seconds"] = res.seconds
+        out["eval_accuracy"] = self.kf_eval_last
+        if step == 1 and self.kf_eval_base is not None:
+            out["eval_accuracy_base"] = self.kf_eval_base
+        return out
 
     def _generate(self, prompts: list) -> Any:  # noqa: ANN401
         t0 = time.perf_counter()
@@ -68,6 +98,7 @@ class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         rec = {"step": step, "time": time.time(), "completions": n, "tokens": self.kf_tokens,
                "mean_reward": sum(self.kf_rewards) / max(n, 1),
                "seconds": {"generate": gen, "score": sc, "train": total - gen - sc, "sync": 0.0, "total": total}}
+        rec.update(self.kf_evaluate(step))
         with self.kf_out.open("a") as fh:
             fh.write(json.dumps(rec) + "\n")
         self.kf_phase = {"generate": 0.0, "score": 0.0}
@@ -82,7 +113,9 @@ class StepClock(transformers.TrainerCallback):  # type: ignore[misc]
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         assert self.trainer is not None
-        if state.global_step == 0:
+        if state.global_step == 0 and not getattr(self, "started", False):
+            self.started = True
+            self.trainer.kf_evaluate(0)
             self.trainer.kf_step_start = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -133,6 +166,13 @@ def main() -> None:
     trainer = TimedGRPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=cfg,
                                train_dataset=data, callbacks=[clock], out=out)
     holder["t"] = trainer
+    if spec.evaluation is not None:
+        ev = spec.evaluation
+        trainer.kf_eval = (evaluate.Evaluator(
+            model=trainer.model, tokenizer=tok, prompts=evaluate.held_out(stream, ev),
+            verifier=verifier_registry.build_inner(evaluate.verifier_spec(spec)),
+            max_new_tokens=ev.max_new_tokens or algo.max_new_tokens, chat_template=spec.task.chat_template,
+            compute_dtype=torch.bfloat16 if bf16 else torch.float32), ev.every_steps, algo.steps)
     clock.trainer = trainer
     out.write_text("")
     trainer.train()

@@ -157,7 +157,7 @@ def _up(config: cfg.ClusterConfig) -> Cluster:
     doc = render.kwokctl_config(config=config, bins=bins, ports=ports, scheduler_config_path=str(sched_path),
                                 k8s_version=binaries.versions()["K8S_VERSION"])
     kwokctl_cfg = workdir / "kwokctl.yaml"
-    kwokctl_cfg.write_text(render.kwokctl_config_text(doc))
+    kwokctl_cfg.write_text(render.kwokctl_config_text(doc, render.kwok_config(config)))
     bin_dir = str(binaries.bin_dir())
     log(f"starting control plane {config.name} in {workdir} (apiserver port {ports['kube-apiserver']})")
     _kwokctl(["create", "cluster", f"--name={config.name}", f"--config={kwokctl_cfg}", "--runtime=binary",

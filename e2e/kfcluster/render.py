@@ -37,6 +37,10 @@ KWOKCTL_SET_FLAGS: Mapping[str, frozenset[str]] = {
         "node-ip", "node-lease-duration-seconds", "node-name", "node-port", "server-address",
         "tls-cert-file", "tls-private-key-file", "v",
     }),
+    "kube-controller-manager": frozenset({
+        "authorization-always-allow-paths", "bind-address", "kubeconfig", "node-monitor-grace-period",
+        "node-monitor-period", "root-ca-file", "secure-port", "service-account-private-key-file", "v",
+    }),
     "kube-scheduler": frozenset({
         "authorization-always-allow-paths", "bind-address", "config", "feature-gates", "kube-api-burst",
         "kube-api-qps", "kubeconfig", "secure-port", "v",
@@ -103,6 +107,8 @@ def kwokctl_config(*, config: cfg.ClusterConfig, bins: Mapping[str, str], ports:
         {"name": "kube-apiserver", "extraArgs": extra_args("kube-apiserver", apiserver_flags(config))},
         {"name": "kwok-controller", "extraArgs": extra_args("kwok-controller", kwok_flags(config))},
         {"name": "kube-scheduler", "extraArgs": extra_args("kube-scheduler", scheduler_flags(config))},
+        {"name": "kube-controller-manager",
+         "extraArgs": extra_args("kube-controller-manager", config.extra_controller_manager_args)},
     ]
     return {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
@@ -125,6 +131,7 @@ def kwokctl_config(*, config: cfg.ClusterConfig, bins: Mapping[str, str], ports:
             "kubeControllerManagerPort": ports["kube-controller-manager"],
             "kubeSchedulerPort": ports["kube-scheduler"],
             "kwokControllerPort": ports["kwok-controller"],
+            **({"disableQPSLimits": True} if config.disable_qps_limits else {}),
         },
         "componentsPatches": [p for p in patches if p["extraArgs"]],
     }
@@ -160,8 +167,17 @@ def stages_text() -> str:
     return "\n---\n".join(STAGES_DIR.joinpath(f).read_text() for f in STAGE_FILES)
 
 
-def kwokctl_config_text(doc: Mapping[str, Any]) -> str:
-    return json.dumps(doc, indent=1) + "\n---\n" + stages_text()
+def kwok_config(config: cfg.ClusterConfig) -> dict[str, Any] | None:
+    """The KwokConfiguration document (kwokctl hands it to the kwok controller), when a kwok option is set."""
+    if not config.kwok_pod_parallelism:
+        return None
+    return {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+            "options": {"podPlayStageParallelism": config.kwok_pod_parallelism}}
+
+
+def kwokctl_config_text(doc: Mapping[str, Any], kwok: Mapping[str, Any] | None = None) -> str:
+    head = json.dumps(doc, indent=1) + ("\n---\n" + json.dumps(kwok, indent=1) if kwok else "")
+    return head + "\n---\n" + stages_text()
 
 
 def node_labels(pool: cfg.NodePool, index: int) -> dict[str, str]:

@@ -81,10 +81,18 @@ class Operator:
     def peak_rss_kib(self) -> int:
         """VmHWM of the operator process (peak resident set)."""
         assert self.proc is not None
-        for line in pathlib.Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        return peak_rss_kib(self.proc.pid)
+
+
+def peak_rss_kib(pid: int) -> int:
+    """VmHWM (peak resident set, KiB) of process ``pid``; 0 when it is gone."""
+    try:
+        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
-        return 0
+    except OSError:
+        pass
+    return 0
 
 
 class K:
@@ -112,7 +120,12 @@ class K:
 
     def ensure_crd(self) -> None:
         self.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-        self.run("wait", "--for=condition=Established", "crd/rljobs.kubeforge.dev", "--timeout=60s")
+        # Polled: right after the apply the CRD can have no status.conditions yet, and `kubectl wait` then fails
+        # at once ("<nil> is of the type <nil>") instead of waiting (seen on a fresh bench cluster).
+        wait("RLJob CRD Established", lambda: self.run(
+            "get", "crd/rljobs.kubeforge.dev", "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}", check=False).stdout.strip() == "True",
+            timeout_s=60)
 
     def namespace(self, name: str) -> str:
         self.run("create", "namespace", name, check=False)

@@ -124,3 +124,26 @@ def test_smollm2_becomes_a_plain_hf_folder() -> None:
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     assert tok.chat_template and tok.decode(tok.encode("23+45=")) == "23+45="
     assert folder.name == smollm2.NAME
+
+
+def test_prompt_encoding_uses_the_chat_template_only_when_asked_and_present() -> None:
+    """Generators and the held-out evaluation share one encoder, so both see the same ids for a prompt."""
+    from kubeforge.runtime.models import prompts
+
+    class Tok:
+        chat_template: str | None = "t"
+
+        def apply_chat_template(self, turns: list[dict[str, str]], *, add_generation_prompt: bool,
+                                tokenize: bool) -> dict[str, list[int]]:
+            assert add_generation_prompt and tokenize and turns == [{"role": "user", "content": "2+2"}]
+            return {"input_ids": [7, 8, 9]}  # a BatchEncoding-like mapping
+
+        def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+            assert add_special_tokens
+            return [ord(c) for c in text]
+
+    tok = Tok()
+    assert prompts.encode(tok, "2+2", chat_template=True) == [7, 8, 9]
+    assert prompts.encode(tok, "2+2", chat_template=False) == [50, 43, 50]
+    tok.chat_template = None
+    assert prompts.encode(tok, "2+2", chat_template=True) == [50, 43, 50]

@@ -111,7 +111,8 @@ class InProcessPusher:
 
 
 def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = (),
-            evaluate: trainer_role.Evaluate | None = None, eval_every: int = 0) -> dict[str, object]:
+            evaluate: trainer_role.Evaluate | None = None, eval_every: int = 0,
+            colocated: bool = False) -> dict[str, object]:
     """Run generator, verifier and trainer loops to completion; returns observations."""
     n = next(_ids)
     a = {k: f"mem://t{n}-{k}" for k in ("gen", "ver", "trn", "ctl")}
@@ -155,7 +156,7 @@ def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = (),
                                        max_policy_lag=spec.algorithm.max_policy_lag,
                                        sync_every=spec.weight_sync.every_steps,
                                        checkpoint_every=spec.checkpoint.every_steps, checkpoint_dir=str(tmp / "ckpt"),
-                                       checkpoint_keep=2),
+                                       checkpoint_keep=2, colocated=colocated),
         inbox=trn_in, generators=to_gen, learner=learner, prompt_at=tasks.stream(spec.task).prompt_at,
         observer=observe.TrainerObserver(m["trainer"]),
         rank0=trainer_role.Rank0(control=ctl_in, pusher=InProcessPusher(to_gen, ctl_in),
@@ -212,6 +213,18 @@ def test_window_never_lets_a_group_go_stale(tmp_path: Path, lag: int, every: int
     assert [r["step"] for r in out["records"]] == [1, 2, 3, 4]
     assert out["buffer"].drops.get("stale", 0) == 0
     assert max(out["buffer"].lag_counts) <= lag
+
+
+def test_colocated_hands_out_a_step_only_after_the_last_is_trained_and_pushed(tmp_path: Path) -> None:
+    """spec.schedule Colocated: work of step s leaves after step s-1's push, so every group is sampled by the
+    current policy (lag 0) although maxPolicyLag 1 would allow sampling ahead (which the generator, faster than
+    the trainer here, does in the overlapped schedule: see the lag-1 groups below)."""
+    out = run_job(job(steps=4, maxPolicyLag=1), tmp_path / "colocated", colocated=True)
+    assert [r["step"] for r in out["records"]] == [1, 2, 3, 4]
+    assert out["versions"] == [1, 2, 3]
+    assert dict(out["buffer"].lag_counts) == {0: 16}
+    overlapped = run_job(job(steps=4, maxPolicyLag=1), tmp_path / "overlapped")
+    assert overlapped["buffer"].lag_counts.get(1, 0) > 0
 
 
 def test_split_and_share_are_exact() -> None:

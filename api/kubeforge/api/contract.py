@@ -38,6 +38,7 @@ ENV_CHECKPOINT_DIR = "KUBEFORGE_CHECKPOINT_DIR"  # overrides spec.checkpoint.pat
 ENV_ATTEMPT = "KUBEFORGE_ATTEMPT"            # restart attempt of the whole job (0 first)
 ENV_JOB_KEY = "KUBEFORGE_JOB_KEY"            # the job's secret (64 hex chars): CURVE keys and weight-sync auth
 ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the trainer reports progress on its pod
+ENV_CPUS = "KUBEFORGE_CPUS"                  # CPU ids ("0,2-3") the process pins itself to and sizes its threads by
 
 
 def env_peers(role: str) -> str:

@@ -476,6 +476,42 @@ class WeightSyncSpec(Model):
     timeout_seconds: int = Field(120, ge=1, le=86400, description="A broadcast that takes longer fails the role.")
 
 
+class ScheduleMode(str, enum.Enum):
+    OVERLAPPED = "Overlapped"
+    COLOCATED = "Colocated"
+    DISAGGREGATED = "Disaggregated"
+
+
+MSG_GENERATOR_CPUS_MODE = "generatorCpus applies only to mode Disaggregated"
+
+
+class ScheduleSpec(Model):
+    """How generation and training share the hardware (docs/runtime.md, "Schedule modes")."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(_cel("!has(self.generatorCpus) || self.mode == 'Disaggregated'",
+                                             MSG_GENERATOR_CPUS_MODE))
+    )
+
+    mode: ScheduleMode = Field(
+        ScheduleMode.OVERLAPPED,
+        description="Overlapped: every role runs at once on whatever cores it sees, and the trainer hands out work "
+        "up to maxPolicyLag steps early, so generating the next step overlaps training this one. Colocated: the "
+        "phases take turns on the same cores: a step's work is handed out only after the previous step is trained "
+        "and its weights pushed, so generation, scoring and training never run at once and each gets every core. "
+        "Disaggregated: each role on its own cores (the local launcher pins the processes; on a cluster the roles' "
+        "pods are apart already) with the Overlapped pipeline.")
+    generator_cpus: int | None = Field(
+        None, ge=1, le=4096, description="Disaggregated, local runs: CPUs pinned to the generators and verifiers; "
+        "the trainers get the rest. Default: half of the CPUs the launcher may use.")
+
+    @pydantic.model_validator(mode="after")
+    def _cpus_need_disaggregated(self) -> ScheduleSpec:
+        if self.generator_cpus is not None and self.mode != ScheduleMode.DISAGGREGATED:
+            raise ValueError(MSG_GENERATOR_CPUS_MODE)
+        return self
+
+
 MSG_CHECKPOINT_ABSOLUTE = "must be an absolute path (it is where the checkpoint volume is mounted)"
 MSG_CHECKPOINT_ONE_VOLUME = "set at most one of claimName and volumeClaimTemplate"
 MSG_CHECKPOINT_TEMPLATE_IMMUTABLE = f"spec.checkpoint.volumeClaimTemplate {IMMUTABLE}"
@@ -792,6 +828,8 @@ class RLJobSpec(Model):
     evaluation: EvaluationSpec | None = Field(None, description="Held-out greedy accuracy every N steps "
                                               "(metrics, the run's plot, status.progress).")
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Trainer to generator sync.")
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec, description="How generation and training share "
+                                   "the cores or GPUs: Overlapped | Colocated | Disaggregated.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Trainer checkpoints.")
     roles: RolesSpec = Field(default_factory=RolesSpec, description="Generator, verifier and trainer roles.")
     gang: GangSpec = Field(default_factory=GangSpec, description="Gang scheduling (cluster only).")

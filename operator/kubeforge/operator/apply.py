@@ -129,9 +129,17 @@ class Cluster:
         return self.request("GET", path_of(contract.API_VERSION, contract.KIND, namespace, name))
 
     def list_pods(self, namespace: str, job: str) -> list[Obj]:
+        return self.list_pods_at(namespace, job)[0]
+
+    def list_pods_at(self, namespace: str, job: str) -> tuple[list[Obj], int]:
+        """The job's pods and the list's resourceVersion (0 when the server sent none)."""
         out = self.request("GET", path_of("v1", "Pod", namespace),
                            query={"labelSelector": f"{contract.LABEL_JOB}={job}"}) or {}
-        return list(out.get("items", []))
+        try:
+            rv = int(out.get("metadata", {}).get("resourceVersion") or 0)
+        except ValueError:
+            rv = 0
+        return list(out.get("items", [])), rv
 
     def apply(self, obj: Obj) -> Obj | None:
         """Server-side apply of ``obj`` (force: the operator owns every field it renders)."""
@@ -147,9 +155,9 @@ class Cluster:
         self.request("DELETE", path_of(obj["apiVersion"], obj["kind"], md["namespace"], md["name"]),
                      body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
 
-    def patch_status(self, namespace: str, name: str, status: Obj) -> None:
-        """Merge-patch the RLJob's status subresource (null deletes a field)."""
-        self.request("PATCH", path_of(contract.API_VERSION, contract.KIND, namespace, name) + "/status",
+    def patch_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
+        """Merge-patch the RLJob's status subresource (null deletes a field); returns the updated RLJob."""
+        return self.request("PATCH", path_of(contract.API_VERSION, contract.KIND, namespace, name) + "/status",
                      body={"status": status}, content_type="application/merge-patch+json")
 
     def create_if_absent(self, obj: Obj) -> bool:

@@ -14,16 +14,27 @@ from typing import Any
 import kopf
 
 from kubeforge.api import contract
-from kubeforge.operator import admission, apply, metrics, observed, router as router_mod, webhook as webhook_mod
+from kubeforge.operator import admission, apply, metrics, observed, router as router_mod, watchcache
+from kubeforge.operator import webhook as webhook_mod
 
 ANNOTATION_PREFIX = "kopf.kubeforge.dev"
+
+
+class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf builds a diff base (a deep copy of the body) for every watch event, for change handlers; the operator
+    has only event handlers, so nothing reads it: building none saves a deep copy per pod event."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return {}
+
+    def fetch(self, *, body: Any) -> Any:
+        return None
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
     """kopf settings: annotation storages, no kopf event posting for routine logs, quick watch reconnects."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = NoDiffBase(prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
     settings.posting.level = logging.ERROR
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -31,8 +42,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
 
 
 def build_registry(router: router_mod.Router, creds: apply.Credentials,
-                   webhook: webhook_mod.Webhook | None = None) -> kopf.OperatorRegistry:
-    """A registry with the operator's handlers bound to ``router`` (and the admission webhook when given)."""
+                   webhook: webhook_mod.Webhook | None = None, *, jobs: watchcache.JobCache | None = None,
+                   pods: watchcache.PodCache | None = None) -> kopf.OperatorRegistry:
+    """A registry with the operator's handlers bound to ``router`` (and the admission webhook when given); the
+    watch caches, when given, are fed from the same events."""
     reg = kopf.OperatorRegistry()
     present = {contract.LABEL_JOB: kopf.PRESENT}
 
@@ -66,10 +79,19 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
     async def _rljob(**kw: Any) -> None:
         metrics.EVENTS.labels("rljob").inc()
         namespace, name = kw["namespace"], kw["name"]
+        raw = kw["event"].get("object") or {}
         if kw["event"].get("type") == "DELETED":
             router.forget((namespace, name))
-        else:
-            router.request((namespace, name), trigger="rljob")
+            for cache in (jobs, pods):
+                if cache is not None:
+                    cache.forget((namespace, name))
+            return
+        if jobs is not None:
+            jobs.put(raw)
+            if jobs.echo(raw):        # the operator's own status write coming back: nothing new to act on
+                metrics.EVENTS.labels("rljob-echo").inc()
+                return
+        router.request((namespace, name), trigger="rljob")
 
     @kopf.on.event("apps", "v1", "statefulsets", labels=present, registry=reg)
     async def _statefulset(**kw: Any) -> None:
@@ -84,6 +106,8 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
     async def _pod(**kw: Any) -> None:
         metrics.EVENTS.labels("pod").inc()
         key = (kw["namespace"], kw["labels"][contract.LABEL_JOB])
+        if pods is not None:
+            pods.event(kw["event"].get("type"), kw["event"].get("object") or {})
         failure = observed.pod_failure(kw["body"])
         if failure is not None:
             router.note_failure(key, failure)

@@ -26,7 +26,8 @@ from typing import Any
 
 import kopf
 
-from kubeforge.operator import apply, handlers, leader, metrics, names, reconcile, router as router_mod, webhook
+from kubeforge.operator import apply, handlers, leader, metrics, names, reconcile, router as router_mod, watchcache
+from kubeforge.operator import webhook
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -89,16 +90,17 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, appl
     cluster = apply.Cluster(creds, pool_size=max(opts.workers * 4, 16))
     cache = reconcile.ApplyCache()
     appliers = concurrent.futures.ThreadPoolExecutor(max_workers=opts.workers * 2, thread_name_prefix="apply")
+    jobs, pods = watchcache.JobCache(), watchcache.PodCache()
 
     def work(key: tuple[str, str], failures: list[Any]) -> reconcile.Outcome:
         return reconcile.reconcile(cluster, key, image=opts.runtime_image, cache=cache, pool=appliers,
-                                   seen_failures=failures)
+                                   seen_failures=failures, jobs=jobs, pods=pods)
 
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
     hook = webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,
                            host=opts.webhook_host or opts.webhook_addr, cert_dir=opts.webhook_cert_dir) \
         if opts.webhook else None
-    return router, handlers.build_registry(router, creds, hook), cluster, hook
+    return router, handlers.build_registry(router, creds, hook, jobs=jobs, pods=pods), cluster, hook
 
 
 async def serve(opts: Options, *, stop_flag: Any = None, ready_flag: Any = None,

@@ -1,7 +1,7 @@
 """The operator's Prometheus series, on a registry of its own, served on ``--metrics-port``.
 
-Series: reconciles and errors per triggering handler, reconcile duration, RLJobs by phase (this process's view),
-the time from an RLJob's creation to its gang first Running, failures acted on (by role, reason, action) and the
+Series: reconciles and errors per triggering handler, reconcile duration and latency (event to pass done), RLJobs
+by phase (this process's view), the time from an RLJob's creation to its gang first Running, failures acted on (by role, reason, action) and the
 time from a restart decision to every role ready again.
 """
 from __future__ import annotations
@@ -19,6 +19,10 @@ EVENTS = prom.Counter("kubeforge_operator_events_total", "Watch events routed, b
                       registry=REGISTRY)
 DURATION = prom.Histogram("kubeforge_operator_reconcile_duration_seconds", "Wall time of one reconcile pass.",
                           buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=REGISTRY)
+LATENCY = prom.Histogram("kubeforge_operator_reconcile_latency_seconds",
+                         "Seconds from the first event asking for a pass of a job to the end of the pass that "
+                         "served it (queueing behind that job's running pass included).",
+                         buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=REGISTRY)
 JOBS = prom.Gauge("kubeforge_operator_rljobs", "RLJobs by phase.", ["phase"], registry=REGISTRY)
 GANG_RUNNING = prom.Histogram("kubeforge_operator_gang_running_seconds",
                               "Seconds from an RLJob's creation to all its pods Running and ready (first time).",

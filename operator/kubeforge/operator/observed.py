@@ -184,5 +184,9 @@ def pod_facts(pod: Raw) -> PodFacts:
 
 def observe(pods: Iterable[Raw], seen_failures: Iterable[Failure] = ()) -> Observed:
     """Observed facts from raw pods (sorted by name, so decisions never depend on list order)."""
-    facts = sorted((pod_facts(p) for p in pods), key=lambda p: p.name)
-    return Observed(pods=tuple(facts), seen_failures=tuple(seen_failures))
+    return observe_facts((pod_facts(p) for p in pods), seen_failures)
+
+
+def observe_facts(facts: Iterable[PodFacts], seen_failures: Iterable[Failure] = ()) -> Observed:
+    """Observed facts from already typed pods (the watch cache's), sorted by name."""
+    return Observed(pods=tuple(sorted(facts, key=lambda p: p.name)), seen_failures=tuple(seen_failures))

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubeforge.api import failures, load, rljob
-from kubeforge.operator import apply, lifecycle, observed, reasons, render, status, timefmt
+from kubeforge.operator import apply, lifecycle, observed, reasons, render, status, timefmt, watchcache
 from kubeforge.operator.render import context, meta, secret
 
 log = logging.getLogger("kubeforge.operator")
@@ -46,7 +46,7 @@ class Outcome:
 class ApplyCache:
     """Digests of objects this process applied, per job, so unchanged objects are not re-sent every pass."""
 
-    def __init__(self, *, max_age: float = 120.0) -> None:
+    def __init__(self, *, max_age: float = 600.0) -> None:
         self._max_age = max_age
         self._lock = threading.Lock()
         self._seen: dict[Key, dict[tuple[str, str, str, str], tuple[str, float]]] = {}
@@ -112,12 +112,40 @@ def apply_all(cluster: apply.Cluster, key: Key, objs: Iterable[meta.Obj], *, cac
             cache.remember(key, obj)
 
 
+def _read_job(cluster: apply.Cluster, key: Key, jobs: watchcache.JobCache | None) -> meta.Obj | None:
+    raw = jobs.get(key) if jobs is not None else None
+    if raw is None:
+        raw = cluster.get_rljob(*key)
+        if raw is not None and jobs is not None:
+            jobs.put(raw)
+    return raw
+
+
+def _read_pods(cluster: apply.Cluster, key: Key, pods: watchcache.PodCache | None) -> list[observed.PodFacts]:
+    if pods is None:
+        return [observed.pod_facts(p) for p in cluster.list_pods(*key)]
+    facts = pods.pods(key)
+    if facts is None:
+        items, rv = cluster.list_pods_at(*key)
+        pods.merge_list(key, items, rv)
+        facts = pods.pods(key) or []
+    return facts
+
+
+def _write_status(cluster: apply.Cluster, key: Key, doc: dict[str, Any], jobs: watchcache.JobCache | None) -> None:
+    written = cluster.patch_status(*key, doc)
+    if written and jobs is not None:
+        jobs.put(written, own=True)
+
+
 def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache,
               pool: concurrent.futures.Executor | None = None, seen_failures: Iterable[observed.Failure] = (),
-              clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> Outcome:
-    """Bring the children and the status of RLJob ``key`` (namespace, name) in line with its spec."""
+              clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+              jobs: watchcache.JobCache | None = None, pods: watchcache.PodCache | None = None) -> Outcome:
+    """Bring the children and the status of RLJob ``key`` (namespace, name) in line with its spec. With the watch
+    caches (``jobs``, ``pods``) the pass reads the RLJob and its pods from them instead of GET and LIST."""
     namespace, name = key
-    raw = cluster.get_rljob(namespace, name)
+    raw = _read_job(cluster, key, jobs)
     if raw is None or raw["metadata"].get("deletionTimestamp"):
         cache.forget(key)
         return Outcome(gone=True)
@@ -127,7 +155,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
                            message="the RLJob does not match the kubeforge API model; see the operator log")
         return Outcome()
     now = clock()
-    obs = observed.observe(cluster.list_pods(namespace, name), seen_failures)
+    obs = observed.observe_facts(_read_pods(cluster, key, pods), seen_failures)
     plan = lifecycle.decide(job, obs, now=now)
     if plan.delete_job:
         log.info("deleting %s/%s: ttlSecondsAfterFinished expired", namespace, name)
@@ -147,7 +175,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
             raise                                   # transient: the router retries with backoff
         # refused for good (invalid, forbidden): say so on the job, not only in the operator's log; then retry later
         failed = status.apply_failed(job, str(exc), generation=raw["metadata"].get("generation"), now=now)
-        cluster.patch_status(namespace, name, _status_doc(failed) or {})
+        _write_status(cluster, key, _status_doc(failed) or {}, jobs)
         cluster.post_event(raw, type="Warning", reason=reasons.APPLY_FAILED, message=str(exc)[:1000],
                            now=timefmt.fmt(now))
         raise
@@ -156,7 +184,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         cache.drop(key, obj)
     new = status.compute(job, obs, plan, generation=raw["metadata"].get("generation"), now=now)
     if _status_doc(new) != _status_doc(job.status):
-        cluster.patch_status(namespace, name, _status_doc(new) or {})
+        _write_status(cluster, key, _status_doc(new) or {}, jobs)
     for ev in status.transitions(job.status, new, plan):
         cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
     ready = next((c.status == "True" for c in new.conditions if c.type == reasons.READY), False)

@@ -35,6 +35,7 @@ MAX_BACKOFF = 60.0
 @dataclasses.dataclass
 class _JobState:
     dirty: bool = False
+    since: float | None = None          # monotonic time of the oldest request not yet served by a pass
     trigger: str = "rljob"
     failures: list[observed.Failure] = dataclasses.field(default_factory=list)
     task: asyncio.Task[None] | None = None
@@ -61,6 +62,8 @@ class Router:
         if not st.dirty:
             st.trigger = trigger
         st.dirty = True
+        if st.since is None:
+            st.since = time.monotonic()
         if st.task is None or st.task.done():
             st.task = asyncio.get_running_loop().create_task(self._drain(key, st))
 
@@ -86,6 +89,7 @@ class Router:
         loop = asyncio.get_running_loop()
         while st.dirty:
             st.dirty = False
+            since, st.since = st.since, None
             failures, st.failures = st.failures, []
             trigger = st.trigger
             started = time.monotonic()
@@ -100,7 +104,9 @@ class Router:
                 st.backoff = min(st.backoff * 2, MAX_BACKOFF)
                 continue
             finally:
-                metrics.DURATION.observe(time.monotonic() - started)
+                done = time.monotonic()
+                metrics.DURATION.observe(done - started)
+                metrics.LATENCY.observe(done - (since if since is not None else started))
             st.backoff = 1.0
             self._observe(key, st, out)
             if out.gone:

@@ -40,6 +40,7 @@ import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types, weightsync
+from kubeforge.runtime.models import prompts as prompt_ids
 from kubeforge.runtime.trainer import lora as lora_mod
 
 EXTENSION = "kubeforge.runtime.generator.extension.WeightSyncExtension"
@@ -114,13 +115,7 @@ class Engine:
 
     def encode(self, prompt: types.Prompt, *, chat_template: bool) -> list[int]:
         """Prompt token ids; the chat template wraps the text when asked and the tokenizer has one."""
-        if chat_template and getattr(self.tokenizer, "chat_template", None):
-            ids: Any = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=True)
-            if hasattr(ids, "keys"):  # a BatchEncoding in newer transformers
-                ids = ids["input_ids"]
-            return [int(x) for x in ids]
-        return [int(x) for x in self.tokenizer.encode(prompt.text, add_special_tokens=True)]
+        return prompt_ids.encode(self.tokenizer, prompt.text, chat_template=chat_template)
 
     def generate(self, prompts: list[types.Prompt], *, n: int, max_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, seed: int | None = None,

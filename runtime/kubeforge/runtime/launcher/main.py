@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubeforge.api import contract, failures, load, rljob
-from kubeforge.runtime import config
-from kubeforge.runtime.launcher import plot, ports, progress, rundir, summary, supervisor
+from kubeforge.runtime import affinity, config
+from kubeforge.runtime.launcher import placement, plot, ports, progress, rundir, summary, supervisor
 
 POLL_SECONDS = 0.5
 FAILURES = "failures.jsonl"      # one line per failure decision (the fault campaign reads it)
@@ -50,16 +50,19 @@ def prepare(file: str, *, steps: int | None) -> rljob.RLJob:
         doc = load.dump(job)
         doc["spec"].setdefault("algorithm", {})["steps"] = steps
         job = load.parse(doc)
-    problems = config.local_problems(job.spec)
+    problems = config.local_problems(job.spec) + placement.problems(job.spec.schedule, cpus=placement.usable_cpus())
     if problems:
         raise load.InvalidRLJob(problems)
     return job
 
 
 def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
-                  bases: list[int] | None = None, job_key: bytes | None = None) -> list[supervisor.ProcSpec]:
+                  bases: list[int] | None = None, job_key: bytes | None = None,
+                  cpus: list[int] | None = None) -> list[supervisor.ProcSpec]:
     """One ProcSpec per role replica, with the env contract filled in (fresh ports per attempt; a fresh job key
-    per attempt unless one is given: every socket of the attempt uses CURVE with it)."""
+    per attempt unless one is given: every socket of the attempt uses CURVE with it; each role's CPU list under
+    ``spec.schedule``, from ``cpus``, default the launcher's own)."""
+    pinned = placement.plan(job.spec.schedule, cpus=placement.usable_cpus() if cpus is None else cpus)
     job_key = job_key or secrets.token_bytes(32)
     roles = job.spec.roles
     counts = {r: getattr(roles, r).replicas for r in contract.ROLES}
@@ -76,6 +79,9 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
                 run_dir=str(run.root), checkpoint_dir=str(run.checkpoints), attempt=attempt,
                 report=config.REPORT_JSONL, job_key=job_key))
             env["PYTHONUNBUFFERED"] = "1"
+            env.pop(contract.ENV_CPUS, None)
+            if role in pinned:
+                env[contract.ENV_CPUS] = affinity.render(pinned[role])
             name = f"{role}-{i}"
             out.append(supervisor.ProcSpec(
                 name=name, role=role, argv=[sys.executable, "-m", "kubeforge.cli", "role", role], env=env,

@@ -5,7 +5,7 @@ to :func:`ensure`; ``models.resolve`` is the only caller.
 
 Invariants:
 - A folder under the cache root either does not exist or is complete: a builder writes into a temporary sibling
-  directory which is renamed into place (rename is atomic on one file system).
+  directory which is renamed into place (``kubeforge.runtime.publish``; rename is atomic on one file system).
 - Two processes starting at once never both build: an exclusive ``flock`` on ``<root>/.<name>.lock`` serialises
   them; the second finds the finished folder when it gets the lock.
 - Folder names carry a version, so a changed builder never reuses an old folder.
@@ -16,9 +16,9 @@ import contextlib
 import fcntl
 import os
 import pathlib
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
+
+from kubeforge.runtime import publish
 
 ENV_CACHE = "KUBEFORGE_CACHE"
 COMPLETE_MARKER = ".kubeforge-complete"
@@ -52,14 +52,7 @@ def ensure(name: str, build: Builder, *, cache_root: pathlib.Path | None = None)
     with _locked(base / f".{name}.lock"):
         if (final / COMPLETE_MARKER).exists():
             return final
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{name}.", dir=base))
-        try:
+        with publish.folder(final) as tmp:  # replaces a partial folder from an older, non-atomic writer
             build(tmp)
             (tmp / COMPLETE_MARKER).write_text("ok\n")
-            if final.exists():  # a partial folder from an older, non-atomic writer
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return final

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubeforge.api import contract
-from kubeforge.runtime import config, metrics, transport
+from kubeforge.runtime import affinity, config, metrics, transport
 
 EXIT_CONFIG = 2
 
@@ -56,6 +56,11 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         for p in exc.problems:
             print(f"kubeforge role {role}: {p}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
+    try:    # first: torch's and vLLM's thread pools inherit the mask (spec.schedule: Disaggregated)
+        pinned = affinity.apply_from_env(os.environ if environ is None else environ)
+    except (ValueError, OSError) as exc:
+        print(f"kubeforge role {role}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
     if cfg.job_key is not None:   # every socket below speaks CURVE with the job's keys (docs/security.md)
         transport.use_curve(transport.CurveKeys.from_job_key(cfg.job_key))
     else:
@@ -63,7 +68,8 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
     m = metrics.Metrics(role=role, replica=cfg.index)
     server = metrics.serve(m, host=cfg.bind_host, port_base=cfg.port_base)
     server.deadline = float(cfg.spec.failure_policy.progress_deadline_seconds)
-    print(f"{cfg.name}: pid {os.getpid()} metrics on {cfg.bind_host}:{server.port} (attempt {cfg.attempt})", flush=True)
+    print(f"{cfg.name}: pid {os.getpid()} metrics on {cfg.bind_host}:{server.port} (attempt {cfg.attempt})"
+          + (f", pinned to CPUs {affinity.render(pinned)}" if pinned else ""), flush=True)
     try:
         if role == "verifier":
             return _verifier(cfg, m, server, _stop_flag())

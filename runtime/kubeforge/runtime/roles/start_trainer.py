@@ -36,7 +36,8 @@ def settings(cfg: config.RoleConfig) -> loop.Settings:
         sync_every=spec.weight_sync.every_steps, checkpoint_every=spec.checkpoint.every_steps,
         checkpoint_dir=cfg.checkpoint_dir, checkpoint_keep=spec.checkpoint.keep,
         deadline=float(spec.failure_policy.progress_deadline_seconds),
-        reissue_after=max(1.0, spec.failure_policy.progress_deadline_seconds / 4))
+        reissue_after=max(1.0, spec.failure_policy.progress_deadline_seconds / 4),
+        colocated=spec.schedule.mode == rljob.ScheduleMode.COLOCATED)
 
 
 def reporter(cfg: config.RoleConfig) -> report.Reporter:

@@ -25,6 +25,9 @@ Invariants:
   checkpoint after step s stores cursor s+1, so a restarted job re-issues exactly the untrained steps.
 - Rank r trains on prompts with ``index % trainers == r``; every rank calls ``train_step`` once per step.
 - Outstanding work never exceeds ``ahead + 1`` steps: the only queue growth is bounded by it.
+- ``spec.schedule.mode: Colocated`` sets ``ahead = 0``: step s's work goes out only after step s-1 is trained and
+  pushed, so the generators sample while the trainer waits and sit idle while it trains (the phases take turns on
+  the same cores instead of fighting for them); every other mode overlaps them.
 - A generator's weights are at most ``everySteps - 1`` versions behind the trainer's when it samples, and work is
   issued ``ahead`` steps early, so a group's lag at training is at most ``ahead + everySteps - 1 = maxPolicyLag``:
   in a healthy run nothing is stale (``kubeforge.api.validate`` refuses ``maxPolicyLag < everySteps - 1``).
@@ -73,6 +76,8 @@ class Settings:
     checkpoint_keep: int
     deadline: float = 600.0           # no progress this long: Stalled
     reissue_after: float = 150.0      # no group for this long: re-issue the step's missing prompts
+    colocated: bool = False           # spec.schedule.mode Colocated: a step's work goes out only after the last
+                                      # step is trained and pushed (phases take turns on the same cores)
 
 
 class Stalled(RuntimeError):
@@ -187,6 +192,8 @@ class Loop:
         self.ahead = settings.max_policy_lag - (settings.sync_every - 1)
         if self.ahead < 0:
             raise ValueError("spec.algorithm.maxPolicyLag must be >= spec.weightSync.everySteps - 1")
+        if settings.colocated:
+            self.ahead = 0
 
     # ------------------------------------------------------------ the loop
 

@@ -27,6 +27,7 @@ import torch
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
+from kubeforge.runtime.models import prompts as prompt_ids
 from kubeforge.runtime.tasks import base as tasks_base
 from kubeforge.runtime.trainer import precision
 from kubeforge.runtime.verifiers import base as verifiers_base
@@ -74,13 +75,7 @@ class Evaluator:
         self.encoded = [self._encode(p, chat_template) for p in self.prompts]
 
     def _encode(self, prompt: types.Prompt, chat_template: bool) -> list[int]:
-        if chat_template and getattr(self.tokenizer, "chat_template", None):
-            ids: Any = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}],
-                                                          add_generation_prompt=True, tokenize=True)
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return [int(x) for x in ids]
-        return [int(x) for x in self.tokenizer.encode(prompt.text, add_special_tokens=True)]
+        return prompt_ids.encode(self.tokenizer, prompt.text, chat_template=chat_template)
 
     def answers(self) -> list[str]:
         """The greedy completion of every held-out prompt (text, special tokens dropped)."""

@@ -23,7 +23,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from kubeforge.runtime.trainer import publish
+from kubeforge.runtime import publish
 
 PREFIX = "export-step-"
 SHARD_BYTES = 2 << 30

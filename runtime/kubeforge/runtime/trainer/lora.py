@@ -24,7 +24,8 @@ import safetensors.torch
 import torch
 
 from kubeforge.api import rljob
-from kubeforge.runtime.trainer import publish, sharding
+from kubeforge.runtime import publish
+from kubeforge.runtime.trainer import sharding
 
 PEFT_PREFIX = "base_model.model."
 CONFIG = "adapter_config.json"

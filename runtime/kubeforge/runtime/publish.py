@@ -1,7 +1,7 @@
 """Publishing a folder atomically: write into a temporary sibling, then rename it over the target.
 
-Role: the one home of the temp-then-rename protocol for folders the trainer writes whole (the HF export, the LoRA
-adapter). Readers see either the old folder or the complete new one, never a half-written one; a failure removes
+Role: the one home of the temp-then-rename protocol for folders written whole (the model cache, the HF export,
+the LoRA adapter). Readers see either the old folder or the complete new one, never a half-written one; a failure removes
 the temporary folder and leaves the target as it was.
 """
 
