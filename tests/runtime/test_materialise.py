@@ -46,3 +46,15 @@ def test_a_tensor_missing_from_the_folder_is_named(tmp_path: Path) -> None:
     lm = materialise.empty(tiny)
     with pytest.raises(ValueError, match=r"spec.model.path: .* has no tensor 'model.norm.weight'"):
         materialise.load(lm, path=tiny, device=torch.device("cpu"))
+
+
+def test_a_bfloat16_folder_loads_into_float32_masters(tmp_path: Path) -> None:
+    tiny = util.build_tiny(tmp_path / "m")
+    half = tmp_path / "bf16"
+    transformers.AutoModelForCausalLM.from_pretrained(str(tiny), dtype=torch.bfloat16).save_pretrained(half)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(half), dtype=torch.float32)
+    lm = materialise.empty(half)
+    materialise.load(lm, path=half, device=torch.device("cpu"))
+    for k, p in ref.named_parameters():
+        got = lm.get_parameter(k)
+        assert got.dtype == torch.float32 and torch.equal(got, p), k

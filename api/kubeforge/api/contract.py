@@ -37,6 +37,8 @@ ENV_RUN_DIR = "KUBEFORGE_RUN_DIR"            # where a role writes local artefac
 ENV_CHECKPOINT_DIR = "KUBEFORGE_CHECKPOINT_DIR"  # overrides spec.checkpoint.path (local runs)
 ENV_ATTEMPT = "KUBEFORGE_ATTEMPT"            # restart attempt of the whole job (0 first)
 ENV_JOB_KEY = "KUBEFORGE_JOB_KEY"            # the job's secret (64 hex chars): CURVE keys and weight-sync auth
+ENV_LOCAL_RANK = "KUBEFORGE_LOCAL_RANK"      # a trainer pod with N ranks: which one this process is (0..N-1),
+                                             # set by the pod's own process on the N it starts (roles/ranks.py)
 ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the trainer reports progress on its pod
 ENV_CPUS = "KUBEFORGE_CPUS"                  # CPU ids ("0,2-3") the process pins itself to and sizes its threads by
 

@@ -57,7 +57,16 @@ def _group(cfg: config.RoleConfig) -> parallel.DataParallel:
     dist = parallel.DistConfig(
         rank=cfg.index, world_size=cfg.replicas("trainer"), master_host=master.host,
         master_port=master.port(contract.PORT_DIST), backend="nccl" if torch.cuda.is_available() else "gloo")
-    return parallel.DataParallel(config=dist, device="cuda" if torch.cuda.is_available() else "cpu")
+    return parallel.DataParallel(config=dist, device=device(cfg))
+
+
+def device(cfg: config.RoleConfig) -> str:
+    """``cuda:<local rank>`` with GPUs (one rank per GPU of the pod), else ``cpu``."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    local = cfg.local_rank or 0
+    torch.cuda.set_device(local)
+    return f"cuda:{local}"
 
 
 def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transport.Sender,
