@@ -73,6 +73,10 @@ FIELD_MANAGER = "kubeforge-operator"
 # The trainer (rank 0) reports progress on its own pod as a JSON annotation; the operator watches it.
 ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done", "evalAccuracy"?}
 
+# Export on request: a new value of this annotation on trainer 0's pod asks for the current policy as an HF folder
+# (roles/exports.py); the progress annotation then carries lastExport {request, path, step}.
+ANNOTATION_EXPORT_REQUEST = "kubeforge.dev/export-request"
+
 JOB_KEY_SECRET_KEY = "key"                   # the data key holding ENV_JOB_KEY in the job's Secret
 
 

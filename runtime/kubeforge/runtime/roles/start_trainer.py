@@ -16,7 +16,7 @@ import transformers
 from kubeforge.api import contract, rljob
 from kubeforge.runtime import config, metrics, models, tasks, transport, weightsync
 from kubeforge.runtime.roles import main as role_main
-from kubeforge.runtime.roles import observe, report, sync
+from kubeforge.runtime.roles import exports, observe, report, sync
 from kubeforge.runtime.roles import trainer as loop
 from kubeforge.runtime.trainer import evaluate, parallel, step
 from kubeforge.runtime.verifiers import registry as verifier_registry
@@ -86,7 +86,16 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
     held_out = evaluator(cfg, learner)
     return loop.Rank0(control=control, pusher=pusher, reporter=reporter(cfg),
                       evaluate=held_out.run if held_out is not None else None,
-                      eval_every=ev.every_steps if ev is not None else 0)
+                      eval_every=ev.every_steps if ev is not None else 0, exports=export_requests(cfg))
+
+
+def export_requests(cfg: config.RoleConfig) -> exports.Requests | None:
+    """Where rank 0 sees export requests: its pod's annotation on a cluster, the run directory locally."""
+    if cfg.report == config.REPORT_POD_ANNOTATION and cfg.pod_name and cfg.namespace:
+        return exports.PodAnnotationRequests(pod=cfg.pod_name, namespace=cfg.namespace)
+    if cfg.run_dir is not None:
+        return exports.FileRequests(pathlib.Path(cfg.run_dir))
+    return None
 
 
 def evaluator(cfg: config.RoleConfig, learner: step.Trainer) -> evaluate.Evaluator | None:

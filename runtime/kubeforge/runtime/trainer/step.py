@@ -220,6 +220,10 @@ class Trainer:
             (self._stream or self.named_tensors()).drain()
         self._stream = None
 
+    def agree(self, value: Any) -> Any:
+        """Rank 0's JSON ``value`` on every rank (a broadcast; what rank 0 decided, e.g. an export request)."""
+        return self.group.broadcast_json(value)
+
     def export(self, *, directory: str | Path) -> Path | None:
         """Write the policy as an HF folder ``<directory>/export-step-N`` (every rank calls it: sharded tensors are
         gathered by all; rank 0 writes). With LoRA the folder holds the merged model and ``adapter/`` the adapter
