@@ -6,18 +6,25 @@ a raw ZeroMQ PUSH/PULL baseline moving byte strings of the same size, measured i
 Each case sends rollout groups (``groupSize`` completions of ``tokens`` tokens, with logprobs and text) from this
 process to a receiver in a child process over tcp://127.0.0.1. Time runs from the first send to the receiver
 having the last message (CLOCK_MONOTONIC is shared by processes). Reported: messages/s, MB/s of frame bytes,
-tokens/s, and the ratio kubeforge / raw. Also encode-only and decode-only rates in one process, for the breakdown.
-The last line of stdout is a JSON summary.
+tokens/s, and the ratio kubeforge / raw, by wall clock (``kf_over_raw``) and by CPU-seconds per message of the
+busier of the two processes (``kf_over_raw_cpu``: what the ratio would be with a core per process; the machine is
+shared, so the wall-clock ratio swings with its load, the CPU one much less). Also encode-only and decode-only rates in one process, for the breakdown,
+and the decode memory of a maximal valid ROLLOUT (5 completions of 2^20 tokens, ~60 MiB frame): the tracemalloc peak
+while ``wire.decode`` runs, over the frame's size (6.8x when token ids were decoded to Python lists). The load
+average is printed beside the figures. The last line of stdout is a JSON summary.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import multiprocessing as mp
+import os
 import random
 import time
+import tracemalloc
 from typing import Any
 
+import numpy as np
 import zmq
 
 from kubeforge.runtime import transport, types, wire
@@ -27,8 +34,8 @@ CASES = [("small", 8, 32), ("medium", 8, 256), ("large", 16, 2048)]  # (name, gr
 
 def rollout(group_size: int, tokens: int, seed: int = 0) -> wire.Rollout:
     rng = random.Random(seed)
-    comps = [types.Completion(token_ids=[rng.randrange(150_000) for _ in range(tokens)],
-                              logprobs=[-rng.random() * 5 for _ in range(tokens)],
+    comps = [types.Completion(token_ids=np.array([rng.randrange(150_000) for _ in range(tokens)], dtype=np.uint32),
+                              logprobs=np.array([-rng.random() * 5 for _ in range(tokens)]),
                               text="".join(rng.choice("abcdefgh ") for _ in range(tokens * 3)), finish_reason="length")
              for _ in range(group_size)]
     g = types.RolloutGroup(prompt=types.Prompt(index=1, text="What is 23 + 45? " * 4, answer="68"),
@@ -42,17 +49,22 @@ def _receiver(kind: str, address: str, count: int, out: Any) -> None:
         sock.setsockopt(zmq.RCVHWM, transport.DEFAULT_HWM)
         sock.bind(address)
         out.send("bound")
-        for _ in range(count):
+        sock.recv(copy=False)
+        cpu = time.process_time()   # from the first message on: the receiving itself, not the wait for it
+        for _ in range(count - 1):
             sock.recv(copy=False)
-        out.send(time.monotonic())
+        out.send((time.monotonic(), {}, time.process_time() - cpu))
         sock.close(0)
     else:
         rx = transport.open_receiver(address)
         out.send("bound")
-        for _ in range(count):
+        if rx.recv(60) is None:
+            raise SystemExit("receiver timed out")
+        cpu = time.process_time()
+        for _ in range(count - 1):
             if rx.recv(60) is None:
                 raise SystemExit("receiver timed out")
-        out.send((time.monotonic(), dict(rx.dropped)))
+        out.send((time.monotonic(), dict(rx.dropped), time.process_time() - cpu))
         rx.close()
 
 
@@ -63,8 +75,10 @@ def _free_address() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def run_case(kind: str, msg: wire.Rollout, count: int) -> float:
-    """Seconds to move ``count`` messages (kind raw: bytes of the encoded size; kind kubeforge: encode + decode)."""
+def run_case(kind: str, msg: wire.Rollout, count: int) -> tuple[float, float]:
+    """(wall seconds to move ``count`` messages, CPU seconds per message of the busier process) for kind raw (bytes
+    of the encoded size) or kubeforge (encode + decode). The CPU figure is what the rate would be on an idle machine
+    with a core per process, whatever else runs: the machine is shared."""
     address = _free_address()
     parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=_receiver, args=(kind, address, count, child), daemon=True)
@@ -74,19 +88,20 @@ def run_case(kind: str, msg: wire.Rollout, count: int) -> float:
     assert isinstance(tx, transport.ZmqSender)
     frame = wire.encode(msg)
     start = time.monotonic()
+    cpu = time.process_time()
     if kind == "raw":
         for _ in range(count):
             tx.send_frame(frame)
     else:
         for _ in range(count):
             tx.send(msg)
-    result = parent.recv()
+    sender_cpu = time.process_time() - cpu
+    end, dropped, receiver_cpu = parent.recv()
     proc.join(30)
     tx.close()
-    end = result if kind == "raw" else result[0]
-    if kind != "raw" and result[1]:
-        raise SystemExit(f"receiver dropped frames: {result[1]}")
-    return float(end - start)
+    if dropped:
+        raise SystemExit(f"receiver dropped frames: {dropped}")
+    return float(end - start), max(sender_cpu / count, receiver_cpu / (count - 1))
 
 
 def local_rates(msg: wire.Rollout, seconds: float) -> tuple[float, float]:
@@ -102,6 +117,28 @@ def local_rates(msg: wire.Rollout, seconds: float) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
+def decode_memory() -> dict[str, float]:
+    """Peak bytes allocated (tracemalloc) while decoding a maximal valid ROLLOUT, over the frame's size."""
+    n = 1 << 20
+    comp = types.Completion(token_ids=np.arange(1000, 1000 + n, dtype=np.uint32), logprobs=np.full(n, -0.5),
+                            text="x" * 1000, finish_reason="length")
+    g = types.RolloutGroup(prompt=types.Prompt(index=0, text="p", answer="a"), prompt_token_ids=[1, 2],
+                           completions=[comp] * 5, policy_version=0)
+    frame = wire.encode(wire.Rollout(group=g))
+    del comp, g
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    start = time.perf_counter()
+    msg = wire.decode(frame)
+    seconds = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    if not isinstance(msg, wire.Rollout) or sum(len(c.token_ids) for c in msg.group.completions) != 5 * n:
+        raise SystemExit("the 60 MiB rollout did not decode to what was sent")
+    return {"frame_bytes": len(frame), "decode_peak_bytes": peak, "peak_over_frame": round(peak / len(frame), 3),
+            "decode_seconds": round(seconds, 4)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="target duration of each measurement")
@@ -113,23 +150,34 @@ def main() -> None:
         msg = rollout(group_size, tokens)
         size = len(wire.encode(msg))
         enc, dec = local_rates(msg, args.seconds / 4)
-        count = max(50, int(min(enc, dec) * args.seconds / 2))
-        raw_s = min(run_case("raw", msg, count) for _ in range(args.repeat))
-        kf_s = min(run_case("kubeforge", msg, count) for _ in range(args.repeat))
+        # at least ~200 MB per run: under load the encode/decode estimate collapses and the raw runs got too short
+        count = max(200, int(min(enc, dec) * args.seconds / 2), int(2e8 / size))
+        raw_runs = [run_case("raw", msg, count) for _ in range(args.repeat)]
+        kf_runs = [run_case("kubeforge", msg, count) for _ in range(args.repeat)]
+        raw_s, kf_s = min(r[0] for r in raw_runs), min(r[0] for r in kf_runs)
+        raw_cpu, kf_cpu = min(r[1] for r in raw_runs), min(r[1] for r in kf_runs)
         row = {
             "case": name, "group_size": group_size, "tokens": tokens, "frame_bytes": size, "messages": count,
             "raw_msgs_per_s": round(count / raw_s, 1), "raw_MB_per_s": round(count * size / raw_s / 1e6, 1),
             "kf_msgs_per_s": round(count / kf_s, 1), "kf_MB_per_s": round(count * size / kf_s / 1e6, 1),
             "kf_tokens_per_s": round(count * group_size * tokens / kf_s),
             "kf_over_raw": round(raw_s / kf_s, 3),
+            "raw_cpu_us_per_msg": round(raw_cpu * 1e6, 1), "kf_cpu_us_per_msg": round(kf_cpu * 1e6, 1),
+            "kf_over_raw_cpu": round(raw_cpu / kf_cpu, 3),
             "encode_per_s": round(enc, 1), "decode_per_s": round(dec, 1),
         }
         results.append(row)
         print(f"{name:7s} G={group_size:<3d} T={tokens:<5d} frame={size/1e3:8.1f} kB  raw {row['raw_msgs_per_s']:9.1f} "
               f"msg/s {row['raw_MB_per_s']:7.1f} MB/s | kubeforge {row['kf_msgs_per_s']:9.1f} msg/s "
-              f"{row['kf_MB_per_s']:7.1f} MB/s ({row['kf_over_raw']:.2f}x raw) | encode {enc:8.1f}/s decode "
+              f"{row['kf_MB_per_s']:7.1f} MB/s ({row['kf_over_raw']:.2f}x raw; per CPU-s of the busier process "
+              f"{row['kf_over_raw_cpu']:.2f}x) | encode {enc:8.1f}/s decode "
               f"{dec:8.1f}/s", flush=True)
-    print(json.dumps({"bench": "transport", "results": results}))
+    memory = decode_memory()
+    print(f"decode of a valid {memory['frame_bytes'] / 2**20:.1f} MiB ROLLOUT: peak {memory['decode_peak_bytes'] / 2**20:.1f}"
+          f" MiB = {memory['peak_over_frame']:.2f}x the frame, {memory['decode_seconds']:.3f} s", flush=True)
+    load = [round(x, 2) for x in os.getloadavg()]
+    print(f"load average {load}", flush=True)
+    print(json.dumps({"bench": "transport", "results": results, "decode_memory": memory, "load_average": load}))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,17 @@
 """Weight-sync micro-benchmark: full sync into a running vLLM engine vs a raw gloo broadcast of the same bytes.
 
-    .venv/bin/python bench/bench_weightsync.py [--model tiny|smollm2-135m-instruct|all] [--reps N]
+    .venv/bin/python bench/bench_weightsync.py [--model tiny|smollm2-135m-instruct|all] [--reps N] \
+        [--dtype bfloat16|float32]
 
 For each model, in one run: a sender process (the "trainer", holding the HF model) and this process (the
 "generator", holding a real vLLM engine in-process) first time a raw gloo broadcast of one flat buffer as large as
 the model's parameters (the baseline: wire speed on this machine, now), then ``--reps`` full syncs
-(``WeightSender.send`` -> ``Engine.receive_weights``: metadata, buckets, vLLM ``reload_weights`` with repacking,
-tied-weight refresh, prefix-cache reset, ack). Prints one JSON line per model; ``ratio`` = sync GB/s / raw GB/s
+(``WeightSender.start`` -> ``Engine.receive_weights``, as the trainer runs them: the sender snapshots the weights
+into its reusable buffers, then broadcasts from a background thread while it could train; the engine receives
+into its reusable buffers: metadata, buckets, vLLM ``reload_weights`` with repacking, tied-weight refresh,
+prefix-cache reset, ack). ``generation_pause_seconds`` is the engine's side of one sync (from the header to the
+end of the load and the prefix-cache reset): the time a generator stops sampling per sync. ``--dtype`` is the
+dtype of the weights and the engine (the demo's is bfloat16). Prints one JSON line per model; ``ratio`` = sync GB/s / raw GB/s
 (medians after one warm-up each). ``receive_discard`` syncs run the same protocol into the engine's worker but
 discard the tensors instead of loading them: the difference to a full sync is vLLM's reload time. ``memcpy_*`` is one
 in-process copy of the same bytes into a preallocated buffer (the ceiling of landing them in memory once). Nothing is asserted: speed is reported, never hard-coded.
@@ -82,7 +87,7 @@ def sender_main(args: argparse.Namespace) -> None:
 
     from kubeforge.runtime import weightsync
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir(args.model), dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir(args.model), dtype=getattr(torch, args.dtype))
     named = [(n, p.detach()) for n, p in model.named_parameters()]
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     raw = raw_rounds(rank=0, port=args.raw_port, nbytes=nbytes, reps=args.reps)
@@ -93,7 +98,10 @@ def sender_main(args: argparse.Namespace) -> None:
         with torch.no_grad():
             for _, t in named:
                 t.add_(torch.randn_like(t) * 1e-3)  # new weights every time, as after an optimizer step
-        print(json.dumps({"sync": sender.send(named, version=v).as_dict()}), flush=True)
+        t0 = time.perf_counter()
+        flight = sender.start(named, version=v)   # snapshot into the reusable send buffers, then background
+        pack = time.perf_counter() - t0
+        print(json.dumps({"sync": flight.result(timeout=600).as_dict(), "pack_seconds": pack}), flush=True)
     sender.close()
 
 
@@ -107,14 +115,16 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
     folder = model_dir(args.model)
     raw_port, sync_port = free_port(), free_port()
     cmd = [sys.executable, __file__, "--role", "sender", "--model", args.model, "--reps", str(args.reps),
+           "--dtype", args.dtype,
            "--raw-port", str(raw_port), "--sync-port", str(sync_port)]
     sender = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         import safetensors.torch
 
-        nbytes = sum(t.numel() * t.element_size() for t in _unique_tensors(safetensors.torch, folder))
+        elem = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+        nbytes = sum(t.numel() * elem for t in _unique_tensors(safetensors.torch, folder))
         raw = raw_rounds(rank=1, port=raw_port, nbytes=nbytes, reps=args.reps)
-        eng = engine.Engine(model_dir=folder, dtype="float32", seed=0, role=rljob.GeneratorRole(kv_cache_gib=1),
+        eng = engine.Engine(model_dir=folder, dtype=args.dtype, seed=0, role=rljob.GeneratorRole(kv_cache_gib=1),
                             max_model_len=512)
         eng.join_weight_sync(host="127.0.0.1", port=sync_port, world_size=2, rank_base=1, timeout=120)
         wire_only = [eng.receive_weights(load=False) for _ in range(args.reps + 1)][1:]
@@ -124,18 +134,23 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
         if sender.poll() is None:
             sender.kill()
     all_syncs = [x["sync"] for x in lines if "sync" in x]
+    packs = [x["pack_seconds"] for x in lines if "sync" in x][args.reps + 2:]
     wire_syncs, syncs = all_syncs[1:args.reps + 1], all_syncs[args.reps + 2:]
     wire_s = statistics.median(s["seconds"] for s in wire_syncs)
     raw_s = statistics.median(raw)
     memcpy_s = memcpy_seconds(nbytes=nbytes, reps=args.reps)
     sync_s = statistics.median(s["seconds"] for s in syncs)
     report = {
-        "model": args.model, "bytes": nbytes, "reps": args.reps, "threads": torch.get_num_threads(),
+        "model": args.model, "dtype": args.dtype, "bytes": nbytes, "reps": args.reps,
+        "threads": torch.get_num_threads(),
         "engine_start_seconds": round(eng.start_seconds, 1),
         "raw_seconds": round(raw_s, 4), "raw_gb_per_s": round(nbytes / raw_s / 1e9, 3),
         "receive_discard_seconds": round(wire_s, 4), "receive_discard_gb_per_s": round(nbytes / wire_s / 1e9, 3),
         "sync_seconds": round(sync_s, 4), "sync_gb_per_s": round(nbytes / sync_s / 1e9, 3),
         "engine_receive_seconds": round(statistics.median(s.seconds for s in engine_side), 4),
+        "generation_pause_seconds": round(statistics.median(s.seconds for s in engine_side), 4),
+        "generation_pause_max_seconds": round(max(s.seconds for s in engine_side), 4),
+        "sender_pack_seconds": round(statistics.median(packs), 4),
         "buckets": syncs[0]["buckets"], "tensors": syncs[0]["tensors"],
         "ratio_sync_vs_raw": round(raw_s / sync_s, 3), "ratio_discard_vs_raw": round(raw_s / wire_s, 3),
         "memcpy_seconds": round(memcpy_s, 4), "memcpy_gb_per_s": round(nbytes / memcpy_s / 1e9, 3),
@@ -162,6 +177,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="all", choices=(*MODELS, "all"))
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--role", default="bench", choices=("bench", "sender"))
     p.add_argument("--raw-port", type=int, default=0)
     p.add_argument("--sync-port", type=int, default=0)
@@ -170,7 +186,8 @@ def main() -> None:
         sender_main(args)
     elif args.model == "all":  # one engine per process: each model in its own child
         for name in MODELS:
-            subprocess.run([sys.executable, __file__, "--model", name, "--reps", str(args.reps)], check=True,
+            subprocess.run([sys.executable, __file__, "--model", name, "--reps", str(args.reps), "--dtype", args.dtype],
+                           check=True,
                            env={**os.environ})
     else:
         print(json.dumps(receiver_main(args)), flush=True)

@@ -1,10 +1,12 @@
 """Fault campaign: run an RLJob locally and kill -9 random roles at random moments, then check nothing was lost.
 
-    python bench/fault_campaign.py examples/tiny.yaml --kills 20 [--seed 0] [--run-dir DIR]
+    python bench/fault_campaign.py examples/tiny.yaml --kills 20 [--seed 0] [--run-dir DIR] [--deadline S]
 
 The job runs with its own manifest plus a failure policy fit for the campaign (printed in the result):
 ``RestartRole`` for generators and verifiers (the trainer keeps running), the default ``RestartAll`` for trainers,
-``maxRestarts`` = kills + 2, ``progressDeadlineSeconds`` 120, and enough steps for every kill to land while it
+``maxRestarts`` = kills + 2, ``progressDeadlineSeconds`` ``--deadline`` (default 300: a vLLM engine took up to
+226 s to start on the shared 2 cores at load 30, and a generator whose start outlasts the deadline is killed as
+Unhealthy and the trainer stalls waiting for its READY, round after round), and enough steps for every kill to land while it
 trains (at least 3 per kill). Kills pick a role at random (trainer, generator, verifier); every third kill waits
 for the trainer to be in a weight sync and every third+1 in a checkpoint write (read from trainer 0's
 ``/healthz`` ``activity``), the rest land after a random delay. After each kill the campaign waits for the next
@@ -90,11 +92,12 @@ def main() -> int:
     ap.add_argument("--kills", type=int, required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-dir", default=None)
+    ap.add_argument("--deadline", type=int, default=300, help="progressDeadlineSeconds of the campaign's policy")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     doc = yaml.safe_load(pathlib.Path(args.file).read_text())
     spec = doc["spec"]
-    policy = {"maxRestarts": args.kills + 2, "progressDeadlineSeconds": 120,
+    policy = {"maxRestarts": args.kills + 2, "progressDeadlineSeconds": args.deadline,
               "rules": [{"action": "RestartRole", "roles": ["generator", "verifier"]}]}
     spec["failurePolicy"] = policy
     steps = max(int(spec.get("algorithm", {}).get("steps", 1)), 3 * args.kills)

@@ -362,6 +362,7 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
     k.run("create", "namespace", ns)
     checkpoints = workdir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
+    checkpoints.chmod(0o777)    # a hostPath: the pods run as a non-root UID (render/security.py), fsGroup skips it
     checkpoints.chmod(0o777)        # role pods run as UID 1000 (restricted Pod Security); a hostPath keeps host modes
     op = harness.Operator(kubeconfig=k.kubeconfig, log_path=workdir / "operator.log", extra=("--namespace", ns))
     op.start()

@@ -6,9 +6,11 @@ cluster-up`` builds kubectl); without them these tests skip and say so.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -17,7 +19,7 @@ import pytest
 import yaml
 
 from kfcluster import binaries
-from kubeforge.api import contract, crd
+from kubeforge.api import contract, crd, load
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "kubeforge"
@@ -154,9 +156,13 @@ def test_the_admission_webhook_is_wired() -> None:
     assert hook["clientConfig"]["service"] == {"name": f"{RELEASE}-kubeforge-webhook", "namespace": RELEASE_NS,
                                                "path": "/validate.rljobs", "port": 443}
     assert hook["clientConfig"]["caBundle"] and hook["rules"][0]["resources"] == ["rljobs"]
-    assert one(objs, "Secret", f"{RELEASE}-kubeforge-webhook-tls")["type"] == "kubernetes.io/tls"
+    secret = one(objs, "Secret", f"{RELEASE}-kubeforge-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert secret["data"]["ca.crt"] == hook["clientConfig"]["caBundle"], "kept for upgrades (lookup)"
     (container,) = one(objs, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]["containers"]
     assert "--webhook-cert-dir=/etc/kubeforge-webhook" in container["args"]
+    # every replica answers reviews (standbys too); the Service routes only to ready ones, ready = serving
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "webhook", "scheme": "HTTPS"}
     selective = render("webhook.failurePolicy=Ignore", "webhook.namespaceSelector.matchLabels.team=a")
     (hook,) = one(selective, "ValidatingWebhookConfiguration", f"{RELEASE}-kubeforge")["webhooks"]
     assert hook["failurePolicy"] == "Ignore" and hook["namespaceSelector"] == {"matchLabels": {"team": "a"}}
@@ -230,7 +236,69 @@ def test_two_replicas_elect_a_leader() -> None:
     main = pytest.importorskip("kubeforge.operator.main")
     opts = main.parse_args(container["args"][1:])
     assert opts.leader_elect and opts.leader_lease == f"{RELEASE}-kubeforge"
+    assert (opts.leader_lease_s, opts.leader_renew_s) == (6, 2.0)
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    assert env["POD_UID"] == "metadata.uid", "the Lease's owner (gone with the leader's pod)"
     role = one(objs, "Role", f"{RELEASE}-kubeforge-leader")
     assert role["metadata"]["namespace"] == RELEASE_NS
     assert rules_by_resource(role["rules"]) == {("coordination.k8s.io", "leases"): {"get", "create", "update", "delete"}}
     assert "--leader-elect" not in one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+@pytest.mark.cluster
+def test_cluster_wide_rbac_can_i(kube_cluster: Any, namespaces: list[str]) -> None:
+    """Cluster-wide mode (watchNamespaces empty), the chart's RBAC applied for real: what the operator's account may
+    do anywhere (``kubectl auth can-i --as``), and that it suffices to create a job's Role and RoleBinding (RBAC's
+    escalation check: one grants only what one holds) without `escalate`, `bind` or `update`."""
+    release_ns, job_ns, _ = namespaces
+    release = f"kfrbac{uuid.uuid4().hex[:5]}"
+    env = {**os.environ, "KUBECONFIG": kube_cluster.kubeconfig}
+    kubectl = str(tool("kubectl"))
+
+    def k(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, timeout=120, env=env)
+
+    rendered = helm("template", release, str(CHART), "--namespace", release_ns, "--kube-version", KUBE_VERSION,
+                    "--show-only", "templates/rbac.yaml", "--show-only", "templates/serviceaccount.yaml")
+    assert rendered.returncode == 0, rendered.stderr
+    objs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    assert {o["kind"] for o in objs} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    applied = k("apply", "-f", "-", stdin=rendered.stdout)
+    assert applied.returncode == 0, applied.stderr
+    account = f"system:serviceaccount:{release_ns}:{release}-kubeforge"
+    try:
+        def can(*args: str) -> bool:
+            return k("auth", "can-i", *args, f"--as={account}").stdout.strip() == "yes"
+
+        for ns in (job_ns, "kube-system"):     # a jobs' namespace and one of the cluster's own
+            for verb in ("get", "list", "watch"):
+                assert not can(verb, "secrets", "-n", ns), (verb, ns)
+            for verb in ("create", "delete", "update"):
+                assert not can(verb, "pods", "-n", ns), (verb, ns)
+            assert not can("create", "pods", "--subresource=exec", "-n", ns)
+            assert not can("patch", "pods", "--subresource=status", "-n", ns)
+            assert not can("update", "statefulsets", "-n", ns) and not can("update", "rljobs", "-n", ns)
+            assert not can("escalate", "roles", "-n", ns) and not can("bind", "clusterroles", "-n", ns)
+            assert not can("get", "deployments", "-n", ns) and not can("create", "leases", "-n", ns)
+        assert not can("get", "nodes") and not can("create", "clusterroles") and not can("create", "namespaces")
+        # what it must hold to grant it (the per-job Role names the job's pods): get/patch on pods, no more
+        assert can("patch", "pods", "-n", job_ns) and can("create", "roles", "-n", job_ns)
+        # and that is enough: as the operator, create a job's Role and RoleBinding (rendered by the operator)
+        render_mod = pytest.importorskip("kubeforge.operator.render.rbac")
+        context = pytest.importorskip("kubeforge.operator.render.context")
+        spec = importlib.util.spec_from_file_location("kubeforge_invalid_manifests_rbac",
+                                                      ROOT / "tests" / "api" / "invalid_manifests.py")
+        assert spec and spec.loader
+        table = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = table       # its dataclasses look their module up
+        spec.loader.exec_module(table)
+        job = load.parse(table.valid())
+        ctx = context.RenderContext(namespace=job_ns, uid="00000000-0000-0000-0000-0000000000aa")
+        docs = [{**o, "metadata": {k_: v for k_, v in o["metadata"].items() if k_ != "ownerReferences"}}
+                for o in render_mod.objects(job, ctx)]
+        run = k("apply", "--server-side", "--field-manager=kubeforge-operator", f"--as={account}", "-f", "-",
+                stdin="\n---\n".join(yaml.safe_dump(d) for d in docs))
+        assert run.returncode == 0, run.stderr
+        k("delete", "-n", job_ns, "role,rolebinding,serviceaccount", "-l", f"{contract.LABEL_JOB}={job.metadata.name}")
+    finally:
+        k("delete", "-f", "-", stdin=rendered.stdout)

@@ -8,8 +8,9 @@
 # Cache: ${KUBEFORGE_CACHE:-~/.cache/kubeforge}/images/<name>-<inputs-hash>.tar. The hash covers everything the
 # image is made of (build scripts, Containerfile, the project's sources and pyproject.toml, the overrides, the
 # wheels dir, uv's version, the base image's hash), so an unchanged input tree never rebuilds and a changed one
-# does. pause/base are hand-packed tars (lib/dockersave.py: no tool is needed on the node's path); rootfs,
-# operator and runtime are built by buildah (lib/buildah.sh) and written as OCI archives.
+# does. Every image is built by buildah (lib/buildah.sh) and written as an OCI archive: pause and base are a
+# directory packed as one layer (kf_pack_rootfs), rootfs is debootstrap committed, operator and runtime are
+# `buildah bud` of their Containerfile.
 # With KF_IMPORT=1 (`make images` sets it) each archive is also imported into the real node's containerd when
 # that node is up on this machine.
 set -euo pipefail
@@ -26,9 +27,9 @@ VERSION="$(python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1],
   "$KF_REPO_ROOT/pyproject.toml")"
 log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-packed_one() {  # name ref: the hand-packed images of the real node
+packed_one() {  # name ref: the real node's images, a directory packed by buildah
   local name="$1" ref="$2" inputs hash out
-  inputs=("$here/$name/build.sh" "$here/lib/dockersave.py")
+  inputs=("$here/$name/build.sh" "$here/lib/buildah.sh" "$here/lib/pack.sh")
   [ "$name" = pause ] && inputs+=("$here/pause/pause.c")
   [ "$name" = base ] && inputs+=("$(command -v busybox)")
   hash="$( { echo "$ref"; cat "${inputs[@]}"; } | sha256sum | cut -c1-16)"

@@ -94,6 +94,9 @@ class ClusterConfig:
     #: kwok's ``podPlayStageParallelism`` (pods it moves through their stages at once; kwok's default is 4, which
     #: makes a burst of thousands of pod creations or deletions wait on kwok). 0 keeps kwok's default.
     kwok_pod_parallelism: int = 0
+    #: kwok's ``nodeLeaseParallelism`` (node leases renewed at once; default 4: at 1,000 nodes on a loaded machine
+    #: leases lapsed and the node-lifecycle controller marked nodes and their pods NotReady). 0 keeps kwok's default.
+    kwok_node_lease_parallelism: int = 0
     #: How long the scheduler leaves a pod in its unschedulable queue before retrying it regardless of
     #: events. Coscheduling re-queues on Pod/PodGroup events only, never on a new Node, so a gang waiting
     #: for capacity would otherwise wait up to the default 5 minutes after the capacity appears.
@@ -116,8 +119,8 @@ class ClusterConfig:
             raise ValueError(f"ClusterConfig.kubeconfig_server must be an https:// URL, got {self.kubeconfig_server!r}")
         if self.permit_waiting_seconds < 1:
             raise ValueError("ClusterConfig.permit_waiting_seconds must be >= 1")
-        if self.kwok_pod_parallelism < 0:
-            raise ValueError("ClusterConfig.kwok_pod_parallelism must be >= 0")
+        if self.kwok_pod_parallelism < 0 or self.kwok_node_lease_parallelism < 0:
+            raise ValueError("ClusterConfig.kwok_pod_parallelism and kwok_node_lease_parallelism must be >= 0")
         if self.ready_timeout_s <= 0:
             raise ValueError("ClusterConfig.ready_timeout_s must be > 0")
 

@@ -55,10 +55,10 @@ class Kubectl:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
-    def apply(self, doc: dict[str, Any] | str, *, server_side: bool = False) -> None:
+    def apply(self, doc: dict[str, Any] | str, *, server_side: bool = False, timeout_s: float = 60.0) -> None:
         text = doc if isinstance(doc, str) else json.dumps(doc)
         extra = ["--server-side", "--force-conflicts"] if server_side else []
-        self.run("apply", *extra, "-f", "-", stdin=text)
+        self.run("apply", *extra, "-f", "-", stdin=text, timeout_s=timeout_s)
 
     def get_json(self, *args: str) -> Any:
         return json.loads(self.run("get", *args, "-o", "json").stdout)

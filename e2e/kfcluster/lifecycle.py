@@ -200,13 +200,25 @@ def add_nodes(cluster: Cluster, pools: Iterable[cfg.NodePool], *, timeout_s: flo
     if not names:
         return cluster
     k = cluster.kubectl
-    k.apply(manifest)
-    k.run("wait", "--for=condition=Ready", *[f"node/{n}" for n in names], f"--timeout={int(timeout_s)}s",
-          timeout_s=timeout_s + 10)
+    k.apply(manifest, timeout_s=max(60.0, timeout_s))     # 1,000 nodes take minutes on a loaded machine
+    if len(names) <= 20:
+        k.run("wait", "--for=condition=Ready", *[f"node/{n}" for n in names], f"--timeout={int(timeout_s)}s",
+              timeout_s=timeout_s + 10)
+    else:   # `kubectl wait` takes the nodes one by one (minutes for 1,000): one LIST per poll instead
+        want = set(names)
+        kube.wait_for(f"{len(names)} nodes Ready", lambda: want <= _ready_nodes(k), timeout_s=timeout_s,
+                      interval_s=2.0)
     updated = dataclasses.replace(cluster, nodes=tuple(dict.fromkeys(cluster.nodes + names)))
     updated.save()
-    log(f"nodes Ready: {', '.join(names)}")
+    shown = ", ".join(names) if len(names) <= 10 else f"{', '.join(names[:5])}, ... {names[-1]} ({len(names)})"
+    log(f"nodes Ready: {shown}")
     return updated
+
+
+def _ready_nodes(k: kube.Kubectl) -> set[str]:
+    out = k.run("get", "nodes", "-o", "jsonpath={range .items[*]}{.metadata.name} "
+                "{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}", check=False).stdout
+    return {line.split()[0] for line in out.splitlines() if line.endswith(" True")}
 
 
 def dead_components(cluster_dir: pathlib.Path) -> dict[str, str]:

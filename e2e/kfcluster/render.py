@@ -78,6 +78,14 @@ def scheduler_flags(config: cfg.ClusterConfig) -> dict[str, str]:
     return flags
 
 
+def controller_manager_flags(config: cfg.ClusterConfig) -> dict[str, str]:
+    """One controller-manager, no leader election: on a loaded machine its lease renewal (5 s deadline) timed out
+    and it exited ("leaderelection lost"), leaving StatefulSets without pods for the rest of the run."""
+    flags = {"leader-elect": "false"}
+    flags.update(config.extra_controller_manager_args)
+    return flags
+
+
 def scheduler_config(config: cfg.ClusterConfig) -> dict[str, Any]:
     """KubeSchedulerConfiguration: one profile, Coscheduling in multiPoint and as the only queueSort."""
     return {
@@ -108,7 +116,7 @@ def kwokctl_config(*, config: cfg.ClusterConfig, bins: Mapping[str, str], ports:
         {"name": "kwok-controller", "extraArgs": extra_args("kwok-controller", kwok_flags(config))},
         {"name": "kube-scheduler", "extraArgs": extra_args("kube-scheduler", scheduler_flags(config))},
         {"name": "kube-controller-manager",
-         "extraArgs": extra_args("kube-controller-manager", config.extra_controller_manager_args)},
+         "extraArgs": extra_args("kube-controller-manager", controller_manager_flags(config))},
     ]
     return {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
@@ -169,10 +177,11 @@ def stages_text() -> str:
 
 def kwok_config(config: cfg.ClusterConfig) -> dict[str, Any] | None:
     """The KwokConfiguration document (kwokctl hands it to the kwok controller), when a kwok option is set."""
-    if not config.kwok_pod_parallelism:
+    options = {k: v for k, v in (("podPlayStageParallelism", config.kwok_pod_parallelism),
+                                 ("nodeLeaseParallelism", config.kwok_node_lease_parallelism)) if v}
+    if not options:
         return None
-    return {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-            "options": {"podPlayStageParallelism": config.kwok_pod_parallelism}}
+    return {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration", "options": options}
 
 
 def kwokctl_config_text(doc: Mapping[str, Any], kwok: Mapping[str, Any] | None = None) -> str:

@@ -65,22 +65,23 @@ def test_apiserver_bind_and_kubelet_flags_go_through_components_patches() -> Non
     assert _patch(_doc(cfg.ClusterConfig()), "kube-apiserver") == {}
 
 
-def test_controller_manager_flags_are_appended_and_absent_by_default() -> None:
+def test_controller_manager_runs_without_leader_election_and_takes_extra_flags() -> None:
     doc = _doc(cfg.ClusterConfig(extra_controller_manager_args={"kube-api-qps": "500", "v": "2"}))
-    assert _patch(doc, "kube-controller-manager") == {"kube-api-qps": ("500", False), "v": ("2", True)}
-    assert _patch(_doc(cfg.ClusterConfig()), "kube-controller-manager") == {}
+    assert _patch(doc, "kube-controller-manager") == {"leader-elect": ("false", False), "kube-api-qps": ("500", False),
+                                                      "v": ("2", True)}
+    assert _patch(_doc(cfg.ClusterConfig()), "kube-controller-manager") == {"leader-elect": ("false", False)}
     env = cfg.from_env({"KF_CONTROLLER_MANAGER_EXTRA_ARGS": "kube-api-qps=300,kube-api-burst=600"})
     assert env.extra_controller_manager_args == {"kube-api-qps": "300", "kube-api-burst": "600"}
 
 
 def test_scale_options_lift_client_limits_and_widen_kwok() -> None:
-    config = cfg.ClusterConfig(disable_qps_limits=True, kwok_pod_parallelism=32)
+    config = cfg.ClusterConfig(disable_qps_limits=True, kwok_pod_parallelism=32, kwok_node_lease_parallelism=16)
     assert _doc(config)["options"]["disableQPSLimits"] is True
     assert "disableQPSLimits" not in _doc(cfg.ClusterConfig())["options"]
     text = render.kwokctl_config_text(_doc(config), render.kwok_config(config))
     docs = text.split("\n---\n")
     assert json.loads(docs[1]) == {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-                                   "options": {"podPlayStageParallelism": 32}}
+                                   "options": {"podPlayStageParallelism": 32, "nodeLeaseParallelism": 16}}
     assert render.kwok_config(cfg.ClusterConfig()) is None
     env = cfg.from_env({"KF_DISABLE_QPS_LIMITS": "1", "KF_KWOK_POD_PARALLELISM": "16"})
     assert (env.disable_qps_limits, env.kwok_pod_parallelism) == (True, 16)

@@ -1,12 +1,15 @@
 """Unit tests of the real node's pure helpers (no cluster): pod parts, node status, cluster overrides,
-and the docker-save image packer. The cluster-level behaviour is e2e/test_realnode_smoke.py."""
+and the image packer (buildah). The cluster-level behaviour is e2e/test_realnode_smoke.py."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import io
 import json
+import os
 import pathlib
+import shutil
+import subprocess
 import sys
 import tarfile
 from typing import Any
@@ -16,7 +19,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import realnode  # noqa: E402
 
-IMAGES_LIB = pathlib.Path(__file__).resolve().parents[2] / "images" / "lib" / "dockersave.py"
+IMAGES_LIB = pathlib.Path(__file__).resolve().parents[2] / "images" / "lib"
 
 
 def _fake_install(tmp_path: pathlib.Path, *, venv_inside_repo: bool) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
@@ -108,36 +111,38 @@ def test_on_real_node_adds_selector_without_mutating() -> None:
     assert spec["nodeSelector"] == {"a": "b"} and "tolerations" not in spec
 
 
-def _dockersave() -> Any:
-    spec = importlib.util.spec_from_file_location("dockersave", IMAGES_LIB)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["dockersave"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_dockersave_is_reproducible_and_well_formed(tmp_path: pathlib.Path) -> None:
-    ds = _dockersave()
+@pytest.mark.skipif(not shutil.which("buildah") or os.geteuid() != 0, reason="buildah as root (make host-deps)")
+def test_packed_images_are_reproducible_oci_archives(tmp_path: pathlib.Path) -> None:
+    """kf_pack_rootfs (buildah) packs a directory as one layer: root-owned, symlinks and modes kept, timestamps 0,
+    so the same directory gives the same image digest; the archive names the ref containerd imports."""
     root = tmp_path / "rootfs"
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "hello").write_text("#!/bin/sh\necho hi\n")
     (root / "bin" / "hello").chmod(0o755)
     (root / "bin" / "hi").symlink_to("hello")
-    spec = ds.ImageSpec(ref="kubeforge.local/test:1", cmd=["/bin/hello"])
-    a, b = tmp_path / "a.tar", tmp_path / "b.tar"
-    id_a = ds.write_image(rootfs=root, spec=spec, out=a)
-    id_b = ds.write_image(rootfs=root, spec=spec, out=b)
-    assert id_a == id_b and a.read_bytes() == b.read_bytes()
-    with tarfile.open(a) as tar:
-        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
-        assert manifest[0]["RepoTags"] == ["kubeforge.local/test:1"]
-        config = json.load(tar.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
-        layer = tar.extractfile(manifest[0]["Layers"][0]).read()  # type: ignore[union-attr]
-    assert config["rootfs"]["diff_ids"] == [f"sha256:{hashlib.sha256(layer).hexdigest()}"]
-    assert id_a == "sha256:" + manifest[0]["Config"].removesuffix(".json")
-    assert config["config"]["Cmd"] == ["/bin/hello"]
-    with tarfile.open(fileobj=__import__("io").BytesIO(layer)) as inner:
-        members = {m.name: m for m in inner.getmembers()}
+    script = (f'source {IMAGES_LIB}/buildah.sh; source {IMAGES_LIB}/pack.sh; for o in a b; do kf_pack_rootfs {root} kubeforge.local/test:1 {tmp_path}/$o.tar '
+              '--cmd \'["/bin/hello"]\'; done')
+    subprocess.run(["bash", "-c", script], check=True, timeout=120, capture_output=True,
+                   env={**os.environ, "KF_REPO_ROOT": str(IMAGES_LIB.parents[1]),   # a private storage
+                        "KF_BUILDAH_ROOT": str(tmp_path / "storage"), "KF_BUILDAH_RUNROOT": str(tmp_path / "run"),
+                        "KF_BUILDAH_DRIVER": "vfs"})
+    indexes = []
+    for name in ("a", "b"):
+        with tarfile.open(tmp_path / f"{name}.tar") as tar:
+            def blob(digest: str, tar: tarfile.TarFile = tar) -> bytes:
+                return tar.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}").read()  # type: ignore[union-attr]
+            index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+            indexes.append(index)
+            (entry,) = index["manifests"]
+            manifest = json.loads(blob(entry["digest"]))
+            config = json.loads(blob(manifest["config"]["digest"]))
+            (layer,) = manifest["layers"]
+            data = blob(layer["digest"])
+    assert indexes[0] == indexes[1], "the same directory gives the same image"
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == "kubeforge.local/test:1"
+    assert config["config"]["Cmd"] == ["/bin/hello"] and config["os"] == "linux"
+    assert hashlib.sha256(data).hexdigest() == layer["digest"].removeprefix("sha256:")
+    with tarfile.open(fileobj=io.BytesIO(data)) as inner:
+        members = {m.name.removeprefix("./"): m for m in inner.getmembers()}
     assert members["bin/hi"].issym() and members["bin/hi"].linkname == "hello"
-    assert members["bin/hello"].mode & 0o111 and members["bin/hello"].mtime == 0
+    assert members["bin/hello"].mode & 0o111 and members["bin/hello"].mtime == 0 and members["bin/hello"].uid == 0

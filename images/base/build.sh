@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Build the base image tar for kubeforge pods on the real test node: busybox-static and nothing else.
+# Build the base image for kubeforge pods on the real test node: busybox-static and nothing else, packed by buildah
+# as an OCI archive.
 # Pods run the host's Python through hostPath mounts (see images/README.md and e2e/node/realnode.py).
 # Usage: images/base/build.sh OUT.tar [REF]      (REF defaults to kubeforge.local/base:1)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-"$here/../../e2e/host/install.sh" >&2 # static busybox
+"$here/../../e2e/host/install.sh" >&2 # static busybox, buildah
 out="$1"; ref="${2:-kubeforge.local/base:1}"
 busybox="$(command -v busybox)"
 case "$(ldd "$busybox" 2>&1 || true)" in *"not a dynamic executable"*) ;; *) echo "busybox at $busybox is not static (install busybox-static)" >&2; exit 1 ;; esac
@@ -18,4 +19,6 @@ done
 ln -s ../../bin/env "$root/usr/bin/env"
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$root/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
-python3 "$here/../lib/dockersave.py" --rootfs "$root" --ref "$ref" --out "$out" --cmd /bin/sh >/dev/null
+source "$here/../lib/buildah.sh"; source "$here/../lib/pack.sh"
+kf_pack_rootfs "$root" "$ref" "$out" --cmd '["/bin/sh"]'
+

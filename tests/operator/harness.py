@@ -30,8 +30,9 @@ def free_port() -> int:
 class Operator:
     """The operator as a child process."""
 
-    def __init__(self, *, kubeconfig: str, log_path: pathlib.Path, extra: tuple[str, ...] = ()) -> None:
-        self.kubeconfig, self.log_path, self.extra = kubeconfig, log_path, extra
+    def __init__(self, *, kubeconfig: str, log_path: pathlib.Path, extra: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> None:
+        self.kubeconfig, self.log_path, self.extra, self.env = kubeconfig, log_path, extra, env or {}
         self.metrics_port, self.health_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -40,7 +41,7 @@ class Operator:
                "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
                "--runtime-image", "kubeforge/runtime:test", *(self.extra or ("--all-namespaces",))]
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **self.env})
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

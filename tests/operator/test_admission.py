@@ -2,10 +2,17 @@
 e2e/test_webhook_admission.py), and the self-signed certificate names the address the API server dials."""
 from __future__ import annotations
 
+import http.client
+import json
+import os
 import pathlib
+import ssl
 import sys
+import time
 
-from kubeforge.operator import admission, webhook
+import pytest
+
+from kubeforge.operator import admission, metrics, webhook
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "api"))
 import invalid_manifests  # noqa: E402
@@ -35,3 +42,70 @@ def test_the_self_signed_certificate_names_its_host(tmp_path: pathlib.Path) -> N
     sans = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)} == {"10.1.2.3", "127.0.0.1"}
     assert key.stat().st_mode & 0o077 == 0
+
+
+def review_doc(obj: dict, *, uid: str = "u-1", operation: str = "CREATE") -> dict:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": uid, "operation": operation, "object": obj, "oldObject": None}}
+
+
+def test_respond_wraps_the_review_in_the_admission_envelope() -> None:
+    ok = admission.respond(review_doc(invalid_manifests.valid(), uid="a"))
+    assert ok == {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "response": {"uid": "a", "allowed": True}}
+    case = invalid_manifests.SEMANTIC_CASES[0]
+    denied = admission.respond(review_doc(case.manifest(), uid="b"))["response"]
+    assert denied["uid"] == "b" and denied["allowed"] is False and denied["status"]["code"] == 422
+    assert case.message.lower() in denied["status"]["message"].lower()
+    for bad in ({}, [], {"kind": "AdmissionReview"}, {"kind": "AdmissionReview", "request": {"object": {}}},
+                {"kind": "AdmissionReview", "request": {"uid": "x", "object": "s"}}):
+        with pytest.raises(admission.MalformedReview):
+            admission.respond(bad)
+
+
+def post(port: int, cafile: pathlib.Path, body: bytes, path: str = webhook.PATH) -> tuple[int, bytes]:
+    ctx = ssl.create_default_context(cafile=str(cafile))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def malformed_count() -> float:
+    return metrics.ADMISSION.labels("malformed")._value.get()  # type: ignore[no-any-return]
+
+
+def test_the_operators_own_https_server_answers_reviews(tmp_path: pathlib.Path) -> None:
+    """What every replica (standbys too) serves in-cluster: real TLS, the envelope, malformed input dropped."""
+    cert, key = webhook.self_signed("127.0.0.1", tmp_path)
+    hook = webhook.Webhook(addr="127.0.0.1", port=0, host="127.0.0.1", certfile=str(cert), keyfile=str(key),
+                           managed=False)
+    server = webhook.AdmissionServer(hook).start()
+    try:
+        status, body = post(server.port, cert, json.dumps(review_doc(invalid_manifests.valid())).encode())
+        assert status == 200 and json.loads(body)["response"] == {"uid": "u-1", "allowed": True}
+        case = invalid_manifests.SEMANTIC_CASES[0]
+        status, body = post(server.port, cert, json.dumps(review_doc(case.manifest())).encode())
+        assert status == 200 and json.loads(body)["response"]["allowed"] is False
+        before = malformed_count()
+        assert post(server.port, cert, b"{not json")[0] == 400
+        assert post(server.port, cert, b'{"kind": "Pod"}')[0] == 400
+        assert malformed_count() == before + 2
+        assert post(server.port, cert, b"{}", path="/elsewhere")[0] == 404
+        # the kubelet rewrites a mounted Secret in place: the next connection uses the new certificate
+        old = tmp_path / "old.crt"
+        old.write_bytes(cert.read_bytes())
+        other = tmp_path / "other"
+        other.mkdir()
+        cert2, key2 = webhook.self_signed("127.0.0.1", other)
+        cert.write_bytes(cert2.read_bytes())
+        key.write_bytes(key2.read_bytes())
+        os.utime(cert, ns=(time.time_ns() + 10**9,) * 2)
+        assert post(server.port, cert2, json.dumps(review_doc(invalid_manifests.valid())).encode())[0] == 200
+        with pytest.raises(ssl.SSLError):
+            post(server.port, old, b"{}")
+    finally:
+        server.stop()

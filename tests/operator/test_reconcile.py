@@ -137,3 +137,20 @@ def test_an_image_that_cannot_be_pulled_shows_in_the_ready_condition_and_an_even
     assert cluster.events.count("ImagePullBackOff") == 1
     reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
     assert cluster.events.count("ImagePullBackOff") == 1               # once per transition, not per pass
+
+
+def test_a_pass_with_the_same_spec_and_context_neither_renders_nor_applies(monkeypatch: Any) -> None:
+    fake = FakeCluster(raw_job())
+    cache = reconcile.ApplyCache()
+    reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
+    calls: list[int] = []
+    real = reconcile.render.render
+    monkeypatch.setattr(reconcile.render, "render", lambda job, ctx: calls.append(1) or real(job, ctx))
+    reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
+    assert calls == [] and fake.applies == 12
+    fake.job["metadata"]["generation"] = 2                         # the spec changed: render and apply again
+    reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
+    assert calls == [1]
+    cache.forget(("ns", "tiny"))                                   # a child was deleted: everything goes out again
+    reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
+    assert calls == [1, 1] and fake.applies == 24

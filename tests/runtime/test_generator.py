@@ -47,14 +47,14 @@ def test_generate_returns_groups_with_logprobs(tiny_engine: engine.Engine) -> No
             assert tiny_engine.tokenizer.decode(c.token_ids, skip_special_tokens=True).startswith(c.text)
             assert c.finish_reason in ("length", "stop")
     again = tiny_engine.generate(PROMPTS, n=3, max_tokens=6, temperature=1.0, seed=5)
-    assert [[c.token_ids for c in g] for _, g in again] == [[c.token_ids for c in g] for _, g in out]
+    assert [[c.token_ids.tolist() for c in g] for _, g in again] == [[c.token_ids.tolist() for c in g] for _, g in out]
     other = tiny_engine.generate(PROMPTS, n=3, max_tokens=6, temperature=1.0, seed=6)
-    assert [[c.token_ids for c in g] for _, g in other] != [[c.token_ids for c in g] for _, g in out]
+    assert [[c.token_ids.tolist() for c in g] for _, g in other] != [[c.token_ids.tolist() for c in g] for _, g in out]
 
 
 @pytest.mark.vllm
 def test_greedy_is_deterministic(tiny_engine: engine.Engine) -> None:
     a = tiny_engine.greedy(PROMPTS, max_tokens=5)
     b = tiny_engine.greedy(PROMPTS, max_tokens=5)
-    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert [c.token_ids.tolist() for c in a] == [c.token_ids.tolist() for c in b]
     assert all(len(c.logprobs) == len(c.token_ids) for c in a)

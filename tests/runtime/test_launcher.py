@@ -316,3 +316,63 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def test_a_trainer_blocked_on_a_lost_group_is_detected_and_restarted_within_the_deadline(tmp_path: Path) -> None:
+    """A real trainer process (``kubeforge role trainer`` from the launcher's own ProcSpec) whose groups are lost on
+    purpose: this test plays generator-0, says READY, and drops every WORK frame it gets. The trainer re-issues the
+    missing prompts after deadline/4 (the loss is detected), raises ``Stalled`` at the deadline and exits non-zero,
+    and the launcher's judge restarts the job (RestartAll, counted): all within progressDeadlineSeconds + slack
+    from the first lost frame, never an unbounded wait."""
+    from kubeforge.api import load
+    from kubeforge.runtime.launcher import main as launcher_main
+    from kubeforge.runtime.launcher import rundir
+
+    deadline = 12
+    doc = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+    doc["spec"]["algorithm"]["steps"] = 2
+    doc["spec"]["failurePolicy"] = {"progressDeadlineSeconds": deadline, "maxRestarts": 2}
+    job = load.parse(doc)
+    run = rundir.create(job_name="stall", explicit=str(tmp_path / "run"))
+    run.manifest.write_text(yaml.safe_dump(doc))
+    key = os.urandom(32)
+    specs = {s.name: s for s in launcher_main.process_specs(job=job, run=run, attempt=0, job_key=key)}
+    keys = transport.CurveKeys.from_job_key(key)
+    port = {name: int(s.env[contract.ENV_PORT_BASE]) for name, s in specs.items()}
+    gen_in = transport.open_receiver(transport.tcp_address("127.0.0.1", port["generator-0"] + contract.PORT_DATA),
+                                     auth=keys)
+    group = supervisor.Group([specs["trainer-0"]])
+    group.start()
+    control = None
+    try:
+        control = transport.open_sender(
+            [transport.tcp_address("127.0.0.1", port["trainer-0"] + contract.PORT_CONTROL)], role="generator",
+            index=0, auth=keys, ready_timeout=120)
+        control.send(wire.Ready(role="generator", index=0))
+        lost: list[tuple[float, wire.Work]] = []
+        exits: list[supervisor.Exit] = []
+
+        def trainer_exited() -> bool:
+            msg = gen_in.recv(timeout=0.2)
+            if isinstance(msg, wire.Work):
+                lost.append((time.monotonic(), msg))       # dropped on purpose: no group ever comes back
+            exits.extend(group.poll())
+            return bool(exits)
+
+        wait_for(trainer_exited, timeout=240)
+        ended = time.monotonic()
+        assert lost, "the trainer never issued work"
+        first_lost = lost[0][0]
+        steps0 = [w for _, w in lost if w.step == 0]
+        assert len(steps0) >= 2 and steps0[-1].prompts[0].index in {p.index for p in steps0[0].prompts}  # re-issued
+        assert exits[0].name == "trainer-0" and exits[0].code not in (0, None)
+        assert deadline * 0.9 <= ended - first_lost < deadline + 30, f"exited {ended - first_lost:.1f}s after"
+        assert "Stalled" in specs["trainer-0"].log.read_text()
+        verdict, decision = supervisor.judge(exits=exits, trainers=1, restarts=0, policy=job.spec.failure_policy)
+        assert verdict is supervisor.Verdict.RESTART and decision is not None and decision.counts
+        assert decision.action == "RestartAll"
+    finally:
+        if control is not None:
+            control.close()
+        group.stop(grace=1)
+        gen_in.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +112,8 @@ class InProcessPusher:
 
 def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = (),
             evaluate: trainer_role.Evaluate | None = None, eval_every: int = 0,
-            colocated: bool = False) -> dict[str, object]:
+            colocated: bool = False, pusher: Callable[..., Any] | None = None,
+            log: list[tuple[str, int]] | None = None) -> dict[str, object]:
     """Run generator, verifier and trainer loops to completion; returns observations."""
     n = next(_ids)
     a = {k: f"mem://t{n}-{k}" for k in ("gen", "ver", "trn", "ctl")}
@@ -148,6 +149,13 @@ def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = (),
             raw.send_frame(frame, to=i)       # type: ignore[attr-defined]
     learner = step.Trainer(model_path=path, algorithm=spec.algorithm)
     weights.learner = learner
+    if log is not None:   # record when each step trains (the overlap test orders it against the pushes)
+        train = learner.train_step
+
+        def logged_train(**kw: Any) -> Any:
+            log.append(("train", learner.step + 1))
+            return train(**kw)
+        learner.train_step = logged_train  # type: ignore[method-assign]
     to_gen = transport.open_sender([a["gen"]], role="trainer", index=0)
     records = tmp / "metrics.jsonl"
     loop = trainer_role.Loop(
@@ -159,7 +167,7 @@ def run_job(spec_job: rljob.RLJob, tmp: Path, *, inject: Sequence[bytes] = (),
                                        checkpoint_keep=2, colocated=colocated),
         inbox=trn_in, generators=to_gen, learner=learner, prompt_at=tasks.stream(spec.task).prompt_at,
         observer=observe.TrainerObserver(m["trainer"]),
-        rank0=trainer_role.Rank0(control=ctl_in, pusher=InProcessPusher(to_gen, ctl_in),
+        rank0=trainer_role.Rank0(control=ctl_in, pusher=(pusher or InProcessPusher)(to_gen, ctl_in),
                                  reporter=report.JsonlReporter(path=records, echo=False),
                                  evaluate=evaluate, eval_every=eval_every))
     loop.run()
@@ -225,6 +233,66 @@ def test_colocated_hands_out_a_step_only_after_the_last_is_trained_and_pushed(tm
     assert dict(out["buffer"].lag_counts) == {0: 16}
     overlapped = run_job(job(steps=4, maxPolicyLag=1), tmp_path / "overlapped")
     assert overlapped["buffer"].lag_counts.get(1, 0) > 0
+
+
+class OverlapPusher(InProcessPusher):
+    """The ``start``/``finish`` protocol of ``roles.sync.Pusher``: SYNC notices at ``start``, the push completes in
+    the background (here: once every generator ACKed; ACKs the trainer's loop reads arrive through ``acked``), and
+    ``finish`` joins it. Logs the order of starts and finishes."""
+
+    def __init__(self, generators: transport.Sender, control: transport.Receiver, log: list[tuple[str, int]]) -> None:
+        super().__init__(generators, control)
+        self.log = log
+        self.flight: int | None = None
+        self.acks: set[int] = set()
+
+    @property
+    def in_flight(self) -> bool:
+        return self.flight is not None
+
+    def start(self, *, version: int, step: int) -> None:
+        assert self.flight is None, "a push started while another was in flight"
+        self.log.append(("start", version))
+        for g in range(self.generators.peers):
+            self.generators.send(wire.Sync(version=version, step=step, host="mem", port=1, world_size=2), to=g)
+        self.flight, self.acks = version, set()
+
+    def acked(self, msg: wire.Ack) -> None:
+        if msg.version == self.flight:
+            self.acks.add(msg.index)
+
+    def finish(self) -> generator_role.SyncResult | None:
+        version, self.flight = self.flight, None
+        while len(self.acks) < self.generators.peers:
+            msg = self.control.recv(timeout=30)
+            assert msg is not None, "no ACK from the generator"
+            if isinstance(msg, wire.Ack) and msg.of == wire.Kind.SYNC and msg.version == version:
+                self.acks.add(msg.index)
+        self.log.append(("finish", int(version or 0)))
+        return generator_role.SyncResult(seconds=0.02, bytes=1)
+
+    def push(self, *, version: int, step: int) -> generator_role.SyncResult:
+        self.start(version=version, step=step)
+        result = self.finish()
+        assert result is not None
+        return result
+
+    def reform(self, *, members: int | None = None) -> int:
+        return 0
+
+
+def test_an_overlapped_push_runs_while_the_next_step_trains_and_keeps_versions_in_order(tmp_path: Path) -> None:
+    """With a pusher that can ``start``, the trainer starts the push of v after step v and trains step v+1 before
+    joining it; pushes never overlap each other, the generator loads versions in order, nothing goes stale, and
+    each record carries the figures of the push that completed during its step."""
+    log: list[tuple[str, int]] = []
+    out = run_job(job(steps=4, maxPolicyLag=1), tmp_path, pusher=lambda g, c: OverlapPusher(g, c, log), log=log)
+    assert [r["step"] for r in out["records"]] == [1, 2, 3, 4]
+    assert out["versions"] == [1, 2, 3]
+    assert out["buffer"].drops.get("stale", 0) == 0 and max(out["buffer"].lag_counts) <= 1
+    assert log == [("train", 1), ("start", 1), ("train", 2), ("finish", 1), ("start", 2), ("train", 3),
+                   ("finish", 2), ("start", 3), ("train", 4), ("finish", 3)]
+    assert [r["weight_sync_seconds"] for r in out["records"]] == [None, 0.02, 0.02, None]
 
 
 def test_split_and_share_are_exact() -> None:
@@ -447,7 +515,7 @@ class ElasticPusher(InProcessPusher):
 
     def __init__(self, generators: transport.Sender, control: transport.Receiver) -> None:
         super().__init__(generators, control)
-        self.members, self.epoch, self.pushes = generators.peers, 0, []
+        self.members, self.epoch, self.pushes, self.failed = generators.peers, 0, [], 0
         self.on_other: Any = lambda msg: None
 
     def reform(self, *, members: int | None = None) -> int:
@@ -456,13 +524,18 @@ class ElasticPusher(InProcessPusher):
         return self.epoch
 
     def push(self, *, version: int, step: int) -> generator_role.SyncResult:
-        for g in range(self.members):
-            self.generators.send(wire.Sync(version=version, step=step, host="mem", port=1, world_size=2,
-                                           epoch=self.epoch), to=g)
+        try:                         # bounded, as sync.Pusher: a generator gone fails the push
+            for g in range(self.members):
+                self.generators.send(wire.Sync(version=version, step=step, host="mem", port=1, world_size=2,
+                                               epoch=self.epoch), to=g, timeout=5)
+        except transport.TransportError:
+            self.failed += 1
+            raise
         acked: set[int] = set()
         while len(acked) < self.members:
             msg = self.control.recv(timeout=5)
             if msg is None:          # as the broadcast fails when a member is gone: the trainer re-forms
+                self.failed += 1
                 raise RuntimeError(f"no ACK from generators {set(range(self.members)) - acked}")
             if isinstance(msg, wire.Ack) and msg.of == wire.Kind.SYNC and msg.version == version:
                 acked.add(msg.index)
@@ -557,6 +630,98 @@ def test_generators_join_and_leave_while_the_trainer_runs(tmp_path: Path) -> Non
     joined = [e for e in events if e[0] == 1]
     assert joined and joined[0][1] == "sync" and joined[0][2] >= 2      # the current policy before any sample
     assert any(e[1] == "sample" for e in joined)                        # and it did take work
+    for r in (trn_in, ctl_in, ver_in):
+        r.close()
+
+
+@pytest.mark.parametrize("how", ["mid-receive", "notice-lost", "idle"])
+def test_a_generator_scaled_down_leaves_without_stalling(tmp_path: Path, how: str) -> None:
+    """Generators 2 -> 1, three ways seen in real pods. ``mid-receive``: generator 1 sits inside the receive of a
+    sync when deleted (SIGKILLed after its grace period); its push fails, and the leave notice (sent by the signal
+    watcher while the receive blocks) shrinks the group to generator 0. ``notice-lost``: the same without the notice:
+    generator 1's silence after the failed push drops it within ``answer_within``. ``idle``: generator 1 stops
+    between syncs, sends its notice and is gone (its inbox closed) before the next push: the notice is applied before
+    any SYNC goes out, so no push fails (the real trainer used to block on the SYNC send to the vanished pod). Every
+    way: a new epoch over generator 0, generator 1's work re-issued, every step trained once with its full share,
+    no Stalled, no restart."""
+    spec_job = job(steps=6)
+    n = next(_ids)
+    base = f"mem://shrink{n}"
+    trn_in, ctl_in = transport.open_receiver(f"{base}-trn", hwm=256), transport.open_receiver(f"{base}-ctl")
+    ver_in = transport.open_receiver(f"{base}-ver")
+    scorer = verifiers.Scorer(spec_job.spec.verifiers)
+    m = metrics.Metrics(role="x", replica=0)
+    stop_all, stuck, release, stop1 = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    learner = step.Trainer(model_path=models.resolve(spec_job.spec.model), algorithm=spec_job.spec.algorithm)
+    leave1 = generator_role.LeaveNotice(index=1, open_control=lambda timeout: transport.open_sender(
+        [f"{base}-ctl"], role="generator", index=1, ready_timeout=timeout))
+
+    class StuckAt3(CopyWeights):
+        """Generator 1's receive of v3 never ends: the broadcast waits on a peer being deleted."""
+
+        def load(self, sync: wire.Sync) -> generator_role.SyncResult:
+            if sync.version >= 3 and how != "idle":
+                stuck.set()
+                release.wait(120)
+                raise RuntimeError("killed mid-receive")
+            return super().load(sync)
+
+    gen_threads, inboxes = [], []
+    for i in (0, 1):
+        sampler = HFSampler(path=models.resolve(spec_job.spec.model), n=4, max_new=2)
+        loader = (StuckAt3 if i == 1 else CopyWeights)(sampler)
+        loader.learner = learner
+        inboxes.append(transport.open_receiver(f"{base}-gen{i}"))
+        gen_threads.append(threading.Thread(target=generator_role.run, kwargs=dict(
+            index=i, inbox=inboxes[i], verifiers=transport.open_sender([f"{base}-ver"], role="generator", index=i),
+            control=transport.open_sender([f"{base}-ctl"], role="generator", index=i), sampler=sampler,
+            weights=loader, observer=observe.GeneratorObserver(m), max_policy_lag=1,
+            should_stop=(lambda i=i: stop_all.is_set() or (i == 1 and stop1.is_set())),
+            leave=leave1 if i == 1 else None), daemon=True))
+        gen_threads[-1].start()
+    to_gen = transport.open_sender([f"{base}-gen0", f"{base}-gen1"], role="trainer", index=0)
+    pusher = ElasticPusher(to_gen, ctl_in)
+    loop = trainer_role.Loop(
+        settings=trainer_role.Settings(rank=0, world=1, steps=6, prompts_per_step=4, max_policy_lag=1, sync_every=1,
+                                       checkpoint_every=10, checkpoint_dir=str(tmp_path / "ckpt"),
+                                       checkpoint_keep=1, deadline=60, reissue_after=40, answer_within=2.0),
+        inbox=trn_in, generators=to_gen, learner=learner, prompt_at=tasks.stream(spec_job.spec.task).prompt_at,
+        observer=observe.TrainerObserver(metrics.Metrics(role="trainer", replica=0)),
+        rank0=trainer_role.Rank0(control=ctl_in, pusher=pusher,
+                                 reporter=report.JsonlReporter(path=tmp_path / "m.jsonl", echo=False)),
+        generator_address=lambda i: f"{base}-gen{i}")
+    threading.Thread(target=verifier_role.run, kwargs=dict(
+        inbox=ver_in, trainers=transport.open_sender([f"{base}-trn"], role="verifier", index=0), score=scorer.apply,
+        observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop_all.is_set), daemon=True).start()
+
+    def sigterm_generator_1() -> None:      # as the signal watcher does while the loop's thread is blocked
+        stuck.wait(60)
+        if how == "mid-receive":
+            assert leave1.send()
+
+    threading.Thread(target=sigterm_generator_1, daemon=True).start()
+    train = learner.train_step
+
+    def train_and_scale_down(**kw: object) -> object:
+        if how == "idle" and learner.step == 2:          # while step 3 trains: generator 1 stops and vanishes
+            stop1.set()
+            gen_threads[1].join(30)
+            inboxes[1].close()
+        return train(**kw)  # type: ignore[arg-type]
+
+    learner.train_step = train_and_scale_down  # type: ignore[method-assign]
+    loop.run()
+    release.set()
+    stop_all.set()
+    records = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert all(r["completions"] == 16 for r in records)
+    assert loop.members == 1 and loop.reissued == 0          # shrunk, not recovered by the stall timer
+    assert (loop.left, loop.dropped) == ((set(), {1}) if how == "notice-lost" else ({1}, set()))
+    assert pusher.pushes[-1][1] == 1 and (5, 1) in pusher.pushes   # the later pushes reach generator 0 alone
+    # idle: the notice is applied before the next SYNC; mid-receive: the one push it was in fails; notice-lost: the
+    # pushes within answer_within of the first failure fail too (one or two here)
+    assert pusher.failed == {"idle": 0, "mid-receive": 1}[how] if how != "notice-lost" else 1 <= pusher.failed <= 3
     for r in (trn_in, ctl_in, ver_in):
         r.close()
 

@@ -31,12 +31,47 @@ def test_padded_batch_logprobs_match_each_sequence_alone(tiny: Path) -> None:
         row = 0
         for g in groups:
             for c in g.completions:
-                ids = torch.tensor([g.prompt_token_ids + c.token_ids])
+                ids = torch.tensor([g.prompt_token_ids.tolist() + c.token_ids.tolist()])
                 logsm = torch.log_softmax(t.model(input_ids=ids).logits[0].float(), dim=-1)
                 p = len(g.prompt_token_ids)
                 want = [float(logsm[p - 1 + j, tok]) for j, tok in enumerate(c.token_ids)]
                 assert got[row, :len(want)].tolist() == pytest.approx(want, abs=1e-5)
                 row += 1
+
+
+def test_shared_prompts_run_once_with_the_full_forwards_logprobs_and_gradients(tiny: Path) -> None:
+    """logprobs "Shared prompts": each distinct prompt goes through the decoder once (its keys and values indexed
+    out to its group's rows), and logp, entropy and every parameter's gradient equal the full forward's."""
+    t = step.Trainer(model_path=tiny, algorithm=util.algorithm())
+    groups = util.synthetic_groups(step=0, prompts=3, group_size=4)
+    assert len({len(g.prompt_token_ids) for g in groups}) > 1          # left padding differs between prompts
+    b = batch_mod.collate(groups=groups, pad_id=t.pad_id, scale_by_std=True)
+    calls: list[tuple[int, int]] = []
+    hook = t.model.get_decoder().register_forward_pre_hook(
+        lambda mod, args, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    weights = torch.randn(b.completion_ids.shape, generator=torch.Generator().manual_seed(0))
+
+    def run(share: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        t.model.zero_grad(set_to_none=True)
+        logp, ent = logprobs.forward(t.model, input_ids=b.input_ids, attention_mask=b.attention_mask,
+                                     position_ids=b.position_ids, completion_ids=b.completion_ids,
+                                     completion_mask=b.completion_mask, share_prefix=share)
+        (logp * weights).sum().backward()
+        return logp.detach(), ent.detach(), [p.grad.clone() for p in t.model.parameters() if p.grad is not None]
+
+    full = run(False)
+    assert calls == [tuple(b.input_ids.shape)]
+    calls.clear()
+    shared = run(True)
+    hook.remove()
+    p_len = b.input_ids.shape[1] - b.completion_len
+    assert calls == [(3, p_len), (12, b.completion_len)]
+    torch.testing.assert_close(shared[0], full[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(shared[1], full[1], atol=1e-4, rtol=1e-5)
+    assert len(shared[2]) == len(full[2])
+    for got, want in zip(shared[2], full[2]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert not t.policy.share_prefix              # measured slower on CPU: the trainer does not use it
 
 
 def test_logit_temperature_divides_logits(tiny: Path) -> None:
@@ -46,7 +81,7 @@ def test_logit_temperature_divides_logits(tiny: Path) -> None:
     b = batch_mod.collate(groups=[g], pad_id=t.pad_id, scale_by_std=True)
     with torch.no_grad():
         got = logprobs.completion_logprobs(model=t.model, batch=b, temperature=2.0).logp[0]
-        ids = torch.tensor([g.prompt_token_ids + g.completions[0].token_ids])
+        ids = torch.tensor([g.prompt_token_ids.tolist() + g.completions[0].token_ids.tolist()])
         logsm = torch.log_softmax(t.model(input_ids=ids).logits[0].float() / 2.0, dim=-1)
     p = len(g.prompt_token_ids)
     want = [float(logsm[p - 1 + j, tok]) for j, tok in enumerate(g.completions[0].token_ids)]

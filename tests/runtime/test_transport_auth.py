@@ -79,3 +79,22 @@ def test_a_sender_without_the_key_never_becomes_ready() -> None:
                                   auth=transport.CurveKeys.from_job_key(os.urandom(32)))
     finally:
         rx.close()
+
+
+def test_a_peer_added_later_speaks_curve_too() -> None:
+    """``add_peer`` (a generator that joins a running job) connects with the job's keys like the first peers; it
+    used to connect without them, so the joiner refused every frame as unauthenticated (seen in real pods)."""
+    keys = transport.CurveKeys.from_job_key(KEY)
+    first = transport.open_receiver("tcp://127.0.0.1:*", auth=keys)
+    joiner = transport.open_receiver("tcp://127.0.0.1:*", auth=keys)
+    tx = transport.open_sender([first.address], role="trainer", index=0, auth=keys, ready_timeout=10)
+    try:
+        assert tx.add_peer(joiner.address) == 1
+        tx.send(wire.Sync(version=4, step=4, host="h", port=1, world_size=3, epoch=1), to=1, timeout=10)
+        msg = joiner.recv(timeout=10)
+        assert isinstance(msg, wire.Sync) and msg.epoch == 1
+        assert joiner.dropped.get(transport.REASON_UNAUTHENTICATED, 0) == 0
+    finally:
+        tx.close()
+        first.close()
+        joiner.close()

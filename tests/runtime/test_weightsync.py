@@ -64,7 +64,7 @@ def hf_greedy(model: transformers.PreTrainedModel, prompt_ids: list[int], max_to
 def hf_logprobs(model: transformers.PreTrainedModel, prompt_ids: list[int], completion: list[int],
                 temperature: float) -> list[float]:
     """Teacher-forced log_softmax(logits / T) of each completion token: the documented convention."""
-    ids = torch.tensor([prompt_ids + completion])
+    ids = torch.tensor([list(prompt_ids) + list(completion)])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt_ids) - 1:-1].float()
     lp = torch.log_softmax(logits / temperature, dim=-1)
@@ -78,7 +78,7 @@ def engine_vs_hf(engine: object, model: transformers.PreTrainedModel) -> tuple[b
     for prompt, comp in zip(PROMPTS, got):
         ids = engine.encode(prompt, chat_template=False)  # type: ignore[attr-defined]
         want, want_lps = hf_greedy(model, ids, MAX_TOKENS, engine.tokenizer.eos_token_id)  # type: ignore[attr-defined]
-        same = same and want == comp.token_ids
+        same = same and want == comp.token_ids.tolist()
         n = next((i for i, (a, b) in enumerate(zip(want, comp.token_ids)) if a != b), min(len(want), len(comp.token_ids)))
         if n == 0:
             return False, float("inf")

@@ -105,3 +105,68 @@ def test_trainer_stream_sends_hf_names_in_the_compute_dtype(tmp_path: Path) -> N
     assert got[0].keys() == want.keys() and "lm_head.weight" not in want          # tied head sent once
     assert all(torch.equal(got[0][n], w) for n, w in want.items())
     assert stats.bytes == sum(w.numel() * 2 for w in want.values())
+
+
+def _receiver_thread(port: int, syncs: int, got: list[dict[str, torch.Tensor]], errors: list[BaseException],
+                     allocations: list[int]) -> threading.Thread:
+    def run() -> None:
+        try:
+            r = weightsync.WeightReceiver(host="127.0.0.1", port=port, world_size=2, rank=1, timeout=20)
+            try:
+                for _ in range(syncs):
+                    box: dict[str, torch.Tensor] = {}
+
+                    def load(it: Iterator[tuple[str, torch.Tensor]]) -> None:
+                        for n, t in it:
+                            box[n] = t.clone()
+                    r.receive(load)
+                    got.append(box)
+                    allocations.append(r.buffers.allocations)
+            finally:
+                r.close()
+        except BaseException as e:  # surfaced by the test
+            errors.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_overlapped_syncs_snapshot_at_start_reuse_buffers_and_arrive_in_order() -> None:
+    """``start`` returns once the tensors are packed: changing them afterwards (the next training step) does not
+    change what is broadcast; syncs arrive in version order; both ends allocate their buffers once per layout."""
+    g = torch.Generator().manual_seed(0)
+    params = [(f"p{i}", torch.randn(64, 64, generator=g)) for i in range(5)]
+    extra = ("q", torch.randn(10, generator=g))
+    port, got, errors, allocations = util.free_port(), [], [], []
+    thread = _receiver_thread(port, 4, got, errors, allocations)
+    sender = weightsync.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=20, bucket_mb=0.04)
+    sent: list[dict[str, torch.Tensor]] = []
+    stats = []
+    for v in (1, 2, 3):
+        sent.append({n: t.clone() for n, t in params})
+        flight = sender.start(params, version=v)
+        for _, t in params:          # the next step changes the weights while the broadcast may still run
+            t.add_(1.0)
+        stats.append(flight.result(timeout=30))
+    layouts_before = sender.buffers.allocations
+    sent.append({n: t.clone() for n, t in params + [extra]})
+    stats.append(sender.start(params + [extra], version=4).result(timeout=30))   # another layout
+    thread.join(timeout=30)
+    sender.close()
+    assert not errors, errors
+    assert [s.version for s in stats] == [1, 2, 3, 4] and all(s.buckets >= 3 for s in stats)
+    for want, have in zip(sent, got):
+        assert want.keys() == have.keys() and all(torch.equal(want[n], have[n]) for n in want)
+    assert layouts_before == 1 and sender.buffers.allocations == 2
+    assert allocations == [1, 1, 1, 2]
+
+
+def test_a_failed_background_broadcast_raises_on_result() -> None:
+    def boom() -> weightsync.SyncStats:
+        raise RuntimeError("peer gone")
+
+    with pytest.raises(weightsync.WeightSyncError, match="v7 failed: peer gone"):
+        weightsync.InFlight(boom, version=7).result(timeout=10)
+    ok = weightsync.SyncStats(version=8, bytes=1, seconds=0.1, tensors=1, buckets=1)
+    assert weightsync.InFlight(lambda: ok, version=8).result(timeout=10) is ok

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import hypothesis
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import strategies as st
 
@@ -60,8 +61,34 @@ def test_logprobs_round_trip_exactly() -> None:
                            completions=[c], policy_version=0)
     out = wire.decode(wire.encode(wire.Rollout(group=g)))
     assert isinstance(out, wire.Rollout)
-    assert out.group.completions[0].logprobs == lps
-    assert out.group.completions[0].token_ids == [0, 1, 2**32 - 1, 5, 6]
+    assert out.group.completions[0].logprobs.tolist() == lps
+    assert out.group.completions[0].token_ids.tolist() == [0, 1, 2**32 - 1, 5, 6]
+
+
+def test_decoded_token_arrays_are_packed_views_not_lists() -> None:
+    """Token ids and logprobs arrive as typed numpy arrays (read-only views of the frame's bytes), one slice per
+    completion of the group's column."""
+    out = wire.decode(wire.encode(MESSAGES["scored"]()))
+    assert isinstance(out, wire.Scored)
+    comps = out.group.completions
+    assert [c.token_ids.tolist() for c in comps] == [[5], [5, 6]]
+    for c in comps:
+        assert isinstance(c.token_ids, np.ndarray) and c.token_ids.dtype == types.TOKEN_DTYPE
+        assert isinstance(c.logprobs, np.ndarray) and c.logprobs.dtype == types.LOGPROB_DTYPE
+        assert not c.token_ids.flags.writeable and not c.token_ids.flags.owndata
+    assert comps[0].token_ids.base is comps[1].token_ids.base   # both slices of one packed column
+    assert out.group.prompt_token_ids.tolist() == [70, 80, 90]
+    assert out.group.rewards == [1.0, -0.25] and out.group.scores == {"answer": [1.0, -0.25]}
+
+
+def test_types_convert_sequences_and_refuse_bad_token_ids() -> None:
+    c = types.Completion(token_ids=(1, 2), logprobs=[-1, -2], text="")
+    assert c.token_ids.dtype == types.TOKEN_DTYPE and c.logprobs.dtype == types.LOGPROB_DTYPE
+    assert c == types.Completion(token_ids=np.array([1, 2]), logprobs=[-1.0, -2.0], text="")
+    assert c != types.Completion(token_ids=[1, 3], logprobs=[-1.0, -2.0], text="")
+    for bad in ([-1], [2**32], [1.5], [[1, 2]]):
+        with pytest.raises(ValueError):
+            types.Completion(token_ids=bad, logprobs=[0.0] * len(bad), text="")
 
 
 def frame_of(kind: wire.Kind, payload: Any, *, version: int = wire.SCHEMA_VERSION, magic: bytes = wire.MAGIC) -> bytes:
@@ -118,23 +145,39 @@ _DELETE = object()
 SCORED = MESSAGES["scored"]
 
 
+def packed(dtype: str, values: list[Any], shape: list[int] | None = None) -> dict[str, Any]:
+    data = np.asarray(values, dtype=dtype).tobytes()
+    return {"dtype": dtype, "shape": [len(values)] if shape is None else shape, "data": data}
+
+
 @pytest.mark.parametrize("path,value,needle", [
-    ("group.completions.0.logprobs", struct.pack("<2d", -1.0, -2.0), "1 token_ids"),
-    ("group.completions.1.logprobs", struct.pack("<2d", -1.0, math.nan), "non-finite"),
-    ("group.completions.0.token_ids", [5], "packed bytes"),
-    ("group.completions.0.token_ids", b"\x00\x01\x02", "whole array"),
-    ("group.rewards", [1.0], "list of 2 floats"),
-    ("group.rewards", [1.0, math.inf], "finite"),
-    ("group.rewards", [1, 0.0], "finite float"),
+    ("group.completions.logprobs", packed("<f8", [-1.0, -2.0]), "2 logprobs for 3 token_ids"),
+    ("group.completions.logprobs", packed("<f8", [-1.0, math.nan, -2.0]), "non-finite"),
+    ("group.completions.logprobs", packed("<f4", [-1.0, -1.0, -2.0]), "dtype '<f4'"),
+    ("group.completions.token_ids", [5], "packed array map"),
+    ("group.completions.token_ids", {"dtype": "<u4", "shape": [1], "data": b"\x00\x01\x02"}, "bytes of data"),
+    ("group.completions.token_ids", packed("<u4", [1], shape=[2**40]), "shape"),
+    ("group.completions.token_ids", packed("<u4", [1, 2]), "2 token_ids for lengths summing to 3"),
+    ("group.completions.token_ids", {**packed("<u4", [1, 2, 3]), "extra": 1}, "exactly the keys"),
+    ("group.completions.token_ids", {"dtype": "<u4", "shape": [3], "data": [1, 2, 3]}, "packed bytes"),
+    ("group.completions.lengths", packed("<u4", []), "at least one completion"),
+    ("group.completions.lengths", packed("<u4", [wire.MAX_TOKENS + 1, 0]), "exceeds"),
+    ("group.completions.lengths", packed("<u4", [1, 1, 1]), "2 items for 3 completions"),
+    ("group.completions.text", ["a"], "1 items for 2 completions"),
+    ("group.completions.finish_reason", ["stop", 3], "item 1 is not a string"),
+    ("group.prompt_token_ids", packed("<i8", [1]), "dtype"),
+    ("group.rewards", [1.0, 0.0], "packed array map"),
+    ("group.rewards", packed("<f8", [1.0]), "1 values for 2"),
+    ("group.rewards", packed("<f8", [1.0, math.inf]), "non-finite"),
     ("group.rewards", None, "needs rewards"),
-    ("group.scores", {"answer": [1.0]}, "1 scores for 2"),
+    ("group.scores", {"answer": packed("<f8", [1.0])}, "1 values for 2"),
     ("group.policy_version", True, "integer"),
     ("group.policy_version", -1, "out of range"),
     ("group.step", 2**63, "out of range"),
     ("group.prompt.text", b"bytes", "string"),
     ("group.prompt.index", _DELETE, "missing"),
     ("group.prompt.extra", 1, "unknown field"),
-    ("group.completions", [], "at least one"),
+    ("group.completions", [], "expected a map"),
     ("group", [1, 2], "expected a map"),
 ])
 def test_scored_field_refusals(path: str, value: Any, needle: str) -> None:
@@ -147,6 +190,8 @@ def test_other_refusals() -> None:
     expect(mutated(MESSAGES["ack"](), _set("of", 200)), wire.REASON_MALFORMED, "unknown kind")
     expect(mutated(MESSAGES["ack"](), _set("ok", 1)), wire.REASON_MALFORMED, "bool")
     expect(mutated(MESSAGES["work"](), _set("prompts", [{"index": 1}])), wire.REASON_MALFORMED, "prompts[0].text")
+    expect(mutated(MESSAGES["rollout"](), _set("group.completions.token_ids.shape", [3, 1])), wire.REASON_MALFORMED,
+           "shape")
     expect(mutated(MESSAGES["stop"](), _set("reason", "x" * (wire.MAX_TEXT_CHARS + 1))), wire.REASON_MALFORMED,
            "exceed")
     expect(frame_of(wire.Kind.STOP, ["not", "a", "map"]), wire.REASON_MALFORMED, "expected a map")

@@ -6,6 +6,7 @@ The memory test runs each 64 MiB hostile frame in a fresh interpreter and measur
 from __future__ import annotations
 
 import json
+import pathlib
 import struct
 import subprocess
 import sys
@@ -19,21 +20,41 @@ _PROBE = r"""
 import json, resource, struct, sys, time
 from kubeforge.runtime import wire
 N, case = int(sys.argv[1]), sys.argv[2]
-head = wire.HEADER.pack(wire.MAGIC, wire.SCHEMA_VERSION, int(wire.Kind.WORK if case != "floats" else wire.Kind.SCORED))
+head = wire.HEADER.pack(wire.MAGIC, wire.SCHEMA_VERSION, int(wire.Kind.WORK if case not in ("floats", "lying-array")
+                                                             else wire.Kind.SCORED))
 unit = {"empty-maps": b"\x80", "nested-arrays": b"\x91", "tiny-strings": b"\xa2ab", "floats": b"\xcb" + b"\x3f" * 8,
-        "uint16s": b"\xcd\x01\x00", "empty-arrays": b"\x90"}[case]
-prefix = b"" if case == "nested-arrays" else b"\x81\xa7prompts\xdd"
-count = (N - len(head) - len(prefix) - 4) // len(unit)
-frame = bytearray(len(head) + len(prefix) + (0 if case == "nested-arrays" else 4) + count * len(unit))
-frame[:len(head)] = head
-pos = len(head) + len(prefix)
-frame[len(head):pos] = prefix
-if case != "nested-arrays":
-    frame[pos:pos + 4] = struct.pack(">I", count); pos += 4
-step = len(unit) * 65536
-chunk = unit * 65536
-for off in range(pos, len(frame), step):
-    frame[off:off + step] = chunk[:len(frame) - off]
+        "uint16s": b"\xcd\x01\x00", "empty-arrays": b"\x90", "lying-array": b""}[case]
+if case == "lying-array":   # a SCORED group whose packed token_ids claim 4x the bytes they carry (zeros)
+    import msgpack
+    pk = msgpack.Packer(use_bin_type=True)
+    f64 = lambda v: {"dtype": "<f8", "shape": [len(v)], "data": struct.pack(f"<{len(v)}d", *v)}
+    lengths = [1 << 20] * 64
+    group = {"prompt": {"index": 0, "text": "", "answer": ""}, "prompt_token_ids": {"dtype": "<u4", "shape": [0],
+             "data": b""}, "policy_version": 0, "step": 0, "generator": 0, "rewards": f64([0.0] * 64), "scores": {}}
+    prefix = pk.pack({"group": 0})[:-1] + pk.pack_map_header(len(group) + 1) + b"".join(
+        pk.pack(k) + pk.pack(v) for k, v in group.items()) + pk.pack("completions") + pk.pack_map_header(5) + b"".join(
+        pk.pack(k) + pk.pack(v) for k, v in {"lengths": {"dtype": "<u4", "shape": [64],
+        "data": struct.pack("<64I", *lengths)}, "logprobs": f64([]), "text": [""] * 64,
+        "finish_reason": [""] * 64}.items()) + pk.pack("token_ids") + pk.pack({"dtype": "<u4", "shape": [64 << 20],
+        "data": 0})[:-1]
+    size = N - len(head) - len(prefix) - 5
+    frame = bytearray(len(head) + len(prefix) + 5 + size)
+    frame[:len(head)] = head
+    frame[len(head):len(head) + len(prefix)] = prefix
+    frame[len(head) + len(prefix):len(head) + len(prefix) + 5] = b"\xc6" + struct.pack(">I", size)
+else:
+    prefix = b"" if case == "nested-arrays" else b"\x81\xa7prompts\xdd"
+    count = (N - len(head) - len(prefix) - 4) // len(unit)
+    frame = bytearray(len(head) + len(prefix) + (0 if case == "nested-arrays" else 4) + count * len(unit))
+    frame[:len(head)] = head
+    pos = len(head) + len(prefix)
+    frame[len(head):pos] = prefix
+    if case != "nested-arrays":
+        frame[pos:pos + 4] = struct.pack(">I", count); pos += 4
+    step = len(unit) * 65536
+    chunk = unit * 65536
+    for off in range(pos, len(frame), step):
+        frame[off:off + step] = chunk[:len(frame) - off]
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 t = time.perf_counter()
 try:
@@ -44,7 +65,7 @@ peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
 print(json.dumps({"frame": len(frame), "growth": peak, "seconds": time.perf_counter() - t, "outcome": outcome}))
 """
 
-HOSTILE = ("empty-maps", "empty-arrays", "nested-arrays", "tiny-strings", "floats", "uint16s")
+HOSTILE = ("empty-maps", "empty-arrays", "nested-arrays", "tiny-strings", "floats", "uint16s", "lying-array")
 
 
 @pytest.mark.slow
@@ -57,6 +78,8 @@ def test_a_hostile_64_mib_frame_peaks_below_4x_its_size(case: str) -> None:
     print(case, got)
     assert got["outcome"].startswith("malformed:"), got
     assert got["growth"] < 4 * got["frame"], got
+    if case == "lying-array":   # refused by the shape check, with the data copied once at most
+        assert "bytes of data for shape" in got["outcome"] and got["growth"] < 1.5 * got["frame"], got
 
 
 def _frame(kind: wire.Kind, body: bytes) -> bytes:
@@ -107,3 +130,15 @@ def test_legitimate_large_frames_still_decode() -> None:
     work = wire.Work(step=1, policy_version=0, prompts=tuple(types.Prompt(index=i, text="12+34=", answer="46")
                                                              for i in range(wire.MAX_PROMPTS)))
     assert wire.decode(wire.encode(work)) == work
+
+
+def test_a_valid_60_mib_rollout_decodes_to_about_its_size() -> None:
+    """Token ids and logprobs stay packed: decoding a maximal valid ROLLOUT (5 completions of 2^20 tokens, ~60 MiB)
+    allocates about the frame's size (the payload's bytes, once), not one Python object per token (6.8x before the
+    arrays were packed). The measurement is bench/bench_transport.py's own (tracemalloc peak around decode)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "bench"))
+    import bench_transport
+
+    got = bench_transport.decode_memory()
+    assert got["frame_bytes"] > 60 << 20
+    assert got["peak_over_frame"] < 1.25, got

@@ -42,41 +42,45 @@ app.kubernetes.io/part-of: kubeforge
 
 {{/*
 The operator's rules on namespaced resources (used by the ClusterRole, or by one Role per watched namespace).
-Least privilege for what it does:
+Least privilege for what it does (every write is a server-side apply or merge PATCH, so no `update` anywhere):
 - rljobs: watch (kopf), patch (kopf keeps its progress in annotations), delete (ttlSecondsAfterFinished);
   rljobs/status: the typed status, merge-patched once per pass.
 - children (incl. the job's NetworkPolicy), applied server-side (create + patch), deleted when a job is
   suspended, restarted or finished.
-- pods: watched for readiness and failures; get/patch because the per-job Role the operator creates grants
-  exactly these to the job's own pods (RBAC allows granting only what one holds).
+- pods: watched for readiness and failures; get/patch ONLY because the per-job Role the operator creates grants
+  exactly these on the job's own pods by name (trainer rank 0 patches its progress annotation; RBAC lets one grant
+  only what one holds). The operator itself never writes a pod. In cluster-wide mode this is pods patch in every
+  namespace: narrowing it needs the `escalate` verb (broader), a `bind` to a fixed ClusterRole (every pod of the
+  job's namespace for the job's account) or progress off the pod (docs/install.md, "RBAC").
+- secrets: create only (the job's key Secret, never read back).
 - events: one per transition.
 - podgroups of each supported gang backend (Coscheduling, Volcano, KAI).
 */}}
 {{- define "kubeforge.namespacedRules" -}}
 - apiGroups: ["kubeforge.dev"]
   resources: ["rljobs"]
-  verbs: ["get", "list", "watch", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: ["kubeforge.dev"]
   resources: ["rljobs/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["get", "patch"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.run.ai"]
   resources: ["podgroups"]
-  verbs: ["get", "list", "watch", "create", "patch", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch"]

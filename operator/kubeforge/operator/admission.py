@@ -6,6 +6,10 @@ denial; ``webhook`` serves it over HTTPS and registers it with the API server. T
 and CEL rules first, so what reaches this review is schema-valid; the cross-field and semantic rules of
 ``kubeforge.api.validate`` (and any model validator CEL cannot express) decide here.
 
+``respond`` wraps ``review`` in the AdmissionReview envelope (admission.k8s.io/v1) for the operator's own HTTPS
+server (``webhook.AdmissionServer``, served by every replica, standbys included); kopf builds the envelope itself
+when it serves the webhook.
+
 Invariants: CREATE is always reviewed; an UPDATE only when the spec changed, so a job stored before the webhook
 existed can still be annotated, have its status written, and be deleted. The denial message lists every problem
 as ``path: message`` joined by ``; `` (one line, as the API server shows it).
@@ -18,6 +22,11 @@ from typing import Any
 from kubeforge.api import load
 
 KEYS = ("apiVersion", "kind", "metadata", "spec")
+DENIED_CODE = 422
+
+
+class MalformedReview(ValueError):
+    """The request is not an admission.k8s.io/v1 AdmissionReview with a request uid."""
 
 
 def review(operation: str, body: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> list[str]:
@@ -37,3 +46,19 @@ def review(operation: str, body: Mapping[str, Any], old: Mapping[str, Any] | Non
 def message(problems: list[str]) -> str:
     """The denial the API server shows (``kubectl apply`` prints it after the webhook's name)."""
     return "; ".join(problems)
+
+
+def respond(doc: Any) -> dict[str, Any]:
+    """The AdmissionReview answering ``doc`` (a decoded AdmissionReview request); raises ``MalformedReview``."""
+    if not isinstance(doc, dict) or doc.get("kind") != "AdmissionReview" or not isinstance(doc.get("request"), dict):
+        raise MalformedReview("not an AdmissionReview with a request")
+    req = doc["request"]
+    uid, obj, old = req.get("uid"), req.get("object"), req.get("oldObject")
+    if not isinstance(uid, str) or not uid or not isinstance(obj, dict) or not isinstance(old, (dict, type(None))):
+        raise MalformedReview("the request has no uid or no object")
+    problems = review(str(req.get("operation") or ""), obj, old)
+    response: dict[str, Any] = {"uid": uid, "allowed": not problems}
+    if problems:
+        response["status"] = {"code": DENIED_CODE, "message": message(problems)}
+    return {"apiVersion": doc.get("apiVersion") or "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "response": response}

@@ -2,8 +2,15 @@
 
 Role: with ``--leader-elect``, ``main`` blocks in ``Elector.acquire`` before kopf starts; the winner renews the
 Lease every ``renew_s`` from a thread and, when it cannot renew for a whole ``duration_s`` (API unreachable,
-another holder), exits the process (the pod restarts as a standby: never two active operators). On SIGTERM it
-releases the Lease (deletes it: a standby creates it anew at once, and an uninstalled release leaves none); a killed leader's Lease expires after ``duration_s``.
+another holder), exits the process (the pod restarts as a standby: never two active operators).
+
+Invariants:
+- The identity is per process (``identity``: pod name + a random suffix), so a leader whose process was killed
+  and restarted in the same pod is a new candidate: it cannot mistake the dead process's Lease for its own.
+- On SIGTERM the leader releases the Lease (deletes it: a standby creates it anew at once, and an uninstalled
+  release leaves none); a killed leader's Lease expires after ``duration_s`` and a standby takes it over.
+- The Lease is owned by the holder's pod (``ownerReferences``, when the pod is known and in the Lease's
+  namespace): when the pods go (``helm uninstall``), the garbage collector removes a Lease nobody released.
 
 ``decide`` is the pure rule; ``Elector`` does the API calls through ``apply.Cluster`` (optimistic concurrency:
 every write carries the ``resourceVersion`` it read, a conflict means someone else wrote first).
@@ -14,6 +21,7 @@ import dataclasses
 import datetime as dt
 import enum
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +51,16 @@ def fmt(now: dt.datetime) -> str:
     return now.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def identity(pod_name: str) -> str:
+    """A holder identity for this process: the pod's name and a random suffix (unique per process start)."""
+    return f"{pod_name}_{secrets.token_hex(4)}"
+
+
+def pod_of(holder: str) -> str:
+    """The pod name inside an ``identity``."""
+    return holder.rsplit("_", 1)[0]
+
+
 def decide(lease: Obj | None, *, me: str, now: dt.datetime) -> Action:
     """What ``me`` should do about ``lease`` at ``now``."""
     if lease is None:
@@ -58,8 +76,10 @@ def decide(lease: Obj | None, *, me: str, now: dt.datetime) -> Action:
     return Action.WAIT
 
 
-def desired(lease: Obj | None, *, me: str, now: dt.datetime, duration_s: int, namespace: str, name: str) -> Obj:
-    """The Lease ``me`` writes for a CREATE, TAKE or RENEW."""
+def desired(lease: Obj | None, *, me: str, now: dt.datetime, duration_s: int, namespace: str, name: str,
+            owner: Obj | None = None) -> Obj:
+    """The Lease ``me`` writes for a CREATE, TAKE or RENEW; ``owner`` (an ownerReference to the holder's pod)
+    replaces the previous holder's."""
     spec = dict((lease or {}).get("spec") or {})
     taking = spec.get("holderIdentity") != me
     spec.update(holderIdentity=me, leaseDurationSeconds=duration_s, renewTime=fmt(now))
@@ -67,6 +87,10 @@ def desired(lease: Obj | None, *, me: str, now: dt.datetime, duration_s: int, na
         spec["acquireTime"] = fmt(now)
         spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if lease else 0)
     md: Obj = {"name": name, "namespace": namespace}
+    if owner is not None:
+        md["ownerReferences"] = [owner]
+    elif lease is not None and lease["metadata"].get("ownerReferences") and not taking:
+        md["ownerReferences"] = lease["metadata"]["ownerReferences"]
     if lease is not None:
         md["resourceVersion"] = lease["metadata"]["resourceVersion"]
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": md, "spec": spec}
@@ -78,10 +102,13 @@ class Elector:
     namespace: str
     name: str
     identity: str
-    duration_s: int = 8
+    duration_s: int = 6
     renew_s: float = 2.0
     retry_s: float = 1.0
+    owner: Obj | None = None      # ownerReference written into the Lease (the holder's pod)
     clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)
+    _halt: threading.Event = dataclasses.field(default_factory=threading.Event, init=False, repr=False)
+    _renewer: threading.Thread | None = dataclasses.field(default=None, init=False, repr=False)
 
     def _try(self) -> bool:
         """One attempt to hold the Lease; True when held after it."""
@@ -92,7 +119,7 @@ class Elector:
             if action is Action.WAIT:
                 return False
             body = desired(lease, me=self.identity, now=now, duration_s=self.duration_s, namespace=self.namespace,
-                           name=self.name)
+                           name=self.name, owner=self.owner)
             if action is Action.CREATE:
                 self.cluster.create_lease(body)
             else:
@@ -113,23 +140,27 @@ class Elector:
             time.sleep(self.retry_s)
         return False
 
-    def keep(self, on_lost: Callable[[], None], stop: threading.Event) -> threading.Thread:
-        """Renew in a daemon thread; ``on_lost`` when a whole lease duration passed without a renewal."""
+    def keep(self, on_lost: Callable[[], None]) -> threading.Thread:
+        """Renew in a daemon thread until ``release``; ``on_lost`` when a whole lease duration passed without a
+        renewal."""
         def loop() -> None:
             last = time.monotonic()
-            while not stop.wait(self.renew_s):
+            while not self._halt.wait(self.renew_s):
                 if self._try():
                     last = time.monotonic()
-                elif time.monotonic() - last >= self.duration_s:
+                elif time.monotonic() - last >= self.duration_s and not self._halt.is_set():
                     log.error("leader: lost lease %s/%s", self.namespace, self.name)
                     on_lost()
                     return
-        t = threading.Thread(target=loop, name="lease-renew", daemon=True)
-        t.start()
-        return t
+        self._renewer = threading.Thread(target=loop, name="lease-renew", daemon=True)
+        self._renewer.start()
+        return self._renewer
 
     def release(self) -> None:
-        """Give the Lease up by deleting it (a standby creates it at its next try)."""
+        """Stop renewing, then give the Lease up by deleting it (a standby creates it at its next try)."""
+        self._halt.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join(timeout=self.duration_s)
         try:
             lease = self.cluster.get_lease(self.namespace, self.name)
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
@@ -139,3 +170,8 @@ class Elector:
             log.info("leader: released lease %s/%s", self.namespace, self.name)
         except (apply.ApiError, OSError) as exc:
             log.warning("leader: release failed: %s", exc)
+
+
+def pod_owner(name: str, uid: str) -> Obj:
+    """An ownerReference to a pod (no blockOwnerDeletion: it needs no extra permission)."""
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}

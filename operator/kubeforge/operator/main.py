@@ -7,7 +7,11 @@
 Namespace scoping: ``--namespace`` (repeatable) watches those namespaces only; ``--all-namespaces`` (the default
 when none is named) watches the whole cluster. Logs are JSON lines (``--log-format text`` for humans).
 ``--leader-elect``: several replicas, one active (``leader``: a Lease in ``--leader-namespace``); a standby serves
-/metrics and a plain /healthz until it holds the Lease, then starts kopf.
+/metrics, a plain /healthz and (in-cluster) the admission webhook until it holds the Lease, then starts kopf.
+
+Stopping: kopf runs in a thread of its own and this process handles SIGTERM/SIGINT itself (kopf's own handling
+ends in a SIGKILL after its exit timeout, which would skip the Lease's release): on a signal, kopf is asked to stop
+(``STOP_GRACE_S`` at most), then the Lease is released, well within a pod's 30 s grace period.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +54,11 @@ class Options:
     leader_elect: bool = False
     leader_lease: str = "kubeforge-operator"
     leader_namespace: str | None = None
+    leader_lease_s: int = 6
+    leader_renew_s: float = 2.0
+
+
+STOP_GRACE_S = 15.0
 
 
 def parse_args(argv: Sequence[str]) -> Options:
@@ -74,6 +84,9 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--leader-elect", action="store_true", help="Run active only while holding a Lease (replicas > 1).")
     p.add_argument("--leader-lease", default="kubeforge-operator", help="Name of the Lease.")
     p.add_argument("--leader-namespace", help="Namespace of the Lease (default: $POD_NAMESPACE).")
+    p.add_argument("--leader-lease-seconds", type=int, default=6, help="Lease duration: a killed leader is replaced "
+                   "after at most this long.")
+    p.add_argument("--leader-renew-seconds", type=float, default=2.0, help="How often the leader renews the Lease.")
     a = p.parse_args(list(argv))
     return Options(namespaces=tuple(a.namespace), all_namespaces=a.all_namespaces or not a.namespace,
                    kubeconfig=a.kubeconfig, metrics_port=a.metrics_port, health_port=a.health_port,
@@ -81,11 +94,13 @@ def parse_args(argv: Sequence[str]) -> Options:
                    webhook=a.webhook, webhook_addr=a.webhook_addr, webhook_port=a.webhook_port,
                    webhook_host=a.webhook_host, webhook_cert_dir=a.webhook_cert_dir,
                    leader_elect=a.leader_elect, leader_lease=a.leader_lease,
-                   leader_namespace=a.leader_namespace or os.environ.get("POD_NAMESPACE"))
+                   leader_namespace=a.leader_namespace or os.environ.get("POD_NAMESPACE"),
+                   leader_lease_s=a.leader_lease_seconds, leader_renew_s=a.leader_renew_seconds)
 
 
 def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, apply.Cluster, webhook.Webhook | None]:
-    """The router (with its reconcile work), the kopf registry routing into it, the API client, the webhook."""
+    """The router (with its reconcile work), the kopf registry routing into it, the API client, the webhook kopf
+    serves (self-registered mode only: in-cluster, ``main`` serves it with ``webhook.AdmissionServer``)."""
     creds = apply.load_credentials(opts.kubeconfig)
     cluster = apply.Cluster(creds, pool_size=max(opts.workers * 4, 16))
     cache = reconcile.ApplyCache()
@@ -99,7 +114,7 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, appl
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
     hook = webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,
                            host=opts.webhook_host or opts.webhook_addr, cert_dir=opts.webhook_cert_dir) \
-        if opts.webhook else None
+        if opts.webhook and not opts.webhook_cert_dir else None
     return router, handlers.build_registry(router, creds, hook, jobs=jobs, pods=pods), cluster, hook
 
 
@@ -142,36 +157,29 @@ class _Healthz(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def standby(opts: Options) -> leader.Elector | None:
-    """With --leader-elect: block until this process holds the Lease (serving a plain /healthz meanwhile), keep
-    renewing it, release it on SIGTERM; exit at once if it is lost."""
-    if not opts.leader_elect:
-        return None
+def standby(opts: Options, term: threading.Event) -> leader.Elector | None:
+    """With --leader-elect: block until this process holds the Lease (serving a plain /healthz meanwhile) and keep
+    renewing it (exit at once if it is lost); None when ``term`` was set first."""
     if not opts.leader_namespace:
         raise SystemExit("--leader-elect needs --leader-namespace or $POD_NAMESPACE")
-    identity = os.environ.get("POD_NAME") or socket.gethostname()
+    pod = os.environ.get("POD_NAME") or socket.gethostname()
+    uid = os.environ.get("POD_UID")
+    owner = leader.pod_owner(pod, uid) if uid and opts.leader_namespace == os.environ.get("POD_NAMESPACE") else None
     elector = leader.Elector(apply.Cluster(apply.load_credentials(opts.kubeconfig), pool_size=2),
-                             namespace=opts.leader_namespace, name=opts.leader_lease, identity=identity)
+                             namespace=opts.leader_namespace, name=opts.leader_lease, identity=leader.identity(pod),
+                             duration_s=opts.leader_lease_s, renew_s=opts.leader_renew_s, owner=owner)
     health = None
     if opts.health_port:
         health = http.server.ThreadingHTTPServer(("0.0.0.0", opts.health_port), _Healthz)
         threading.Thread(target=health.serve_forever, name="standby-healthz", daemon=True).start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))   # a standby holds nothing: leave at once
     try:
-        if not elector.acquire(stop):
-            raise SystemExit(0)
+        if not elector.acquire(term):
+            return None
     finally:
         if health is not None:
             health.shutdown()
             health.server_close()
-
-    def on_term(*_: Any) -> None:   # until kopf installs its own handler (then main releases after kopf stops)
-        elector.release()
-        os._exit(0)
-
-    signal.signal(signal.SIGTERM, on_term)
-    elector.keep(lambda: os._exit(1), threading.Event())
+    elector.keep(lambda: os._exit(1))    # never two active operators: a leader that lost its Lease leaves at once
     return elector
 
 
@@ -182,13 +190,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("kubeforge").setLevel(logging.DEBUG if opts.verbose else logging.INFO)
     if not opts.verbose:   # kopf logs every handler success at INFO: one line per watch event
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    term = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: term.set())
+    metrics.serve(opts.metrics_port)     # a standby is scraped too
+    if opts.webhook and opts.webhook_cert_dir:   # in-cluster: every replica answers reviews, standbys too
+        webhook.AdmissionServer(webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,
+                                                host=opts.webhook_host or opts.webhook_addr,
+                                                cert_dir=opts.webhook_cert_dir)).start()
     elector = None
     if opts.leader_elect:
-        metrics.serve(opts.metrics_port)   # a standby is scraped too
-        elector = standby(opts)
-    try:
-        asyncio.run(serve(opts, metrics_started=opts.leader_elect))   # kopf stops gracefully on SIGTERM
-    finally:
-        if elector is not None:
-            elector.release()
-    return 0
+        metrics.LEADER.set(0)
+        elector = standby(opts, term)
+        if elector is None:
+            return 0
+    metrics.LEADER.set(1)
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(serve(opts, stop_flag=stop, metrics_started=True))
+        except BaseException as exc:  # noqa: BLE001 - reported by main
+            failed.append(exc)
+
+    kopf_thread = threading.Thread(target=run, name="kopf", daemon=True)
+    kopf_thread.start()
+    while kopf_thread.is_alive() and not term.wait(0.5):
+        pass
+    stop.set()
+    t0 = time.monotonic()
+    kopf_thread.join(STOP_GRACE_S)
+    if kopf_thread.is_alive():
+        logging.getLogger("kubeforge.operator").warning("kopf did not stop in %.0f s", STOP_GRACE_S)
+    if elector is not None:
+        elector.release()
+    log = logging.getLogger("kubeforge.operator")
+    log.info("stopped in %.1f s", time.monotonic() - t0)
+    code = 0 if term.is_set() and not failed else 1
+    if failed:
+        log.error("operator failed: %r", failed[0])
+    if kopf_thread.is_alive():     # do not wait for its worker threads at interpreter exit
+        logging.shutdown()
+        os._exit(code)
+    return code

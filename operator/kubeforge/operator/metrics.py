@@ -2,7 +2,8 @@
 
 Series: reconciles and errors per triggering handler, reconcile duration and latency (event to pass done), RLJobs
 by phase (this process's view), the time from an RLJob's creation to its gang first Running, failures acted on (by role, reason, action) and the
-time from a restart decision to every role ready again.
+time from a restart decision to every role ready again; whether this process is the active replica, and the
+admission reviews its webhook server answered.
 """
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ RESTARTS = prom.Counter("kubeforge_operator_failures_total", "Failures acted on 
 RECOVERY = prom.Histogram("kubeforge_operator_recovery_seconds", "Seconds from a restart decision to every role "
                           "ready again, by action.", ["action"],
                           buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800), registry=REGISTRY)
+
+LEADER = prom.Gauge("kubeforge_operator_leader", "1 while this process is the active operator (holds the Lease, "
+                    "or runs without leader election), 0 while it stands by.", registry=REGISTRY)
+ADMISSION = prom.Counter("kubeforge_operator_admission_reviews_total", "Admission reviews answered by the operator's "
+                         "own webhook server, by result (allowed, denied, malformed: answered 400 and dropped).",
+                         ["result"], registry=REGISTRY)
 
 _phases: dict[tuple[str, str], str] = {}
 _lock = threading.Lock()

@@ -51,6 +51,7 @@ class ApplyCache:
         self._lock = threading.Lock()
         self._seen: dict[Key, dict[tuple[str, str, str, str], tuple[str, float]]] = {}
         self._keyed: set[Key] = set()   # jobs whose key Secret this process has made sure of
+        self._done: dict[Key, tuple[Any, float]] = {}   # job -> (render key, when) of its last complete apply
 
     @staticmethod
     def digest(obj: meta.Obj) -> str:
@@ -69,11 +70,25 @@ class ApplyCache:
         """``obj`` was deleted: the next pass that wants it must send it again."""
         with self._lock:
             self._seen.get(job, {}).pop(meta.key(obj), None)
+            self._done.pop(job, None)
 
     def forget(self, job: Key) -> None:
         with self._lock:
             self._seen.pop(job, None)
             self._keyed.discard(job)
+            self._done.pop(job, None)
+
+    def unchanged(self, job: Key, render_key: Any) -> bool:
+        """Every child rendered from ``render_key`` was applied (and every absent one deleted) by this process
+        less than ``max_age`` ago: the pass can skip rendering and applying altogether."""
+        with self._lock:
+            hit = self._done.get(job)
+        return render_key is not None and hit is not None and hit[0] == render_key and \
+            time.monotonic() - hit[1] < self._max_age
+
+    def applied(self, job: Key, render_key: Any) -> None:
+        with self._lock:
+            self._done[job] = (render_key, time.monotonic())
 
     def has_key_secret(self, job: Key) -> bool:
         with self._lock:
@@ -167,6 +182,27 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     if not cache.has_key_secret(key):   # the job key: drawn once, created only when absent (render/secret.py)
         cluster.create_if_absent(secret.job_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
         cache.key_secret_made(key)
+    # The children are a function of the spec (its generation), the job's identity and the context alone (the
+    # renderers read no status), so a pass whose render key matches the last complete apply skips both steps.
+    generation = raw["metadata"].get("generation")
+    render_key = (generation, ctx) if generation is not None else None
+    if not cache.unchanged(key, render_key):
+        _apply_children(cluster, key, job, ctx, raw, now=now, cache=cache, pool=pool, jobs=jobs)
+        cache.applied(key, render_key)
+    new = status.compute(job, obs, plan, generation=raw["metadata"].get("generation"), now=now)
+    if _status_doc(new) != _status_doc(job.status):
+        _write_status(cluster, key, _status_doc(new) or {}, jobs)
+    for ev in status.transitions(job.status, new, plan):
+        cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
+    ready = next((c.status == "True" for c in new.conditions if c.type == reasons.READY), False)
+    return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
+                   requeue_after=plan.requeue_after, created=raw["metadata"].get("creationTimestamp"),
+                   decision=plan.decision, all_ready=ready)
+
+
+def _apply_children(cluster: apply.Cluster, key: Key, job: rljob.RLJob, ctx: context.RenderContext,
+                    raw: meta.Obj, *, now: dt.datetime, cache: ApplyCache, pool: concurrent.futures.Executor | None,
+                    jobs: watchcache.JobCache | None) -> None:
     rendered = render.render(job, ctx)
     try:
         apply_all(cluster, key, rendered.desired, cache=cache, pool=pool)
@@ -182,12 +218,3 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     for obj in rendered.absent:
         cluster.delete(obj)
         cache.drop(key, obj)
-    new = status.compute(job, obs, plan, generation=raw["metadata"].get("generation"), now=now)
-    if _status_doc(new) != _status_doc(job.status):
-        _write_status(cluster, key, _status_doc(new) or {}, jobs)
-    for ev in status.transitions(job.status, new, plan):
-        cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
-    ready = next((c.status == "True" for c in new.conditions if c.type == reasons.READY), False)
-    return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
-                   requeue_after=plan.requeue_after, created=raw["metadata"].get("creationTimestamp"),
-                   decision=plan.decision, all_ready=ready)

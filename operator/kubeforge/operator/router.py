@@ -92,10 +92,9 @@ class Router:
             since, st.since = st.since, None
             failures, st.failures = st.failures, []
             trigger = st.trigger
-            started = time.monotonic()
             metrics.RECONCILES.labels(trigger).inc()
             try:
-                out = await loop.run_in_executor(self._pool, self._work, key, failures)
+                out = await loop.run_in_executor(self._pool, self._timed, key, failures)
             except Exception:
                 metrics.ERRORS.labels(trigger).inc()
                 log.exception("reconcile of %s/%s failed; retrying in %.0fs", *key, st.backoff)
@@ -105,8 +104,7 @@ class Router:
                 continue
             finally:
                 done = time.monotonic()
-                metrics.DURATION.observe(done - started)
-                metrics.LATENCY.observe(done - (since if since is not None else started))
+                metrics.LATENCY.observe(done - (since if since is not None else done))
             st.backoff = 1.0
             self._observe(key, st, out)
             if out.gone:
@@ -114,6 +112,14 @@ class Router:
                 return
             if out.requeue_after is not None:
                 self._schedule(key, st, out.requeue_after + 0.5, "timer")
+
+    def _timed(self, key: Key, failures: list[observed.Failure]) -> reconcile.Outcome:
+        """The pass itself, timed on its worker thread (not the wait for a free worker)."""
+        started = time.monotonic()
+        try:
+            return self._work(key, failures)
+        finally:
+            metrics.DURATION.observe(time.monotonic() - started)
 
     def _observe(self, key: Key, st: _JobState, out: reconcile.Outcome) -> None:
         metrics.set_phase(key, out.phase)

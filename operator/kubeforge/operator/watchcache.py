@@ -14,7 +14,7 @@ Memory: pods are kept as ``observed.PodFacts`` (a few hundred bytes), never as r
 """
 from __future__ import annotations
 
-import copy
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,11 +35,12 @@ def _rv(obj: Raw) -> int:
 
 
 class JobCache:
-    """namespace/name -> the newest RLJob body seen (watch event or the operator's own write)."""
+    """namespace/name -> the newest RLJob body seen (watch event or the operator's own write), kept as its JSON text:
+    a few times smaller than the dicts at 1,000 jobs, and every reader gets a fresh copy by decoding it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._jobs: dict[Key, dict[str, Any]] = {}
+        self._jobs: dict[Key, tuple[int, str]] = {}
         self._own: dict[Key, int] = {}          # resourceVersion of this process's last status write per job
 
     @staticmethod
@@ -50,13 +51,14 @@ class JobCache:
     def put(self, obj: Raw, *, own: bool = False) -> None:
         """Keep ``obj`` if it is at least as new as what is cached; ``own``: it is what this process's write
         returned, so the watch event that echoes it needs no pass (``echo``)."""
-        key = self.key_of(obj)
+        key, rv = self.key_of(obj), _rv(obj)
+        text = json.dumps(obj, separators=(",", ":"))
         with self._lock:
             old = self._jobs.get(key)
-            if old is None or _rv(obj) >= _rv(old):
-                self._jobs[key] = copy.deepcopy(dict(obj))
+            if old is None or rv >= old[0]:
+                self._jobs[key] = (rv, text)
             if own:
-                self._own[key] = _rv(obj)
+                self._own[key] = rv
 
     def echo(self, obj: Raw) -> bool:
         """True when ``obj`` is exactly the state this process's last status write produced."""
@@ -64,10 +66,10 @@ class JobCache:
             return _rv(obj) != 0 and self._own.get(self.key_of(obj)) == _rv(obj)
 
     def get(self, key: Key) -> dict[str, Any] | None:
-        """A deep copy (the pass may mutate what it reads), or None when unknown."""
+        """A fresh copy (the pass may mutate what it reads), or None when unknown."""
         with self._lock:
-            obj = self._jobs.get(key)
-        return copy.deepcopy(obj) if obj is not None else None
+            hit = self._jobs.get(key)
+        return json.loads(hit[1]) if hit is not None else None
 
     def forget(self, key: Key) -> None:
         with self._lock:

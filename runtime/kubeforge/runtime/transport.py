@@ -440,6 +440,7 @@ class ZmqSender(_SenderBase):
             raise
         self._hello = hello
         self._hwm = hwm
+        self._auth = auth
         self._send_timeout = send_timeout
         self._next = 0
         self._poller = zmq.Poller()
@@ -452,7 +453,7 @@ class ZmqSender(_SenderBase):
         return len(self._peers)
 
     def add_peer(self, address: str) -> int:
-        p = _Peer(zmq.Context.instance(), address, self._hwm)
+        p = _Peer(zmq.Context.instance(), address, self._hwm, self._auth)   # the same CURVE keys as the others
         self._peers.append(p)
         self._poller.register(p.sock, zmq.POLLOUT)
         return len(self._peers) - 1

@@ -7,6 +7,8 @@ API::
     sender = WeightSender(host=..., port=..., world_size=..., timeout=..., join_timeout=...)  # trainer rank 0
     stats = sender.send(named_tensors, version=v)                      # -> SyncStats(bytes, seconds, ...)
     stats = sender.send(stream, version=v)   # a TensorStream: meta first, tensors produced bucket by bucket
+    flight = sender.start(named_tensors, version=v)  # snapshot now, broadcast in a background thread
+    stats = flight.result()                          # join it (WeightSyncError if the broadcast failed)
     receiver = WeightReceiver(host=..., port=..., world_size=..., rank=..., timeout=...)    # a vLLM worker
     stats = receiver.receive(load)   # load(iterator of (name, tensor)) consumes the new weights
     sender.close(); receiver.close()
@@ -41,7 +43,16 @@ Invariants:
   ``kubeforge/epoch-<n>/``. ``WeightSender.reset()`` abandons the current epoch (a mark in the store that ends
   every barrier still waiting in it with ``WeightSyncError``, at once) and the next ``send`` forms epoch n+1 with
   whoever joins it. So a generator that restarts, or one that reads an old SYNC, never waits on a dead epoch.
-- Each bucket is a fresh buffer: a loader may keep the views it was given (vLLM's layer-wise reload does).
+- Buffers are reused: both ends keep one set of bucket buffers per layout (the bucket sizes), allocated on the
+  first sync of that layout and reused by every later one; a new layout (another model, LoRA on/off) replaces
+  them. A loader may keep the views it was given only until it returns (vLLM's layer-wise reload copies them into
+  the engine's own tensors before it returns; the LoRA path clones).
+- The streaming ``send`` packs shared buckets into one reusable staging buffer (a tensor larger than a bucket
+  travels as itself), so its memory stays one bucket; ``start`` keeps a snapshot of the whole model instead.
+- Overlap (``start``): the sender packs (snapshots) every tensor into its buffers on the caller's thread, so the
+  caller may change its parameters as soon as ``start`` returns; one background thread then runs the collectives
+  (header, metadata, buckets, ack). At most one sync is in flight: ``start``, ``send``, ``reset`` and ``close`` join
+  the previous one first, so syncs reach the receivers in version order.
 """
 from __future__ import annotations
 
@@ -52,6 +63,7 @@ import os
 import datetime
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -375,6 +387,69 @@ def _unique(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.
     return out
 
 
+class BucketBuffers:
+    """One set of bucket buffers per layout: allocated when the bucket sizes (or device) change, reused otherwise."""
+
+    def __init__(self) -> None:
+        self.layout: tuple[str, tuple[int, ...]] | None = None
+        self.buffers: list[torch.Tensor] = []
+        self.allocations = 0     # how many times a layout was allocated (tests: once per layout)
+
+    def get(self, sizes: Sequence[int], device: torch.device) -> list[torch.Tensor]:
+        key = (str(device), tuple(int(x) for x in sizes))
+        if key != self.layout:
+            self.buffers = []      # release the old layout before allocating the new one
+            self.buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in key[1]]
+            self.layout = key
+            self.allocations += 1
+        return self.buffers
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """A sync packed and ready to broadcast: the sender's buffers hold a snapshot of the tensors."""
+
+    version: int
+    meta: bytes
+    buckets: list[torch.Tensor]
+    bytes: int
+    tensors: int
+    pack_seconds: float
+
+
+class InFlight:
+    """A sync broadcasting in a background thread; :meth:`result` joins it."""
+
+    def __init__(self, run: Callable[[], SyncStats], *, version: int) -> None:
+        self.version = version
+        self._stats: SyncStats | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(run,), name=f"weightsync-v{version}", daemon=True)
+        self._thread.start()
+
+    def _run(self, run: Callable[[], SyncStats]) -> None:
+        try:
+            self._stats = run()
+        except BaseException as e:  # noqa: BLE001 - handed to the joining thread
+            self._error = e
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout: float | None = None) -> SyncStats:
+        """The sync's stats once the broadcast and every receiver's ack completed; WeightSyncError otherwise. The
+        broadcast itself is bounded by the group's timeout, so the join is too."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise WeightSyncError(f"weight sync v{self.version}: still broadcasting after {timeout}s")
+        if self._error is not None:
+            if isinstance(self._error, WeightSyncError):
+                raise self._error
+            raise WeightSyncError(f"weight sync v{self.version} failed: {self._error}") from self._error
+        assert self._stats is not None
+        return self._stats
+
+
 # ---------------------------------------------------------------- the two ends
 
 
@@ -393,6 +468,9 @@ class WeightSender:
         self.group: Group | None = None
         self.epoch = 0
         self._store: Any = None
+        self.buffers = BucketBuffers()      # overlapped syncs: the snapshot, one buffer per bucket
+        self.staging = BucketBuffers()      # streaming syncs: one bucket-sized buffer
+        self._flight: InFlight | None = None
 
     def connect(self) -> None:
         if self.group is None:
@@ -408,6 +486,7 @@ class WeightSender:
         """Abandon the current epoch (its group is closed; anyone still joining it fails at once); the next
         ``send`` forms the next epoch, of ``world_size`` ranks when given (generators joined or left). Returns the
         new epoch."""
+        self.wait()
         if world_size is not None:
             if world_size < 2:
                 raise ValueError("weight sync: world_size must count the sender and at least one receiver")
@@ -428,15 +507,38 @@ class WeightSender:
              version: int) -> SyncStats:
         """Broadcast the tensors (HF names) as policy ``version``; return once every receiver has loaded them.
 
-        A :class:`TensorStream` (it has ``meta``) is consumed lazily: the metadata goes out first, then each tensor
-        is produced (e.g. gathered from shards) only when its bucket is packed, so at most one bucket, or one tensor
-        bigger than a bucket, is materialised. A plain iterable is listed first (tied weights sent once)."""
+        Streaming: the metadata goes out first, then each tensor is produced (e.g. gathered from shards) only when
+        its bucket is packed, into one reusable staging buffer (a tensor bigger than a bucket travels alone,
+        uncopied), so at most one bucket is materialised. A plain iterable is listed first (tied weights once)."""
+        self.wait()
         self.connect()
         assert self.group is not None
         group = self.group
         stream = named_tensors if isinstance(named_tensors, TensorStream) else _ListStream(_unique(named_tensors))
+        metas, places, bucket_sizes, meta = self._plan(stream, version)
+        staging = self.staging.get([max(bucket_sizes, default=0)], group.device)[0]
+        return self._collectives(group, version, meta, _buckets(iter(stream), metas, places, bucket_sizes, staging),
+                                 bytes=sum(_nbytes(m) for m in metas), tensors=len(metas), buckets=len(bucket_sizes))
+
+    def _collectives(self, group: Group, version: int, meta: bytes, payload: Iterable[torch.Tensor],
+                     **figures: int) -> SyncStats:
+        """Header, metadata, every bucket, then the receivers' ack; the stats, or WeightSyncError."""
+        start = time.perf_counter()
+        try:
+            self._header(group, version, meta)
+            for buf in payload:
+                group.broadcast(buf)
+            failures, count = self._ack(group)
+        except (RuntimeError, dist.DistError) as e:
+            if isinstance(e, WeightSyncError):
+                raise
+            raise WeightSyncError(f"weight sync v{version} failed: {e}") from e
+        return self._stats(group, version, failures, count, seconds=time.perf_counter() - start, **figures)
+
+    def _plan(self, stream: TensorStream, version: int) -> tuple[list[TensorMeta], list[tuple[int, int]], list[int],
+                                                                   bytes]:
         metas = list(stream.meta)
-        sizes = [math.prod(m.shape) * torch.empty((), dtype=m.dtype).element_size() for m in metas]
+        sizes = [_nbytes(m) for m in metas]
         places = plan_buckets(sizes, bucket_bytes=self.bucket_bytes)
         nb = places[-1][0] + 1 if places else 0
         bucket_sizes = [0] * nb
@@ -444,26 +546,68 @@ class WeightSender:
             bucket_sizes[b] = max(bucket_sizes[b], off + size)
         entries = [{"name": m.name, "shape": list(m.shape), "dtype": _dtype_name(m.dtype), "bucket": b,
                     "offset": off} for m, (b, off) in zip(metas, places)]
-        meta = encode_meta(version=version, entries=entries, bucket_sizes=bucket_sizes)
-        start = time.perf_counter()
-        try:
-            group.broadcast(torch.tensor([MAGIC, PROTOCOL, version, len(meta)], dtype=torch.int64,
-                                         device=group.device))
-            group.broadcast(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(group.device))
-            for buf in _buckets(iter(stream), metas, places, bucket_sizes, group.device):
-                group.broadcast(buf)
-            ack = torch.zeros(2, dtype=torch.int64, device=group.device)
-            group.all_reduce_sum(ack)
-        except (RuntimeError, dist.DistError) as e:
-            raise WeightSyncError(f"weight sync v{version} failed: {e}") from e
-        seconds = time.perf_counter() - start
-        failures, count = int(ack[0]), int(ack[1])
+        return metas, places, bucket_sizes, encode_meta(version=version, entries=entries, bucket_sizes=bucket_sizes)
+
+    @staticmethod
+    def _header(group: Group, version: int, meta: bytes) -> None:
+        group.broadcast(torch.tensor([MAGIC, PROTOCOL, version, len(meta)], dtype=torch.int64, device=group.device))
+        group.broadcast(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(group.device))
+
+    @staticmethod
+    def _ack(group: Group) -> tuple[int, int]:
+        ack = torch.zeros(2, dtype=torch.int64, device=group.device)
+        group.all_reduce_sum(ack)
+        return int(ack[0]), int(ack[1])
+
+    @staticmethod
+    def _stats(group: Group, version: int, failures: int, count: int, **figures: Any) -> SyncStats:
         if failures or count != group.size - 1:
             raise WeightSyncError(f"weight sync v{version}: {failures} of {group.size - 1} receivers failed to "
                                   f"load ({count} acked)")
-        return SyncStats(version=version, bytes=sum(sizes), seconds=seconds, tensors=len(metas), buckets=nb)
+        return SyncStats(version=version, **figures)
+
+    def start(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | TensorStream, *,
+              version: int) -> InFlight:
+        """Snapshot the tensors into the send buffers now (the caller may update its parameters as soon as this
+        returns), then broadcast them in a background thread; :meth:`InFlight.result` joins it."""
+        prepared = self.prepare(named_tensors, version=version)
+        flight = InFlight(lambda: self.broadcast(prepared), version=version)
+        self._flight = flight
+        return flight
+
+    def wait(self) -> None:
+        """Join the sync in flight, if any (its outcome belongs to whoever holds its :class:`InFlight`)."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            try:
+                flight.result()
+            except WeightSyncError:
+                pass
+
+    def prepare(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | TensorStream, *,
+                version: int) -> Prepared:
+        """Plan the buckets and pack every tensor into this sender's per-layout buffers (one copy: the snapshot,
+        a whole model's worth of memory, kept for the next sync of the same layout)."""
+        self.wait()
+        self.connect()
+        assert self.group is not None
+        start = time.perf_counter()
+        stream = named_tensors if isinstance(named_tensors, TensorStream) else _ListStream(_unique(named_tensors))
+        metas, places, bucket_sizes, meta = self._plan(stream, version)
+        buffers = self.buffers.get(bucket_sizes, self.group.device)
+        _pack(iter(stream), metas, places, buffers)
+        return Prepared(version=version, meta=meta, buckets=buffers, bytes=sum(_nbytes(m) for m in metas),
+                        tensors=len(metas), pack_seconds=time.perf_counter() - start)
+
+    def broadcast(self, prepared: Prepared) -> SyncStats:
+        """The collectives of one prepared sync: header, metadata, buckets, then the receivers' ack."""
+        self.connect()
+        assert self.group is not None
+        return self._collectives(self.group, prepared.version, prepared.meta, prepared.buckets,
+                                 bytes=prepared.bytes, tensors=prepared.tensors, buckets=len(prepared.buckets))
 
     def close(self) -> None:
+        self.wait()
         if self.group is not None:
             self.group.close()
             self.group = None
@@ -475,28 +619,45 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES[dtype]
 
 
+def _nbytes(m: TensorMeta) -> int:
+    return math.prod(m.shape) * torch.empty((), dtype=m.dtype).element_size()
+
+
 def _buckets(tensors: Iterator[tuple[str, torch.Tensor]], metas: list[TensorMeta], places: list[tuple[int, int]],
-             sizes: list[int], device: torch.device) -> Iterator[torch.Tensor]:
-    """The bucket buffers in order, filled from ``tensors`` as they come (checked against ``metas``)."""
+             sizes: list[int], staging: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The bucket buffers in order, filled from ``tensors`` as they come (checked against ``metas``): a lone tensor
+    travels as itself, uncopied; shared buckets are packed into ``staging`` (reused: each broadcast completes
+    before the next bucket is packed)."""
     i = 0
     for bucket, size in enumerate(sizes):
         members = []
         while i < len(metas) and places[i][0] == bucket:
-            name, t = next(tensors, (None, None))
-            m = metas[i]
-            if t is None or name != m.name or tuple(t.shape) != tuple(m.shape) or t.dtype != m.dtype:
-                raise WeightSyncError(f"weight sync: tensor {i} is {name!r} {getattr(t, 'shape', None)} "
-                                      f"{getattr(t, 'dtype', None)}, its metadata said {m.name!r} {m.shape} {m.dtype}")
-            members.append((t.detach().to(device).contiguous(), places[i][1]))
+            members.append((_checked(next(tensors, (None, None)), metas[i], i).to(staging.device), places[i][1]))
             i += 1
         if len(members) == 1 and members[0][1] == 0:
-            yield members[0][0].reshape(-1).view(torch.uint8)  # a big tensor travels as itself, uncopied
+            yield members[0][0].reshape(-1).view(torch.uint8)
             continue
-        buf = torch.empty(size, dtype=torch.uint8, device=device)
+        buf = staging[:size]
         for t, off in members:
             flat = t.reshape(-1).view(torch.uint8)
             buf[off:off + flat.numel()].copy_(flat)
         yield buf
+
+
+def _checked(item: tuple[str | None, torch.Tensor | None], m: TensorMeta, i: int) -> torch.Tensor:
+    name, t = item
+    if t is None or name != m.name or tuple(t.shape) != tuple(m.shape) or t.dtype != m.dtype:
+        raise WeightSyncError(f"weight sync: tensor {i} is {name!r} {getattr(t, 'shape', None)} "
+                              f"{getattr(t, 'dtype', None)}, its metadata said {m.name!r} {m.shape} {m.dtype}")
+    return t.detach().contiguous()
+
+
+def _pack(tensors: Iterator[tuple[str, torch.Tensor]], metas: list[TensorMeta], places: list[tuple[int, int]],
+          buffers: list[torch.Tensor]) -> None:
+    """Copy each tensor of ``tensors`` (checked against ``metas``) into its place in ``buffers``, as it comes."""
+    for i, (m, (bucket, off)) in enumerate(zip(metas, places)):
+        flat = _checked(next(tensors, (None, None)), m, i).reshape(-1).view(torch.uint8)
+        buffers[bucket][off:off + flat.numel()].copy_(flat)
 
 
 class WeightReceiver:
@@ -508,6 +669,7 @@ class WeightReceiver:
             raise ValueError("weight sync: receivers have ranks >= 1 (rank 0 is the trainer)")
         self.group: Group = _open(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
                                   join_timeout=join_timeout, backend=backend, epoch=epoch)
+        self.buffers = BucketBuffers()
 
     def receive(self, load: Loader) -> SyncStats:
         """Receive one sync; ``load`` gets an iterator of (HF name, tensor) that receives buckets lazily."""
@@ -522,7 +684,7 @@ class WeightReceiver:
             raw = torch.empty(meta_len, dtype=torch.uint8, device=group.device)
             group.broadcast(raw)
             meta_version, entries, buckets = decode_meta(bytes(raw.cpu().numpy()))
-            stream = _BucketStream(group, entries, buckets)
+            stream = _BucketStream(group, entries, self.buffers.get(buckets, group.device))
             error: BaseException | None = None
             try:
                 load(iter(stream))
@@ -544,15 +706,16 @@ class WeightReceiver:
 
 
 class _BucketStream:
-    """Receives buckets in order as the loader iterates; ``drain`` receives whatever the loader left."""
+    """Receives buckets in order, into the receiver's reusable buffers, as the loader iterates; ``drain``
+    receives whatever the loader left."""
 
-    def __init__(self, group: Group, entries: list[dict[str, Any]], buckets: list[int]) -> None:
-        self.group, self.entries, self.buckets = group, entries, buckets
+    def __init__(self, group: Group, entries: list[dict[str, Any]], buffers: list[torch.Tensor]) -> None:
+        self.group, self.entries, self.buffers = group, entries, buffers
         self.received = 0
         self.bytes = 0
 
     def _next_bucket(self) -> torch.Tensor:
-        buf = torch.empty(self.buckets[self.received], dtype=torch.uint8, device=self.group.device)
+        buf = self.buffers[self.received]
         self.group.broadcast(buf)
         self.received += 1
         return buf
@@ -561,7 +724,7 @@ class _BucketStream:
         by_bucket: dict[int, list[dict[str, Any]]] = {}
         for e in self.entries:
             by_bucket.setdefault(e["bucket"], []).append(e)
-        while self.received < len(self.buckets):
+        while self.received < len(self.buffers):
             b = self.received
             buf = self._next_bucket()
             for e in by_bucket.get(b, []):
@@ -571,5 +734,5 @@ class _BucketStream:
                 yield e["name"], buf[e["offset"]:e["offset"] + n].view(dtype).view(e["shape"])
 
     def drain(self) -> None:
-        while self.received < len(self.buckets):
+        while self.received < len(self.buffers):
             self._next_bucket()

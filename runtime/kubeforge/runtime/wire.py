@@ -29,8 +29,13 @@ Invariants:
 - Every field is type-checked exactly (a bool is not an int, an int is not a float), every integer and length is
   bounded, every float is finite, ``len(logprobs) == len(token_ids)`` per completion, rewards and each verifier's
   scores have one entry per completion. Unknown or missing keys are errors naming the field path.
-- Token ids and logprobs travel as packed binary (u32 / f64 little-endian): exact round trip, and decoding cost
-  does not grow with one Python object per token on the wire.
+- Packed arrays: token ids, logprobs, rewards and scores travel as ``{"dtype", "shape", "data"}`` maps (numpy dtype
+  string such as ``"<u4"``/``"<f8"``, a 1-D shape, raw little-endian bytes), never as one msgpack item per token.
+  A field accepts exactly one dtype; ``shape`` times the item size must equal ``len(data)`` (checked before any
+  array is made, and ``data`` is already bounded by the frame), and the decoded arrays are read-only views of those
+  bytes: no per-token objects, no copy. A group's completions travel column-wise (``lengths``, all token ids
+  concatenated, all logprobs concatenated, texts, finish reasons), so a group costs a handful of msgpack items
+  whatever its size; the decoder hands each ``Completion`` its slice.
 - A change to any payload layout bumps ``SCHEMA_VERSION``; peers on another version are refused, never guessed.
 - Decoding memory is bounded by the frame: ``wire_budget.check`` prices a large payload's items from their headers
   before ``msgpack`` builds any object (at most ``wire_budget.RATIO`` times the payload, nesting and item count
@@ -38,20 +43,20 @@ Invariants:
 """
 from __future__ import annotations
 
-import array
 import dataclasses
 import enum
+import itertools
 import math
 import struct
-import sys
 from typing import Any, Callable, Union
 
 import msgpack
+import numpy as np
 
 from kubeforge.runtime import types, wire_budget
 
 MAGIC = b"KFW\x01"
-SCHEMA_VERSION = 2   # 2: SYNC carries the weight-sync group epoch
+SCHEMA_VERSION = 3   # 2: SYNC carries the weight-sync group epoch; 3: packed arrays with dtype/shape, columnar groups
 HEADER = struct.Struct("<4sHB")
 
 # Reasons a frame is refused (transport counts drops by these; metrics label them).
@@ -74,10 +79,9 @@ MAX_VERIFIERS = 64
 MAX_INT = (1 << 63) - 1
 MAX_PORT = 65535
 
-_U32 = "I"
-_F64 = "d"
-assert array.array(_U32).itemsize == 4 and array.array(_F64).itemsize == 8
-_SWAP = sys.byteorder != "little"
+_U32 = types.TOKEN_DTYPE      # token ids, completion lengths
+_F64 = types.LOGPROB_DTYPE    # logprobs, rewards, scores
+_ARRAY_KEYS = frozenset(("dtype", "shape", "data"))
 
 
 class WireError(ValueError):
@@ -202,49 +206,53 @@ def encode(msg: Message, *, check: bool = True) -> bytes:
     """One frame for ``msg``. With ``check`` (default) the payload is validated exactly as ``decode`` would, so a
     sender's bug (a NaN logprob, mismatched lengths) raises ``WireError`` here instead of a drop at the peer."""
     kind = kind_of(msg)
-    payload = _ENCODERS[kind](msg)
-    if check:
-        _DECODERS[kind](_Reader(payload, kind.name, lists=False))
     try:
-        body: bytes = msgpack.packb(payload, use_bin_type=True)
+        payload = _ENCODERS[kind](msg)
     except (TypeError, ValueError, OverflowError) as e:
         raise WireError(REASON_MALFORMED, f"{kind.name}: cannot encode ({e})") from None
-    frame = HEADER.pack(MAGIC, SCHEMA_VERSION, int(kind)) + body
-    if len(frame) > MAX_FRAME_BYTES:
-        raise WireError(REASON_MALFORMED, f"{kind.name}: frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
-    return frame
+    if check:
+        _DECODERS[kind](_Reader(payload, kind.name, check=True))
+    packer = msgpack.Packer(autoreset=False, use_bin_type=True)
+    try:
+        packer.pack(payload)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise WireError(REASON_MALFORMED, f"{kind.name}: cannot encode ({e})") from None
+    body = packer.getbuffer()   # no copy: the join below is the only one
+    if HEADER.size + len(body) > MAX_FRAME_BYTES:
+        raise WireError(REASON_MALFORMED,
+                        f"{kind.name}: frame of {HEADER.size + len(body)} bytes exceeds {MAX_FRAME_BYTES}")
+    return b"".join((HEADER.pack(MAGIC, SCHEMA_VERSION, int(kind)), body))
 
 
-def _pack_u32(values: list[int]) -> bytes:
-    a = array.array(_U32, values)
-    if _SWAP:
-        a.byteswap()
-    return a.tobytes()
-
-
-def _pack_f64(values: list[float]) -> bytes:
-    a = array.array(_F64, values)
-    if _SWAP:
-        a.byteswap()
-    return a.tobytes()
+def _packed(a: np.ndarray[Any, Any]) -> dict[str, Any]:
+    """A packed array's wire form; ``data`` is a view of the array (msgpack copies it once, into the frame)."""
+    return {"dtype": a.dtype.str, "shape": list(a.shape), "data": np.ascontiguousarray(a).data.cast("B")}
 
 
 def _prompt_out(p: types.Prompt) -> dict[str, Any]:
     return {"index": p.index, "text": p.text, "answer": p.answer}
 
 
-def _completion_out(c: types.Completion) -> dict[str, Any]:
-    return {"token_ids": _pack_u32(c.token_ids), "logprobs": _pack_f64(c.logprobs), "text": c.text,
-            "finish_reason": c.finish_reason}
+def _completions_out(comps: list[types.Completion]) -> dict[str, Any]:
+    """The completions of one group, column-wise."""
+    lengths = np.fromiter((len(c.token_ids) for c in comps), dtype=_U32, count=len(comps))
+    ids = np.concatenate([types.token_array(c.token_ids) for c in comps]) if comps else np.empty(0, _U32)
+    lps = np.concatenate([types.logprob_array(c.logprobs) for c in comps]) if comps else np.empty(0, _F64)
+    return {"lengths": _packed(lengths), "token_ids": _packed(ids), "logprobs": _packed(lps),
+            "text": [c.text for c in comps], "finish_reason": [c.finish_reason for c in comps]}
+
+
+def _floats_out(values: Any) -> dict[str, Any]:
+    return _packed(np.asarray(values, dtype=_F64).reshape(-1))
 
 
 def _group_out(g: types.RolloutGroup) -> dict[str, Any]:
     return {
-        "prompt": _prompt_out(g.prompt), "prompt_token_ids": _pack_u32(g.prompt_token_ids),
-        "completions": [_completion_out(c) for c in g.completions], "policy_version": g.policy_version,
+        "prompt": _prompt_out(g.prompt), "prompt_token_ids": _packed(types.token_array(g.prompt_token_ids)),
+        "completions": _completions_out(g.completions), "policy_version": g.policy_version,
         "step": g.step, "generator": g.generator,
-        "rewards": None if g.rewards is None else [float(r) for r in g.rewards],
-        "scores": {k: [float(x) for x in v] for k, v in g.scores.items()},
+        "rewards": None if g.rewards is None else _floats_out(g.rewards),
+        "scores": {k: _floats_out(v) for k, v in g.scores.items()},
     }
 
 
@@ -312,16 +320,16 @@ def _decode(data: bytes | bytearray | memoryview) -> Message:
 class _Reader:
     """Typed, bounded access to one msgpack map; every error names the field path."""
 
-    def __init__(self, obj: Any, path: str, *, lists: bool = True) -> None:
+    def __init__(self, obj: Any, path: str, *, check: bool = False) -> None:
         if type(obj) is not dict:
             raise WireError(REASON_MALFORMED, f"{path}: expected a map, got {type(obj).__name__}")
         self.obj: dict[str, Any] = obj
         self.path = path
         self.seen: set[str] = set()
-        self.lists = lists  # False: packed arrays stay arrays (encode's check: validated, not materialised)
+        self.check = check  # encode's check: packed data is a memoryview of the sender's array, not bytes
 
     def child(self, obj: Any, path: str) -> _Reader:
-        return _Reader(obj, path, lists=self.lists)
+        return _Reader(obj, path, check=self.check)
 
     def _get(self, key: str) -> Any:
         if key not in self.obj:
@@ -370,35 +378,38 @@ class _Reader:
             raise self.fail(key, f"{len(v)} items exceed {max_len}")
         return v
 
-    def floats(self, key: str, max_len: int, value: Any = None) -> list[float]:
-        v = self.items(key, max_len) if value is None else value
-        for i, x in enumerate(v):
-            if type(x) is not float or not math.isfinite(x):
-                raise self.fail(key, f"item {i} is not a finite float ({x!r})")
-        return v
-
-    def u32s(self, key: str, max_len: int = MAX_TOKENS) -> list[int]:
-        a = self._packed(key, _U32, max_len)
-        return a.tolist() if self.lists else a  # type: ignore[return-value]
-
-    def f64s(self, key: str, max_len: int = MAX_TOKENS) -> list[float]:
-        a = self._packed(key, _F64, max_len)
-        # sum() is a fast C loop: a finite sum proves every item finite (inf/nan propagate); else check one by one
-        if not math.isfinite(sum(a)) and not all(map(math.isfinite, a)):
-            raise self.fail(key, "contains a non-finite value")
-        return a.tolist() if self.lists else a  # type: ignore[return-value]
-
-    def _packed(self, key: str, code: str, max_len: int) -> array.array[Any]:
+    def array(self, key: str, dtype: np.dtype[Any], max_len: int) -> np.ndarray[Any, Any]:
+        """A packed 1-D array of exactly ``dtype``: a read-only view of the frame's bytes (no per-item objects).
+        ``shape`` is checked against ``len(data)`` (already bounded by the frame) before the view is made."""
         v = self._get(key)
-        if type(v) is not bytes:
-            raise self.fail(key, f"expected packed bytes, got {type(v).__name__}")
-        a = array.array(code)
-        if len(v) % a.itemsize or len(v) // a.itemsize > max_len:
-            raise self.fail(key, f"{len(v)} bytes is not a whole array of at most {max_len} items")
-        a.frombytes(v)
-        if _SWAP:
-            a.byteswap()
+        if type(v) is not dict:
+            raise self.fail(key, f"expected a packed array map, got {type(v).__name__}")
+        if v.keys() != _ARRAY_KEYS:
+            raise self.fail(key, f"a packed array has exactly the keys dtype, shape, data; got {sorted(map(str, v))}")
+        dt, shape, data = v["dtype"], v["shape"], v["data"]
+        if dt != dtype.str:
+            raise self.fail(key, f"dtype {dt!r}, expected {dtype.str!r}")
+        if type(shape) is not list or len(shape) != 1 or type(shape[0]) is not int or not 0 <= shape[0] <= max_len:
+            raise self.fail(key, f"shape {shape!r} is not [n] with 0 <= n <= {max_len}")
+        if not (type(data) is bytes or (self.check and type(data) is memoryview)):
+            raise self.fail(key, f"expected packed bytes, got {type(data).__name__}")
+        if len(data) != shape[0] * dtype.itemsize:
+            raise self.fail(key, f"{len(data)} bytes of data for shape {shape} of {dtype.str}")
+        return np.frombuffer(data, dtype=dtype)
+
+    def finite(self, key: str, a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        if not np.isfinite(a).all():
+            raise self.fail(key, "contains a non-finite value")
         return a
+
+    def strings(self, key: str, n: int, max_len: int) -> list[str]:
+        v = self.items(key, n)
+        if len(v) != n:
+            raise self.fail(key, f"{len(v)} items for {n} completions")
+        for i, x in enumerate(v):
+            if type(x) is not str or len(x) > max_len:
+                raise self.fail(key, f"item {i} is not a string of at most {max_len} characters")
+        return v
 
 
 def _prompt_in(r: _Reader) -> types.Prompt:
@@ -407,40 +418,61 @@ def _prompt_in(r: _Reader) -> types.Prompt:
     return p
 
 
-def _completion_in(r: _Reader) -> types.Completion:
-    ids = r.u32s("token_ids")
-    lps = r.f64s("logprobs")
-    if len(lps) != len(ids):
-        raise r.fail("logprobs", f"{len(lps)} logprobs for {len(ids)} token_ids")
-    c = types.Completion(token_ids=ids, logprobs=lps, text=r.text("text"),
-                         finish_reason=r.text("finish_reason", MAX_NAME_CHARS))
+def _completions_in(r: _Reader) -> list[types.Completion]:
+    """The group's completions, validated column by column; each gets its slice of the packed arrays."""
+    raw_lengths = r.array("lengths", _U32, MAX_COMPLETIONS)
+    lengths: list[int] = raw_lengths.tolist()   # at most MAX_COMPLETIONS small ints: cheaper in Python than numpy
+    n = len(lengths)
+    if not n:
+        raise r.fail("lengths", "a group needs at least one completion")
+    if max(lengths) > MAX_TOKENS:
+        raise r.fail("lengths", f"a completion of {max(lengths)} tokens exceeds {MAX_TOKENS}")
+    ends = list(itertools.accumulate(lengths))
+    total = ends[-1]
+    ids = r.array("token_ids", _U32, total)
+    if len(ids) != total:
+        raise r.fail("token_ids", f"{len(ids)} token_ids for lengths summing to {total}")
+    lps = r.finite("logprobs", r.array("logprobs", _F64, total))
+    if len(lps) != total:
+        raise r.fail("logprobs", f"{len(lps)} logprobs for {total} token_ids")
+    texts = r.strings("text", n, MAX_TEXT_CHARS)
+    reasons = r.strings("finish_reason", n, MAX_NAME_CHARS)
     r.done()
-    return c
+    if r.check:   # encode's check: validated; the sender already holds the objects
+        return []
+    make = types.Completion.of_arrays
+    return [make(ids[end - k:end], lps[end - k:end], text, reason)
+            for k, end, text, reason in zip(lengths, ends, texts, reasons)]
 
 
 def _group_in(r: _Reader, *, scored: bool) -> types.RolloutGroup:
     prompt = _prompt_in(r.sub("prompt"))
-    raw = r.items("completions", MAX_COMPLETIONS)
-    if not raw:
-        raise r.fail("completions", "a group needs at least one completion")
-    comps = [_completion_in(r.child(c, f"{r.path}.completions[{i}]")) for i, c in enumerate(raw)]
+    comps = _completions_in(r.sub("completions"))
+    n = len(comps) if not r.check else len(r.obj["completions"]["text"])
     g = types.RolloutGroup(
-        prompt=prompt, prompt_token_ids=r.u32s("prompt_token_ids"), completions=comps,
+        prompt=prompt, prompt_token_ids=r.array("prompt_token_ids", _U32, MAX_TOKENS), completions=comps,
         policy_version=r.integer("policy_version"), step=r.integer("step"), generator=r.integer("generator"),
-        rewards=_rewards_in(r, len(comps), scored=scored), scores=_scores_in(r, len(comps)))
+        rewards=_rewards_in(r, n, scored=scored), scores=_scores_in(r, n))
     r.done()
     return g
 
 
 def _rewards_in(r: _Reader, n: int, *, scored: bool) -> list[float] | None:
-    raw = r._get("rewards")
-    if raw is None:
+    if r.obj.get("rewards", 0) is None:
+        r.seen.add("rewards")
         if scored:
             raise r.fail("rewards", "a scored group needs rewards")
         return None
-    if type(raw) is not list or len(raw) != n:
-        raise r.fail("rewards", f"expected a list of {n} floats")
-    return r.floats("rewards", n, raw)
+    return _floats_in(r, "rewards", n)
+
+
+def _floats_in(r: _Reader, key: str, n: int) -> list[float]:
+    out: list[float] = r.array(key, _F64, MAX_COMPLETIONS).tolist()
+    if len(out) != n:
+        raise r.fail(key, f"{len(out)} values for {n} completions")
+    if not all(map(math.isfinite, out)):
+        raise r.fail(key, "contains a non-finite value")
+    return out
 
 
 def _scores_in(r: _Reader, n: int) -> dict[str, list[float]]:
@@ -451,10 +483,7 @@ def _scores_in(r: _Reader, n: int) -> dict[str, list[float]]:
     for name in list(m.obj):
         if type(name) is not str or not 0 < len(name) <= MAX_NAME_CHARS:
             raise r.fail("scores", f"bad verifier name {name!r}")
-        vals = m.items(name, n)
-        if len(vals) != n:
-            raise m.fail(name, f"{len(vals)} scores for {n} completions")
-        out[name] = m.floats(name, n, vals)
+        out[name] = _floats_in(m, name, n)
     return out
 
 

@@ -36,6 +36,7 @@ import tempfile
 import time
 from typing import Any
 
+import numpy as np
 import transformers
 
 from kubeforge.api import rljob
@@ -200,9 +201,14 @@ class Engine:
 
 
 def _completion(c: Any) -> types.Completion:
-    ids = [int(t) for t in c.token_ids]
+    """vLLM's output as packed arrays (token ids uint32, behaviour logprobs float64): what travels on the wire."""
+    ids = types.token_array(np.asarray(c.token_ids, dtype=np.int64))
     lps = c.logprobs or []
-    logprobs = [float(lps[i][tok].logprob) for i, tok in enumerate(ids)] if lps else []
-    if len(logprobs) != len(ids):
-        raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(ids)} tokens")
+    if len(lps) != len(ids):
+        raise RuntimeError(f"vLLM returned {len(lps)} logprobs for {len(ids)} tokens")
+    if lps:
+        logprobs = np.fromiter((lps[i][tok].logprob for i, tok in enumerate(ids.tolist())), dtype=types.LOGPROB_DTYPE,
+                               count=len(ids))
+    else:
+        logprobs = np.empty(0, dtype=types.LOGPROB_DTYPE)
     return types.Completion(token_ids=ids, logprobs=logprobs, text=c.text, finish_reason=str(c.finish_reason or ""))

@@ -19,11 +19,17 @@ restart: trainer 0 then re-forms the weight-sync group and pushes the current po
 peer died mid-broadcast, an abandoned epoch) is answered with a negative ACK and the loop goes on with the
 weights it has; WORK the generator's weights are too old for (``maxPolicyLag``) is skipped, not sampled: trainer 0
 hands it out again after the push, so a restarted generator samples nothing before it has the current policy.
+
+Leaving (scaled down, pod deleted): SIGTERM sends the leave notice (an ACK of kind STOP) to trainer 0 at once, even
+while this loop's thread is blocked inside a weight receive (``LeaveNotice.send`` is called from the signal watcher
+of ``roles.main``, on its own socket); the loop ends at its next turn. The notice is sent once, whichever comes
+first. Trainer 0 shrinks the weight-sync group and re-issues this generator's work (``roles.trainer``).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -60,15 +66,53 @@ class GeneratorObserver(Protocol):
     def unexpected(self, *, kind: str) -> None: ...
 
 
+class LeaveNotice:
+    """This generator's leave notice to trainer 0, sent at most once, from whichever thread sees the stop first (the
+    signal watcher while the loop is blocked in a weight receive, or the loop when it ends). Each send opens its own
+    short-lived sender (``open_control``): a socket belongs to one thread. Best effort and bounded: a dead trainer
+    costs at most ``timeout`` seconds."""
+
+    def __init__(self, *, index: int, open_control: Callable[[float], transport.Sender],
+                 timeout: float = 2.0) -> None:
+        self.index = index
+        self.version = 0              # the weights this generator holds (kept current by the loop)
+        self.open_control = open_control
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self.sent = False
+
+    def send(self) -> bool:
+        """Send the notice unless it went already; True when this call sent it."""
+        with self._lock:
+            if self.sent:
+                return False
+            self.sent = True
+        try:
+            control = self.open_control(self.timeout)
+        except transport.TransportError:
+            return False
+        try:
+            control.send(wire.Ack(role="generator", index=self.index, of=wire.Kind.STOP, version=self.version),
+                         timeout=self.timeout)
+        except transport.TransportError:
+            return False
+        finally:
+            control.close()
+        return True
+
+
 def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, control: transport.Sender,
         sampler: Sampler, weights: WeightLoader, observer: GeneratorObserver, policy_version: int = 0,
         should_stop: Callable[[], bool] = lambda: False, max_policy_lag: int | None = None,
         beat: Callable[[str], None] = lambda activity: None,
-        trainer_weights: tuple[str, int] | None = None) -> None:
+        trainer_weights: tuple[str, int] | None = None, leave: LeaveNotice | None = None) -> None:
     """Serve until STOP (or ``should_stop``). ``trainer_weights`` is trainer 0's weight-sync address as the job's
     env contract names it: a SYNC naming any other address is refused (counted as ``ForgedSync``, never joined,
-    never acked), so no frame can point a generator at a group that feeds it weights of its choosing."""
+    never acked), so no frame can point a generator at a group that feeds it weights of its choosing. ``leave``
+    sends the leave notice when stopped by ``should_stop`` (None: sent on ``control``)."""
     version = policy_version
+    if leave is not None:
+        leave.version = version
     control.send(wire.Ready(role="generator", index=index, policy_version=version))
     while not should_stop():
         beat("idle")
@@ -97,12 +141,17 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
                                       ok=False, detail=str(exc)[:500]))
                 continue
             version = msg.version
+            if leave is not None:
+                leave.version = version
             observer.synced(version=version, result=result)
             control.send(wire.Ack(role="generator", index=index, of=wire.Kind.SYNC, version=version,
                                   detail=json.dumps({"seconds": result.seconds, "bytes": result.bytes})))
         else:
             observer.unexpected(kind=type(msg).__name__)
-    _leave(control, index=index, version=version)
+    if leave is not None:
+        leave.send()
+    else:
+        _leave(control, index=index, version=version)
 
 
 def _leave(control: transport.Sender, *, index: int, version: int) -> None:

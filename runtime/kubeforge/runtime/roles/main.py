@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubeforge.api import contract
@@ -37,6 +38,31 @@ def _stop_flag() -> threading.Event:
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, handler)
     return stop
+
+
+def watch_signals(callback: Callable[[], object]) -> threading.Thread:
+    """Call ``callback`` once, on a daemon thread, as soon as SIGTERM or SIGINT arrives, even while the main thread is
+    blocked inside C code (a gloo receive in a weight sync), where Python-level handlers only run once it returns.
+    CPython's C-level handler writes each signal number to the wakeup socket this thread reads
+    (``signal.set_wakeup_fd``; main thread only). The Python handlers (``_stop_flag``) still run as before."""
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    wanted = {int(signal.SIGTERM), int(signal.SIGINT)}
+
+    def watch() -> None:
+        keep = w                     # the write end must outlive this call: its fd is the wakeup fd
+        while keep is not None:
+            data = r.recv(64)
+            if not data:
+                return
+            if wanted.intersection(data):
+                callback()
+                return
+
+    t = threading.Thread(target=watch, name="signal-watch", daemon=True)
+    t.start()
+    return t
 
 
 def load_config(role: str, environ: Mapping[str, str]) -> config.RoleConfig:

@@ -76,8 +76,12 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     spec = cfg.spec
     inbox = transport.open_receiver(role_main.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
     trainer0 = cfg.peer("trainer", 0)
-    control = transport.open_sender([transport.tcp_address(trainer0.host, trainer0.port(contract.PORT_CONTROL))],
-                                    role="generator", index=cfg.index, send_timeout=role_main.role_deadline(cfg))
+    control_address = transport.tcp_address(trainer0.host, trainer0.port(contract.PORT_CONTROL))
+    control = transport.open_sender([control_address], role="generator", index=cfg.index,
+                                    send_timeout=role_main.role_deadline(cfg))
+    leave = loop.LeaveNotice(index=cfg.index, open_control=lambda timeout: transport.open_sender(
+        [control_address], role="generator", index=cfg.index, ready_timeout=timeout, send_timeout=timeout))
+    role_main.watch_signals(leave.send)   # the notice goes out at SIGTERM even mid weight receive
     to_verifiers = transport.open_sender(role_main.data_addresses(cfg, "verifier"), role="generator", index=cfg.index,
                                     send_timeout=role_main.role_deadline(cfg))
     engine = engine_mod.Engine(model_dir=models.resolve(spec.model), dtype=spec.model.dtype,
@@ -92,7 +96,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                                        join_timeout=float(spec.failure_policy.progress_deadline_seconds)),
                  observer=observe.GeneratorObserver(m), should_stop=stop.is_set,
                  max_policy_lag=spec.algorithm.max_policy_lag, beat=server.heartbeat,
-                 trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)))
+                 trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)), leave=leave)
     finally:
         to_verifiers.close()
         control.close()

@@ -9,6 +9,13 @@
 Neighbours: ``weightsync`` (the group and the bucketed broadcast), ``roles.trainer`` (calls :meth:`Pusher.push`
 after a step), ``roles.generator`` (answers SYNC, reports its receive+load time in the ACK).
 
+Overlap (``start`` / ``finish``): the trainer's loop calls ``start`` after a step: the SYNC notices go out and the
+weights are snapshotted into the sender's buffers on the loop's thread (so every WORK sent afterwards reaches each
+generator behind the SYNC, and the next step may change the parameters at once), then the broadcast runs in a
+background thread while the trainer collects and trains the next step. ``finish`` (before the next push, a
+re-form, or the end) joins it and collects the ACKs; ACKs the loop reads meanwhile are handed over through
+``acked``. ``push`` is ``start`` + ``finish``.
+
 Reported figures: ``seconds`` is the slowest generator's receive-and-load time (from the first header it receives
 to its ack: the time generation actually pauses); the sender's own time also counts the wait until every generator
 finished its current batch, so it is kept only as a fallback. ``bytes`` is the payload of one copy.
@@ -17,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -56,10 +63,13 @@ class Pusher:
         self.notice: dict[str, Any] = dict(host=host, port=port, world_size=world_size, backend=backend,
                                            timeout_s=timeout_s)
         self.on_other = on_other
+        self._flight: weightsync.InFlight | None = None
+        self._acked: list[wire.Ack] = []
 
     def reform(self, *, members: int | None = None) -> int:
         """Abandon the weight-sync epoch (a generator left, came back or joined); the next push forms the next one,
         over ``members`` generators when given."""
+        self.finish_quietly()
         if members is not None:
             self.members = members
             self.notice["world_size"] = weightsync.world_size(generators=members,
@@ -67,28 +77,67 @@ class Pusher:
         return self.sender.reset(world_size=int(self.notice["world_size"]))
 
     def push(self, *, version: int, step: int) -> generator_role.SyncResult:
+        self.start(version=version, step=step)
+        result = self.finish()
+        assert result is not None
+        return result
+
+    def start(self, *, version: int, step: int) -> None:
+        """SYNC notices, snapshot, broadcast in the background (see the module docstring)."""
+        self.finish_quietly()
         sync = wire.Sync(version=version, step=step, epoch=self.sender.epoch, **self.notice)
-        for g in range(self.members):
-            self.generators.send(sync, to=g)
-        stats = self.sender.send(self.tensors(), version=version)
-        acks = self._acks(version)
+        for g in range(self.members):   # bounded: a generator gone without a word fails the push, not the trainer
+            self.generators.send(sync, to=g, timeout=ACK_TIMEOUT_SECONDS)
+        self._acked = []
+        self._flight = self.sender.start(self.tensors(), version=version)
+
+    @property
+    def in_flight(self) -> bool:
+        return self._flight is not None
+
+    def acked(self, msg: wire.Ack) -> None:
+        """An ACK of the sync in flight that the trainer's loop read from the control inbox."""
+        if self._flight is not None and msg.of == wire.Kind.SYNC and msg.version == self._flight.version:
+            self._acked.append(msg)
+
+    def finish(self) -> generator_role.SyncResult | None:
+        """Join the sync in flight (None when there is none); raises ``WeightSyncError`` when it failed."""
+        flight, self._flight = self._flight, None
+        if flight is None:
+            return None
+        stats = flight.result()
+        acks = self._acks(flight.version, early=self._acked)
         seconds = max((a.seconds for a in acks), default=stats.seconds)
         return generator_role.SyncResult(seconds=seconds, bytes=stats.bytes)
 
-    def _acks(self, version: int) -> list[generator_role.SyncResult]:
+    def finish_quietly(self) -> None:
+        """Join the sync in flight, ignoring its outcome (a re-form or the end of the run follows)."""
+        try:
+            self.finish()
+        except RuntimeError:
+            pass
+
+    def _acks(self, version: int, *, early: Sequence[wire.Ack] = ()) -> list[generator_role.SyncResult]:
         want = set(range(self.members))
         got: list[generator_role.SyncResult] = []
+
+        def take(ack: wire.Ack) -> None:
+            want.discard(ack.index)
+            parsed = parse_ack_detail(ack.detail)
+            if parsed is not None:
+                got.append(parsed)
+
+        for ack in early:
+            take(ack)
         deadline = time.monotonic() + ACK_TIMEOUT_SECONDS
         while want and time.monotonic() < deadline:
             msg = self.control.recv(timeout=0.5)
             if isinstance(msg, wire.Ack) and msg.of == wire.Kind.SYNC and msg.version == version:
-                want.discard(msg.index)
-                parsed = parse_ack_detail(msg.detail)
-                if parsed is not None:
-                    got.append(parsed)
+                take(msg)
             elif msg is not None:
                 self.on_other(msg)
         return got if not want else []
 
     def close(self) -> None:
+        self.finish_quietly()
         self.sender.close()

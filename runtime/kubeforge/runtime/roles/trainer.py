@@ -9,7 +9,8 @@
        dropped-but-needed prompts → re-issued by this rank straight to a generator (round robin)
    train_step(my groups) ── all-reduce ──▶ v = s + 1
    rank 0: push weights v every weightSync.everySteps (SYNC notice, then the broadcast; generators ACK);
-           the other ranks follow the push (sharded weights are gathered by every rank)
+           the other ranks follow the push (sharded weights are gathered by every rank). Unsharded, the push
+           overlaps the next step: SYNC + snapshot now, broadcast in the background, joined at the next push
    rank 0: report the step (JSONL locally, pod annotation on a cluster)
    checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
  every rank: export the policy as an HF folder next to the checkpoints (rank 0 writes); also after any step on
@@ -46,6 +47,11 @@ Invariants:
   before any WORK it samples) and re-issues the work it had handed that generator for steps not yet trained;
   the buffer drops any duplicate. A push that fails (a generator died mid-sync) abandons the epoch and training
   goes on; the generator's return triggers the next push.
+- Scale-down (rank 0): a generator's leave notice (sent at its SIGTERM, even from inside a weight receive) marks it
+  as left; the membership shrinks past every left generator at the top (StatefulSet ordinals go from the top), a
+  new epoch forms over the rest, and the leavers' work is re-issued. If the notice is lost (SIGKILL before it
+  went out), a failed push finds it: every member that does not answer that SYNC (ACK or NACK) within
+  ``answer_within`` and is at the top is dropped the same way; one that answers later, or says READY, joins again.
 """
 from __future__ import annotations
 
@@ -78,6 +84,7 @@ class Settings:
     checkpoint_keep: int
     deadline: float = 600.0           # no progress this long: Stalled
     reissue_after: float = 150.0      # no group for this long: re-issue the step's missing prompts
+    answer_within: float = 30.0       # after a failed push: a top member silent this long is dropped
     colocated: bool = False           # spec.schedule.mode Colocated: a step's work goes out only after the last
                                       # step is trained and pushed (phases take turns on the same cores)
 
@@ -179,6 +186,11 @@ class Loop:
         self.ready_seen: set[int] = set()     # rank 0: generators that announced themselves
         self.members = generators.peers       # generators taking work now: indexes 0..members-1 (elastic)
         self.joining: set[int] = set()        # rank 0: generators beyond ``members`` that said READY
+        self.left: set[int] = set()           # rank 0: generators whose leave notice came (until their READY)
+        self.dropped: set[int] = set()        # rank 0: generators dropped for silence after a failed push
+        self.silent: set[int] = set()         # rank 0: members yet to answer the SYNC of a failed push
+        self.silent_version = 0
+        self.silent_since = 0.0
         self.generator_address = generator_address   # data address of generator i (None: cannot grow)
         self._deferred: list[wire.Message] = []      # control messages a push read past (READY, leave)
         if rank0 is not None and hasattr(rank0.pusher, "on_other"):
@@ -263,26 +275,57 @@ class Loop:
             self.issued += 1
 
     def _send_work(self, g: int, work: wire.Work) -> None:
+        """Hand ``work`` to generator ``g``, bounded by ``answer_within``: a generator gone without a word (its pod
+        deleted, its notice lost) must not hold the trainer. Rank 0 then counts it as silent (dropped at the top
+        after ``answer_within``, its outstanding work, this one included, re-issued); for any rank the stall timer
+        re-issues what did not go out."""
         if self.rank0 is not None:
             self.outstanding.setdefault(g, []).append(work)
-        self.generators.send(work, to=g, timeout=self.s.deadline)
+        try:
+            self.generators.send(work, to=g, timeout=min(self.s.deadline, self.s.answer_within))
+        except transport.TransportError as exc:
+            print(f"trainer-{self.s.rank}: work of step {work.step} not delivered to generator-{g} ({exc})",
+                  flush=True)
+            if self.rank0 is not None:
+                if not self.silent:
+                    self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
+                self.silent.add(g)
 
     def _work(self, step: int, prompts: Sequence[types.Prompt]) -> wire.Work:
         return wire.Work(step=step, policy_version=self.learner.policy_version, prompts=tuple(prompts))
 
     def _control(self, msg: wire.Message) -> None:
         if isinstance(msg, wire.Ready) and msg.role == "generator" and self.rank0 is not None:
-            if msg.index in self.ready_seen and 0 <= msg.index < self.members:
-                self._rejoin(msg.index)
-            elif msg.index >= self.members:
-                self.joining.add(msg.index)
+            g = msg.index
+            back = g in self.ready_seen or g in self.left or g in self.dropped
+            self.left.discard(g)
+            self.dropped.discard(g)
+            if back and 0 <= g < self.members:
+                self._rejoin(g)
+            elif g >= self.members:
+                self.joining.add(g)
                 self._grow()
-            self.ready_seen.add(msg.index)
+            self.ready_seen.add(g)
         elif (isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.STOP
               and self.rank0 is not None):
             self._leave(msg.index)
+        elif (isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.SYNC
+              and self.rank0 is not None):
+            self._answered(msg)
+            getattr(self.rank0.pusher, "acked", lambda m: None)(msg)   # an ACK of the push in flight
         elif not isinstance(msg, (wire.Ready, wire.Ack)):
             self.observer.unexpected(kind=type(msg).__name__)
+
+    def _answered(self, ack: wire.Ack) -> None:
+        """An answer (ACK or NACK) to a SYNC outside a push: the generator is alive. One dropped for silence joins
+        again (it was slow, not gone)."""
+        g = ack.index
+        if ack.version >= self.silent_version:
+            self.silent.discard(g)
+        if g in self.dropped and g not in self.left and g >= self.members:
+            self.dropped.discard(g)
+            self.joining.add(g)
+            self._grow()
 
     def _grow(self) -> None:
         """Generators that said READY beyond the membership join it, lowest index first (StatefulSet ordinals are
@@ -307,21 +350,43 @@ class Loop:
               flush=True)
 
     def _leave(self, g: int) -> None:
-        """Generator ``g`` is going away (scaled down: the highest index leaves; at least one stays): a smaller
-        epoch, and its outstanding work to the others."""
+        """Generator ``g`` sent its leave notice. At the top of the membership it is a scale-down: shrink past it.
+        Below the top it restarts (a pod replaced), and its READY re-forms the group."""
         assert self.rank0 is not None
         self.ready_seen.discard(g)
-        if g != self.members - 1 or self.members == 1:
-            return                         # not a scale-down: it restarts, and its READY re-forms the group
-        self.members -= 1
+        self.joining.discard(g)
+        self.left.add(g)
+        self._shrink(gone=self.left, why="left")
+
+    def _check_silent(self) -> None:
+        """After a failed push: top members that did not answer its SYNC within ``answer_within`` are gone (their
+        leave notice, if any, was lost)."""
+        if self.silent and time.monotonic() - self.silent_since > self.s.answer_within:
+            gone, self.silent = set(self.silent), set()
+            self.dropped |= self._shrink(gone=gone, why=f"silent {self.s.answer_within:.0f}s after a failed sync")
+
+    def _shrink(self, *, gone: set[int], why: str) -> set[int]:
+        """Drop the members at the top that are in ``gone`` (at least one stays): a smaller epoch, the current
+        policy to the rest, and the leavers' outstanding work to them. Returns the dropped indexes."""
+        assert self.rank0 is not None
+        top = self.members
+        while top > 1 and (top - 1) in gone:
+            top -= 1
+        if top == self.members:
+            return set()
+        leavers = set(range(top, self.members))
+        before, self.members = self.members, top
+        self.silent -= leavers
         self.epochs = self.rank0.pusher.reform(members=self.members)
-        pending = [w for w in self.outstanding.pop(g, []) if w.step >= self.buffer.next_step]
+        pending = [w for g in sorted(leavers) for w in self.outstanding.pop(g, []) if w.step >= self.buffer.next_step]
         if not getattr(self.learner, "sharded", False):
             self._push(step=self.learner.step)
         for i, w in enumerate(pending):
             self._send_work(i % self.members, self._work(w.step, w.prompts))
-        print(f"trainer-0: generators {self.members + 1} -> {self.members} (generator-{g} left); weight-sync "
-              f"epoch {self.epochs}, {sum(len(w.prompts) for w in pending)} prompts re-issued", flush=True)
+        print(f"trainer-0: generators {before} -> {self.members} (generator-{'/'.join(map(str, sorted(leavers)))} "
+              f"{why}); weight-sync epoch {self.epochs}, {sum(len(w.prompts) for w in pending)} prompts re-issued",
+              flush=True)
+        return leavers
 
     def _rejoin(self, g: int) -> None:
         """Generator ``g`` restarted: new weight-sync epoch, current policy to everyone, its work again."""
@@ -356,6 +421,8 @@ class Loop:
             elif msg is not None:
                 self.observer.unexpected(kind=type(msg).__name__)
             self._drain_control()
+            if self.rank0 is not None:
+                self._check_silent()
             self._forward_reissues()
             now = time.monotonic()
             if self.buffer.count(step=step) != have:
@@ -403,7 +470,7 @@ class Loop:
         last = done == self.s.steps
         sync: generator_role.SyncResult | None = None
         if (done % self.s.sync_every == 0) and not last:
-            sync = self._push(step=done)
+            sync = self._push_overlapped(step=done)
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
         record["wait_seconds"] = wait_seconds
         self._evaluate(record, done=done, last=last)
@@ -453,6 +520,45 @@ class Loop:
             record["export_request"] = str(request)
             print(f"trainer-0: export request {request}: {path}", flush=True)
 
+    def _push_overlapped(self, *, step: int) -> generator_role.SyncResult | None:
+        """Rank 0: finish the push still in flight (started after the previous due step; its figures go in this
+        step's record), then start this one: SYNC notices and the snapshot now, the broadcast in the background
+        while the next step is collected and trained. A pusher without ``start`` pushes synchronously."""
+        if self.rank0 is None or not hasattr(self.rank0.pusher, "start") or getattr(self.learner, "sharded", False):
+            return self._push(step=step)   # sharded: the streaming push keeps rank 0's memory at one bucket
+        pusher: Any = self.rank0.pusher
+        previous = self._finish_push()
+        self._drain_control()   # as in _push: leave notices and silent members shrink the group first
+        self._check_silent()
+        self.beat("sync")
+        try:
+            pusher.start(version=self.learner.policy_version, step=step)
+        except RuntimeError as exc:
+            self._push_failed(exc)
+        finally:
+            getattr(self.learner, "complete_sync", lambda: None)()
+        return previous
+
+    def _finish_push(self) -> generator_role.SyncResult | None:
+        """Rank 0: join the push in flight, if any; a failed one abandons the epoch (as a failed ``_push``)."""
+        if self.rank0 is None or not getattr(self.rank0.pusher, "in_flight", False):
+            return None
+        try:
+            result: generator_role.SyncResult | None = getattr(self.rank0.pusher, "finish")()
+            return result
+        except RuntimeError as exc:
+            self._push_failed(exc)
+            return None
+
+    def _push_failed(self, exc: BaseException) -> None:
+        assert self.rank0 is not None
+        self.epochs = self.rank0.pusher.reform(members=self.members)
+        if not self.silent:     # members still silent since an earlier failed push keep their clock
+            self.silent = set(range(self.members)) - self.left
+            self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
+        print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
+              f"{self.epochs} forms when the generators are back", flush=True)
+
     def _push(self, *, step: int) -> generator_role.SyncResult | None:
         """Push the current policy (other ranks take part in the gathers a sharded model needs); a broken group (a
         generator died mid-sync) abandons the epoch and returns None: training goes on and the generator's return
@@ -460,13 +566,14 @@ class Loop:
         if self.rank0 is None:
             self.learner.follow_sync()
             return None
+        self._finish_push()
+        self._drain_control()   # a leave notice that came meanwhile shrinks the group before any SYNC goes out
+        self._check_silent()    # so does a member silent since the last failed push
         self.beat("sync")
         try:
             return self.rank0.pusher.push(version=self.learner.policy_version, step=step)
         except RuntimeError as exc:
-            self.epochs = self.rank0.pusher.reform(members=self.members)
-            print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
-                  f"{self.epochs} forms when the generators are back", flush=True)
+            self._push_failed(exc)
             return None
         finally:    # the other ranks' follow_sync gathers complete even when the push did not
             getattr(self.learner, "complete_sync", lambda: None)()
@@ -489,6 +596,7 @@ class Loop:
 
     def _finish(self, exported: Any) -> None:
         assert self.rank0 is not None
+        self._finish_push()
         for g in range(self.members):
             try:
                 self.generators.send(wire.Stop(reason="done"), to=g, timeout=5.0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from kubeforge.runtime import types
@@ -55,7 +56,7 @@ def _check(groups: Sequence[types.RolloutGroup]) -> None:
         where = f"group of prompt {g.prompt.index}"
         if g.rewards is None or len(g.rewards) != len(g.completions):
             raise ValueError(f"{where}: rewards must hold one value per completion")
-        if not g.prompt_token_ids:
+        if len(g.prompt_token_ids) == 0:
             raise ValueError(f"{where}: prompt_token_ids is empty")
         for c in g.completions:
             if len(c.logprobs) != len(c.token_ids):
@@ -66,7 +67,7 @@ def _check(groups: Sequence[types.RolloutGroup]) -> None:
 class Row:
     """One completion with its prompt, advantage and reward."""
 
-    prompt: Sequence[int]
+    prompt: types.Tokens
     completion: types.Completion
     advantage: float
     reward: float
@@ -128,16 +129,22 @@ def collate_rows(*, rows: Sequence[Row], pad_id: int, zero_signal_groups: int = 
     for i, row in enumerate(rows):
         prompt, c = row.prompt, row.completion
         n = len(c.token_ids)
-        input_ids[i, p_len - len(prompt):p_len] = torch.tensor(prompt, dtype=torch.long)
+        input_ids[i, p_len - len(prompt):p_len] = _long(prompt)
         attention[i, p_len - len(prompt):p_len + n] = 1
-        if n:
-            input_ids[i, p_len:p_len + n] = torch.tensor(c.token_ids, dtype=torch.long)
-            comp_ids[i, :n] = torch.tensor(c.token_ids, dtype=torch.long)
+        if n:   # the packed arrays go to tensors in one vectorised copy each (no Python object per token)
+            ids = _long(c.token_ids)
+            input_ids[i, p_len:p_len + n] = ids
+            comp_ids[i, :n] = ids
             comp_mask[i, :n] = 1.0
-            behaviour[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
+            behaviour[i, :n] = torch.from_numpy(np.asarray(c.logprobs, dtype=np.float32))
     positions = (attention.cumsum(dim=-1) - 1).clamp(min=0)
     return Batch(input_ids=input_ids, attention_mask=attention, position_ids=positions, completion_ids=comp_ids,
                  completion_mask=comp_mask, behaviour_logp=behaviour,
                  advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32),
                  rewards=torch.tensor([r.reward for r in rows], dtype=torch.float32),
                  zero_signal_groups=zero_signal_groups)
+
+
+def _long(ids: types.Tokens) -> torch.Tensor:
+    """Token ids (a packed uint32 array, or any int sequence) as an int64 tensor."""
+    return torch.from_numpy(np.asarray(ids, dtype=np.int64))

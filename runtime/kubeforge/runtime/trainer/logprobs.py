@@ -12,6 +12,19 @@ checkpointing, so at most one chunk of float32 logits exists at any time, in for
 ``[rows, tokens, vocab]`` tensor). The entropy of the full next-token distribution comes out of the same chunk
 (detached).
 
+Shared prompts: the completions of a GRPO group repeat one prompt, and prompts are usually longer than the
+completions. With ``share_prefix`` (off by default) every distinct prompt of the batch runs through the decoder
+once; its keys and values are then indexed out to every row that repeats it and the completions run on top of
+them, with gradients flowing back through the shared keys and values into the prompt's single pass. The result
+is the full forward's (the same attention over the same positions), at the cost of ``distinct prompts x P +
+rows x T`` tokens instead of ``rows x (P + T)`` (the demo: 4 x 48 + 32 x 16 instead of 32 x 64, 2.9x fewer).
+It applies when rows share a prompt and the model takes ``past_key_values`` (HF decoders do); never with FSDP2
+sharding or activation checkpointing (each decoder block must run once per forward there). Not used by the
+trainer: measured on the demo (2 CPU cores, bf16 autocast; ``bench/profile_train_step.py --ab``) the step took
+1.19x the CPU time of the full forward despite 2.9x fewer tokens, because the CPU step is bound by per-call
+overhead (autocast casts, elementwise ops) that a second decoder pass doubles, not by FLOPs. It is kept, tested,
+for long prompts and GPUs, where the FLOPs dominate.
+
 Neighbours: ``policy.Policy`` (the trained module calls :func:`forward`), ``step.Trainer`` (reference model, via
 :func:`completion_logprobs`).
 """
@@ -45,17 +58,46 @@ def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, ids: torch.Tensor,
     return logp, entropy
 
 
+def _shared_prefix_hidden(decoder: torch.nn.Module, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          position_ids: torch.Tensor, t: int) -> torch.Tensor | None:
+    """Hidden states at positions ``P-1 .. P+T-2`` (those that predict the completion tokens), each distinct
+    prompt run once (module docstring); None when no two rows share a prompt."""
+    p = int(input_ids.shape[1]) - t
+    rows = int(input_ids.shape[0])
+    if p < 1 or rows < 2:
+        return None
+    uniq, inverse = torch.unique(torch.cat([input_ids[:, :p], attention_mask[:, :p]], dim=1), dim=0,
+                                 return_inverse=True)
+    if int(uniq.shape[0]) == rows:
+        return None
+    first = torch.full((int(uniq.shape[0]),), rows, dtype=torch.long, device=input_ids.device).scatter_reduce(
+        0, inverse, torch.arange(rows, device=input_ids.device), reduce="amin")
+    head = decoder(input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p],
+                   position_ids=position_ids[first, :p], use_cache=True)
+    cache = head.past_key_values
+    cache.batch_select_indices(inverse)                     # differentiable gather: grads flow to the prompt pass
+    tail = decoder(input_ids=input_ids[:, p:], attention_mask=attention_mask, position_ids=position_ids[:, p:],
+                   past_key_values=cache, use_cache=True).last_hidden_state
+    last = head.last_hidden_state[:, -1, :][inverse]        # position P-1 predicts completion token 0
+    return torch.cat([last.unsqueeze(1), tail[:, :-1, :]], dim=1)
+
+
 def forward(lm: torch.nn.Module, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             position_ids: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-            temperature: float = 1.0, chunk_elements: int = CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+            temperature: float = 1.0, chunk_elements: int = CHUNK_ELEMENTS,
+            share_prefix: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp [B, T] float32, zero on padding; entropy summed over completion tokens, detached scalar) of
-    ``completion_ids`` under the HF causal LM ``lm`` (see the module docstring for the memory bound)."""
+    ``completion_ids`` under the HF causal LM ``lm`` (see the module docstring for the memory bound and for
+    ``share_prefix``)."""
     rows, t = completion_ids.shape
     decoder = lm.get_decoder()  # type: ignore[operator]
     head = lm.get_output_embeddings()  # type: ignore[operator]
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                     use_cache=False).last_hidden_state
-    hidden = hidden[:, -(t + 1):-1, :]                      # position P-1+j predicts completion token j
+    hidden = _shared_prefix_hidden(decoder, input_ids=input_ids, attention_mask=attention_mask,
+                                   position_ids=position_ids, t=int(t)) if share_prefix else None
+    if hidden is None:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False).last_hidden_state
+        hidden = hidden[:, -(t + 1):-1, :]                  # position P-1+j predicts completion token j
     where = completion_mask > 0
     picked, ids = hidden[where], completion_ids[where]     # [N, H], [N] in row-major order
     vocab = int(head.weight.shape[0])

@@ -19,16 +19,18 @@ from kubeforge.runtime.trainer import logprobs
 class Policy(torch.nn.Module):
     """``forward(batch) -> (logp [B, T], entropy sum)`` of an HF causal LM at temperature ``temperature``."""
 
-    def __init__(self, lm: torch.nn.Module, *, temperature: float = 1.0) -> None:
+    def __init__(self, lm: torch.nn.Module, *, temperature: float = 1.0, share_prefix: bool = False) -> None:
         super().__init__()
         self.lm = lm
         self.temperature = temperature
+        self.share_prefix = share_prefix     # each distinct prompt once (logprobs: "Shared prompts"; off)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return logprobs.forward(self.lm, input_ids=input_ids, attention_mask=attention_mask,
                                 position_ids=position_ids, completion_ids=completion_ids,
-                                completion_mask=completion_mask, temperature=self.temperature)
+                                completion_mask=completion_mask, temperature=self.temperature,
+                                share_prefix=self.share_prefix)
 
     def run(self, batch: batch_mod.Batch, *, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` on a collated batch moved to ``device`` (through ``__call__``: FSDP's hooks run)."""

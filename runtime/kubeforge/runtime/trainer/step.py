@@ -331,8 +331,8 @@ class Trainer:
 
 def _filler(pad_id: int) -> batch_mod.Batch:
     """A one-row, one-token batch whose loss is weighted 0: keeps a rank's FSDP collectives in step."""
-    row = batch_mod.Row(prompt=[pad_id], completion=types.Completion(token_ids=[pad_id], logprobs=[0.0], text=""),
-                        advantage=0.0, reward=0.0)
+    filler = types.Completion(token_ids=types.token_array([pad_id]), logprobs=types.logprob_array([0.0]), text="")
+    row = batch_mod.Row(prompt=[pad_id], completion=filler, advantage=0.0, reward=0.0)
     return batch_mod.collate_rows(rows=[row], pad_id=pad_id)
 
 

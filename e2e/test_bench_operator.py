@@ -1,0 +1,28 @@
+"""Smoke of bench/bench_operator.py's code path on the session's test cluster: one RLJob of 3 gang pods, its
+operator, the pod watch, one failed pod and the recovery into a new attempt; the JSON line comes out last.
+The scale run itself (1,000 nodes x 1,000 jobs) is run by hand and reported in docs/benchmarks.md."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kfcluster import lifecycle
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "bench_operator.py")
+
+
+def test_bench_runs_one_job_through_start_failure_and_recovery(kube_cluster: lifecycle.Cluster) -> None:
+    proc = subprocess.run([sys.executable, BENCH, "--kubeconfig", kube_cluster.kubeconfig, "--jobs", "1",
+                           "--pods-per-job", "3", "--fail-fraction", "0.34", "--timeout", "180"],
+                          capture_output=True, text=True, timeout=280, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    op = out["operator"]
+    assert out["pods_per_job"] == 3 and op["job_running_s"]["n"] == 1 and op["all_running_s"] > 0
+    assert op["recovery"]["pods_failed"] == 1 and op["recovery"]["job_recovered_s"]["n"] == 1
+    assert op["reconcile_latency_s"]["n"] > 0 and op["peak_rss_mib"] > 0

@@ -1,0 +1,37 @@
+"""docs/install.md stays usable: the RLJob it applies is valid, and every `--set` it passes names a chart value.
+
+The user path it describes (chart + images + kubeconfig) is what e2e/test_helm_install.py runs on the real node;
+this guards the page itself against drift when the API or the chart's values change.
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+from typing import Any
+
+import yaml
+
+from kubeforge.api import load
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "install.md").read_text()
+VALUES = yaml.safe_load((ROOT / "helm" / "kubeforge" / "values.yaml").read_text())
+
+
+def test_the_documented_rljob_is_valid() -> None:
+    m = re.search(r"cat <<'EOF' \| kubectl apply -n (\S+) -f -\n(.*?)\nEOF\n", DOC, re.S)
+    assert m, "no RLJob heredoc in docs/install.md"
+    doc = yaml.safe_load(m.group(2))
+    doc["metadata"]["namespace"] = m.group(1)
+    job = load.parse(doc)
+    assert job.metadata.name == "tiny"
+
+
+def test_every_documented_set_names_a_chart_value() -> None:
+    keys = re.findall(r"--set(?:-string)? '?([A-Za-z][\w.]*)=", DOC)
+    assert {"image.repository", "runtimeImage", "replicas", "watchNamespaces"} <= set(keys), keys
+    for key in keys:
+        node: Any = VALUES
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, f"--set {key}: not in helm/kubeforge/values.yaml"
+            node = node[part]
