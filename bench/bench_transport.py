@@ -8,7 +8,8 @@ process to a receiver in a child process over tcp://127.0.0.1. Time runs from th
 having the last message (CLOCK_MONOTONIC is shared by processes). Reported: messages/s, MB/s of frame bytes,
 tokens/s, and the ratio kubeforge / raw, by wall clock (``kf_over_raw``) and by CPU-seconds per message of the
 busier of the two processes (``kf_over_raw_cpu``: what the ratio would be with a core per process; the machine is
-shared, so the wall-clock ratio swings with its load, the CPU one much less). Also encode-only and decode-only rates in one process, for the breakdown,
+shared, so the wall-clock ratio swings with its load, the CPU one much less). Also encode-only and decode-only
+rates in one process, for the breakdown,
 and the decode memory of a maximal valid ROLLOUT (5 completions of 2^20 tokens, ~60 MiB frame): the tracemalloc peak
 while ``wire.decode`` runs, over the frame's size (6.8x when token ids were decoded to Python lists). The load
 average is printed beside the figures. The last line of stdout is a JSON summary.
@@ -173,7 +174,8 @@ def main() -> None:
               f"{row['kf_over_raw_cpu']:.2f}x) | encode {enc:8.1f}/s decode "
               f"{dec:8.1f}/s", flush=True)
     memory = decode_memory()
-    print(f"decode of a valid {memory['frame_bytes'] / 2**20:.1f} MiB ROLLOUT: peak {memory['decode_peak_bytes'] / 2**20:.1f}"
+    print(f"decode of a valid {memory['frame_bytes'] / 2**20:.1f} MiB ROLLOUT: "
+          f"peak {memory['decode_peak_bytes'] / 2**20:.1f}"
           f" MiB = {memory['peak_over_frame']:.2f}x the frame, {memory['decode_seconds']:.3f} s", flush=True)
     load = [round(x, 2) for x in os.getloadavg()]
     print(f"load average {load}", flush=True)

@@ -11,8 +11,8 @@ into its reusable buffers, then broadcasts from a background thread while it cou
 into its reusable buffers: metadata, buckets, vLLM ``reload_weights`` with repacking, tied-weight refresh,
 prefix-cache reset, ack). ``generation_pause_seconds`` is the engine's side of one sync (from the header to the
 end of the load and the prefix-cache reset): the time a generator stops sampling per sync. ``--dtype`` is the
-dtype of the weights and the engine (the demo's is bfloat16). Prints one JSON line per model; ``ratio`` = sync GB/s / raw GB/s
-(medians after one warm-up each). ``receive_discard`` syncs run the same protocol into the engine's worker but
+dtype of the weights and the engine (the demo's is bfloat16). Prints one JSON line per model; ``ratio`` = sync
+GB/s / raw GB/s (medians after one warm-up each). ``receive_discard`` syncs run the same protocol into the engine's worker but
 discard the tensors instead of loading them: the difference to a full sync is vLLM's reload time. ``memcpy_*`` is one
 in-process copy of the same bytes into a preallocated buffer (the ceiling of landing them in memory once). Nothing is asserted: speed is reported, never hard-coded.
 """
@@ -93,7 +93,7 @@ def sender_main(args: argparse.Namespace) -> None:
     raw = raw_rounds(rank=0, port=args.raw_port, nbytes=nbytes, reps=args.reps)
     print(json.dumps({"raw_sender_seconds": raw}), flush=True)
     sender = weightsync.WeightSender(host="127.0.0.1", port=args.sync_port, world_size=2, timeout=120,
-                                     join_timeout=900)
+                                     join_timeout=3600)   # the engine may take 15 min to start on a loaded machine
     for v in range(1, 2 * (args.reps + 1) + 1):  # first half discarded by the engine, second half loaded
         with torch.no_grad():
             for _, t in named:
