@@ -98,7 +98,11 @@ e2e-kind: venv
 e2e-elastic: venv host-deps
 	KUBEFORGE_REAL_NODE=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} $(VENV)/bin/python e2e/run_elastic.py
 
+# MANIFEST=examples/tiny-fsdp.yaml runs that RLJob instead (run_real.py --manifest, no trainer kill), same last line.
 e2e-real: venv host-deps
-	@out=$$(mktemp -d)/status.json; \
+	@if [ -n "$(MANIFEST)" ]; then \
+	  KUBEFORGE_REAL_NODE=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} $(VENV)/bin/python e2e/run_real.py \
+	    --manifest "$(MANIFEST)" --kill-after-step -1; exit $$?; fi; \
+	out=$$(mktemp -d)/status.json; \
 	KUBEFORGE_REAL_NODE=1 KF_E2E_REAL_OUT=$$out $(PYTEST) -p no:cacheprovider -m realnode e2e/test_e2e_real.py; rc=$$?; \
 	cat $${out%.json}.figures.json 2>/dev/null; cat $$out 2>/dev/null || echo '{}'; rm -rf $$(dirname $$out); exit $$rc

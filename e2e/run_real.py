@@ -239,7 +239,9 @@ class Result:
         return {"apply_to_running_s": _r(self.apply_to_running_s), "apply_to_succeeded_s": _r(self.apply_to_succeeded_s),
                 "restart_to_running_s": _r(self.restart_to_running_s), "steps": self.steps,
                 "progress": self.status.get("progress"), "killed": self.killed,
-                "reward_first_step": rewards[0] if rewards else None, **self.memory,
+                "reward_first_step": rewards[0] if rewards else None,
+                "reward_last_step": rewards[-1] if rewards else None,
+                "reward_gain": round(rewards[-1] - rewards[0], 4) if rewards else None, **self.memory,
                 "phases": [(round(t, 1), p) for t, p in self.phases]}
 
 
@@ -346,9 +348,13 @@ class Run:
         return result
 
 
-def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str = "tiny", kill_after_step: int | None = 8,
-        timeout_s: float = 1200.0, keep_namespace: bool = False) -> Result:
-    """Run the tiny RLJob in real pods on ``cluster`` (whose real node is up); artefacts under ``workdir``."""
+def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None = None,
+        kill_after_step: int | None = 8, timeout_s: float = 1200.0, keep_namespace: bool = False,
+        base: pathlib.Path | None = None) -> Result:
+    """Run the RLJob of ``base`` (default: examples/tiny.yaml) in real pods on ``cluster`` (whose real node is up);
+    artefacts under ``workdir``. ``name`` defaults to the manifest's own."""
+    doc = realjob.load_tiny(base) if base is not None else realjob.load_tiny()
+    name = name or str(doc.get("metadata", {}).get("name") or "tiny")
     k = cluster.kubectl
     hk = harness.K(kubectl=k.binary, kubeconfig=k.kubeconfig)
     hk.ensure_crd()
@@ -362,7 +368,7 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str = "tiny"
     op.start()
     log(f"operator up (namespace {ns}); log {workdir / 'operator.log'}")
     try:
-        job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints)
+        job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints, base=doc)
         result = Run(k=k, namespace=ns, name=name, workdir=workdir, kill_after_step=kill_after_step,
                      timeout_s=timeout_s).execute(job)
         result.checkpoints = sorted(p.name for p in checkpoints.iterdir())
@@ -379,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="artefacts (logs, checkpoints); default: a new temp dir")
     p.add_argument("--kill-after-step", type=int, default=8, help="kill the trainer at this step (-1: never)")
     p.add_argument("--timeout", type=float, default=1200.0)
+    p.add_argument("--manifest", type=pathlib.Path,
+                   help="the RLJob to run (default examples/tiny.yaml), e.g. examples/tiny-fsdp.yaml")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # run the clean-ups (operator, namespace, cluster)
     got = acquire_cluster(start=True)
@@ -388,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="kf-e2e-real-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        result = run(cluster=got.cluster, workdir=workdir, timeout_s=args.timeout,
+        result = run(cluster=got.cluster, workdir=workdir, timeout_s=args.timeout, base=args.manifest,
                      kill_after_step=None if args.kill_after_step < 0 else args.kill_after_step)
     finally:
         if got.started and os.environ.get("KF_KEEP_CLUSTER") != "1":

@@ -64,6 +64,22 @@ def test_the_same_end_seen_now_and_after_the_kubelet_restarted_it_is_one_failure
     assert plan.restarts == 1 and plan.decision is None
 
 
+def test_a_generator_scaled_away_is_no_failure() -> None:
+    """Scaled 2 -> 1: generator-1's pod is deleted and, still busy at the end of its grace period, SIGKILLed (137).
+    Seen in real pods: the default rule made that a RestartAll of the whole job. It is no failure; generator-0
+    crashing the same way still is."""
+    _, s0 = run(_job(), opbuilders.gang())
+    gone = pod("tiny", "generator", 1, exit_now=137, ready=False)
+    gone["metadata"]["deletionTimestamp"] = "2026-11-22T12:00:05Z"
+    plan, s1 = run(_job(s0, policy={"maxRestarts": 2}), [pod("tiny", "generator", 0), gone,
+                                                         pod("tiny", "verifier", 0), pod("tiny", "trainer", 0)])
+    assert (plan.decision, plan.restarts, plan.attempt, s1.last_failure) == (None, 0, 0, None)
+    crashed = pod("tiny", "generator", 0, exit_now=137, ready=False)
+    plan, s2 = run(_job(s1, policy={"maxRestarts": 2}), [crashed, pod("tiny", "verifier", 0),
+                                                         pod("tiny", "trainer", 0)])
+    assert plan.restarts == 1 and s2.last_failure is not None and s2.last_failure.action == "RestartAll"
+
+
 def test_fail_rule_on_exit_code_fails_with_its_reason() -> None:
     _, s0 = run(_job(), opbuilders.gang())
     pods = [pod("tiny", "generator", 0), pod("tiny", "verifier", 0),

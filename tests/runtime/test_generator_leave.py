@@ -5,7 +5,9 @@ wait for the main thread, blocked in gloo), so it was SIGKILLed after its grace 
 trainer 0 kept it as a member. Here a real generator process (``roles.generator.run`` with the signal watcher of
 ``roles.main``) joins a real gloo weight-sync group (world 3: this test's sender, a slow receiver thread here, the
 generator), blocks in the receive, gets SIGTERM, and must send its leave notice while still blocked; once the
-broadcast completes it acks the sync and exits 0, without a second notice.
+broadcast completes it acks the sync and exits 0, without a second notice. With the pod's wiring
+(``start_generator.leave_then_exit``) it does not wait for the broadcast: it exits 0 a few seconds after the notice,
+well inside the kubelet's grace period, and the trainer's push fails at once instead of at its timeout.
 """
 from __future__ import annotations
 
@@ -18,20 +20,23 @@ import textwrap
 import threading
 import time
 
+import pytest
 import torch
 
 from kubeforge.runtime import transport, weightsync, wire
 
 GENERATOR = textwrap.dedent("""
-    import sys
+    import sys, threading
     from kubeforge.runtime import transport, weightsync as ws
-    from kubeforge.runtime.roles import generator as loop, main as role_main
+    from kubeforge.runtime.roles import generator as loop, main as role_main, start_generator
 
-    inbox_address, control_address = sys.argv[1], sys.argv[2]
+    inbox_address, control_address, exit_soon = sys.argv[1], sys.argv[2], sys.argv[3] == "exit"
     stop = role_main._stop_flag()
     leave = loop.LeaveNotice(index=1, open_control=lambda t: transport.open_sender(
         [control_address], role="generator", index=1, ready_timeout=t, send_timeout=t))
-    role_main.watch_signals(leave.send)
+    done = threading.Event()
+    role_main.watch_signals(lambda: start_generator.leave_then_exit(leave, done, grace=3.0) if exit_soon
+                            else leave.send())
 
     class Weights:
         def load(self, sync):
@@ -62,11 +67,12 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_sigterm_inside_a_weight_receive_sends_the_leave_notice_at_once() -> None:
+@pytest.mark.parametrize("wiring", ["notice-only", "exit"])
+def test_sigterm_inside_a_weight_receive_sends_the_leave_notice_at_once(wiring: str) -> None:
     store_port, inbox_port = _port(), _port()
     control = transport.open_receiver("tcp://127.0.0.1:*")
-    gen = subprocess.Popen([sys.executable, "-c", GENERATOR, f"tcp://127.0.0.1:{inbox_port}", control.address],
-                           env={**os.environ})
+    gen = subprocess.Popen([sys.executable, "-c", GENERATOR, f"tcp://127.0.0.1:{inbox_port}", control.address,
+                            wiring], env={**os.environ})
     slow_may_receive, errors = threading.Event(), []
     sent = threading.Event()
     try:
@@ -93,8 +99,8 @@ def test_sigterm_inside_a_weight_receive_sends_the_leave_notice_at_once() -> Non
             except BaseException as e:  # surfaced below
                 errors.append(e)
 
-        sender = weightsync.WeightSender(host="127.0.0.1", port=store_port, world_size=3, timeout=120,
-                                         join_timeout=120, bucket_mb=1)
+        sender = weightsync.WeightSender(host="127.0.0.1", port=store_port, world_size=3,
+                                         timeout=15 if wiring == "exit" else 120, join_timeout=120, bucket_mb=1)
 
         def push() -> None:
             try:
@@ -116,7 +122,16 @@ def test_sigterm_inside_a_weight_receive_sends_the_leave_notice_at_once() -> Non
         left = until(lambda m: isinstance(m, wire.Ack) and m.of == wire.Kind.STOP, 20)
         assert left is not None, "no leave notice while the generator was blocked in the receive"
         assert time.monotonic() - started < 20 and left.index == 1
-        assert not sent.is_set() and gen.poll() is None      # it was sent from inside the receive
+        assert not sent.is_set()                              # it was sent from inside the receive
+        if wiring == "exit":            # the pod's wiring: gone 3 s after the notice, the sync still pending
+            assert gen.wait(30) == 0 and not sent.is_set()
+            slow_may_receive.set()
+            pusher.join(150)
+            assert not sent.is_set() and errors and isinstance(errors[0], weightsync.WeightSyncError)
+            sender.close()
+            to_gen.close()
+            return
+        assert gen.poll() is None
 
         slow_may_receive.set()            # the broadcast completes; the generator acks, sees the stop, exits 0
         acked = until(lambda m: isinstance(m, wire.Ack) and m.of == wire.Kind.SYNC, 60)

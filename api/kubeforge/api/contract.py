@@ -37,6 +37,8 @@ ENV_RUN_DIR = "KUBEFORGE_RUN_DIR"            # where a role writes local artefac
 ENV_CHECKPOINT_DIR = "KUBEFORGE_CHECKPOINT_DIR"  # overrides spec.checkpoint.path (local runs)
 ENV_ATTEMPT = "KUBEFORGE_ATTEMPT"            # restart attempt of the whole job (0 first)
 ENV_JOB_KEY = "KUBEFORGE_JOB_KEY"            # the job's secret (64 hex chars): CURVE keys and weight-sync auth
+ENV_LOCAL_RANK = "KUBEFORGE_LOCAL_RANK"      # a trainer pod with N ranks: which one this process is (0..N-1),
+                                             # set by the pod's own process on the N it starts (roles/ranks.py)
 ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the trainer reports progress on its pod
 ENV_CPUS = "KUBEFORGE_CPUS"                  # CPU ids ("0,2-3") the process pins itself to and sizes its threads by
 
@@ -70,6 +72,10 @@ FIELD_MANAGER = "kubeforge-operator"
 
 # The trainer (rank 0) reports progress on its own pod as a JSON annotation; the operator watches it.
 ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done", "evalAccuracy"?}
+
+# Export on request: a new value of this annotation on trainer 0's pod asks for the current policy as an HF folder
+# (roles/exports.py); the progress annotation then carries lastExport {request, path, step}.
+ANNOTATION_EXPORT_REQUEST = "kubeforge.dev/export-request"
 
 JOB_KEY_SECRET_KEY = "key"                   # the data key holding ENV_JOB_KEY in the job's Secret
 

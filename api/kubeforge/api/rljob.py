@@ -597,6 +597,15 @@ class ResourceRequirements(Model):
     requests: dict[str, int | Quantity] = Field(default_factory=dict, description="Requests per resource name.")
 
 
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+
+
+def gpu_count(resources: ResourceRequirements) -> int:
+    """GPUs a pod with ``resources`` holds (limits over requests; 0 without any)."""
+    merged = {**resources.requests, **resources.limits}
+    return max((int(str(merged[k])) for k in GPU_RESOURCES if str(merged.get(k, "")).isdigit()), default=0)
+
+
 _FREE_FORM: dict[str, pydantic.JsonValue] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
@@ -681,6 +690,22 @@ class TrainerRole(RoleSpec):
         "tokens, accumulating gradients; unset: one micro-batch per step.")
     activation_checkpointing: bool = Field(False, description="Recompute each transformer block's activations "
                                            "in backward instead of keeping them (less memory, ~30% more compute).")
+    ranks_per_pod: int | None = Field(
+        None, ge=1, le=64, description="Trainer processes (data-parallel ranks) per pod; unset: the pod's GPU count "
+        "(resources, nvidia.com/gpu or amd.com/gpu: one rank per GPU), else 1. World size = replicas x ranksPerPod; "
+        "pod i runs global ranks i*ranksPerPod .. i*ranksPerPod + ranksPerPod - 1.")
+
+    def gpus(self) -> int:
+        """GPUs per pod from ``resources`` (limits over requests; 0 without any)."""
+        return gpu_count(self.resources)
+
+    def ranks(self) -> int:
+        """Ranks per pod: ``ranksPerPod``, else one per GPU, else 1."""
+        return self.ranks_per_pod or self.gpus() or 1
+
+    def world(self) -> int:
+        """The trainers' data-parallel world size (replicas x ranks per pod)."""
+        return self.replicas * self.ranks()
 
 
 class RolesSpec(Model):

@@ -54,10 +54,16 @@ def problems(job: rljob.RLJob) -> list[str]:
 
 
 def _algorithm(spec: rljob.RLJobSpec) -> Problems:
-    algo, trainers = spec.algorithm, spec.roles.trainer.replicas
-    if algo.prompts_per_step < trainers:
+    algo, trainer = spec.algorithm, spec.roles.trainer
+    if algo.prompts_per_step < trainer.world():
+        ranks = "" if trainer.ranks() == 1 else f" x {trainer.ranks()} ranks per pod"
         yield (f"spec.algorithm.promptsPerStep: Invalid value: {algo.prompts_per_step}: should be at least "
-               f"spec.roles.trainer.replicas ({trainers}), so every trainer rank gets a share of each step")
+               f"spec.roles.trainer.replicas ({trainer.replicas}){ranks}, so every trainer rank gets a share of "
+               "each step")
+    gpus = trainer.gpus()
+    if trainer.ranks_per_pod is not None and gpus and trainer.ranks_per_pod != gpus:
+        yield (f"spec.roles.trainer.ranksPerPod: Invalid value: {trainer.ranks_per_pod}: should equal the pod's "
+               f"GPU count ({gpus}): one rank per GPU")
     lag, every = algo.max_policy_lag, spec.weight_sync.every_steps
     if lag < every - 1:
         yield (f"spec.algorithm.maxPolicyLag: Invalid value: {lag}: should be at least spec.weightSync.everySteps - 1 "

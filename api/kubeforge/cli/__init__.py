@@ -5,6 +5,8 @@ Subcommands:
 - ``kubeforge role generator|verifier|trainer`` → ``kubeforge.runtime.roles`` (the container entrypoint)
 - ``kubeforge operator ...`` → ``kubeforge.operator.main:main`` (argv passed through)
 - ``kubeforge crd ...`` → ``kubeforge.api.crd:main`` (argv passed through)
+- ``kubeforge export RUN_DIR [--wait S]`` → ``kubeforge.runtime.roles.exports`` (ask a local run for its current
+  policy as an HF folder; prints ``{"request", "export", "step"}`` once trainer 0 wrote it, exit 1 if not in time)
 - ``kubeforge validate FILE`` → ``kubeforge.api.load`` (offline: the checks of the launcher and of the admission
   webhook; one ``path: message`` line per problem on stdout, exit 1 when there is one)
 
@@ -32,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
     role = sub.add_parser("role", help="run one role process (the container entrypoint)")
     role.add_argument("role", choices=ROLES)
+    exp = sub.add_parser("export", help="ask a running local job for its current policy as an HF folder")
+    exp.add_argument("run_dir", help="the run directory of `kubeforge run`")
+    exp.add_argument("--wait", type=float, default=600.0, help="seconds to wait for the folder (0: do not wait)")
     val = sub.add_parser("validate", help="check an RLJob manifest offline, as the cluster and the launcher do")
     val.add_argument("file", help="RLJob manifest (YAML or JSON; - for stdin)")
     sub.add_parser("operator", help="run the operator (arguments are passed through)", add_help=False)
@@ -82,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(launcher_main.run(file=args.file, run_dir=args.run_dir, steps=args.steps))
     if args.command == "validate":
         raise SystemExit(validate(args.file))
+    if args.command == "export":
+        from kubeforge.runtime.roles import exports
+        raise SystemExit(exports.cli(run_dir=args.run_dir, wait_s=args.wait))
     if args.command == "role":
         from kubeforge.runtime.roles import main as roles_main
         raise SystemExit(roles_main.run(role=args.role))

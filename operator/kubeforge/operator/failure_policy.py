@@ -34,8 +34,18 @@ def as_api(f: observed.Failure) -> failures.Failure:
     return failures.Failure(role=f.role, name=f.pod, exit_code=f.exit_code, reason=f.reason)
 
 
+def scaled_away(job: rljob.RLJob, f: observed.Failure) -> bool:
+    """A generator pod past ``spec.roles.generator.replicas`` was deleted by a scale-down: however it ended (a
+    SIGKILL after its grace period reads as exit code 137), that is no failure of the job."""
+    if f.role != "generator":
+        return False
+    index = f.pod.rsplit("-", 1)[-1]
+    return index.isdigit() and int(index) >= job.spec.roles.generator.replicas
+
+
 def judge(job: rljob.RLJob, obs: observed.Observed, *, attempt: int, restarts: int,
           handled: dict[str, str]) -> tuple[failures.Decision | None, list[observed.Failure]]:
-    """The decision for the new failures of ``attempt`` (None: nothing new), and those failures."""
-    fresh = new_failures(obs, attempt, handled)
+    """The decision for the new failures of ``attempt`` (None: nothing new), and those failures; the end of a
+    generator scaled away is none."""
+    fresh = [f for f in new_failures(obs, attempt, handled) if not scaled_away(job, f)]
     return failures.decide(job.spec.failure_policy, [as_api(f) for f in fresh], restarts=restarts), fresh

@@ -9,6 +9,11 @@ Invariants:
   message per problem (naming the variable, or the manifest field path) before any socket is opened.
 - :func:`role_env` and :func:`from_env` round-trip: ``from_env(role_env(...))`` describes the same process.
 - Peers are ``host:portBase`` entries ordered by replica index; a named port is ``base + contract.PORT_*``.
+- Trainer ranks: the env lists trainer *pods*; a pod with N ranks (``TrainerRole.ranks()``) holds ranks
+  ``pod*N .. pod*N+N-1``, rank ``pod*N + l`` listening on the pod's port base + ``l * PORTS_PER_PROCESS``.
+  :func:`from_env` expands ``peers["trainer"]`` to one entry per rank, so every role (verifiers send to each
+  rank, generators to rank 0) sees the ranks, and a trainer process's ``index`` is its global rank. The pod's
+  own process (no ``ENV_LOCAL_RANK``, N > 1) is the pod's supervisor (``supervises``): it starts the N ranks.
 """
 from __future__ import annotations
 
@@ -69,6 +74,13 @@ class RoleConfig:
     report: str
     peers: Mapping[str, tuple[Peer, ...]]
     job_key: bytes | None = None   # ENV_JOB_KEY: CURVE on every socket and weight-sync auth (None: unauthenticated)
+    pod_index: int = 0             # ENV_INDEX: the replica (pod) index
+    local_rank: int | None = None  # ENV_LOCAL_RANK: trainer rank within its pod (None: not set)
+
+    @property
+    def supervises(self) -> bool:
+        """A trainer pod's own process that must start the pod's N > 1 ranks (``roles/ranks.py``)."""
+        return self.role == "trainer" and self.local_rank is None and self.spec.roles.trainer.ranks() > 1
 
     @property
     def spec(self) -> rljob.RLJobSpec:
@@ -194,8 +206,20 @@ def from_env(env: Mapping[str, str]) -> RoleConfig:
     job, path = _job(env, problems)
     if job is not None:
         problems.extend(_replica_problems(job, peers))
+    local_rank = None
+    if env.get(contract.ENV_LOCAL_RANK) not in (None, ""):
+        local_rank = _int(env, contract.ENV_LOCAL_RANK, problems)
     if problems or job is None:
         raise ConfigError(problems)
+    n = job.spec.roles.trainer.ranks()
+    if local_rank is not None and (role != "trainer" or local_rank >= n):
+        raise ConfigError([f"{contract.ENV_LOCAL_RANK}: Invalid value: {local_rank}: only trainer pods run several "
+                           f"ranks (spec.roles.trainer ranks per pod: {n})"])
+    pod_index = index
+    peers = {**peers, "trainer": rank_peers(peers["trainer"], n)}
+    if role == "trainer" and n > 1:
+        index = pod_index * n + (local_rank or 0)
+        port_base += (local_rank or 0) * contract.PORTS_PER_PROCESS
     run_dir = env.get(contract.ENV_RUN_DIR) or None
     return RoleConfig(
         role=role, index=index, job=job, config_path=path,
@@ -204,8 +228,14 @@ def from_env(env: Mapping[str, str]) -> RoleConfig:
         port_base=port_base, bind_host=env.get(contract.ENV_BIND_HOST) or "0.0.0.0",
         run_dir=pathlib.Path(run_dir) if run_dir else None,
         checkpoint_dir=env.get(contract.ENV_CHECKPOINT_DIR) or job.spec.checkpoint.path,
-        attempt=attempt, report=report, peers=peers, job_key=job_key,
+        attempt=attempt, report=report, peers=peers, job_key=job_key, pod_index=pod_index, local_rank=local_rank,
     )
+
+
+def rank_peers(pods: tuple[Peer, ...], ranks_per_pod: int) -> tuple[Peer, ...]:
+    """One peer per trainer rank: pod ``i``'s rank ``l`` at the pod's port base + ``l * PORTS_PER_PROCESS``."""
+    return tuple(Peer(host=p.host, port_base=p.port_base + local * contract.PORTS_PER_PROCESS)
+                 for p in pods for local in range(ranks_per_pod))
 
 
 def _job_key(env: Mapping[str, str], problems: list[str]) -> bytes | None:

@@ -26,13 +26,11 @@ from kubeforge.operator.render.gang import base
 
 SHM_VOLUME = "dshm"
 SHM_GIB_PER_DEVICE = 2
-GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 
 
 def shm_gib(spec: rljob.RoleSpec) -> int:
     """GiB of ``/dev/shm`` a role's pod needs: 0 when it uses neither GPUs nor vLLM tensor parallelism."""
-    limits = {**spec.resources.requests, **spec.resources.limits}
-    gpus = max((int(str(limits[k])) for k in GPU_RESOURCES if str(limits.get(k, "")).isdigit()), default=0)
+    gpus = rljob.gpu_count(spec.resources)
     tp = spec.tensor_parallel_size if isinstance(spec, rljob.GeneratorRole) else 1
     if gpus == 0 and tp <= 1:
         return 0

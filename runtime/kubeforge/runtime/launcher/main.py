@@ -66,7 +66,9 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
     job_key = job_key or secrets.token_bytes(32)
     roles = job.spec.roles
     counts = {r: getattr(roles, r).replicas for r in contract.ROLES}
-    bases = bases or ports.allocate(sum(counts.values()))
+    # a trainer process stands for a pod: with N ranks per pod it needs N consecutive port blocks (every process
+    # gets as many: simpler than two disjoint allocations)
+    bases = bases or ports.allocate(sum(counts.values()), blocks=roles.trainer.ranks())
     it = iter(bases)
     peers = {r: [config.Peer(host="127.0.0.1", port_base=next(it)) for _ in range(counts[r])]
              for r in contract.ROLES}

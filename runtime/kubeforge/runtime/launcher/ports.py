@@ -23,16 +23,18 @@ def _free(port: int, host: str) -> bool:
     return True
 
 
-def allocate(count: int, *, host: str = "127.0.0.1", rng: random.Random | None = None) -> list[int]:
-    """``count`` distinct port bases whose whole blocks are free now."""
+def allocate(count: int, *, host: str = "127.0.0.1", rng: random.Random | None = None,
+             blocks: int = 1) -> list[int]:
+    """``count`` distinct port bases whose whole spans of ``blocks`` blocks are free now (a trainer "pod" with N
+    ranks needs N consecutive blocks)."""
     rng = rng or random.Random()
-    width = contract.PORTS_PER_PROCESS
+    width = contract.PORTS_PER_PROCESS * blocks
     bases: list[int] = []
     for _ in range(10000):
         if len(bases) == count:
             return bases
         base = rng.randrange(LOW, HIGH - width, width)
-        if base in bases:
+        if any(abs(base - b) < width for b in bases):
             continue
         if all(_free(base + i, host) for i in range(width)):
             bases.append(base)

@@ -82,6 +82,10 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         for p in exc.problems:
             print(f"kubeforge role {role}: {p}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
+    if cfg.supervises:     # a trainer pod with several ranks: start them; they serve metrics and probes
+        from kubeforge.runtime.roles import ranks
+        return ranks.supervise(ranks=cfg.spec.roles.trainer.ranks(),
+                               environ=os.environ if environ is None else environ, name=cfg.name)
     try:    # first: torch's and vLLM's thread pools inherit the mask (spec.schedule: Disaggregated)
         pinned = affinity.apply_from_env(os.environ if environ is None else environ)
     except (ValueError, OSError) as exc:

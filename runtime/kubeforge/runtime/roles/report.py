@@ -102,6 +102,9 @@ def progress_annotation(record: Mapping[str, Any], *, done: bool) -> str:
            "policyVersion": int(record.get("policy_version", 0)), "done": done}
     if record.get("eval_accuracy") is not None:
         doc["evalAccuracy"] = record["eval_accuracy"]
+    if record.get("export_request") is not None:
+        doc["lastExport"] = {"request": record["export_request"], "path": record.get("export"),
+                             "step": int(record.get("export_step", record.get("step", 0)))}
     return json.dumps(doc, separators=(",", ":"))
 
 
@@ -117,6 +120,7 @@ class PodAnnotationReporter:
         self.namespace = namespace
         self._api = api
         self._last: Mapping[str, Any] = {}
+        self._export: dict[str, Any] = {}
 
     def _client(self) -> Any:
         if self._api is None:
@@ -139,6 +143,10 @@ class PodAnnotationReporter:
         pass
 
     def step(self, record: Mapping[str, Any]) -> None:
+        if record.get("export_request") is not None:       # lastExport stays on the annotation once set
+            self._export = {"export": record.get("export"), "export_request": record["export_request"],
+                            "export_step": record.get("step")}
+        record = {**record, **self._export}
         self._last = record
         self._patch(record, done=False)
 

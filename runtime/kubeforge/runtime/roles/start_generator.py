@@ -9,6 +9,8 @@ joined on the first SYNC (``weightsync`` world = trainer 0 + every generator wor
 """
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Sequence
 
@@ -70,6 +72,21 @@ class EngineWeights:
         return loop.SyncResult(seconds=stats.seconds, bytes=stats.bytes)
 
 
+EXIT_GRACE_SECONDS = 5.0
+
+
+def leave_then_exit(leave: loop.LeaveNotice, done: threading.Event, *, grace: float = EXIT_GRACE_SECONDS) -> None:
+    """SIGTERM (signal watcher thread): send the leave notice at once, give the loop ``grace`` seconds to end at its
+    next turn, then exit 0 whatever the main thread is doing (a long batch, a weight receive). Trainer 0 re-issues
+    this generator's work, so nothing is lost, and the pod ends well inside its grace period: the kubelet's SIGKILL
+    (exit 137) would otherwise read as a failure."""
+    leave.send()
+    if not done.wait(grace):
+        print(f"generator-{leave.index}: SIGTERM: leave notice sent; exiting now (the loop was busy)", flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+
+
 def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer, stop: threading.Event) -> int:
     from kubeforge.runtime.generator import engine as engine_mod
 
@@ -81,7 +98,8 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                                     send_timeout=role_main.role_deadline(cfg))
     leave = loop.LeaveNotice(index=cfg.index, open_control=lambda timeout: transport.open_sender(
         [control_address], role="generator", index=cfg.index, ready_timeout=timeout, send_timeout=timeout))
-    role_main.watch_signals(leave.send)   # the notice goes out at SIGTERM even mid weight receive
+    done = threading.Event()
+    role_main.watch_signals(lambda: leave_then_exit(leave, done))   # at SIGTERM, even mid weight receive
     to_verifiers = transport.open_sender(role_main.data_addresses(cfg, "verifier"), role="generator", index=cfg.index,
                                     send_timeout=role_main.role_deadline(cfg))
     engine = engine_mod.Engine(model_dir=models.resolve(spec.model), dtype=spec.model.dtype,
@@ -98,6 +116,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                  max_policy_lag=spec.algorithm.max_policy_lag, beat=server.heartbeat,
                  trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)), leave=leave)
     finally:
+        done.set()
         to_verifiers.close()
         control.close()
         inbox.close()

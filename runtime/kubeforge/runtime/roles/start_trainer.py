@@ -16,7 +16,7 @@ import transformers
 from kubeforge.api import contract, rljob
 from kubeforge.runtime import config, metrics, models, tasks, transport, weightsync
 from kubeforge.runtime.roles import main as role_main
-from kubeforge.runtime.roles import observe, report, sync
+from kubeforge.runtime.roles import exports, observe, report, sync
 from kubeforge.runtime.roles import trainer as loop
 from kubeforge.runtime.trainer import evaluate, parallel, step
 from kubeforge.runtime.verifiers import registry as verifier_registry
@@ -57,7 +57,16 @@ def _group(cfg: config.RoleConfig) -> parallel.DataParallel:
     dist = parallel.DistConfig(
         rank=cfg.index, world_size=cfg.replicas("trainer"), master_host=master.host,
         master_port=master.port(contract.PORT_DIST), backend="nccl" if torch.cuda.is_available() else "gloo")
-    return parallel.DataParallel(config=dist, device="cuda" if torch.cuda.is_available() else "cpu")
+    return parallel.DataParallel(config=dist, device=device(cfg))
+
+
+def device(cfg: config.RoleConfig) -> str:
+    """``cuda:<local rank>`` with GPUs (one rank per GPU of the pod), else ``cpu``."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    local = cfg.local_rank or 0
+    torch.cuda.set_device(local)
+    return f"cuda:{local}"
 
 
 def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transport.Sender,
@@ -77,7 +86,16 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
     held_out = evaluator(cfg, learner)
     return loop.Rank0(control=control, pusher=pusher, reporter=reporter(cfg),
                       evaluate=held_out.run if held_out is not None else None,
-                      eval_every=ev.every_steps if ev is not None else 0)
+                      eval_every=ev.every_steps if ev is not None else 0, exports=export_requests(cfg))
+
+
+def export_requests(cfg: config.RoleConfig) -> exports.Requests | None:
+    """Where rank 0 sees export requests: its pod's annotation on a cluster, the run directory locally."""
+    if cfg.report == config.REPORT_POD_ANNOTATION and cfg.pod_name and cfg.namespace:
+        return exports.PodAnnotationRequests(pod=cfg.pod_name, namespace=cfg.namespace)
+    if cfg.run_dir is not None:
+        return exports.FileRequests(pathlib.Path(cfg.run_dir))
+    return None
 
 
 def evaluator(cfg: config.RoleConfig, learner: step.Trainer) -> evaluate.Evaluator | None:

@@ -13,7 +13,8 @@
            overlaps the next step: SYNC + snapshot now, broadcast in the background, joined at the next push
    rank 0: report the step (JSONL locally, pod annotation on a cluster)
    checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
- every rank: export the policy as an HF folder next to the checkpoints (rank 0 writes)
+ every rank: export the policy as an HF folder next to the checkpoints (rank 0 writes); also after any step on
+   request (roles/exports.py: rank 0 sees it, every rank agrees, the step's record names the folder)
  rank 0: STOP every generator, report done
 ```
 
@@ -60,6 +61,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from kubeforge.runtime import transport, types, wire
+from kubeforge.runtime.roles import exports as exports_mod
 from kubeforge.runtime.roles import generator as generator_role
 from kubeforge.runtime.roles import report
 from kubeforge.runtime.trainer import buffer as buffer_mod
@@ -136,6 +138,7 @@ class Rank0:
     reporter: report.Reporter
     evaluate: Evaluate | None = None      # held-out accuracy (spec.evaluation); None: no evaluation
     eval_every: int = 0
+    exports: exports_mod.Requests | None = None   # export on request (roles/exports.py); None: only at the end
 
 
 class Evaluate(Protocol):
@@ -471,6 +474,8 @@ class Loop:
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
         record["wait_seconds"] = wait_seconds
         self._evaluate(record, done=done, last=last)
+        if not last:          # the last step exports anyway, after the loop
+            self._export_on_request(record)
         self.observer.trained(record=record)
         if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
             self.rank0.reporter.step(record)
@@ -497,6 +502,23 @@ class Loop:
             record["eval_accuracy"] = self.eval_last
         if done == 1 and self.eval_base is not None:
             record["eval_accuracy_base"] = self.eval_base
+
+    def _export_on_request(self, record: dict[str, Any]) -> None:
+        """Rank 0's pending export request (if any), agreed by every rank (one broadcast), served by all."""
+        r0 = self.rank0
+        request = r0.exports.pending() if r0 is not None and r0.exports is not None else None
+        agree = getattr(self.learner, "agree", None)
+        if agree is not None:
+            request = agree(request)
+        if request is None:
+            return
+        self.beat("export")
+        path = self.learner.export(directory=self.s.checkpoint_dir)
+        if r0 is not None and r0.exports is not None:
+            r0.exports.served(str(request))
+            record["export"] = str(path) if path else None
+            record["export_request"] = str(request)
+            print(f"trainer-0: export request {request}: {path}", flush=True)
 
     def _push_overlapped(self, *, step: int) -> generator_role.SyncResult | None:
         """Rank 0: finish the push still in flight (started after the previous due step; its figures go in this

@@ -42,28 +42,46 @@ def _hook(module: torch.nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> 
 
 def attach(lm: torch.nn.Module, spec: rljob.LoraSpec, *, seed: int = 0) -> list[str]:
     """Freeze ``lm`` and give every ``nn.Linear`` named in ``spec.target_modules`` an adapter; their names.
-    The A matrices are drawn from a generator seeded with ``seed``: the same in every process."""
+    The adapters get their initial values (:func:`initialise`) unless ``lm`` is on the meta device (an FSDP build:
+    the caller initialises them once the shards have storage)."""
     lm.requires_grad_(False)
     targets = set(spec.target_modules)
-    rng = torch.Generator(device="cpu").manual_seed(seed)   # every process draws the same adapters
     names = []
     for name, module in list(lm.named_modules()):
         if name.rsplit(".", 1)[-1] not in targets or not isinstance(module, torch.nn.Linear):
             continue
-        a = torch.nn.Linear(module.in_features, spec.rank, bias=False, dtype=torch.float32)
-        torch.nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5), generator=rng)   # on CPU: the generator's device
-        b = torch.nn.Linear(spec.rank, module.out_features, bias=False, dtype=torch.float32)
-        torch.nn.init.zeros_(b.weight)
-        a, b = a.to(module.weight.device), b.to(module.weight.device)
-        module.add_module("lora_A", a)
-        module.add_module("lora_B", b)
+        device = module.weight.device
+        module.add_module("lora_A", torch.nn.Linear(module.in_features, spec.rank, bias=False,
+                                                    dtype=torch.float32, device=device))
+        module.add_module("lora_B", torch.nn.Linear(spec.rank, module.out_features, bias=False,
+                                                    dtype=torch.float32, device=device))
         setattr(module, "lora_scaling", spec.alpha / spec.rank)
         module.register_forward_hook(_hook)
         names.append(name)
     if not names:
         raise ValueError(f"spec.model.lora.targetModules: none of {sorted(targets)} names a linear layer of "
                          f"{type(lm).__name__}")
+    if not any(p.device.type == "meta" for p in lm.parameters()):
+        initialise(lm, seed=seed)
     return names
+
+
+def is_adapter(name: str) -> bool:
+    return ".lora_A." in name or ".lora_B." in name
+
+
+def initialise(lm: torch.nn.Module, *, seed: int = 0) -> None:
+    """Fresh adapters: every ``A`` Kaiming-uniform from a generator seeded with ``seed`` (the same draws in every
+    process, in module order), every ``B`` zero. Sharded adapters receive their own slice of the same values."""
+    rng = torch.Generator(device="cpu").manual_seed(seed)
+    for module in lm.modules():
+        a: Any = getattr(module, "lora_A", None)
+        if a is None:
+            continue
+        value = torch.empty(tuple(a.weight.shape), dtype=torch.float32)
+        torch.nn.init.kaiming_uniform_(value, a=math.sqrt(5), generator=rng)   # on CPU: the generator's device
+        sharding.assign(a.weight, value)
+        sharding.assign(module.lora_B.weight, torch.zeros(tuple(module.lora_B.weight.shape)))  # type: ignore[union-attr, arg-type]
 
 
 def adapter_config(spec: rljob.LoraSpec, *, base: str) -> dict[str, Any]:
@@ -86,7 +104,7 @@ def save_adapter(target: Path, tensors: Iterable[tuple[str, torch.Tensor]], *, c
 def merged_tensors(lm: torch.nn.Module, *, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named tensors of the model with every adapter merged (``W + (alpha/r) B A``), adapters left out."""
     for name, p in lm.named_parameters():
-        if ".lora_A." in name or ".lora_B." in name:
+        if is_adapter(name):
             continue
         owner = lm.get_submodule(name.rsplit(".", 1)[0]) if "." in name else lm
         if name.endswith(".weight") and hasattr(owner, "lora_A"):

@@ -72,6 +72,20 @@ def full(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
     return t
 
 
+def assign(p: torch.Tensor, value: torch.Tensor) -> None:
+    """Overwrite parameter ``p`` with the full tensor ``value`` (known on every rank): a sharded ``p`` keeps only
+    its own slice, taken locally (no communication)."""
+    with torch.no_grad():
+        if is_sharded(p):
+            from torch.distributed.tensor import distribute_tensor
+
+            local = distribute_tensor(value.to(p.dtype), p.device_mesh, p.placements,  # type: ignore[attr-defined]
+                                      src_data_rank=None).to_local()
+            p.to_local().copy_(local)  # type: ignore[attr-defined]
+        else:
+            p.copy_(value)
+
+
 def set_gradient_sync(root: torch.nn.Module, enabled: bool) -> None:
     """FSDP: reduce-scatter gradients in this backward (True) or keep accumulating locally (False)."""
     setter = getattr(root, "set_requires_gradient_sync", None)

@@ -42,7 +42,8 @@ from kubeforge.api import rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, registry
 from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import checkpoint, logprobs, metrics, parallel, precision, schedule, sharding
+from kubeforge.runtime.trainer import checkpoint, logprobs, materialise, metrics, parallel, precision, schedule
+from kubeforge.runtime.trainer import sharding
 from kubeforge.runtime.trainer import export as export_mod
 from kubeforge.runtime.trainer import lora as lora_mod
 from kubeforge.runtime.trainer import policy as policy_mod
@@ -88,7 +89,11 @@ class Trainer:
         self.logit_temperature = logit_temperature
         self.model_path = Path(model_path)
         self.compute_dtype = precision.compute_dtype(dtype)
-        self.model = load_model(path=model_path, dtype="float32", device=self.device)   # float32 masters
+        self.sharded = self.scale.sharding == sharding.FSDP and self.group.world_size > 1
+        if self.sharded:     # parameters on meta: each rank materialises its shards only (materialise.load)
+            self.model = materialise.empty(model_path)
+        else:
+            self.model = load_model(path=model_path, dtype="float32", device=self.device)   # float32 masters
         self.lora = lora
         if lora is not None:
             lora_mod.attach(self.model, lora)
@@ -100,11 +105,14 @@ class Trainer:
             self.reference = load_model(path=model_path, dtype=dtype, device=self.device).eval()
             self.reference.requires_grad_(False)
         self.policy = policy_mod.Policy(self.model, temperature=logit_temperature)
-        self.group.broadcast_tensors([p for p in self.model.parameters()])
-        self.sharded = self.scale.sharding == sharding.FSDP and self.group.world_size > 1
         if self.sharded:
             sharding.shard(self.policy, lm=self.model, world_size=self.group.world_size, device=self.device,
                            compute_dtype=self.compute_dtype)
+            materialise.load(self.model, path=model_path, device=self.device, skip=lora_mod.is_adapter)
+            if lora is not None:
+                lora_mod.initialise(self.model)
+        else:
+            self.group.broadcast_tensors([p for p in self.model.parameters()])
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.base_lr = algorithm.learning_rate
         self.lr_schedule = algorithm.learning_rate_schedule
@@ -212,6 +220,10 @@ class Trainer:
             (self._stream or self.named_tensors()).drain()
         self._stream = None
 
+    def agree(self, value: Any) -> Any:
+        """Rank 0's JSON ``value`` on every rank (a broadcast; what rank 0 decided, e.g. an export request)."""
+        return self.group.broadcast_json(value)
+
     def export(self, *, directory: str | Path) -> Path | None:
         """Write the policy as an HF folder ``<directory>/export-step-N`` (every rank calls it: sharded tensors are
         gathered by all; rank 0 writes). With LoRA the folder holds the merged model and ``adapter/`` the adapter
@@ -223,7 +235,7 @@ class Trainer:
         named = sharding.unique_named(self.model)
         metas = sharding.Stream(named, dtype=self.compute_dtype).meta     # shapes only: nothing gathered
         if self.lora is not None:
-            metas = [e for e in metas if ".lora_A." not in e.name and ".lora_B." not in e.name]
+            metas = [e for e in metas if not lora_mod.is_adapter(e.name)]
             tensors: Iterator[tuple[str, torch.Tensor]] = lora_mod.merged_tensors(self.model,
                                                                                   dtype=self.compute_dtype)
             adapter = self.named_tensors()
