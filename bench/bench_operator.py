@@ -523,7 +523,6 @@ def run_operator(out: dict[str, Any], c: apply.Cluster, k: harness.K, kubeconfig
             "post_s": round(post_s, 1), "pods_running": len(pod_times),
             "first_pod_running_s": round(pod_times[0] - t0, 1) if pod_times else None,
             "jobs_running_curve": watch.curve,
-            "start_breakdown": start_breakdown(c, ns, contract.LABEL_JOB, "rljobs"),
             "cpu_s": meter.lap(),
             "reconcile_latency_s": histogram(start_metrics, "kubeforge_operator_reconcile_latency_seconds"),
             "reconcile_pass_s": histogram(start_metrics, "kubeforge_operator_reconcile_duration_seconds"),
@@ -531,6 +530,10 @@ def run_operator(out: dict[str, Any], c: apply.Cluster, k: harness.K, kubeconfig
             "watch_events": counter(start_metrics, "kubeforge_operator_events_total"),
             "peak_rss_mib_after_start": round(op.peak_rss_kib() / 1024, 1),
         })
+        try:   # last: one LIST of every pod, which an overloaded API server may not answer in time
+            out["start_breakdown"] = start_breakdown(c, ns, contract.LABEL_JOB, "rljobs")
+        except (apply.ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            out["start_breakdown"] = {"error": repr(exc)[:300]}
         log(f"{len(done)}/{jobs} jobs Running after {time.monotonic() - t0:.1f}s")
         if fail_fraction > 0 and not watch.timed_out:
             out["recovery"] = fail_and_recover(c, watch, ns, fail_fraction, recovery_timeout_s, meter)
