@@ -83,6 +83,47 @@ def test_thread_timeout_falls_back_without_waiting_for_the_call(user_module: str
     s.close()
 
 
+def test_a_hung_thread_verifier_does_not_hold_up_the_process_exit(user_module: str) -> None:
+    """A Thread-isolated call that never returns must not keep a finished role alive: the pool's threads are daemon
+    threads (a ThreadPoolExecutor's are joined at exit, which kept this test suite's process alive for an hour)."""
+    import subprocess
+    script = textwrap.dedent(f"""
+        from kubeforge.api import rljob
+        from kubeforge.runtime import types, verifiers
+        s = verifiers.Scorer([rljob.VerifierSpec.model_validate(dict(name="slow", type="Python", timeoutSeconds=0.2,
+                                fallbackScore=0.0, python={{"entryPoint": "{user_module}:slow"}}))])
+        g = types.RolloutGroup(prompt=types.Prompt(index=0, text="q", answer="1"), prompt_token_ids=[1],
+                               completions=[types.Completion(token_ids=[], logprobs=[], text="hang")],
+                               policy_version=0)
+        print(s.score_group(g)[1], flush=True)
+        s.close()
+    """)
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "{'slow': [0.0]}" in done.stdout
+    assert time.monotonic() - t0 < 60   # the call sleeps 3600 s; exit must not wait for it
+
+
+def test_daemon_threads_run_calls_concurrently_and_cancel_pending_on_shutdown() -> None:
+    import threading
+    gate = threading.Event()
+    ex = pool.DaemonThreads(2, name="t")
+    a, b, c = ex.submit(gate.wait, 5), ex.submit(gate.wait, 5), ex.submit(lambda: 1)
+    time.sleep(0.2)
+    assert a.running() and b.running() and not c.done()   # two workers at most; the third call queues
+    ex.shutdown()
+    assert c.cancelled()
+    gate.set()
+    assert a.result(timeout=5) is True and b.result(timeout=5) is True
+    with pytest.raises(RuntimeError):
+        ex.submit(lambda: 1)
+    err = pool.DaemonThreads(1, name="e")
+    with pytest.raises(ZeroDivisionError):
+        err.submit(lambda: 1 / 0).result(timeout=5)
+    err.shutdown()
+
+
 def test_process_isolation_kills_an_overrunning_worker_and_recovers(user_module: str) -> None:
     sp = spec(name="slow", type="Python", isolation="Process", timeoutSeconds=1.0, fallbackScore=None,
               python={"entryPoint": f"{user_module}:slow"})

@@ -15,7 +15,8 @@ Invariants:
   an ``Outcome`` with ``scores=None`` and the reason; NaN means "this completion has no score" and is passed on.
 - A thread that overran keeps running in the background (Python threads cannot be killed): the pool has a bounded
   number of threads, so a verifier that hangs for ever must be ``isolation: Process``: ``ProcessVerifier`` kills its
-  worker on overrun and starts a fresh one for the next call.
+  worker on overrun and starts a fresh one for the next call. The pool's threads are daemon threads, so a hung
+  call never holds up the process's exit (``concurrent.futures``' own pool joins its threads at exit).
 - Nothing here pickles: a process worker receives its spec as JSON and exchanges JSON frames over a pipe.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import json
 import math
 import multiprocessing
 import multiprocessing.connection
+import queue
 import threading
 import time
 from typing import Any, Mapping, Sequence
@@ -63,6 +65,63 @@ def call(verifier: base.Verifier, prompt: types.Prompt, texts: Sequence[str]) ->
         return Outcome(None, f"{type(e).__name__}: {e}")
 
 
+class DaemonThreads:
+    """A bounded pool of daemon threads handing out ``concurrent.futures.Future``s. Unlike
+    ``ThreadPoolExecutor``, whose threads the interpreter joins at exit, a call that never returns here cannot keep
+    the role's process alive after it is done."""
+
+    def __init__(self, max_workers: int, *, name: str) -> None:
+        self._max = max(1, max_workers)
+        self._name = name
+        self._work: queue.SimpleQueue[tuple[cf.Future[Any], Any, tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Any, *args: Any) -> cf.Future[Any]:
+        fut: cf.Future[Any] = cf.Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("submit after shutdown")
+            self._work.put((fut, fn, args))
+            if self._idle == 0 and len(self._threads) < self._max:
+                t = threading.Thread(target=self._worker, name=f"{self._name}_{len(self._threads)}", daemon=True)
+                self._threads.append(t)
+                t.start()
+            else:
+                self._idle -= 1 if self._idle else 0
+        return fut
+
+    def _worker(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            fut, fn, args = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args))
+                except BaseException as e:  # handed to the waiter, like ThreadPoolExecutor
+                    fut.set_exception(e)
+            with self._lock:
+                self._idle += 1
+
+    def shutdown(self) -> None:
+        """Cancel what has not started; idle threads end, busy ones end when their call returns (or never)."""
+        with self._lock:
+            self._closed = True
+            while True:
+                try:
+                    item = self._work.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+            for _ in self._threads:
+                self._work.put(None)
+
+
 class Pool:
     def __init__(self, verifiers: Mapping[str, base.Verifier], *, timeouts: Mapping[str, float],
                  inline: set[str], threads: int | None = None) -> None:
@@ -70,8 +129,7 @@ class Pool:
         self.timeouts = dict(timeouts)
         self.inline = set(inline) & set(self.verifiers)
         slow = len(self.verifiers) - len(self.inline)
-        self._executor = cf.ThreadPoolExecutor(max_workers=threads or max(2, 2 * slow),
-                                               thread_name_prefix="verifier") if slow else None
+        self._executor = DaemonThreads(threads or max(2, 2 * slow), name="verifier") if slow else None
 
     def run(self, calls: Mapping[str, tuple[types.Prompt, list[str]]]) -> dict[str, Outcome]:
         out: dict[str, Outcome] = {}
@@ -94,7 +152,7 @@ class Pool:
 
     def close(self) -> None:
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown()
         for v in self.verifiers.values():
             close = getattr(v, "close", None)
             if callable(close):
