@@ -1,5 +1,6 @@
 # kf_pack_rootfs: a directory as a one-layer image, by buildah (sourced by images/pause/build.sh and
-# images/base/build.sh: the real node's images). Needs lib/buildah.sh sourced first.
+# images/base/build.sh: the real node's images). Sources lib/buildah.sh (kf_buildah) itself.
+source "$(dirname "${BASH_SOURCE[0]}")/buildah.sh"
 # kf_pack_rootfs DIR REF OUT [buildah config args...]: DIR as a one-layer image REF (files owned by root, symlinks and
 # modes kept, every timestamp 0: the same DIR gives the same image), written to OUT as an OCI archive.
 kf_pack_rootfs() {
