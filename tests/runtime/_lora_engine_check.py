@@ -54,14 +54,14 @@ def main() -> None:
     rows = []
     for p, b, a in zip(prompts, before, after):
         ids = eng.encode(p, chat_template=False)
-        want = policy_logprobs(t.model, ids, list(a.token_ids))
-        base_lp = policy_logprobs(t.model, ids, list(b.token_ids))
-        rows.append({"tokens": list(a.token_ids), "engine": list(a.logprobs), "trainer": want,
+        want = policy_logprobs(t.model, ids, a.token_ids.tolist())  # uint32 arrays on the wire
+        base_lp = policy_logprobs(t.model, ids, b.token_ids.tolist())
+        rows.append({"tokens": a.token_ids.tolist(), "engine": a.logprobs.tolist(), "trainer": want,
                      "trainer_argmax_equal": all(
-                         int(torch.log_softmax(t.model(input_ids=torch.tensor([ids + list(a.token_ids)]))
+                         int(torch.log_softmax(t.model(input_ids=torch.tensor([ids + a.token_ids.tolist()]))
                                                .logits[0, len(ids) - 1 + i].float(), -1).argmax()) == tok
                          for i, tok in enumerate(a.token_ids)),
-                     "before_engine": list(b.logprobs), "before_trainer_now": base_lp})
+                     "before_engine": b.logprobs.tolist(), "before_trainer_now": base_lp})
     stats = box.get("stats")
     out = {"error": box.get("error"), "received_bytes": got.bytes, "version": got.version,
            "sent_bytes": getattr(stats, "bytes", None),

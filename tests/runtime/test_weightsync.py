@@ -64,7 +64,7 @@ def hf_greedy(model: transformers.PreTrainedModel, prompt_ids: list[int], max_to
 def hf_logprobs(model: transformers.PreTrainedModel, prompt_ids: list[int], completion: list[int],
                 temperature: float) -> list[float]:
     """Teacher-forced log_softmax(logits / T) of each completion token: the documented convention."""
-    ids = torch.tensor([list(prompt_ids) + list(completion)])
+    ids = torch.tensor([[int(x) for x in prompt_ids] + [int(x) for x in completion]])  # ids arrive as uint32 arrays
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt_ids) - 1:-1].float()
     lp = torch.log_softmax(logits / temperature, dim=-1)
