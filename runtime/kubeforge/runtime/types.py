@@ -82,6 +82,13 @@ class Prompt:
     text: str                # the prompt as given to the model (chat template applied by the generator)
     answer: str              # reference answer
 
+    @classmethod
+    def decoded(cls, index: int, text: str, answer: str) -> Prompt:
+        """A prompt from fields ``wire`` has validated (skips the frozen dataclass's per-field setattr)."""
+        p = object.__new__(cls)
+        p.__dict__.update(index=index, text=text, answer=answer)
+        return p
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class Completion:

@@ -53,6 +53,7 @@ _TOKEN_IDS = operator.attrgetter("token_ids")
 _LOGPROBS = operator.attrgetter("logprobs")
 _TEXT = operator.attrgetter("text")
 _REASON = operator.attrgetter("finish_reason")
+_INT = {int}
 
 
 class Invalid(ValueError):
@@ -84,9 +85,10 @@ def encode(magic: bytes, version: int, kind: int, g: types.RolloutGroup, *, scor
         raise Invalid(f"group.completions: {n} completions, expected 1 to {limits.completions}")
     p = g.prompt
     ints = (p.index, g.policy_version, g.step, g.generator)
-    for name, v in zip(("prompt.index", "policy_version", "step", "generator"), ints):
-        if type(v) is not int or not 0 <= v <= MAX_U64_FIELD:
-            raise Invalid(f"group.{name}: {v!r} is not an integer in [0, {MAX_U64_FIELD}]")
+    if set(map(type, ints)) != _INT or min(ints) < 0 or max(ints) > MAX_U64_FIELD:   # a bool is not an int here
+        for name, v in zip(("prompt.index", "policy_version", "step", "generator"), ints):
+            if type(v) is not int or not 0 <= v <= MAX_U64_FIELD:
+                raise Invalid(f"group.{name}: {v!r} is not an integer in [0, {MAX_U64_FIELD}]")
     prompt_ids = types.token_array(g.prompt_token_ids)
     if len(prompt_ids) > limits.tokens:
         raise Invalid(f"group.prompt_token_ids: {len(prompt_ids)} tokens exceed {limits.tokens}")
@@ -122,10 +124,10 @@ def encode(magic: bytes, version: int, kind: int, g: types.RolloutGroup, *, scor
         floats.extend(values)
     strings = [p.text, p.answer, *texts, *reasons, *names]
     joined = "".join(strings)   # TypeError for a string that is not one
-    _check_strings(strings, n, limits)
+    sizes = list(map(len, strings))
+    _check_strings(sizes, strings, n, limits)
     if joined.isascii():   # O(1) for a compact str: bytes = characters
         blob = joined.encode("ascii")
-        sizes = [len(s) for s in strings]
     else:
         parts = [s.encode("utf-8") for s in strings]   # UnicodeEncodeError (a lone surrogate) is a ValueError
         blob = b"".join(parts)
@@ -151,16 +153,15 @@ def encode(magic: bytes, version: int, kind: int, g: types.RolloutGroup, *, scor
     return frame
 
 
-def _check_strings(strings: list[str], n: int, limits: Limits) -> None:
-    """Character bounds of the strings section (``join`` refuses a string that is not one)."""
-    if max(map(len, strings[:2 + n])) > limits.text_chars:
+def _check_strings(chars: list[int], strings: list[str], n: int, limits: Limits) -> None:
+    """Character bounds of the strings section (``chars``: their lengths)."""
+    if max(chars[:2 + n]) > limits.text_chars:
         raise Invalid(f"group: a text exceeds {limits.text_chars} characters")
-    if max(map(len, strings[2 + n:2 + 2 * n])) > limits.name_chars:
+    if max(chars[2 + n:2 + 2 * n]) > limits.name_chars:
         raise Invalid(f"group.completions.finish_reason: one exceeds {limits.name_chars} characters")
     for i in range(2 + 2 * n, len(strings)):
-        if not 0 < len(strings[i]) <= limits.name_chars:
-            raise Invalid(f"group.{_string_name(i, n)}: {len(strings[i])} characters, expected 1 to "
-                          f"{limits.name_chars}")
+        if not 0 < chars[i] <= limits.name_chars:
+            raise Invalid(f"group.{_string_name(i, n)}: {chars[i]} characters, expected 1 to {limits.name_chars}")
 
 
 def _string_name(i: int, n: int) -> str:
@@ -239,17 +240,23 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
         ascii_only = True
     except UnicodeDecodeError:
         ascii_only = False
-    if ascii_only:
+    if ascii_only:   # bytes are characters: the bounds need no string made
+        if max(sizes[:2 + n]) > limits.text_chars:
+            raise Invalid(f"group: a text exceeds {limits.text_chars} characters")
+        if max(sizes[2 + n:names_at]) > limits.name_chars:
+            raise Invalid(f"group.completions.finish_reason: one exceeds {limits.name_chars} characters")
         ends = list(itertools.accumulate(sizes))
         texts: Any = _slicer(blob, ends, 2, 2 + n)
         reasons: Any = _slicer(blob, ends, 2 + n, names_at)
         text, answer = blob[:ends[0]], blob[ends[0]:ends[1]]
-        names = [blob[ends[i - 1]:ends[i]] for i in range(names_at, nstr)]
+        names = [blob[ends[i - 1]:ends[i]] for i in range(names_at, nstr)] if nv else []
     else:
         strings = _utf8_strings(strings_view, sizes)
         text, answer = strings[0], strings[1]
         texts, reasons, names = strings[2:2 + n], strings[2 + n:names_at], strings[names_at:]
-    _check_string_bounds(sizes, text, answer, texts, reasons, names, n, limits, ascii_only)
+        _check_chars(text, answer, texts, reasons, limits)
+    if nv:
+        _check_names(names, limits)
     if not np.isfinite(f64).all():
         raise Invalid(f"group.{_nonfinite(f64, total, n, has_rewards, names)}: contains a non-finite value")
     u32 = np.frombuffer(view, _U32, plen + total, ids_at)
@@ -259,9 +266,9 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
     cols = types.CompletionColumns(token_ids=u32[plen:], logprobs=f64[:total], lengths=lengths, texts=texts,
                                    finish_reasons=reasons)
     at = total + n if has_rewards else total
-    scores = {name: f64[at + j * n:at + (j + 1) * n].tolist() for j, name in enumerate(names)}
+    scores = {name: f64[at + j * n:at + (j + 1) * n].tolist() for j, name in enumerate(names)} if nv else {}
     return types.RolloutGroup.decoded(
-        prompt=types.Prompt(index=index, text=text, answer=answer), prompt_token_ids=u32[:plen], completions=cols,
+        prompt=types.Prompt.decoded(index, text, answer), prompt_token_ids=u32[:plen], completions=cols,
         policy_version=version, step=step, generator=generator,
         rewards=f64[total:total + n].tolist() if has_rewards else None, scores=scores)
 
@@ -283,23 +290,18 @@ def _utf8_strings(view: memoryview, sizes: Sequence[int]) -> list[str]:
     return out
 
 
-def _check_string_bounds(sizes: Sequence[int], text: str, answer: str, texts: Any, reasons: Any, names: list[str],
-                         n: int, limits: Limits, ascii_only: bool) -> None:
-    """Character bounds (for ASCII, bytes are characters: no string needs making to check them)."""
-    if ascii_only:
-        if max(sizes[:2 + n]) > limits.text_chars:
-            raise Invalid(f"group: a text exceeds {limits.text_chars} characters")
-        if max(sizes[2 + n:2 + 2 * n]) > limits.name_chars:
-            raise Invalid(f"group.completions.finish_reason: one exceeds {limits.name_chars} characters")
-    else:
-        if max(map(len, [text, answer, *texts])) > limits.text_chars:
-            raise Invalid(f"group: a text exceeds {limits.text_chars} characters")
-        if max(map(len, reasons)) > limits.name_chars:
-            raise Invalid(f"group.completions.finish_reason: one exceeds {limits.name_chars} characters")
+def _check_chars(text: str, answer: str, texts: list[str], reasons: list[str], limits: Limits) -> None:
+    """Character bounds of strings decoded one by one (not all ASCII)."""
+    if max(map(len, [text, answer, *texts])) > limits.text_chars:
+        raise Invalid(f"group: a text exceeds {limits.text_chars} characters")
+    if max(map(len, reasons)) > limits.name_chars:
+        raise Invalid(f"group.completions.finish_reason: one exceeds {limits.name_chars} characters")
+
+
+def _check_names(names: list[str], limits: Limits) -> None:
     for name in names:
         if not 0 < len(name) <= limits.name_chars:
             raise Invalid(f"group.scores: verifier name of {len(name)} characters, expected 1 to "
                           f"{limits.name_chars}")
     if len(set(names)) != len(names):
         raise Invalid("group.scores: a verifier name appears twice")
-
