@@ -330,11 +330,11 @@ class Loop:
             self.observer.unexpected(kind=type(msg).__name__)
 
     def _starting(self, g: int) -> None:
-        """Generator ``g`` is loading its engine (restarted in place, or joining): its beat counts as progress of
-        the step being collected, for at most ``start_deadline`` from its first beat (a start that never ends is a
-        hang too)."""
+        """Generator ``g`` is loading its engine. A member's (restarted in place) beat counts as progress of the step
+        being collected, for at most ``start_deadline`` from its first beat (a start that never ends is a hang too);
+        a joining generator's does not (no step waits for it)."""
         now = time.monotonic()
-        if now - self.starting.setdefault(g, now) <= self.s.start_deadline:
+        if now - self.starting.setdefault(g, now) <= self.s.start_deadline and g < self.members:
             self.start_beat_at = now
 
     def _answered(self, ack: wire.Ack) -> None:
