@@ -40,7 +40,7 @@ def _pod(name: str, role: str, *, uid: str, running: bool = True, last_exit: int
 
 def _run(tmp_path: pathlib.Path) -> tuple[run_real.Run, FakeKubectl]:
     k = FakeKubectl()
-    return run_real.Run(k=k, namespace="ns", name="job", workdir=tmp_path, kill_after_step=None,  # type: ignore[arg-type]
+    return run_real.Run(k=k, namespace="ns", name="job", workdir=tmp_path, kill_after_step=None,
                         timeout_s=1), k
 
 
