@@ -924,6 +924,14 @@ class RoleStatus(Model):
     container_restarts: int = Field(0, description="Container restarts the kubelet made in the current attempt.")
 
 
+class ExportInfo(Model):
+    """An export served on request (the RLJob's annotation ``kubeforge.dev/export-request``)."""
+
+    request: str = Field(description="The request's id: the annotation's value that asked for it.")
+    path: str | None = Field(None, description="The HF folder written (inside the trainer's checkpoint volume).")
+    step: int = Field(0, description="The optimizer step whose policy was exported.")
+
+
 class Progress(Model):
     """Training progress reported by trainer rank 0."""
 
@@ -932,6 +940,9 @@ class Progress(Model):
     policy_version: int = Field(0, description="Policy version the generators were last synced to.")
     eval_accuracy: float | None = Field(None, description="Held-out greedy accuracy at the last evaluation "
                                         "(spec.evaluation).")
+    last_export: ExportInfo | None = Field(None, description="The last export served on request (set the "
+                                           "annotation kubeforge.dev/export-request on the RLJob to a new id to "
+                                           "ask for one); it stays once set.")
 
 
 class FailureInfo(Model):

@@ -63,8 +63,11 @@ def trainer_report(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> ob
 def _progress(report: observed.ProgressReport | None, prev: rljob.Progress) -> rljob.Progress:
     if report is None:
         return prev
+    last = report.last_export
+    export = prev.last_export if last is None else rljob.ExportInfo(request=last.request, path=last.path,
+                                                                      step=last.step)
     return rljob.Progress(step=report.step, mean_reward=report.mean_reward, policy_version=report.policy_version,
-                          eval_accuracy=report.eval_accuracy)
+                          eval_accuracy=report.eval_accuracy, last_export=export)   # lastExport stays once set
 
 
 def _failure_info(f: observed.Failure, action: str, now: dt.datetime) -> rljob.FailureInfo:

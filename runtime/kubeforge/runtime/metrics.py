@@ -10,6 +10,8 @@ Invariants:
 - Each process has its own ``CollectorRegistry`` (never the global default one), so tests can build many.
 - Every series carries ``role`` and ``replica`` labels; families with more labels say which (``reason``,
   ``verifier``, ``phase``). Names are ``kubeforge_*``; counters end in ``_total``.
+- On local rank 0 of a trainer pod with several ranks, ``/metrics`` also carries the sibling ranks' series
+  (``podmetrics``: the pod is one scrape target; ``replica`` is each rank's global rank).
 - ``/readyz`` is 503 until the role calls ``set_ready(True)`` (e.g. engine loaded, sockets handshaken);
   ``/healthz`` is 200 while the process serves and its last ``heartbeat`` is younger than the progress deadline
   (``spec.failurePolicy.progressDeadlineSeconds``), 503 after ``set_healthy(False)`` or once the heartbeat is
@@ -162,6 +164,7 @@ class MetricsServer:
         self._healthy.set()
         self.deadline: float | None = None
         self.start_deadline: float | None = None   # while starting (None: ``deadline``)
+        self.siblings: Any = None   # podmetrics.Siblings on local rank 0 of a multi-rank trainer pod
         self.activity = "start"
         self._born = self._beat = time.monotonic()
         self._started = threading.Event()
@@ -212,11 +215,18 @@ class MetricsServer:
         ok = self.is_healthy and (limit is None or spent <= limit)
         return {"healthy": ok, "started": started, "activity": self.activity, "heartbeatAgeSeconds": round(age, 3)}
 
+    def render(self) -> bytes:
+        """``/metrics``: this process's series, plus its sibling ranks' when it stands for a pod of several."""
+        own = self.metrics.render()
+        return own if self.siblings is None else bytes(self.siblings.render(own))
+
     def stop(self) -> None:
         """Stop serving and free the port; idempotent."""
         if self._stopped:
             return
         self._stopped = True
+        if self.siblings is not None:
+            self.siblings.close()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
@@ -227,7 +237,7 @@ def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._reply(200, server.metrics.render(), prom.CONTENT_TYPE_LATEST)
+                self._reply(200, server.render(), prom.CONTENT_TYPE_LATEST)
             elif path == "/healthz":
                 doc = server.health()
                 self._reply(200 if doc["healthy"] else 503, (json.dumps(doc) + "\n").encode(), "application/json")

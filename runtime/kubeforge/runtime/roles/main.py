@@ -99,6 +99,7 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
     server = metrics.serve(m, host=cfg.bind_host, port_base=cfg.port_base)
     server.deadline = role_deadline(cfg)
     server.start_deadline = start_deadline(cfg)     # until ready (engine loaded): a start is not a hang
+    server.siblings = pod_metrics(cfg)
     print(f"{cfg.name}: pid {os.getpid()} metrics on {cfg.bind_host}:{server.port} (attempt {cfg.attempt})"
           + (f", pinned to CPUs {affinity.render(pinned)}" if pinned else ""), flush=True)
     try:
@@ -111,6 +112,22 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         return start_trainer.main(cfg, m, server, _stop_flag())
     finally:
         server.stop()
+
+
+def pod_metrics(cfg: config.RoleConfig) -> Any:
+    """Local rank 0 of a trainer pod with several ranks: the sibling ranks its ``/metrics`` also serves
+    (``podmetrics.Siblings``); None for every other process."""
+    n = cfg.spec.roles.trainer.ranks()
+    if cfg.role != "trainer" or cfg.local_rank != 0 or n < 2:
+        return None
+    from kubeforge.runtime import podmetrics
+    return podmetrics.Siblings(podmetrics.sibling_urls(host=_loopback(cfg.bind_host), pod_port_base=cfg.port_base,
+                                                       ranks=n))
+
+
+def _loopback(bind_host: str) -> str:
+    """Where this process reaches a sibling that binds ``bind_host`` (a wildcard is reached over loopback)."""
+    return "127.0.0.1" if bind_host in ("0.0.0.0", "", "*") else ("::1" if bind_host == "::" else bind_host)
 
 
 def role_deadline(cfg: config.RoleConfig) -> float:
