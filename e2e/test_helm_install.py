@@ -167,6 +167,20 @@ def adopt_crd(env: Env) -> None:
         env.kubectl("label", "--overwrite", "crd", "rljobs.kubeforge.dev", "app.kubernetes.io/managed-by=Helm")
 
 
+def diagnose(env: Env) -> str:
+    """The release's pods, their containers' states, recent events and logs: what a failed install leaves to read."""
+    out = []
+    for args in (("get", "pods", "-n", SYS_NS, "-o", "wide"),
+                 ("describe", "pods", "-n", SYS_NS),
+                 ("get", "events", "-n", SYS_NS, "--sort-by=.lastTimestamp"),
+                 ("logs", "-n", SYS_NS, "-l", f"app.kubernetes.io/instance={RELEASE}", "--tail=60", "--all-containers",
+                  "--prefix"),
+                 ("get", "nodes", "-l", f"{realnode.NODE_LABEL}=true", "-o", "wide")):
+        run = env.kubectl(*args, check=False)
+        out.append(f"$ kubectl {' '.join(args)}\n{run.stdout[-6000:]}{run.stderr[-1000:]}")
+    return "\n".join(out)
+
+
 @pytest.fixture(scope="module")
 def installed(cluster: lifecycle.Cluster, images: dict[str, str],
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
@@ -177,13 +191,18 @@ def installed(cluster: lifecycle.Cluster, images: dict[str, str],
                     "pod-security.kubernetes.io/enforce-version=latest")
     adopt_crd(env)
     t0 = time.monotonic()
-    env.helm("install", RELEASE, str(CHART), "--namespace", SYS_NS, *operator_sets(images), "--wait",
-             "--timeout", "300s")
-    FIGURES["helm_install_to_operator_ready_s"] = round(time.monotonic() - t0, 1)
-    log(f"installed {RELEASE} in {FIGURES['helm_install_to_operator_ready_s']} s")
     try:
+        try:
+            env.helm("install", RELEASE, str(CHART), "--namespace", SYS_NS, *operator_sets(images), "--wait",
+                     "--timeout", "300s")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n--- why the operator is not ready ---\n{diagnose(env)}") from None
+        FIGURES["helm_install_to_operator_ready_s"] = round(time.monotonic() - t0, 1)
+        log(f"installed {RELEASE} in {FIGURES['helm_install_to_operator_ready_s']} s")
         yield env
     finally:
+        # also after a failed install: its webhook configuration would otherwise refuse every RLJob of the
+        # session's other suites (the webhook's Service has no ready endpoint)
         subprocess.run([tool("helm"), "uninstall", RELEASE, "--namespace", SYS_NS, "--wait"], env=env.helm_env,
                        capture_output=True, timeout=300)
         env.kubectl("delete", "namespace", SYS_NS, JOBS_NS, OTHER_NS, "--wait=false", check=False)
