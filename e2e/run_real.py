@@ -12,8 +12,9 @@ of ``realjob.manifest`` (every role on the real node, the project's venv from th
                                                       ──▶ trainer resumes from its hostPath checkpoint ──▶ Succeeded
 ```
 
-While it runs it follows each trainer container's log (``kubectl logs -f``; the trainer prints one JSON record
-per step, ``{"resumed": s}`` first) and samples the RSS of every pod's processes from the host (``/proc``, by the
+While it runs it follows each trainer pod's container log (``kubectl logs -f``; trainer 0 prints one JSON record
+per step, ``{"resumed": s}`` first; every trainer pod's log lands in the workdir), prints the last log lines of any
+container that exits non-zero (once per container, also in the ``E2E-REAL`` line's ``failures``) and samples the RSS of every pod's processes from the host (``/proc``, by the
 pod's cgroup). The command prints a measurement line (``E2E-REAL {...}``) and then, on its LAST line, the
 RLJob's final ``status`` as JSON; it exits 0 only when that status is Succeeded at ``spec.algorithm.steps``.
 
@@ -221,8 +222,10 @@ class Result:
     restart_to_running_s: float | None = None
     failure_status: dict[str, Any] | None = None      # the status right after the kill showed in it
     killed: dict[str, Any] | None = None              # role, pod, signal, exit code, trainer step at the kill
-    trainer_logs: list[str] = dataclasses.field(default_factory=list)   # one per trainer container followed
+    trainer_logs: list[str] = dataclasses.field(default_factory=list)   # one per trainer-0 container followed
     generator_logs: list[str] = dataclasses.field(default_factory=list)
+    rank_logs: dict[str, list[str]] = dataclasses.field(default_factory=dict)   # other trainer pods: pod -> logs
+    failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)    # containers that exited non-zero
     pods: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # every pod seen (last object)
     memory: dict[str, Any] = dataclasses.field(default_factory=dict)
     checkpoints: list[str] = dataclasses.field(default_factory=list)
@@ -242,6 +245,7 @@ class Result:
                 "reward_first_step": rewards[0] if rewards else None,
                 "reward_last_step": rewards[-1] if rewards else None,
                 "reward_gain": round(rewards[-1] - rewards[0], 4) if rewards else None, **self.memory,
+                "failures": [{k: v for k, v in f.items() if k != "log_tail"} for f in self.failures],
                 "phases": [(round(t, 1), p) for t, p in self.phases]}
 
 
@@ -259,6 +263,8 @@ class Run:
         self.followers: dict[str, LogFollower] = {}     # "<role>:<pod uid>" -> follower
         self.sampler = RssSampler()
         self.seen: dict[str, dict[str, Any]] = {}
+        self.reported: set[str] = set()                 # containers whose failure was printed
+        self.failures: list[dict[str, Any]] = []
 
     def get_job(self) -> dict[str, Any]:
         return self.k.get_json("rljob", self.name, "-n", self.ns)  # type: ignore[no-any-return]
@@ -267,18 +273,41 @@ class Run:
         return self.k.get_json("pods", "-n", self.ns, "-l", f"{LABEL_JOB}={self.name}")["items"]  # type: ignore[no-any-return]
 
     def follow_new_containers(self, pods: list[dict[str, Any]]) -> None:
-        """Start following trainer-0 and generator-0 containers that run and are not followed yet."""
+        """Start following every trainer pod's and generator-0's container that runs and is not followed yet
+        (keys: ``trainer:<uid>`` for trainer 0, ``rank:<pod>:<uid>`` for the other trainer pods)."""
         for p in pods:
             md = p["metadata"]
             role = md.get("labels", {}).get(LABEL_ROLE)
-            if md["name"] not in (f"{self.name}-trainer-0", f"{self.name}-generator-0") or md.get("deletionTimestamp"):
+            first = md["name"] in (f"{self.name}-trainer-0", f"{self.name}-generator-0")
+            if not (first or role == "trainer") or md.get("deletionTimestamp"):
                 continue
-            key = f"{role}:{md['uid']}"
+            key = f"{role}:{md['uid']}" if first else f"rank:{md['name']}:{md['uid']}"
             running = any("running" in (cs.get("state") or {}) for cs in p.get("status", {}).get("containerStatuses") or [])
             if key not in self.followers and running:
-                path = self.workdir / f"{role}-{md['labels'].get(LABEL_ATTEMPT)}-{md['uid'][:8]}.log"
+                stem = role if first else md["name"].removeprefix(f"{self.name}-")
+                path = self.workdir / f"{stem}-{md['labels'].get(LABEL_ATTEMPT)}-{md['uid'][:8]}.log"
                 self.followers[key] = LogFollower(k=self.k, namespace=self.ns, pod=md["name"], container=role,
                                                   path=path)
+
+    def report_failures(self, pods: list[dict[str, Any]], *, lines: int = 40) -> None:
+        """Print the last ``lines`` log lines of every container that exited non-zero, once per container."""
+        for p in pods:
+            md = p["metadata"]
+            for cs in p.get("status", {}).get("containerStatuses") or []:
+                for previous, state in ((False, cs.get("state") or {}), (True, cs.get("lastState") or {})):
+                    term = state.get("terminated") or {}
+                    cid = term.get("containerID") or f"{md['uid']}/{term.get('finishedAt')}"
+                    if not term or term.get("exitCode") in (0, None) or cid in self.reported:
+                        continue
+                    self.reported.add(cid)
+                    args = ["logs", "-n", self.ns, md["name"], "-c", cs["name"], f"--tail={lines}"]
+                    got = self.k.run(*args, *(["--previous"] if previous else []), check=False, timeout_s=30)
+                    text = (got.stdout or got.stderr or "").rstrip()
+                    failure = {"pod": md["name"], "attempt": md.get("labels", {}).get(LABEL_ATTEMPT),
+                               "exit_code": term.get("exitCode"), "reason": term.get("reason"), "log_tail": text}
+                    self.failures.append(failure)
+                    log(f"{md['name']} (attempt {failure['attempt']}) exited {term.get('exitCode')}; its last "
+                        f"{lines} log lines:\n" + "\n".join(f"    | {line}" for line in text.splitlines()))
 
     def trainer_step(self, pods: list[dict[str, Any]]) -> int:
         """Step in trainer rank 0's progress annotation (what the operator reads), 0 when none."""
@@ -315,6 +344,7 @@ class Run:
                 for p in pods:
                     self.seen[p["metadata"]["uid"]] = p
                 self.follow_new_containers(pods)
+                self.report_failures(pods)
                 now, phase = time.monotonic() - t0, status.get("phase")
                 if phase != last_phase:
                     log(f"phase {phase} at {now:.1f}s (progress {status.get('progress')})")
@@ -343,8 +373,12 @@ class Run:
             result.memory = self.sampler.stop()
             for key, f in self.followers.items():
                 text = f.finish()
-                (result.trainer_logs if key.startswith("trainer:") else result.generator_logs).append(text)
+                if key.startswith("rank:"):
+                    result.rank_logs.setdefault(key.split(":")[1], []).append(text)
+                else:
+                    (result.trainer_logs if key.startswith("trainer:") else result.generator_logs).append(text)
             result.pods = list(self.seen.values())
+            result.failures = list(self.failures)
         return result
 
 

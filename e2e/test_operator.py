@@ -206,6 +206,27 @@ def test_completion_then_ttl_deletes_everything(env: Any, ns: str) -> None:
     wait("no child left", lambda: not any(children(k, ns, "tiny").values()), timeout_s=90)
 
 
+def test_export_request_on_the_rljob_reaches_trainer_0_and_status(env: Any, ns: str) -> None:
+    """The user annotates the RLJob; the operator copies the request onto trainer 0's pod (where the trainer reads
+    it); the trainer's lastExport (here written by hand, kwok runs no code) reaches status.progress.lastExport."""
+    _, k, _ = env
+    k.apply(example("tiny", ns))
+    wait("Running", phase_is(k, ns, "tiny", "Running"))
+    key = "kubeforge.dev/export-request"
+    k.run("annotate", "rljob", "tiny", "-n", ns, f"{key}=r1")
+    wait("request relayed to trainer 0", lambda: (
+        (k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"].get("annotations") or {}).get(key) == "r1"))
+    last = {"request": "r1", "path": "/checkpoints/export-step-2", "step": 2}
+    progress = json.dumps({"step": 2, "meanReward": 0.5, "policyVersion": 2, "lastExport": last})
+    k.run("annotate", "pod", "tiny-trainer-0", "-n", ns, f"kubeforge.dev/progress={progress}", "--overwrite")
+    st = wait("lastExport in status", lambda: (
+        (s := job(k, ns, "tiny").get("status", {})).get("progress", {}).get("lastExport") == last and s))
+    assert st["progress"]["step"] == 2
+    k.run("annotate", "rljob", "tiny", "-n", ns, f"{key}=r2", "--overwrite")
+    wait("a new request relayed", lambda: (
+        (k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"].get("annotations") or {}).get(key) == "r2"))
+
+
 def test_delete_garbage_collects_every_child(env: Any, ns: str) -> None:
     _, k, _ = env
     k.apply(example("tiny", ns))

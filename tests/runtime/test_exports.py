@@ -100,3 +100,12 @@ def test_pod_annotation_request_and_last_export_on_the_progress_annotation() -> 
     rep.step({"step": 4, "mean_reward": 0.6, "policy_version": 4})
     last = json.loads(api.patches[-1]["metadata"]["annotations"][contract.ANNOTATION_PROGRESS])
     assert last["step"] == 4 and last["lastExport"] == {"request": "a", "path": "/c/export-step-000003", "step": 3}
+    # a restarted container of the same pod (new process, nothing in memory) does not serve "a" again: its pod's
+    # progress annotation says it was served; a newer request still counts
+    api.annotations = {contract.ANNOTATION_EXPORT_REQUEST: "a",
+                       contract.ANNOTATION_PROGRESS: api.patches[-1]["metadata"]["annotations"][
+                           contract.ANNOTATION_PROGRESS]}
+    again = exports.PodAnnotationRequests(pod="j-trainer-0", namespace="ns", api=api)
+    assert again.pending() is None
+    api.annotations = {**api.annotations, contract.ANNOTATION_EXPORT_REQUEST: "b"}
+    assert again.pending() == "b"

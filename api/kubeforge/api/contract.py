@@ -73,8 +73,10 @@ FIELD_MANAGER = "kubeforge-operator"
 # The trainer (rank 0) reports progress on its own pod as a JSON annotation; the operator watches it.
 ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done", "evalAccuracy"?}
 
-# Export on request: a new value of this annotation on trainer 0's pod asks for the current policy as an HF folder
-# (roles/exports.py); the progress annotation then carries lastExport {request, path, step}.
+# Export on request: a new value of this annotation on the RLJob (the user's) asks for the current policy as an HF
+# folder; the operator copies it onto trainer 0's pod of the current attempt while status.progress.lastExport has not
+# served it, and the trainer reads it there (roles/exports.py). The progress annotation then carries
+# lastExport {request, path, step}, which the operator copies into status.progress.lastExport.
 ANNOTATION_EXPORT_REQUEST = "kubeforge.dev/export-request"
 
 JOB_KEY_SECRET_KEY = "key"                   # the data key holding ENV_JOB_KEY in the job's Secret

@@ -799,6 +799,9 @@ class FailureRule(Model):
                                             "NodeLost, Unhealthy.")
 
 
+START_ALLOWANCE_FACTOR = 3      # a role's start may take this many progress deadlines (FailurePolicySpec)
+
+
 class FailurePolicySpec(Model):
     """What happens when a role's container fails: ordered rules, first match wins, no match restarts all."""
 
@@ -809,7 +812,15 @@ class FailurePolicySpec(Model):
     progress_deadline_seconds: int = Field(
         600, ge=10, le=86400, description="A role that makes no progress (no step, no batch, no heartbeat) for this "
         "long is unhealthy: its liveness probe fails, the launcher restarts it, and the operator marks the job "
-        "Stalled. Every wait in the roles is bounded by it.")
+        "Stalled. Every wait in the roles is bounded by it. A role still starting (loading its model or vLLM "
+        "engine) has 3 times as long (its startup probe) before it counts as hung.")
+
+    def start_deadline_seconds(self) -> int:
+        """How long a role may take to start (model or vLLM engine loaded, ready) before it counts as hung: the pod's
+        startupProbe allowance, the local watchdog's bound during a start, and the trainer's bound on waiting for a
+        generator's start. ``START_ALLOWANCE_FACTOR`` times ``progressDeadlineSeconds``: an engine start on loaded
+        CPUs can outlast the progress deadline, and a start is not a hang."""
+        return START_ALLOWANCE_FACTOR * self.progress_deadline_seconds
 
 
 # ---------------------------------------------------------------- spec, status, object
@@ -913,6 +924,14 @@ class RoleStatus(Model):
     container_restarts: int = Field(0, description="Container restarts the kubelet made in the current attempt.")
 
 
+class ExportInfo(Model):
+    """An export served on request (the RLJob's annotation ``kubeforge.dev/export-request``)."""
+
+    request: str = Field(description="The request's id: the annotation's value that asked for it.")
+    path: str | None = Field(None, description="The HF folder written (inside the trainer's checkpoint volume).")
+    step: int = Field(0, description="The optimizer step whose policy was exported.")
+
+
 class Progress(Model):
     """Training progress reported by trainer rank 0."""
 
@@ -921,6 +940,9 @@ class Progress(Model):
     policy_version: int = Field(0, description="Policy version the generators were last synced to.")
     eval_accuracy: float | None = Field(None, description="Held-out greedy accuracy at the last evaluation "
                                         "(spec.evaluation).")
+    last_export: ExportInfo | None = Field(None, description="The last export served on request (set the "
+                                           "annotation kubeforge.dev/export-request on the RLJob to a new id to "
+                                           "ask for one); it stays once set.")
 
 
 class FailureInfo(Model):

@@ -47,9 +47,10 @@ Least privilege for what it does (every write is a server-side apply or merge PA
   rljobs/status: the typed status, merge-patched once per pass.
 - children (incl. the job's NetworkPolicy), applied server-side (create + patch), deleted when a job is
   suspended, restarted or finished.
-- pods: watched for readiness and failures; get/patch ONLY because the per-job Role the operator creates grants
+- pods: watched for readiness and failures; get/patch because the per-job Role the operator creates grants
   exactly these on the job's own pods by name (trainer rank 0 patches its progress annotation; RBAC lets one grant
-  only what one holds). The operator itself never writes a pod. In cluster-wide mode this is pods patch in every
+  only what one holds). The operator's only pod write is the export request it copies from an RLJob's annotation
+  onto that job's trainer 0 pod (one merge patch of an annotation). In cluster-wide mode this is pods patch in every
   namespace: narrowing it needs the `escalate` verb (broader), a `bind` to a fixed ClusterRole (every pod of the
   job's namespace for the job's account) or progress off the pod (docs/install.md, "RBAC").
 - secrets: create only (the job's key Secret, never read back).

@@ -160,6 +160,15 @@ class Cluster:
         return self.request("PATCH", path_of(contract.API_VERSION, contract.KIND, namespace, name) + "/status",
                      body={"status": status}, content_type="application/merge-patch+json")
 
+    def patch_pod(self, namespace: str, name: str, patch: Obj) -> None:
+        """Merge-patch a pod (the export request relay: ``exports.Relay``); a pod gone meanwhile is fine."""
+        try:
+            self.request("PATCH", path_of("v1", "Pod", namespace, name), body=patch,
+                         content_type="application/merge-patch+json")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
     def create_if_absent(self, obj: Obj) -> bool:
         """Create ``obj`` unless an object of that name exists (409 is fine); True when this call created it."""
         md = obj["metadata"]

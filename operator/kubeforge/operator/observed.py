@@ -45,6 +45,16 @@ class ProgressReport:
     policy_version: int = 0
     done: bool = False
     eval_accuracy: float | None = None
+    last_export: ExportReport | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExportReport:
+    """``lastExport`` of the progress annotation: an export the trainer served on request."""
+
+    request: str
+    path: str | None
+    step: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,6 +75,7 @@ class PodFacts:
     failure: Failure | None
     progress: ProgressReport | None
     stuck: tuple[str, str] | None = None   # (reason, message) of a container that cannot start (STUCK_REASONS)
+    export_request: str | None = None      # the pod's contract.ANNOTATION_EXPORT_REQUEST (the operator's relay)
 
 
 # Waiting reasons of a container that will not start by waiting: the kubelet retries them silently forever.
@@ -114,9 +125,21 @@ def parse_progress(text: str | None) -> ProgressReport | None:
         return ProgressReport(
             step=int(doc.get("step", 0)), policy_version=int(doc.get("policyVersion", 0)),
             mean_reward=None if reward is None else float(reward), done=bool(doc.get("done", False)),
-            eval_accuracy=None if acc is None else float(acc))
+            eval_accuracy=None if acc is None else float(acc), last_export=_export_report(doc.get("lastExport")))
     except (ValueError, TypeError):
         return None
+
+
+def _export_report(doc: Any) -> ExportReport | None:
+    """``lastExport`` as a report; None when absent or malformed (the rest of the progress still counts)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("request"), str) or not doc["request"]:
+        return None
+    path = doc.get("path")
+    try:
+        step = int(doc.get("step", 0))
+    except (TypeError, ValueError):
+        return None
+    return ExportReport(request=doc["request"], path=path if isinstance(path, str) else None, step=step)
 
 
 # Pod-level ends and the failure-policy reason they match (kubeforge.api.rljob.FailureReason).
@@ -179,6 +202,7 @@ def pod_facts(pod: Raw) -> PodFacts:
         restarts=sum(int(cs.get("restartCount", 0)) for cs in st.get("containerStatuses") or []),
         unschedulable=unsched, failure=pod_failure(pod),
         progress=parse_progress(ann.get(contract.ANNOTATION_PROGRESS)), stuck=_stuck(st),
+        export_request=ann.get(contract.ANNOTATION_EXPORT_REQUEST),
     )
 
 

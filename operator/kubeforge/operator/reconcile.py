@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubeforge.api import failures, load, rljob
-from kubeforge.operator import apply, lifecycle, observed, reasons, render, status, timefmt, watchcache
+from kubeforge.operator import apply, exports, lifecycle, observed, reasons, render, status, timefmt, watchcache
 from kubeforge.operator.render import context, meta, secret
 
 log = logging.getLogger("kubeforge.operator")
@@ -194,6 +194,10 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         _write_status(cluster, key, _status_doc(new) or {}, jobs)
     for ev in status.transitions(job.status, new, plan):
         cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
+    handoff = exports.relay(job, obs, attempt=plan.attempt, served=new.progress.last_export,
+                            annotations=raw["metadata"].get("annotations")) if plan.active else None
+    if handoff is not None:      # the user's export request on the RLJob, for trainer 0 (exports.py)
+        cluster.patch_pod(namespace, handoff.pod, handoff.patch())
     ready = next((c.status == "True" for c in new.conditions if c.type == reasons.READY), False)
     return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
                    requeue_after=plan.requeue_after, created=raw["metadata"].get("creationTimestamp"),

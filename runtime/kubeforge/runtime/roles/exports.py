@@ -9,10 +9,13 @@ rank (one broadcast: under FSDP every rank gathers), every rank calls ``Trainer.
 Where requests come from (one small interface, two real sources, a list for unit tests):
 - locally: ``kubeforge export RUN_DIR`` writes a fresh id into ``RUN_DIR/export-request`` (:class:`FileRequests`);
 - in a cluster: the annotation ``contract.ANNOTATION_EXPORT_REQUEST`` on trainer 0's pod (its value is the id; a
-  new value is a new request), read with the pod's own service account (:class:`PodAnnotationRequests`).
+  new value is a new request), read with the pod's own service account (:class:`PodAnnotationRequests`). Users
+  annotate the RLJob; the operator copies a request not served yet onto trainer 0's pod (operator ``exports``).
 
 Invariants: a request is served once (its id is remembered: in ``export-request.served`` locally, so a restarted
-job does not serve it again; in memory on a cluster); reading a request never raises (a failed read is "none").
+job does not serve it again; on a cluster in memory and in the pod's progress annotation, so a restarted container
+does not serve it again, and the operator relays to a new attempt's pod only what status shows unserved);
+reading a request never raises (a failed read is "none").
 """
 from __future__ import annotations
 
@@ -102,14 +105,27 @@ class PodAnnotationRequests:
     def pending(self) -> str | None:
         try:
             pod = self._client().read_namespaced_pod(name=self.pod, namespace=self.namespace)
-            value = (pod.metadata.annotations or {}).get(contract.ANNOTATION_EXPORT_REQUEST)
+            annotations = pod.metadata.annotations or {}
+            value = annotations.get(contract.ANNOTATION_EXPORT_REQUEST)
         except Exception as exc:  # advisory: the next step asks again
             print(f"export request read failed: {exc}", file=sys.stderr, flush=True)
             return None
+        if value and self.last is None:   # a restarted container: what this pod already served is in its progress
+            self.last = _served_on_pod(annotations.get(contract.ANNOTATION_PROGRESS))
         return str(value) if value and value != self.last else None
 
     def served(self, request: str) -> None:
         self.last = request
+
+
+def _served_on_pod(progress: str | None) -> str | None:
+    """``lastExport.request`` of a progress annotation (what an earlier process in this pod served), else None."""
+    try:
+        doc = json.loads(progress or "")
+        request = doc["lastExport"]["request"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return request if isinstance(request, str) else None
 
 
 def served_record(run_dir: pathlib.Path, request_id: str) -> dict[str, Any] | None:

@@ -1,0 +1,80 @@
+"""Unit tests of ``run_real``'s watching (no cluster): every trainer pod is followed, and a container that exits
+non-zero has its last log lines printed once (a fake kubectl stands in for the API)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+from typing import Any
+
+import pytest
+
+import run_real
+
+
+class FakeKubectl:
+    """Records ``kubectl`` calls; ``logs`` answers with a numbered log."""
+
+    binary = "kubectl"
+    kubeconfig = "/dev/null"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, *args: str, check: bool = True, timeout_s: float = 60.0, stdin: str | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        self.calls.append(args)
+        return subprocess.CompletedProcess(list(args), 0, stdout="\n".join(f"line {i}" for i in range(5)), stderr="")
+
+
+def _pod(name: str, role: str, *, uid: str, running: bool = True, last_exit: int | None = None,
+         exit_now: int | None = None) -> dict[str, Any]:
+    cs: dict[str, Any] = {"name": role, "state": {"running": {}} if running else {}}
+    if exit_now is not None:
+        cs["state"] = {"terminated": {"exitCode": exit_now, "reason": "Error", "containerID": f"c-{uid}-now"}}
+    if last_exit is not None:
+        cs["lastState"] = {"terminated": {"exitCode": last_exit, "reason": "Error", "containerID": f"c-{uid}-last"}}
+    return {"metadata": {"name": name, "uid": uid, "labels": {run_real.LABEL_ROLE: role, run_real.LABEL_ATTEMPT: "0"}},
+            "status": {"containerStatuses": [cs]}}
+
+
+def _run(tmp_path: pathlib.Path) -> tuple[run_real.Run, FakeKubectl]:
+    k = FakeKubectl()
+    return run_real.Run(k=k, namespace="ns", name="job", workdir=tmp_path, kill_after_step=None,
+                        timeout_s=1), k
+
+
+def test_every_trainer_pod_and_generator_0_are_followed(tmp_path: pathlib.Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[tuple[str, pathlib.Path]] = []
+
+    class Follower:
+        def __init__(self, *, k: Any, namespace: str, pod: str, container: str, path: pathlib.Path) -> None:
+            started.append((pod, path))
+
+    monkeypatch.setattr(run_real, "LogFollower", Follower)
+    run, _ = _run(tmp_path)
+    pods = [_pod("job-trainer-0", "trainer", uid="u0"), _pod("job-trainer-1", "trainer", uid="u1"),
+            _pod("job-generator-0", "generator", uid="g0"), _pod("job-verifier-0", "verifier", uid="v0"),
+            _pod("job-trainer-2", "trainer", uid="u2", running=False)]
+    run.follow_new_containers(pods)
+    run.follow_new_containers(pods)                 # nothing twice
+    assert sorted(run.followers) == ["generator:g0", "rank:job-trainer-1:u1", "trainer:u0"]
+    assert [p for p, _ in started] == ["job-trainer-0", "job-trainer-1", "job-generator-0"]
+    assert {path.name for _, path in started} == {"trainer-0-u0.log", "trainer-1-0-u1.log", "generator-0-g0.log"}
+
+
+def test_a_failed_container_is_reported_once_with_its_last_log_lines(tmp_path: pathlib.Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    run, k = _run(tmp_path)
+    pods = [_pod("job-trainer-0", "trainer", uid="u0"), _pod("job-trainer-1", "trainer", uid="u1", last_exit=1),
+            _pod("job-verifier-0", "verifier", uid="v0", running=False, exit_now=0)]
+    run.report_failures(pods)
+    run.report_failures(pods)
+    assert k.calls == [("logs", "-n", "ns", "job-trainer-1", "-c", "trainer", "--tail=40", "--previous")]
+    assert run.failures == [{"pod": "job-trainer-1", "attempt": "0", "exit_code": 1, "reason": "Error",
+                             "log_tail": "\n".join(f"line {i}" for i in range(5))}]
+    err = capsys.readouterr().err
+    assert "job-trainer-1 (attempt 0) exited 1" in err and "    | line 4" in err
+    run.report_failures([_pod("job-trainer-1", "trainer", uid="u1", running=False, exit_now=143, last_exit=1)])
+    assert k.calls[-1] == ("logs", "-n", "ns", "job-trainer-1", "-c", "trainer", "--tail=40")
