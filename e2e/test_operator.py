@@ -108,7 +108,8 @@ def test_examples_create_every_child_and_run(env: Any, ns: str) -> None:
         assert condition(st, "GangScheduled")["status"] == "True"
         assert all(c["observedGeneration"] == job(k, ns, name)["metadata"]["generation"] for c in st["conditions"])
         got = children(k, ns, name)
-        assert got["statefulsets"] == got["services"] == [f"{name}-generator", f"{name}-trainer", f"{name}-verifier"]
+        assert got["statefulsets"] == [f"{name}-generator", f"{name}-trainer", f"{name}-verifier"]
+        assert got["services"] == [name]          # one headless Service per job names every role's pods
         assert got["configmaps"] == [f"{name}-config"] and got["podgroups.scheduling.x-k8s.io"] == [name]
         assert got["serviceaccounts"] == got["roles"] == got["rolebindings"] == [f"{name}-runtime"]
         ps = pods(k, ns, name)
