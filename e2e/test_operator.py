@@ -349,7 +349,7 @@ def test_operator_killed_mid_reconcile_leaves_no_duplicate_or_orphan(env: Any, n
     for name in names:
         uid = job(k, ns, name)["metadata"]["uid"]
         got = children(k, ns, name)
-        assert len(got["statefulsets"]) == len(got["services"]) == 3 and len(got["pods"]) == 3
+        assert len(got["statefulsets"]) == 3 and len(got["services"]) == 1 and len(got["pods"]) == 3
         assert len(got["configmaps"]) == len(got["podgroups.scheduling.x-k8s.io"]) == 1
         for kind in CHILD_KINDS[:-1]:
             for obj in k.items(kind, ns, f"{LABEL_JOB}={name}"):
