@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from kubeforge.api import contract, load
+from kubeforge.runtime import transport
 from kubeforge.runtime.launcher import ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +101,7 @@ def _ready(port: int) -> bool:
 def test_fsdp_trainer_pods_with_their_own_caches_both_get_ready(tmp_path: Path) -> None:
     """Both ranks of examples/tiny-fsdp.yaml, started as the operator starts them (its env contract, the manifest
     with defaults as the ConfigMap holds it), each with an empty cache of its own, build their model and become
-    ready (no generators: they would wait for them next)."""
+    ready. The generator is only its data socket (a trainer connects to it before it is ready); nothing trains."""
     doc = yaml.safe_load((ROOT / "examples" / "tiny-fsdp.yaml").read_text())
     job = load.parse(doc)
     manifest = tmp_path / "rljob.yaml"
@@ -108,6 +109,8 @@ def test_fsdp_trainer_pods_with_their_own_caches_both_get_ready(tmp_path: Path) 
     dumped.pop("status", None)
     manifest.write_text(yaml.safe_dump(dumped, sort_keys=True))
     bases, key = ports.allocate(4), secrets.token_hex(32)
+    transport.use_curve(transport.CurveKeys.from_job_key(bytes.fromhex(key)))   # the job's keys, as in pods
+    generator = transport.open_receiver(f"tcp://127.0.0.1:{bases[2] + contract.PORT_DATA}")
     logs = [open(tmp_path / f"trainer-{i}.log", "w") for i in (0, 1)]   # noqa: SIM115 - handed to the children
     procs = [subprocess.Popen([sys.executable, "-m", "kubeforge.cli", "role", "trainer"], stdout=logs[i],
                               stderr=subprocess.STDOUT,
@@ -132,3 +135,5 @@ def test_fsdp_trainer_pods_with_their_own_caches_both_get_ready(tmp_path: Path) 
             p.wait(30)
         for f in logs:
             f.close()
+        generator.close()
+        transport.use_curve(None)
