@@ -137,3 +137,19 @@ def test_stalled_condition_after_progress_deadline() -> None:
              pod("tiny", "trainer", 0, progress={"step": 5, "policyVersion": 5})]
     _, s3 = run(_job(s2, policy), moved, now=T0 + dt.timedelta(seconds=62))
     assert cond(s3, reasons.STALLED).status == "False" and s3.last_progress_time == "2026-11-22T12:01:02Z"
+
+
+def test_no_step_yet_is_a_start_not_a_stall() -> None:
+    """Before the first step the roles are starting (vLLM engines load, minutes on loaded CPUs): the job is Stalled
+    only after the start allowance, 3 x progressDeadlineSeconds."""
+    import datetime as dt
+
+    from opbuilders import T0
+
+    policy = {"progressDeadlineSeconds": 60}
+    pods = [pod("tiny", "generator", 0), pod("tiny", "verifier", 0), pod("tiny", "trainer", 0)]
+    _, s0 = run(_job(policy=policy), pods)
+    _, s1 = run(_job(s0, policy), pods, now=T0 + dt.timedelta(seconds=170))
+    assert cond(s1, reasons.STALLED).status == "False"
+    _, s2 = run(_job(s1, policy), pods, now=T0 + dt.timedelta(seconds=181))
+    assert cond(s2, reasons.STALLED).status == "True" and "limit 180s" in cond(s2, reasons.STALLED).message

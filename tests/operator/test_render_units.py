@@ -96,3 +96,17 @@ def test_rbac_names_only_the_jobs_pods() -> None:
     assert rule["verbs"] == ["get", "patch"] and rule["resources"] == ["pods"]
     assert sorted(rule["resourceNames"]) == ["tiny-generator-0", "tiny-generator-1", "tiny-trainer-0",
                                              "tiny-verifier-0"]
+
+
+def test_startup_probe_holds_liveness_off_for_a_start_sized_from_the_progress_deadline() -> None:
+    """A vLLM engine load makes no heartbeat: every role's container has a startupProbe on /startz whose allowance
+    is start_deadline_seconds() (3 progress deadlines), so the liveness probe cannot kill a role still starting."""
+    for deadline in (600, 45):
+        job = opbuilders.job("tiny", spec__failurePolicy={"progressDeadlineSeconds": deadline})
+        for sts in _by_kind(render.render(job, CTX), "StatefulSet"):
+            c = sts["spec"]["template"]["spec"]["containers"][0]
+            probe = c["startupProbe"]
+            assert probe["httpGet"] == {"path": "/startz", "port": "metrics"}
+            allowance = probe["periodSeconds"] * probe["failureThreshold"]
+            assert 3 * deadline <= allowance < 3 * deadline + probe["periodSeconds"]
+            assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"

@@ -278,28 +278,38 @@ def test_summary_figures() -> None:
 
 def test_watchdog_kills_a_process_whose_heartbeat_is_too_old(tmp_path: Path) -> None:
     """A role whose /healthz says 503 (no heartbeat within progressDeadlineSeconds) is SIGKILLed and judged
-    Unhealthy; a healthy one is left alone."""
+    Unhealthy; a healthy one is left alone. A start is not a hang: a generator still loading its engine (never
+    ready, no heartbeat) outlives the progress deadline untouched while within its start deadline; one whose start
+    outlasts the start deadline is killed too."""
     script = (
         "import sys, time\n"
         "from kubeforge.runtime import metrics\n"
         "s = metrics.serve(metrics.Metrics(role='trainer', replica=0), host='127.0.0.1', port_base=int(sys.argv[1]))\n"
         "s.deadline = float(sys.argv[2])\n"
+        "s.start_deadline = float(sys.argv[3]) if sys.argv[3] != '-' else None\n"
+        "s.set_ready(sys.argv[4] == 'ready')\n"
         "print('up', flush=True)\n"
         "time.sleep(120)\n")
     specs = []
-    for name, deadline in (("trainer-0", 0.5), ("verifier-0", 600.0)):
+    for name, deadline, start, ready in (("trainer-0", 0.5, "-", "ready"), ("verifier-0", 600.0, "-", "ready"),
+                                         ("generator-0", 0.5, "600", "loading"),   # engine still loading
+                                         ("generator-1", 0.5, "2", "loading")):    # a start that never ends
         port = _free_port()
         specs.append(supervisor.ProcSpec(name=name, role=name.split("-")[0],
-                                         argv=[sys.executable, "-c", script, str(port), str(deadline)],
+                                         argv=[sys.executable, "-c", script, str(port), str(deadline), start, ready],
                                          env={**os.environ, contract.ENV_PORT_BASE: str(port)},
                                          log=tmp_path / f"{name}.log"))
     group = supervisor.Group(specs)
     group.start()
     try:
         dog = supervisor.Watchdog(group, period=0.2)
-        wait_for(lambda: (dog.check(), [e for e in group.poll() if e.name == "trainer-0"])[1], timeout=60)
+        wait_for(lambda: (dog.check(), {e.name for e in group.poll()} >= {"trainer-0", "generator-1"})[1],
+                 timeout=60)
         exits = group.poll()
-        assert dog.unhealthy(exits) == [supervisor.Exit(name="trainer-0", role="trainer", code=-9)]
+        assert sorted(e.name for e in dog.unhealthy(exits)) == ["generator-1", "trainer-0"]
+        assert supervisor.Exit(name="trainer-0", role="trainer", code=-9) in exits
+        assert "generator-0" not in {e.name for e in exits}       # loading for > 2 progress deadlines: alive
+        exits = [e for e in exits if e.name == "trainer-0"]
         pol = rljob.FailurePolicySpec.model_validate({"rules": [{"action": "Fail", "onReasons": ["Unhealthy"]}]})
         verdict, decision = supervisor.judge(exits=exits, trainers=1, restarts=0, policy=pol,
                                              unhealthy=dog.unhealthy(exits))

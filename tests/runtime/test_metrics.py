@@ -86,6 +86,42 @@ def test_health_and_readiness(served: tuple[metrics.Metrics, metrics.MetricsServ
     assert get(url + "/nope")[0] == 404
 
 
+def test_a_start_is_not_a_hang(served: tuple[metrics.Metrics, metrics.MetricsServer, str]) -> None:
+    """Before its first ready (a vLLM engine still loading, no heartbeat) a role is starting: /startz is 503 (the
+    pod's startupProbe holds the liveness probe off) and /healthz stays 200 past the progress deadline, up to the
+    start deadline. The first ready is a heartbeat and ends the start; from then on the progress deadline rules."""
+    import json
+    import time
+
+    _, server, url = served
+    server.deadline, server.start_deadline = 0.3, 60.0
+    time.sleep(0.6)                                       # past the progress deadline, still loading
+    code, _, body = get(url + "/healthz")
+    assert code == 200 and json.loads(body)["started"] is False
+    assert get(url + "/startz")[0] == 503
+    server.set_ready()
+    code, _, body = get(url + "/healthz")
+    assert code == 200 and json.loads(body)["started"] is True and json.loads(body)["activity"] == "started"
+    assert get(url + "/startz")[0] == 200
+    time.sleep(0.6)                                       # started, then no heartbeat: unhealthy
+    assert get(url + "/healthz")[0] == 503
+    server.set_ready(False)                               # not ready again: still started (liveness applies)
+    assert get(url + "/startz")[0] == 200 and get(url + "/healthz")[0] == 503
+
+
+def test_a_start_that_never_ends_is_a_hang() -> None:
+    import time
+
+    server = metrics.serve(metrics.Metrics(role="generator", replica=0), host="127.0.0.1", port_base=0)
+    try:
+        server.deadline, server.start_deadline = 60.0, 0.3
+        time.sleep(0.6)
+        assert get(f"http://127.0.0.1:{server.port}/healthz")[0] == 503
+        assert get(f"http://127.0.0.1:{server.port}/startz")[0] == 503
+    finally:
+        server.stop()
+
+
 def test_receiver_drops_reach_metrics() -> None:
     m = metrics.Metrics(role="verifier", replica=0)
     rx = transport.open_receiver("mem://metrics-drops", on_drop=m.drop_hook())

@@ -513,6 +513,8 @@ def test_a_lost_frame_is_reissued_and_a_step_that_never_completes_stalls_within_
 class ElasticPusher(InProcessPusher):
     """``InProcessPusher`` over the generators in the group now (``reform(members=...)`` changes it)."""
 
+    ack_timeout = 5.0
+
     def __init__(self, generators: transport.Sender, control: transport.Receiver) -> None:
         super().__init__(generators, control)
         self.members, self.epoch, self.pushes, self.failed = generators.peers, 0, [], 0
@@ -533,7 +535,7 @@ class ElasticPusher(InProcessPusher):
             raise
         acked: set[int] = set()
         while len(acked) < self.members:
-            msg = self.control.recv(timeout=5)
+            msg = self.control.recv(timeout=self.ack_timeout)
             if msg is None:          # as the broadcast fails when a member is gone: the trainer re-forms
                 self.failed += 1
                 raise RuntimeError(f"no ACK from generators {set(range(self.members)) - acked}")
@@ -543,6 +545,23 @@ class ElasticPusher(InProcessPusher):
                 self.on_other(msg)
         self.pushes.append((version, self.members))
         return generator_role.SyncResult(seconds=0.01, bytes=1)
+
+
+def _elastic_loop(tmp: Path, spec_job: rljob.RLJob, learner: step.Trainer, *, inbox: transport.Receiver,
+                  generators: transport.Sender, control: transport.Receiver, pusher: ElasticPusher,
+                  generator_address: Callable[[int], str | None] = lambda i: None, **settings: Any
+                  ) -> trainer_role.Loop:
+    """Trainer rank 0 alone over in-process generators (``settings`` override the Settings below)."""
+    return trainer_role.Loop(
+        settings=trainer_role.Settings(**{
+            "rank": 0, "world": 1, "steps": spec_job.spec.algorithm.steps, "prompts_per_step": 4,
+            "max_policy_lag": 1, "sync_every": 1, "checkpoint_every": 10, "checkpoint_dir": str(tmp / "ckpt"),
+            "checkpoint_keep": 1, **settings}),
+        inbox=inbox, generators=generators, learner=learner, prompt_at=tasks.stream(spec_job.spec.task).prompt_at,
+        observer=observe.TrainerObserver(metrics.Metrics(role="trainer", replica=0)),
+        rank0=trainer_role.Rank0(control=control, pusher=pusher,
+                                 reporter=report.JsonlReporter(path=tmp / "m.jsonl", echo=False)),
+        generator_address=generator_address)
 
 
 def test_generators_join_and_leave_while_the_trainer_runs(tmp_path: Path) -> None:
@@ -595,15 +614,8 @@ def test_generators_join_and_leave_while_the_trainer_runs(tmp_path: Path) -> Non
     start_generator(0)
     to_gen = transport.open_sender([f"{base}-gen0"], role="trainer", index=0)
     pusher = ElasticPusher(to_gen, ctl_in)
-    loop = trainer_role.Loop(
-        settings=trainer_role.Settings(rank=0, world=1, steps=6, prompts_per_step=4, max_policy_lag=1, sync_every=1,
-                                       checkpoint_every=10, checkpoint_dir=str(tmp_path / "ckpt"),
-                                       checkpoint_keep=1, deadline=60, reissue_after=20),
-        inbox=trn_in, generators=to_gen, learner=learner, prompt_at=tasks.stream(spec_job.spec.task).prompt_at,
-        observer=observe.TrainerObserver(metrics.Metrics(role="trainer", replica=0)),
-        rank0=trainer_role.Rank0(control=ctl_in, pusher=pusher,
-                                 reporter=report.JsonlReporter(path=tmp_path / "m.jsonl", echo=False)),
-        generator_address=lambda i: f"{base}-gen{i}")
+    loop = _elastic_loop(tmp_path, spec_job, learner, inbox=trn_in, generators=to_gen, control=ctl_in, pusher=pusher,
+                         generator_address=lambda i: f"{base}-gen{i}", deadline=60, reissue_after=20)
     threading.Thread(target=lambda: verifier_role.run(
         inbox=ver_in, trainers=transport.open_sender([f"{base}-trn"], role="verifier", index=0), score=scorer.apply,
         observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop_all.is_set), daemon=True).start()
@@ -681,15 +693,9 @@ def test_a_generator_scaled_down_leaves_without_stalling(tmp_path: Path, how: st
         gen_threads[-1].start()
     to_gen = transport.open_sender([f"{base}-gen0", f"{base}-gen1"], role="trainer", index=0)
     pusher = ElasticPusher(to_gen, ctl_in)
-    loop = trainer_role.Loop(
-        settings=trainer_role.Settings(rank=0, world=1, steps=6, prompts_per_step=4, max_policy_lag=1, sync_every=1,
-                                       checkpoint_every=10, checkpoint_dir=str(tmp_path / "ckpt"),
-                                       checkpoint_keep=1, deadline=60, reissue_after=40, answer_within=2.0),
-        inbox=trn_in, generators=to_gen, learner=learner, prompt_at=tasks.stream(spec_job.spec.task).prompt_at,
-        observer=observe.TrainerObserver(metrics.Metrics(role="trainer", replica=0)),
-        rank0=trainer_role.Rank0(control=ctl_in, pusher=pusher,
-                                 reporter=report.JsonlReporter(path=tmp_path / "m.jsonl", echo=False)),
-        generator_address=lambda i: f"{base}-gen{i}")
+    loop = _elastic_loop(tmp_path, spec_job, learner, inbox=trn_in, generators=to_gen, control=ctl_in, pusher=pusher,
+                         generator_address=lambda i: f"{base}-gen{i}", deadline=60, reissue_after=40,
+                         answer_within=2.0)
     threading.Thread(target=verifier_role.run, kwargs=dict(
         inbox=ver_in, trainers=transport.open_sender([f"{base}-trn"], role="verifier", index=0), score=scorer.apply,
         observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop_all.is_set), daemon=True).start()
@@ -744,3 +750,77 @@ def test_held_out_evaluation_before_every_n_steps_and_after_the_last(tmp_path: P
     assert [r.get("evaluated", False) for r in recs] == [False, True, True]
     assert [r["eval_accuracy"] for r in recs] == pytest.approx([0.1, 0.2, 0.3])   # the latest, carried forward
     assert "eval_accuracy_base" not in recs[1]
+
+
+def test_a_generator_restarting_in_place_is_not_a_stalled_step(tmp_path: Path) -> None:
+    """Generator 0 dies mid-step (kill -9: no notice) and restarts in place; its engine load outlasts the progress
+    deadline (here 3 s; minutes of vLLM start in real pods). While loading it tells trainer 0 it is starting
+    (``StartBeats``), so the step's wait is bounded by the start deadline, not the progress deadline: no
+    ``Stalled``, the generator's READY re-forms the group and every step is trained once. A start's beats count
+    for at most ``start_deadline`` from its first beat (a start that never ends is a hang)."""
+    import dataclasses
+    import time as _time
+
+    spec_job = job(steps=3)
+    n = next(_ids)
+    base = f"mem://restart{n}"
+    trn_in, ctl_in = transport.open_receiver(f"{base}-trn", hwm=256), transport.open_receiver(f"{base}-ctl")
+    ver_in, gen_in = transport.open_receiver(f"{base}-ver"), transport.open_receiver(f"{base}-gen0")
+    scorer = verifiers.Scorer(spec_job.spec.verifiers)
+    m = metrics.Metrics(role="x", replica=0)
+    stop_all, killed = threading.Event(), threading.Event()
+    learner = step.Trainer(model_path=models.resolve(spec_job.spec.model), algorithm=spec_job.spec.algorithm)
+    sampler = HFSampler(path=models.resolve(spec_job.spec.model), n=4, max_new=2)
+    loader = CopyWeights(sampler)
+    loader.learner = learner
+    sample, load_seconds, beats_sent = sampler.sample, 7.0, []
+
+    class Killed(Exception):
+        pass
+
+    def dies_at_step_2(prompts: Sequence[types.Prompt]) -> list[types.RolloutGroup]:
+        if learner.step == 1 and not killed.is_set():
+            killed.set()
+            raise Killed()                                 # this process is gone, its work with it
+        return sample(prompts)
+
+    sampler.sample = dies_at_step_2  # type: ignore[method-assign]
+
+    def generator(first: bool) -> None:
+        control = transport.open_sender([f"{base}-ctl"], role="generator", index=0)
+        if not first:                                      # restarted in place: the engine loads (no heartbeat)
+            beats = generator_role.StartBeats(index=0, control=control, every=0.5).start()
+            _time.sleep(load_seconds)
+            beats.stop()
+            beats_sent.append(beats.sent)
+        try:
+            generator_role.run(index=0, inbox=gen_in, verifiers=transport.open_sender(
+                [f"{base}-ver"], role="generator", index=0), control=control, sampler=sampler, weights=loader,
+                observer=observe.GeneratorObserver(m), max_policy_lag=1, should_stop=stop_all.is_set)
+        except Killed:
+            threading.Thread(target=generator, args=(False,), daemon=True).start()   # the kubelet restarts it
+
+    threading.Thread(target=generator, args=(True,), daemon=True).start()
+    threading.Thread(target=verifier_role.run, kwargs=dict(
+        inbox=ver_in, trainers=transport.open_sender([f"{base}-trn"], role="verifier", index=0), score=scorer.apply,
+        observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop_all.is_set), daemon=True).start()
+    to_gen = transport.open_sender([f"{base}-gen0"], role="trainer", index=0)
+    pusher = ElasticPusher(to_gen, ctl_in)
+    pusher.ack_timeout = 0.5        # a push to the dead generator fails fast: the wait is the step's, not the push's
+    loop = _elastic_loop(tmp_path, spec_job, learner, inbox=trn_in, generators=to_gen, control=ctl_in, pusher=pusher,
+                         deadline=3.0, reissue_after=1.0, start_deadline=60.0)
+    loop.run()                                             # no Stalled
+    stop_all.set()
+    records = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert killed.is_set() and beats_sent and beats_sent[0] >= 4
+    assert [r["step"] for r in records] == [1, 2, 3] and all(r["completions"] == 16 for r in records)
+    assert loop.epochs >= 1 and loop.starting == {}        # its READY ended the start
+    # a start's beats count for start_deadline from its first beat, no longer
+    loop.s = dataclasses.replace(loop.s, start_deadline=0.3)
+    loop._starting(0)
+    first = loop.start_beat_at
+    _time.sleep(0.5)
+    loop._starting(0)
+    assert loop.start_beat_at == first
+    for r in (trn_in, ctl_in, ver_in, gen_in):
+        r.close()

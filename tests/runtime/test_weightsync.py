@@ -388,3 +388,55 @@ def test_the_rendezvous_proves_the_job_key_both_ways() -> None:
     refused = _authenticate_pair(key, _os.urandom(32))       # a joiner without the key / a store not our trainer's
     assert all(isinstance(e, weightsync.WeightSyncError) for e in refused), refused
     assert "failed rendezvous authentication" in str(refused[0]) and "did not prove the job key" in str(refused[1])
+
+
+def test_prefetch_waits_between_syncs_in_the_store_not_in_a_collective() -> None:
+    """A receiver prefetching in the background waits for the next sync on the epoch's sync count (no collective is
+    open between syncs, so a gap longer than the group's timeout breaks nothing), receives it whole and acks it
+    before anything is loaded; ``take`` hands it over, the load is timed on its own, and a failing load is an error
+    that leaves the group usable for the next prefetch."""
+    port, timeout = free_port(), 3.0
+    box: dict[str, object] = {}
+
+    def join() -> None:
+        box["rx"] = weightsync.WeightReceiver(host="127.0.0.1", port=port, world_size=2, rank=1, timeout=timeout)
+
+    joiner = threading.Thread(target=join, daemon=True)
+    joiner.start()
+    sender = weightsync.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=timeout, bucket_mb=0.5)
+    sender.connect()
+    joiner.join(30)
+    rx = box["rx"]
+    assert isinstance(rx, weightsync.WeightReceiver)
+    want = {n: t for n, t in _tensors() if n != "tied_head.weight"}
+    rx.prefetch()
+    time.sleep(timeout + 1.0)          # longer than the group's timeout: the prefetch is waiting in the store
+    assert not rx.staged
+    stats = sender.send(_tensors(), version=1)   # returns once the receiver acked: before any load
+    assert stats.version == 1
+    staged = rx.take(timeout=30)
+    assert staged.version == 1 and rx.seen == 1
+    got: dict[str, torch.Tensor] = {}
+    loaded = rx.load_staged(staged, lambda it: got.update((n, t.clone()) for n, t in it))
+    assert got.keys() == want.keys() and all(torch.equal(got[n], t) for n, t in want.items())
+    assert loaded.version == 1 and loaded.bytes == stats.bytes and loaded.receive_seconds > 0
+
+    rx.prefetch()
+    sender.send(_tensors(), version=2)
+
+    def broken(it: object) -> None:
+        raise ValueError("loader broke")
+
+    with pytest.raises(weightsync.WeightSyncError, match="v2: loading failed: loader broke"):
+        rx.load_staged(rx.take(timeout=30), broken)
+    rx.prefetch()
+    flight = sender.start(_tensors(), version=3)   # the overlapped sender against a prefetching receiver
+    assert flight.result(timeout=30).version == 3
+    assert rx.receive(lambda it: got.update(it)).version == 3   # receive() loads what was prefetched
+    rx.prefetch()
+    started = time.monotonic()
+    rx.close()                          # a prefetch waiting in the store stops within a poll
+    assert time.monotonic() - started < 5
+    sender.close()
+    with pytest.raises(weightsync.WeightSyncError, match="without prefetch"):
+        rx.take()

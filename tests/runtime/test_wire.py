@@ -2,6 +2,7 @@
 type-mutated frames must only ever raise WireError)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 from typing import Any, Callable
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from kubeforge.runtime import types, wire
+from kubeforge.runtime import types, wire, wire_group
 
 FUZZ = hypothesis.settings(max_examples=300, deadline=None,
                            suppress_health_check=[hypothesis.HealthCheck.too_slow])
@@ -145,43 +146,152 @@ _DELETE = object()
 SCORED = MESSAGES["scored"]
 
 
-def packed(dtype: str, values: list[Any], shape: list[int] | None = None) -> dict[str, Any]:
-    data = np.asarray(values, dtype=dtype).tobytes()
-    return {"dtype": dtype, "shape": [len(values)] if shape is None else shape, "data": data}
+def raw_group(*, kind: wire.Kind = wire.Kind.SCORED, ints: tuple[int, ...] = (7, 3, 2, 1),
+              lengths: tuple[int, ...] = (1, 2), prompt_ids: tuple[int, ...] = (70, 80, 90),
+              token_ids: tuple[int, ...] = (5, 5, 6), logprobs: tuple[float, ...] = (-0.5, -0.5, -1.0),
+              rewards: tuple[float, ...] | None = (1.0, -0.25),
+              scores: dict[str, tuple[float, ...]] | None = None, prompt: tuple[str, str] = ("copy: ab\n", "ab"),
+              texts: tuple[str, ...] = ("ab", "ab"), reasons: tuple[str, ...] = ("stop", "stop"),
+              raw_strings: list[bytes] | None = None, reserved: tuple[int, int, int] = (0, 0, 0),
+              n: int | None = None, total: int | None = None, flags: int | None = None,
+              sbytes: int | None = None, sizes: list[int] | None = None, trailing: bytes = b"") -> bytes:
+    """A ROLLOUT/SCORED frame built from the layout in wire_group's docstring (a second, independent writer), with
+    any header field or section overridable to make it lie."""
+    scores = {"answer": (1.0, -0.25)} if scores is None else scores
+    strings = raw_strings if raw_strings is not None else [
+        s.encode() for s in (*prompt, *texts, *reasons, *scores)]
+    floats = [*logprobs, *(rewards or ()), *(v for vs in scores.values() for v in vs)]
+    head = struct.pack("<4sHBB4Q8I", wire.MAGIC, wire.SCHEMA_VERSION, int(kind), reserved[0], *ints,
+                       len(lengths) if n is None else n, len(prompt_ids), len(token_ids) if total is None else total,
+                       len(scores), (0 if rewards is None else 1) if flags is None else flags, reserved[1],
+                       sum(map(len, strings)) if sbytes is None else sbytes, reserved[2])
+    sizes = [len(b) for b in strings] if sizes is None else sizes
+    return b"".join((head, struct.pack(f"<{len(floats)}d", *floats),
+                     struct.pack(f"<{len(lengths) + len(sizes)}I", *lengths, *sizes),
+                     struct.pack(f"<{len(prompt_ids) + len(token_ids)}I", *prompt_ids, *token_ids),
+                     *strings, trailing))
 
 
-@pytest.mark.parametrize("path,value,needle", [
-    ("group.completions.logprobs", packed("<f8", [-1.0, -2.0]), "2 logprobs for 3 token_ids"),
-    ("group.completions.logprobs", packed("<f8", [-1.0, math.nan, -2.0]), "non-finite"),
-    ("group.completions.logprobs", packed("<f4", [-1.0, -1.0, -2.0]), "dtype '<f4'"),
-    ("group.completions.token_ids", [5], "packed array map"),
-    ("group.completions.token_ids", {"dtype": "<u4", "shape": [1], "data": b"\x00\x01\x02"}, "bytes of data"),
-    ("group.completions.token_ids", packed("<u4", [1], shape=[2**40]), "shape"),
-    ("group.completions.token_ids", packed("<u4", [1, 2]), "2 token_ids for lengths summing to 3"),
-    ("group.completions.token_ids", {**packed("<u4", [1, 2, 3]), "extra": 1}, "exactly the keys"),
-    ("group.completions.token_ids", {"dtype": "<u4", "shape": [3], "data": [1, 2, 3]}, "packed bytes"),
-    ("group.completions.lengths", packed("<u4", []), "at least one completion"),
-    ("group.completions.lengths", packed("<u4", [wire.MAX_TOKENS + 1, 0]), "exceeds"),
-    ("group.completions.lengths", packed("<u4", [1, 1, 1]), "2 items for 3 completions"),
-    ("group.completions.text", ["a"], "1 items for 2 completions"),
-    ("group.completions.finish_reason", ["stop", 3], "item 1 is not a string"),
-    ("group.prompt_token_ids", packed("<i8", [1]), "dtype"),
-    ("group.rewards", [1.0, 0.0], "packed array map"),
-    ("group.rewards", packed("<f8", [1.0]), "1 values for 2"),
-    ("group.rewards", packed("<f8", [1.0, math.inf]), "non-finite"),
-    ("group.rewards", None, "needs rewards"),
-    ("group.scores", {"answer": packed("<f8", [1.0])}, "1 values for 2"),
-    ("group.policy_version", True, "integer"),
-    ("group.policy_version", -1, "out of range"),
-    ("group.step", 2**63, "out of range"),
-    ("group.prompt.text", b"bytes", "string"),
-    ("group.prompt.index", _DELETE, "missing"),
-    ("group.prompt.extra", 1, "unknown field"),
-    ("group.completions", [], "expected a map"),
-    ("group", [1, 2], "expected a map"),
+def test_the_layout_writer_in_this_test_matches_the_encoder() -> None:
+    assert raw_group() == wire.encode(SCORED())
+    assert wire.decode(raw_group()) == SCORED()
+
+
+BIG = 2**63
+
+
+@pytest.mark.parametrize("frame,needle", [
+    (raw_group()[:71], "shorter than the 72-byte group header"),
+    (raw_group(reserved=(1, 0, 0)), "reserved"),
+    (raw_group(reserved=(0, 0, 4)), "reserved"),
+    (raw_group(ints=(BIG, 3, 2, 1)), "exceeds"),
+    (raw_group(ints=(7, 3, 2**64 - 1, 1)), "exceeds"),
+    (raw_group(n=0), "0 completions, expected 1"),
+    (raw_group(n=wire.MAX_COMPLETIONS + 1), "completions, expected 1 to"),
+    (raw_group(flags=3), "unknown flags"),
+    (raw_group(rewards=None), "a scored group needs rewards"),
+    (raw_group(total=4), "its header says"),
+    (raw_group(trailing=b"\x00"), "its header says"),
+    (raw_group(sbytes=1), "its header says"),
+    (raw_group(lengths=(2, 2)), "lengths: they sum to 4, the header says 3"),
+    (raw_group(sizes=[1, 0, 0, 0, 0, 0, 17]), "lengths sum to 18 bytes"),
+    (raw_group(logprobs=(-0.5, math.nan, -1.0)), "completions.logprobs: contains a non-finite value"),
+    (raw_group(logprobs=(-0.5, -math.inf, -1.0)), "completions.logprobs: contains a non-finite"),
+    (raw_group(rewards=(1.0, math.inf)), "group.rewards: contains a non-finite"),
+    (raw_group(scores={"a": (1.0, 0.0), "b": (math.nan, 0.0)}), "group.scores.b: contains a non-finite"),
+    (raw_group(scores={"": (1.0, 0.0)}), "verifier name of 0 characters"),
+    (raw_group(raw_strings=[b"p", b"a", b"x", b"y", b"stop", b"stop", b"v", b"v"],
+               scores={"v": (0.0, 0.0), "w": (1.0, 1.0)}), "appears twice"),
+    (raw_group(raw_strings=[b"p", b"a", b"\xff", b"y", b"stop", b"stop", b"answer"]), "string 2 is not valid UTF-8"),
+    (raw_group(raw_strings=[b"p", b"a", "é".encode()[:1], "é".encode()[1:], b"stop", b"stop", b"answer"]),
+     "string 2 is not valid UTF-8"),   # a character split between two strings: each is checked on its own
 ])
-def test_scored_field_refusals(path: str, value: Any, needle: str) -> None:
-    expect(mutated(SCORED(), _set(path, value)), wire.REASON_MALFORMED, needle)
+def test_group_frame_refusals(frame: bytes, needle: str) -> None:
+    expect(frame, wire.REASON_MALFORMED, needle)
+
+
+def test_group_frame_refusals_of_bounds() -> None:
+    """The bounds, with tight limits (the real ones need frames of many MiB to cross)."""
+    tight = wire_group.Limits(completions=2, tokens=3, verifiers=1, text_chars=9, name_chars=6, frame_bytes=1 << 20)
+
+    def refused(frame: bytes, needle: str, *, scored: bool = True) -> None:
+        with pytest.raises(wire_group.Invalid, match=needle):
+            wire_group.decode(memoryview(frame), scored=scored, limits=tight)
+
+    assert wire_group.decode(memoryview(raw_group()), scored=True, limits=tight) == SCORED().group
+    refused(raw_group(lengths=(1, 1, 1), token_ids=(1, 2, 3), logprobs=(0.0,) * 3, rewards=(0.0,) * 3,
+                      scores={"a": (0.0,) * 3}, texts=("", "", ""), reasons=("", "", "")), "3 completions")
+    refused(raw_group(lengths=(0, 4), token_ids=(1, 2, 3, 4), logprobs=(0.0,) * 4), "a completion of 4 tokens exceeds 3")
+    refused(raw_group(prompt_ids=(1, 2, 3, 4)), "prompt_token_ids: 4 tokens exceed 3")
+    refused(raw_group(scores={"a": (0.0, 0.0), "b": (0.0, 0.0)}), "2 verifiers exceed 1")
+    refused(raw_group(texts=("a" * 10, "")), "a text exceeds 9 characters")
+    refused(raw_group(texts=("é" * 9, "é" * 10)), "a text exceeds 9 characters")   # 20 bytes, 10 characters
+    assert wire_group.decode(memoryview(raw_group(texts=("é" * 9, ""))), scored=True, limits=tight).completions[0].text \
+        == "é" * 9   # 18 bytes, 9 characters: within the bound
+    refused(raw_group(prompt=("a" * 10, "")), "a text exceeds 9")
+    refused(raw_group(reasons=("stop", "toolong")), "finish_reason: one exceeds 6")
+    refused(raw_group(reasons=("stop", "tööööö!")), "finish_reason: one exceeds 6")
+    refused(raw_group(scores={"abcdefg": (0.0, 0.0)}), "verifier name of 7 characters")
+
+
+def test_a_rollout_may_carry_rewards_and_a_scored_group_must() -> None:
+    rollout = raw_group(kind=wire.Kind.ROLLOUT)
+    out = wire.decode(rollout)
+    assert isinstance(out, wire.Rollout) and out.group.rewards == [1.0, -0.25]
+    assert wire.decode(raw_group(kind=wire.Kind.ROLLOUT, rewards=None, scores={})) == MESSAGES["rollout"]()
+
+
+def test_decoded_groups_are_columns_and_forward_without_completion_objects() -> None:
+    """A decoded group's completions are CompletionColumns: texts and the columns without Completion objects, and
+    re-encoding it (the verifier forwarding a scored group) sends the columns as they are."""
+    out = wire.decode(wire.encode(wire.Rollout(group=group(k=3))))
+    assert isinstance(out, wire.Rollout)
+    cols = out.group.completions
+    assert isinstance(cols, types.CompletionColumns)
+    assert types.texts_of(cols) == ["ab", "ab", "ab"] and cols.lengths == (1, 2, 3)
+    assert cols._items is None     # nothing made yet
+    out.group.rewards, out.group.scores = [0.0, 1.0, 0.5], {"v": [1.0, 1.0, 1.0]}
+    again = wire.encode(wire.Scored(group=out.group))
+    assert cols._items is None
+    assert wire.decode(again) == wire.Scored(group=dataclasses.replace(group(k=3), rewards=[0.0, 1.0, 0.5],
+                                                                       scores={"v": [1.0, 1.0, 1.0]}))
+    assert cols == group(k=3).completions and group(k=3).completions == cols and cols != group(k=2).completions
+    assert [c.token_ids.tolist() for c in cols] == [[5], [5, 6], [5, 6, 7]] and cols[1] is cols[1]
+    assert types.texts_of(group(k=2).completions) == ["ab", "ab"]
+
+
+def test_non_ascii_strings_round_trip_and_stay_compact() -> None:
+    g = dataclasses.replace(group(rewards=[0.5, 0.5]), prompt=types.Prompt(index=1, text="ü€😀", answer="ß"),
+                            scores={"é": [1.0, 0.0]})
+    g.completions = [completion(1, text="😀 ok"), completion(2, text="")]
+    out = wire.decode(wire.encode(wire.Scored(group=g)))
+    assert isinstance(out, wire.Scored) and out.group == g
+    assert out.group.prompt.text == "ü€😀" and types.texts_of(out.group.completions) == ["😀 ok", ""]
+
+
+def test_encode_refuses_groups_the_decoder_would() -> None:
+    def refused(g: types.RolloutGroup, needle: str, *, scored: bool = True) -> None:
+        with pytest.raises(wire.WireError, match=needle) as e:
+            wire.encode(wire.Scored(group=g) if scored else wire.Rollout(group=g))
+        assert e.value.reason == wire.REASON_MALFORMED
+
+    ok = group(rewards=[1.0, 0.0])
+    refused(dataclasses.replace(ok, completions=[]), "0 completions")
+    refused(dataclasses.replace(ok, policy_version=-1), "policy_version")
+    refused(dataclasses.replace(ok, step=True), "step")   # a bool is not an integer
+    refused(dataclasses.replace(ok, rewards=[1.0]), "rewards: 1 values for 2")
+    refused(dataclasses.replace(ok, rewards=[1.0, math.nan]), "rewards: contains a non-finite")
+    refused(dataclasses.replace(ok, scores={"v": [1.0, math.inf]}), "scores.v: contains a non-finite")
+    refused(dataclasses.replace(ok, scores={"v": [1.0]}), "scores.v: 1 values for 2")
+    refused(dataclasses.replace(ok, scores={"": [1.0, 1.0]}), "0 characters")
+    refused(dataclasses.replace(ok, scores={f"v{i}": [1.0, 1.0] for i in range(wire.MAX_VERIFIERS + 1)}),
+            "verifiers exceed")
+    refused(dataclasses.replace(ok, completions=[completion(1, text="x" * (wire.MAX_TEXT_CHARS + 1))] * 2),
+            "a text exceeds")
+    refused(dataclasses.replace(ok, prompt=types.Prompt(index=0, text="\ud800", answer="")), "surrogate")
+    refused(dataclasses.replace(ok, completions=[types.Completion(token_ids=[1], logprobs=[math.nan], text="")] * 2),
+            "logprobs: contains a non-finite")
+    assert wire.decode(wire.encode(wire.Scored(group=ok))) == wire.Scored(group=ok)
 
 
 def test_other_refusals() -> None:
@@ -190,8 +300,6 @@ def test_other_refusals() -> None:
     expect(mutated(MESSAGES["ack"](), _set("of", 200)), wire.REASON_MALFORMED, "unknown kind")
     expect(mutated(MESSAGES["ack"](), _set("ok", 1)), wire.REASON_MALFORMED, "bool")
     expect(mutated(MESSAGES["work"](), _set("prompts", [{"index": 1}])), wire.REASON_MALFORMED, "prompts[0].text")
-    expect(mutated(MESSAGES["rollout"](), _set("group.completions.token_ids.shape", [3, 1])), wire.REASON_MALFORMED,
-           "shape")
     expect(mutated(MESSAGES["stop"](), _set("reason", "x" * (wire.MAX_TEXT_CHARS + 1))), wire.REASON_MALFORMED,
            "exceed")
     expect(frame_of(wire.Kind.STOP, ["not", "a", "map"]), wire.REASON_MALFORMED, "expected a map")
@@ -275,8 +383,11 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
+MSGPACK_KINDS = sorted(k for k in MESSAGES if k not in ("rollout", "scored"))
+
+
 @FUZZ
-@hypothesis.given(st.sampled_from(sorted(MESSAGES)), st.data(), msgpack_values)
+@hypothesis.given(st.sampled_from(MSGPACK_KINDS), st.data(), msgpack_values)
 def test_fuzz_type_mutations(name: str, data: st.DataObject, value: Any) -> None:
     msg = MESSAGES[name]()
     payload = payload_of(msg)
@@ -292,6 +403,21 @@ def test_fuzz_type_mutations(name: str, data: st.DataObject, value: Any) -> None
 @hypothesis.given(msgpack_values, st.sampled_from(list(wire.Kind)))
 def test_fuzz_arbitrary_payloads(payload: Any, kind: wire.Kind) -> None:
     _decode_only_wire_errors(frame_of(kind, payload))
+
+
+@FUZZ
+@hypothesis.given(st.sampled_from(["rollout", "scored"]), st.data())
+def test_fuzz_group_header_fields(name: str, data: st.DataObject) -> None:
+    """Any value in any field of a group's fixed header (counts, flags, reserved, integers): refused or a message
+    that re-encodes to itself; never another exception."""
+    frame = bytearray(wire.encode(MESSAGES[name]()))
+    fields = list(wire_group.HEAD.unpack_from(frame))
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(3, len(fields) - 1))
+        bits = 8 if i == 3 else 64 if i < 8 else 32
+        fields[i] = data.draw(st.integers(0, 2**bits - 1) | st.integers(0, 4))
+    wire_group.HEAD.pack_into(frame, 0, *fields)
+    _decode_only_wire_errors(bytes(frame))
 
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)

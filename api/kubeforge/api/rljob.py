@@ -799,6 +799,9 @@ class FailureRule(Model):
                                             "NodeLost, Unhealthy.")
 
 
+START_ALLOWANCE_FACTOR = 3      # a role's start may take this many progress deadlines (FailurePolicySpec)
+
+
 class FailurePolicySpec(Model):
     """What happens when a role's container fails: ordered rules, first match wins, no match restarts all."""
 
@@ -809,7 +812,15 @@ class FailurePolicySpec(Model):
     progress_deadline_seconds: int = Field(
         600, ge=10, le=86400, description="A role that makes no progress (no step, no batch, no heartbeat) for this "
         "long is unhealthy: its liveness probe fails, the launcher restarts it, and the operator marks the job "
-        "Stalled. Every wait in the roles is bounded by it.")
+        "Stalled. Every wait in the roles is bounded by it. A role still starting (loading its model or vLLM "
+        "engine) has 3 times as long (its startup probe) before it counts as hung.")
+
+    def start_deadline_seconds(self) -> int:
+        """How long a role may take to start (model or vLLM engine loaded, ready) before it counts as hung: the pod's
+        startupProbe allowance, the local watchdog's bound during a start, and the trainer's bound on waiting for a
+        generator's start. ``START_ALLOWANCE_FACTOR`` times ``progressDeadlineSeconds``: an engine start on loaded
+        CPUs can outlast the progress deadline, and a start is not a hang."""
+        return START_ALLOWANCE_FACTOR * self.progress_deadline_seconds
 
 
 # ---------------------------------------------------------------- spec, status, object

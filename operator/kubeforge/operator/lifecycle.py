@@ -147,7 +147,7 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Pla
         last_progress = timefmt.fmt(now)      # not running, a new attempt, a step moved: the clock starts again
     since = timefmt.parse(last_progress)
     idle = (now - since).total_seconds() if since is not None else 0.0
-    limit = float(job.spec.failure_policy.progress_deadline_seconds)
+    limit = float(stall_limit(job, progress))
     stalled_for = idle if active and idle > limit else None
     stall_left = limit - idle + 1.0 if active and stalled_for is None else None
     ttl_left = ttl.remaining(job, completion_time, now) if terminal else None
@@ -165,4 +165,11 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Pla
     )
 
 
-__all__ = ["Plan", "decide"]
+def stall_limit(job: rljob.RLJob, progress: rljob.Progress) -> int:
+    """Seconds the trainer's step may stand still before the job is Stalled: progressDeadlineSeconds, and before
+    the first step the start allowance (``start_deadline_seconds()``: the roles are starting, vLLM engines load)."""
+    policy = job.spec.failure_policy
+    return policy.progress_deadline_seconds if progress.step > 0 else policy.start_deadline_seconds()
+
+
+__all__ = ["Plan", "decide", "stall_limit"]

@@ -96,9 +96,11 @@ def _conditions(job: rljob.RLJob, plan: lifecycle.Plan, gang: Cond, ready: Cond)
     out = {reasons.GANG_SCHEDULED: gang, reasons.READY: ready,
            reasons.SUSPENDED: (True, reasons.JOB_SUSPENDED, "spec.suspend is true") if plan.suspended
            else (False, reasons.NOT_SUSPENDED, "")}
-    limit = job.spec.failure_policy.progress_deadline_seconds
+    limit = lifecycle.stall_limit(job, plan.progress)
     out[reasons.STALLED] = ((True, reasons.NO_PROGRESS, f"the trainer's step has not moved for "
-                             f"{plan.stalled_for:.0f}s (progressDeadlineSeconds={limit})")
+                             f"{plan.stalled_for:.0f}s (limit {limit}s: progressDeadlineSeconds="
+                             f"{job.spec.failure_policy.progress_deadline_seconds}, 3 times that before the "
+                             "first step)")
                             if plan.stalled_for is not None else (False, reasons.PROGRESSING, ""))
     if plan.terminal == Phase.SUCCEEDED.value:
         out[reasons.COMPLETE] = (True, plan.terminal_reason, plan.terminal_message)

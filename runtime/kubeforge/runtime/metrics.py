@@ -1,9 +1,10 @@
-"""Prometheus metrics of one role process, and its HTTP endpoints: ``/metrics``, ``/healthz``, ``/readyz``.
+"""Prometheus metrics of one role process, and its HTTP endpoints: ``/metrics``, ``/healthz``, ``/readyz``,
+``/startz``.
 
 Neighbours: the role loops (``roles/``) create one ``Metrics(role=..., replica=...)`` per process and update it;
 ``transport`` receivers report refused frames through ``Metrics.drop_hook()``; the verifier role feeds
 ``observe_scores``; ``serve`` exposes everything on ``port_base + contract.PORT_METRICS`` (the pod's metrics port,
-scraped by Prometheus; the kubelet probes ``/healthz`` and ``/readyz``).
+scraped by Prometheus; the kubelet probes ``/startz``, ``/healthz`` and ``/readyz``).
 
 Invariants:
 - Each process has its own ``CollectorRegistry`` (never the global default one), so tests can build many.
@@ -15,7 +16,14 @@ Invariants:
   ``/healthz`` is 200 while the process serves and its last ``heartbeat`` is younger than the progress deadline
   (``spec.failurePolicy.progressDeadlineSeconds``), 503 after ``set_healthy(False)`` or once the heartbeat is
   older: the pod's liveness probe (and the local launcher's watchdog) then restarts the role. The body is JSON:
-  ``{"healthy", "activity", "heartbeatAgeSeconds"}`` (activity: what the role was last doing, e.g. ``sync``).
+  ``{"healthy", "started", "activity", "heartbeatAgeSeconds"}`` (activity: what the role was last doing, e.g.
+  ``sync``).
+- A start is not a hang: until the role first reports ready (``set_ready(True)``: model or vLLM engine loaded) it
+  is "starting", ``/startz`` is 503 and ``/healthz`` stays 200 for ``start_deadline`` seconds from the server's start
+  (``FailurePolicySpec.start_deadline_seconds()``, a multiple of the progress deadline), however long the engine
+  load goes without a heartbeat. The pod's startupProbe asks ``/startz`` (the kubelet runs no liveness probe before
+  it passes); the local watchdog asks ``/healthz``. The first ready is also a heartbeat, and from then on the
+  progress deadline applies.
 
 Threads and shutdown::
 
@@ -155,9 +163,11 @@ class MetricsServer:
         self._healthy = threading.Event()
         self._healthy.set()
         self.deadline: float | None = None
+        self.start_deadline: float | None = None   # while starting (None: ``deadline``)
         self.siblings: Any = None   # podmetrics.Siblings on local rank 0 of a multi-rank trainer pod
         self.activity = "start"
-        self._beat = time.monotonic()
+        self._born = self._beat = time.monotonic()
+        self._started = threading.Event()
         self._httpd = http.server.ThreadingHTTPServer((host, port), _handler(self))
         self._httpd.daemon_threads = True
         self.host, self.port = self._httpd.server_address[0], int(self._httpd.server_address[1])
@@ -174,7 +184,15 @@ class MetricsServer:
     def is_healthy(self) -> bool:
         return self._healthy.is_set()
 
+    @property
+    def is_started(self) -> bool:
+        return self._started.is_set()
+
     def set_ready(self, ready: bool = True) -> None:
+        """Ready (or not) for traffic; the first ready also ends the start (a heartbeat: liveness starts from it)."""
+        if ready and not self._started.is_set():
+            self.heartbeat("started")
+            self._started.set()
         (self._ready.set if ready else self._ready.clear)()
         self.metrics.ready.set(1 if ready else 0)
 
@@ -186,9 +204,16 @@ class MetricsServer:
         self.activity, self._beat = activity, time.monotonic()
 
     def health(self) -> dict[str, Any]:
-        age = time.monotonic() - self._beat
-        ok = self.is_healthy and (self.deadline is None or age <= self.deadline)
-        return {"healthy": ok, "activity": self.activity, "heartbeatAgeSeconds": round(age, 3)}
+        """Healthy while the last heartbeat is younger than ``deadline``; while starting, while the start is younger
+        than ``start_deadline`` (a vLLM engine load makes no heartbeat)."""
+        now, started = time.monotonic(), self.is_started
+        age = now - self._beat
+        if started:
+            limit, spent = self.deadline, age
+        else:
+            limit, spent = self.start_deadline if self.start_deadline is not None else self.deadline, now - self._born
+        ok = self.is_healthy and (limit is None or spent <= limit)
+        return {"healthy": ok, "started": started, "activity": self.activity, "heartbeatAgeSeconds": round(age, 3)}
 
     def render(self) -> bytes:
         """``/metrics``: this process's series, plus its sibling ranks' when it stands for a pod of several."""
@@ -216,6 +241,9 @@ def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
             elif path == "/healthz":
                 doc = server.health()
                 self._reply(200 if doc["healthy"] else 503, (json.dumps(doc) + "\n").encode(), "application/json")
+            elif path == "/startz":
+                ok = server.is_started
+                self._reply(200 if ok else 503, b"started\n" if ok else b"starting\n")
             elif path == "/readyz":
                 ok = server.is_ready
                 self._reply(200 if ok else 503, b"ready\n" if ok else b"not ready\n")

@@ -9,14 +9,19 @@ Token ids and behaviour logprobs are packed numpy arrays, never lists of Python 
 message holds read-only views of the frame's bytes, so a 60 MiB rollout costs about 60 MiB in memory, not one
 Python object per token. Equality compares array contents (``==`` between two messages means same data).
 
+A decoded group holds its completions column-wise (``CompletionColumns``: one token-id array, one logprob array,
+the lengths, the texts): a ``Sequence[Completion]`` that makes the ``Completion`` objects only when one is asked
+for, so a process that only forwards or scores a group (the verifier: ``texts_of``) never makes them.
+
 Invariants: every completion carries its behaviour logprobs (one per generated token, under the policy version the
 group was sampled with), so the trainer can compute clipped importance ratios and bound staleness.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, Union
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -77,6 +82,13 @@ class Prompt:
     text: str                # the prompt as given to the model (chat template applied by the generator)
     answer: str              # reference answer
 
+    @classmethod
+    def decoded(cls, index: int, text: str, answer: str) -> Prompt:
+        """A prompt from fields ``wire`` has validated (skips the frozen dataclass's per-field setattr)."""
+        p = object.__new__(cls)
+        p.__dict__.update(index=index, text=text, answer=answer)
+        return p
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
 class Completion:
@@ -105,13 +117,85 @@ class Completion:
     __hash__ = None  # type: ignore[assignment]
 
 
+class CompletionColumns(Sequence[Completion]):
+    """A group's completions held column-wise, as ``wire`` decodes them: ``token_ids`` and ``logprobs`` are the
+    group's concatenated columns (completion after completion, ``lengths`` tokens each), ``texts`` and
+    ``finish_reasons`` one string per completion. Indexing or iterating makes the ``Completion`` objects (views of
+    the columns) once and keeps them; ``texts`` and the columns never need them. Immutable; compares equal to any
+    sequence of equal completions. The caller guarantees consistent columns (``wire`` validated them)."""
+
+    __slots__ = ("token_ids", "logprobs", "lengths", "_texts", "_reasons", "_items")
+
+    def __init__(self, *, token_ids: TokenArray, logprobs: FloatArray, lengths: Sequence[int],
+                 texts: Sequence[str] | Any, finish_reasons: Sequence[str] | Any) -> None:
+        self.token_ids = token_ids
+        self.logprobs = logprobs
+        self.lengths = tuple(lengths)
+        # a list, or a zero-argument callable that makes it on first use (wire: slices of one decoded string)
+        self._texts = texts
+        self._reasons = finish_reasons
+        self._items: list[Completion] | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        if callable(self._texts):
+            self._texts = self._texts()
+        return list(self._texts) if type(self._texts) is not list else self._texts
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        if callable(self._reasons):
+            self._reasons = self._reasons()
+        return list(self._reasons) if type(self._reasons) is not list else self._reasons
+
+    def _completions(self) -> list[Completion]:
+        if self._items is None:
+            ids, lps, make = self.token_ids, self.logprobs, Completion.of_arrays
+            ends = itertools.accumulate(self.lengths)
+            self._items = [make(ids[e - k:e], lps[e - k:e], t, r)
+                           for k, e, t, r in zip(self.lengths, ends, self.texts, self.finish_reasons)]
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @overload
+    def __getitem__(self, i: int) -> Completion: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Completion]: ...
+
+    def __getitem__(self, i: int | slice) -> Completion | list[Completion]:
+        return self._completions()[i]
+
+    def __iter__(self) -> Iterator[Completion]:
+        return iter(self._completions())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"CompletionColumns({len(self)} completions, {len(self.token_ids)} tokens)"
+
+
+def texts_of(completions: Sequence[Completion]) -> list[str]:
+    """The completions' texts, without making ``Completion`` objects of a decoded group."""
+    if isinstance(completions, CompletionColumns):
+        return completions.texts
+    return [c.text for c in completions]
+
+
 @dataclasses.dataclass(kw_only=True, eq=False)
 class RolloutGroup:
     """``groupSize`` completions of one prompt, sampled under one policy version; scored by the verifier."""
 
     prompt: Prompt
     prompt_token_ids: TokenArray
-    completions: list[Completion]
+    completions: Sequence[Completion]        # a list, or CompletionColumns as decoded from the wire
     policy_version: int                      # version of the weights the completions were sampled with
     step: int = 0                            # optimizer step this group was requested for
     generator: int = 0                       # replica index of the generator that sampled it
@@ -120,6 +204,13 @@ class RolloutGroup:
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = token_array(self.prompt_token_ids)
+
+    @classmethod
+    def decoded(cls, **fields: Any) -> RolloutGroup:
+        """A group from fields ``wire`` has validated and typed (every field given): skips the conversions."""
+        g = object.__new__(cls)
+        g.__dict__.update(fields)
+        return g
 
     def __eq__(self, other: object) -> bool:
         return type(other) is RolloutGroup and _fields_equal(self, other)

@@ -11,6 +11,8 @@ API::
     stats = flight.result()                          # join it (WeightSyncError if the broadcast failed)
     receiver = WeightReceiver(host=..., port=..., world_size=..., rank=..., timeout=...)    # a vLLM worker
     stats = receiver.receive(load)   # load(iterator of (name, tensor)) consumes the new weights
+    receiver.prefetch()              # receive the next sync in the background, into the reusable buffers
+    staged = receiver.take()         # join it; receiver.load_staged(staged, load) loads it (the pause)
     sender.close(); receiver.close()
 
 Neighbours: the trainer's rank 0 owns a ``WeightSender``; ``generator.extension`` owns a ``WeightReceiver`` inside
@@ -30,6 +32,10 @@ One sync, every step a collective over the whole group::
     bucket 0..B-1  uint8 buffers (~bucket_mb each;    ──broadcast──▶ views handed to load() as they arrive
             a big tensor travels alone, uncopied)
     ack    int64[failures, count]  ◀──all-reduce(sum)── 0 or 1 per receiver, after load() returned
+                                                          (prefetched: after the last bucket, before loading)
+
+Before the header the sender adds 1 to the epoch's ``syncs`` count in the store: a receiver prefetching in the
+background polls that count and enters the collectives only once a sync has begun.
 
 Invariants:
 - Nothing is pickled: metadata is JSON bytes in a uint8 tensor, decoded and validated by the receiver.
@@ -98,13 +104,15 @@ class WeightSyncError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SyncStats:
-    """What one sync moved and how long it took (sender: header to ack; receiver: header to ack)."""
+    """What one sync moved and how long it took (sender: header to ack; receiver: header to ack, or for a
+    prefetched sync the load alone, with the background receive's header-to-last-bucket in ``receive_seconds``)."""
 
     version: int
     bytes: int
     seconds: float
     tensors: int
     buckets: int
+    receive_seconds: float = 0.0
 
     @property
     def gb_per_s(self) -> float:
@@ -525,6 +533,7 @@ class WeightSender:
         """Header, metadata, every bucket, then the receivers' ack; the stats, or WeightSyncError."""
         start = time.perf_counter()
         try:
+            announce(group)
             self._header(group, version, meta)
             for buf in payload:
                 group.broadcast(buf)
@@ -660,8 +669,45 @@ def _pack(tensors: Iterator[tuple[str, torch.Tensor]], metas: list[TensorMeta], 
         buffers[bucket][off:off + flat.numel()].copy_(flat)
 
 
+SYNCS_KEY = "syncs"            # under the epoch's prefix: how many syncs the sender has begun in this epoch
+PREFETCH_POLL_SECONDS = 0.02
+
+
+def announce(group: Group) -> None:
+    """Sender: count one more sync in the epoch's store before its header, so a receiver waiting in the background
+    (``WeightReceiver.prefetch``) enters the collectives only when there is one (no collective waits between syncs,
+    where the group's short timeout would expire)."""
+    store = getattr(group, "store", None)
+    if store is not None:
+        store.add(SYNCS_KEY, 1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Staged:
+    """One sync received into the receiver's buffers and acknowledged, not yet loaded."""
+
+    version: int
+    entries: list[dict[str, Any]]
+    buffers: list[torch.Tensor]
+    bytes: int
+    seconds: float            # header to last bucket
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, view into the buffers): valid until the receiver's next sync."""
+        for e in self.entries:
+            dtype = DTYPES[e["dtype"]]
+            n = torch.Size(e["shape"]).numel() * torch.empty((), dtype=dtype).element_size()
+            yield e["name"], self.buffers[e["bucket"]][e["offset"]:e["offset"] + n].view(dtype).view(e["shape"])
+
+
 class WeightReceiver:
-    """A generator worker's end. ``receive`` blocks until the sender's next sync and hands tensors to ``load``."""
+    """A generator worker's end. ``receive`` blocks until the sender's next sync and hands tensors to ``load``.
+
+    Prefetch (``prefetch`` / ``take``): a background thread waits for the next sync (polling the epoch's sync count
+    in the store, not in a collective) and receives it whole into the reusable buffers while the engine keeps
+    generating; ``take`` joins it and hands over the staged sync, so loading is all that is left for the pause.
+    The staged buffers stay valid until the next ``prefetch``/``receive``: start the next prefetch only after the
+    staged tensors are loaded."""
 
     def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float = 120.0,
                  join_timeout: float = DEFAULT_JOIN_TIMEOUT, backend: str = "gloo", epoch: int = 0) -> None:
@@ -670,20 +716,20 @@ class WeightReceiver:
         self.group: Group = _open(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
                                   join_timeout=join_timeout, backend=backend, epoch=epoch)
         self.buffers = BucketBuffers()
+        self.seen = 0                      # syncs of this epoch received so far
+        self._stop = threading.Event()
+        self._prefetch: threading.Thread | None = None
+        self._staged: Staged | None = None
+        self._error: BaseException | None = None
 
     def receive(self, load: Loader) -> SyncStats:
         """Receive one sync; ``load`` gets an iterator of (HF name, tensor) that receives buckets lazily."""
+        if self._prefetch is not None:   # one was prefetched: load it (same stats, same errors)
+            return self.load_staged(self.take(), load)
         group = self.group
         start = time.perf_counter()
         try:
-            header = torch.zeros(4, dtype=torch.int64, device=group.device)
-            group.broadcast(header)
-            magic, proto, version, meta_len = (int(x) for x in header.tolist())
-            if magic != MAGIC or proto != PROTOCOL or not 0 < meta_len <= MAX_META_BYTES:
-                raise WeightSyncError(f"weight sync: bad header {header.tolist()} (protocol {PROTOCOL} expected)")
-            raw = torch.empty(meta_len, dtype=torch.uint8, device=group.device)
-            group.broadcast(raw)
-            meta_version, entries, buckets = decode_meta(bytes(raw.cpu().numpy()))
+            version, entries, buckets = self._begin(group)
             stream = _BucketStream(group, entries, self.buffers.get(buckets, group.device))
             error: BaseException | None = None
             try:
@@ -698,11 +744,101 @@ class WeightReceiver:
             raise WeightSyncError(f"weight sync receive failed on rank {group.rank}: {e}") from e
         if error is not None:
             raise WeightSyncError(f"weight sync v{version}: loading failed: {error}") from error
-        return SyncStats(version=meta_version, bytes=stream.bytes, seconds=time.perf_counter() - start,
+        return SyncStats(version=version, bytes=stream.bytes, seconds=time.perf_counter() - start,
                          tensors=len(entries), buckets=len(buckets))
 
+    def _begin(self, group: Group) -> tuple[int, list[dict[str, Any]], list[int]]:
+        """Header and metadata of the next sync."""
+        header = torch.zeros(4, dtype=torch.int64, device=group.device)
+        group.broadcast(header)
+        magic, proto, version, meta_len = (int(x) for x in header.tolist())
+        if magic != MAGIC or proto != PROTOCOL or not 0 < meta_len <= MAX_META_BYTES:
+            raise WeightSyncError(f"weight sync: bad header {header.tolist()} (protocol {PROTOCOL} expected)")
+        raw = torch.empty(meta_len, dtype=torch.uint8, device=group.device)
+        group.broadcast(raw)
+        meta_version, entries, buckets = decode_meta(bytes(raw.cpu().numpy()))
+        self.seen += 1
+        return meta_version, entries, buckets
+
+    # ------------------------------------------------------------ prefetch
+
+    def prefetch(self) -> None:
+        """Start receiving the next sync in the background (no-op while one is prefetching or staged)."""
+        if self._prefetch is not None:
+            return
+        self._staged, self._error = None, None
+        self._stop.clear()
+        self._prefetch = threading.Thread(target=self._prefetch_run, name="weightsync-prefetch", daemon=True)
+        self._prefetch.start()
+
+    @property
+    def staged(self) -> bool:
+        """A prefetched sync is in the buffers (``take`` will not wait)."""
+        return self._prefetch is not None and not self._prefetch.is_alive()
+
+    def _prefetch_run(self) -> None:
+        group = self.group
+        try:
+            store = getattr(group, "store", None)
+            while store is not None and int(store.add(SYNCS_KEY, 0)) <= self.seen:
+                if self._stop.is_set():
+                    return
+                if store.check([ABANDONED_KEY]):
+                    raise WeightSyncError("weight sync: this epoch was abandoned (the membership re-formed)")
+                time.sleep(PREFETCH_POLL_SECONDS)
+            start = time.perf_counter()
+            version, entries, buckets = self._begin(group)
+            buffers = self.buffers.get(buckets, group.device)
+            for buf in buffers:
+                group.broadcast(buf)
+            nbytes = sum(torch.Size(e["shape"]).numel() * torch.empty((), dtype=DTYPES[e["dtype"]]).element_size()
+                         for e in entries)
+            seconds = time.perf_counter() - start
+            # received whole: acknowledged now, so the sender is free; a failed load is reported by the role's ACK
+            group.all_reduce_sum(torch.tensor([0, 1], dtype=torch.int64, device=group.device))
+            self._staged = Staged(version=version, entries=entries, buffers=buffers, bytes=nbytes, seconds=seconds)
+        except BaseException as e:  # noqa: BLE001 - handed to ``take``
+            self._error = e
+
+    def take(self, timeout: float | None = None) -> Staged:
+        """The prefetched sync (waits for it, at most ``timeout``; the collectives inside are bounded by the
+        group's own timeout); WeightSyncError when the receive failed or none was started."""
+        thread = self._prefetch
+        if thread is None:
+            raise WeightSyncError("weight sync: take() without prefetch()")
+        thread.join(timeout)
+        if thread.is_alive():
+            raise WeightSyncError(f"weight sync: no sync arrived within {timeout}s")
+        self._prefetch = None
+        error, staged = self._error, self._staged
+        self._error = self._staged = None
+        if error is not None:
+            if isinstance(error, WeightSyncError):
+                raise error
+            raise WeightSyncError(f"weight sync receive failed on rank {self.group.rank}: {error}") from error
+        if staged is None:
+            raise WeightSyncError("weight sync: the prefetch was stopped")
+        return staged
+
+    @staticmethod
+    def load_staged(staged: Staged, load: Loader) -> SyncStats:
+        """Hand a staged sync to ``load``; ``seconds`` is the load's own time (the generation pause)."""
+        start = time.perf_counter()
+        try:
+            load(staged.tensors())
+        except Exception as e:
+            raise WeightSyncError(f"weight sync v{staged.version}: loading failed: {e}") from e
+        return SyncStats(version=staged.version, bytes=staged.bytes, seconds=time.perf_counter() - start,
+                         tensors=len(staged.entries), buckets=len(staged.buffers), receive_seconds=staged.seconds)
+
     def close(self) -> None:
+        self._stop.set()
+        thread, self._prefetch = self._prefetch, None
+        if thread is not None:
+            thread.join(1.0)   # waiting in the store: returns within a poll; inside collectives: closing breaks it
         self.group.close()
+        if thread is not None:
+            thread.join(5.0)
 
 
 class _BucketStream:

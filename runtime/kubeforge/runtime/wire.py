@@ -1,4 +1,4 @@
-"""The wire format of the data plane: typed messages, a versioned msgpack schema, strict validation. Never pickle.
+"""The wire format of the data plane: typed messages, a versioned schema, strict validation. Never pickle.
 
 Neighbours: ``transport`` moves the bytes this module makes (ZeroMQ or in-process queues) and calls ``decode`` on
 every frame it receives; the role loops (``roles/``) build and consume the message dataclasses below; ``types``
@@ -7,9 +7,13 @@ holds the plain data (Prompt, Completion, RolloutGroup) that WORK, ROLLOUT and S
 Frame layout (little-endian)::
 
     +-------+---------+------+-----------------------------+
-    | magic | version | kind | payload (one msgpack map)   |
+    | magic | version | kind | payload                     |
     | 4 B   | u16     | u8   | <= MAX_FRAME_BYTES in total  |
     +-------+---------+------+-----------------------------+
+
+The payload of ROLLOUT and SCORED (the hot path: one frame per rollout group) is the fixed binary layout of
+``wire_group`` (a header of counts, then the columns: no msgpack, no per-completion or per-token objects either
+way); every other kind's payload is one msgpack map.
 
 Message kinds and directions:
 
@@ -29,15 +33,13 @@ Invariants:
 - Every field is type-checked exactly (a bool is not an int, an int is not a float), every integer and length is
   bounded, every float is finite, ``len(logprobs) == len(token_ids)`` per completion, rewards and each verifier's
   scores have one entry per completion. Unknown or missing keys are errors naming the field path.
-- Packed arrays: token ids, logprobs, rewards and scores travel as ``{"dtype", "shape", "data"}`` maps (numpy dtype
-  string such as ``"<u4"``/``"<f8"``, a 1-D shape, raw little-endian bytes), never as one msgpack item per token.
-  A field accepts exactly one dtype; ``shape`` times the item size must equal ``len(data)`` (checked before any
-  array is made, and ``data`` is already bounded by the frame), and the decoded arrays are read-only views of those
-  bytes: no per-token objects, no copy. A group's completions travel column-wise (``lengths``, all token ids
-  concatenated, all logprobs concatenated, texts, finish reasons), so a group costs a handful of msgpack items
-  whatever its size; the decoder hands each ``Completion`` its slice.
+- Rollout groups (``wire_group``): token ids, logprobs, rewards and scores are typed columns (u32/f64), the
+  decoded arrays are read-only views of the frame (no copy), the completions a ``types.CompletionColumns``; the
+  frame's length must be exactly what its header's counts say, and every count, length, float and string is checked
+  before anything is made.
 - A change to any payload layout bumps ``SCHEMA_VERSION``; peers on another version are refused, never guessed.
-- Decoding memory is bounded by the frame: ``wire_budget.check`` prices a large payload's items from their headers
+- Decoding memory is bounded by the frame: group frames are views plus their strings; for msgpack payloads
+  ``wire_budget.check`` prices a large payload's items from their headers
   before ``msgpack`` builds any object (at most ``wire_budget.RATIO`` times the payload, nesting and item count
   capped), so a hostile 64 MiB frame cannot make a receiver allocate gigabytes.
 """
@@ -53,10 +55,12 @@ from typing import Any, Callable, Union
 import msgpack
 import numpy as np
 
-from kubeforge.runtime import types, wire_budget
+from kubeforge.runtime import types, wire_budget, wire_group
 
 MAGIC = b"KFW\x01"
-SCHEMA_VERSION = 3   # 2: SYNC carries the weight-sync group epoch; 3: packed arrays with dtype/shape, columnar groups
+# 2: SYNC carries the weight-sync group epoch; 3: packed arrays with dtype/shape, columnar groups;
+# 4: ROLLOUT/SCORED in wire_group's fixed binary layout
+SCHEMA_VERSION = 4
 HEADER = struct.Struct("<4sHB")
 
 # Reasons a frame is refused (transport counts drops by these; metrics label them).
@@ -79,9 +83,8 @@ MAX_VERIFIERS = 64
 MAX_INT = (1 << 63) - 1
 MAX_PORT = 65535
 
-_U32 = types.TOKEN_DTYPE      # token ids, completion lengths
-_F64 = types.LOGPROB_DTYPE    # logprobs, rewards, scores
-_ARRAY_KEYS = frozenset(("dtype", "shape", "data"))
+_GROUP_LIMITS = wire_group.Limits(completions=MAX_COMPLETIONS, tokens=MAX_TOKENS, verifiers=MAX_VERIFIERS,
+                                   text_chars=MAX_TEXT_CHARS, name_chars=MAX_NAME_CHARS, frame_bytes=MAX_FRAME_BYTES)
 
 
 class WireError(ValueError):
@@ -185,6 +188,8 @@ class Sync:
 
 Message = Union[Hello, Ready, Ack, Stop, Work, Rollout, Scored, Sync]
 
+_KINDS: dict[int, Kind] = {int(k): k for k in Kind}
+
 KIND_OF: dict[type, Kind] = {
     Hello: Kind.HELLO, Ready: Kind.READY, Ack: Kind.ACK, Stop: Kind.STOP,
     Work: Kind.WORK, Rollout: Kind.ROLLOUT, Scored: Kind.SCORED, Sync: Kind.SYNC,
@@ -206,12 +211,18 @@ def encode(msg: Message, *, check: bool = True) -> bytes:
     """One frame for ``msg``. With ``check`` (default) the payload is validated exactly as ``decode`` would, so a
     sender's bug (a NaN logprob, mismatched lengths) raises ``WireError`` here instead of a drop at the peer."""
     kind = kind_of(msg)
+    if kind is Kind.ROLLOUT or kind is Kind.SCORED:
+        try:
+            return wire_group.encode(MAGIC, SCHEMA_VERSION, int(kind), msg.group,  # type: ignore[union-attr]
+                                     scored=kind is Kind.SCORED, limits=_GROUP_LIMITS, check=check)
+        except (TypeError, ValueError, OverflowError) as e:   # wire_group.Invalid is a ValueError
+            raise WireError(REASON_MALFORMED, f"{kind.name}: {e}") from None
     try:
         payload = _ENCODERS[kind](msg)
     except (TypeError, ValueError, OverflowError) as e:
         raise WireError(REASON_MALFORMED, f"{kind.name}: cannot encode ({e})") from None
     if check:
-        _DECODERS[kind](_Reader(payload, kind.name, check=True))
+        _DECODERS[kind](_Reader(payload, kind.name))
     packer = msgpack.Packer(autoreset=False, use_bin_type=True)
     try:
         packer.pack(payload)
@@ -224,36 +235,8 @@ def encode(msg: Message, *, check: bool = True) -> bytes:
     return b"".join((HEADER.pack(MAGIC, SCHEMA_VERSION, int(kind)), body))
 
 
-def _packed(a: np.ndarray[Any, Any]) -> dict[str, Any]:
-    """A packed array's wire form; ``data`` is a view of the array (msgpack copies it once, into the frame)."""
-    return {"dtype": a.dtype.str, "shape": list(a.shape), "data": np.ascontiguousarray(a).data.cast("B")}
-
-
 def _prompt_out(p: types.Prompt) -> dict[str, Any]:
     return {"index": p.index, "text": p.text, "answer": p.answer}
-
-
-def _completions_out(comps: list[types.Completion]) -> dict[str, Any]:
-    """The completions of one group, column-wise."""
-    lengths = np.fromiter((len(c.token_ids) for c in comps), dtype=_U32, count=len(comps))
-    ids = np.concatenate([types.token_array(c.token_ids) for c in comps]) if comps else np.empty(0, _U32)
-    lps = np.concatenate([types.logprob_array(c.logprobs) for c in comps]) if comps else np.empty(0, _F64)
-    return {"lengths": _packed(lengths), "token_ids": _packed(ids), "logprobs": _packed(lps),
-            "text": [c.text for c in comps], "finish_reason": [c.finish_reason for c in comps]}
-
-
-def _floats_out(values: Any) -> dict[str, Any]:
-    return _packed(np.asarray(values, dtype=_F64).reshape(-1))
-
-
-def _group_out(g: types.RolloutGroup) -> dict[str, Any]:
-    return {
-        "prompt": _prompt_out(g.prompt), "prompt_token_ids": _packed(types.token_array(g.prompt_token_ids)),
-        "completions": _completions_out(g.completions), "policy_version": g.policy_version,
-        "step": g.step, "generator": g.generator,
-        "rewards": None if g.rewards is None else _floats_out(g.rewards),
-        "scores": {k: _floats_out(v) for k, v in g.scores.items()},
-    }
 
 
 def _fields_out(msg: Any) -> dict[str, Any]:
@@ -267,8 +250,6 @@ _ENCODERS: dict[Kind, Callable[[Any], dict[str, Any]]] = {
     Kind.STOP: _fields_out,
     Kind.WORK: lambda m: {"step": m.step, "policy_version": m.policy_version,
                           "prompts": [_prompt_out(p) for p in m.prompts]},
-    Kind.ROLLOUT: lambda m: {"group": _group_out(m.group)},
-    Kind.SCORED: lambda m: {"group": _group_out(m.group)},
     Kind.SYNC: _fields_out,
 }
 
@@ -299,10 +280,16 @@ def _decode(data: bytes | bytearray | memoryview) -> Message:
         raise WireError(REASON_VERSION, f"schema version {version}, this process speaks {SCHEMA_VERSION}")
     if len(view) > MAX_FRAME_BYTES:
         raise WireError(REASON_MALFORMED, f"frame of {len(view)} bytes exceeds {MAX_FRAME_BYTES}")
-    try:
-        kind = Kind(kind_num)
-    except ValueError:
-        raise WireError(REASON_MALFORMED, f"unknown kind {kind_num}") from None
+    kind = _KINDS.get(kind_num)
+    if kind is None:
+        raise WireError(REASON_MALFORMED, f"unknown kind {kind_num}")
+    if kind is Kind.ROLLOUT or kind is Kind.SCORED:
+        scored = kind is Kind.SCORED
+        try:
+            g = wire_group.decode(view, scored=scored, limits=_GROUP_LIMITS)
+        except wire_group.Invalid as e:
+            raise WireError(REASON_MALFORMED, f"{kind.name}: {e}") from None
+        return Scored(group=g) if scored else Rollout(group=g)
     body = view[HEADER.size:]
     if len(body) > wire_budget.WALK_ABOVE:
         try:  # what unpacking would allocate, from the headers alone: a hostile frame never gets that far
@@ -320,16 +307,15 @@ def _decode(data: bytes | bytearray | memoryview) -> Message:
 class _Reader:
     """Typed, bounded access to one msgpack map; every error names the field path."""
 
-    def __init__(self, obj: Any, path: str, *, check: bool = False) -> None:
+    def __init__(self, obj: Any, path: str) -> None:
         if type(obj) is not dict:
             raise WireError(REASON_MALFORMED, f"{path}: expected a map, got {type(obj).__name__}")
         self.obj: dict[str, Any] = obj
         self.path = path
         self.seen: set[str] = set()
-        self.check = check  # encode's check: packed data is a memoryview of the sender's array, not bytes
 
     def child(self, obj: Any, path: str) -> _Reader:
-        return _Reader(obj, path, check=self.check)
+        return _Reader(obj, path)
 
     def _get(self, key: str) -> Any:
         if key not in self.obj:
@@ -378,113 +364,10 @@ class _Reader:
             raise self.fail(key, f"{len(v)} items exceed {max_len}")
         return v
 
-    def array(self, key: str, dtype: np.dtype[Any], max_len: int) -> np.ndarray[Any, Any]:
-        """A packed 1-D array of exactly ``dtype``: a read-only view of the frame's bytes (no per-item objects).
-        ``shape`` is checked against ``len(data)`` (already bounded by the frame) before the view is made."""
-        v = self._get(key)
-        if type(v) is not dict:
-            raise self.fail(key, f"expected a packed array map, got {type(v).__name__}")
-        if v.keys() != _ARRAY_KEYS:
-            raise self.fail(key, f"a packed array has exactly the keys dtype, shape, data; got {sorted(map(str, v))}")
-        dt, shape, data = v["dtype"], v["shape"], v["data"]
-        if dt != dtype.str:
-            raise self.fail(key, f"dtype {dt!r}, expected {dtype.str!r}")
-        if type(shape) is not list or len(shape) != 1 or type(shape[0]) is not int or not 0 <= shape[0] <= max_len:
-            raise self.fail(key, f"shape {shape!r} is not [n] with 0 <= n <= {max_len}")
-        if not (type(data) is bytes or (self.check and type(data) is memoryview)):
-            raise self.fail(key, f"expected packed bytes, got {type(data).__name__}")
-        if len(data) != shape[0] * dtype.itemsize:
-            raise self.fail(key, f"{len(data)} bytes of data for shape {shape} of {dtype.str}")
-        return np.frombuffer(data, dtype=dtype)
-
-    def finite(self, key: str, a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        if not np.isfinite(a).all():
-            raise self.fail(key, "contains a non-finite value")
-        return a
-
-    def strings(self, key: str, n: int, max_len: int) -> list[str]:
-        v = self.items(key, n)
-        if len(v) != n:
-            raise self.fail(key, f"{len(v)} items for {n} completions")
-        for i, x in enumerate(v):
-            if type(x) is not str or len(x) > max_len:
-                raise self.fail(key, f"item {i} is not a string of at most {max_len} characters")
-        return v
-
-
 def _prompt_in(r: _Reader) -> types.Prompt:
     p = types.Prompt(index=r.integer("index"), text=r.text("text"), answer=r.text("answer"))
     r.done()
     return p
-
-
-def _completions_in(r: _Reader) -> list[types.Completion]:
-    """The group's completions, validated column by column; each gets its slice of the packed arrays."""
-    raw_lengths = r.array("lengths", _U32, MAX_COMPLETIONS)
-    lengths: list[int] = raw_lengths.tolist()   # at most MAX_COMPLETIONS small ints: cheaper in Python than numpy
-    n = len(lengths)
-    if not n:
-        raise r.fail("lengths", "a group needs at least one completion")
-    if max(lengths) > MAX_TOKENS:
-        raise r.fail("lengths", f"a completion of {max(lengths)} tokens exceeds {MAX_TOKENS}")
-    ends = list(itertools.accumulate(lengths))
-    total = ends[-1]
-    ids = r.array("token_ids", _U32, total)
-    if len(ids) != total:
-        raise r.fail("token_ids", f"{len(ids)} token_ids for lengths summing to {total}")
-    lps = r.finite("logprobs", r.array("logprobs", _F64, total))
-    if len(lps) != total:
-        raise r.fail("logprobs", f"{len(lps)} logprobs for {total} token_ids")
-    texts = r.strings("text", n, MAX_TEXT_CHARS)
-    reasons = r.strings("finish_reason", n, MAX_NAME_CHARS)
-    r.done()
-    if r.check:   # encode's check: validated; the sender already holds the objects
-        return []
-    make = types.Completion.of_arrays
-    return [make(ids[end - k:end], lps[end - k:end], text, reason)
-            for k, end, text, reason in zip(lengths, ends, texts, reasons)]
-
-
-def _group_in(r: _Reader, *, scored: bool) -> types.RolloutGroup:
-    prompt = _prompt_in(r.sub("prompt"))
-    comps = _completions_in(r.sub("completions"))
-    n = len(comps) if not r.check else len(r.obj["completions"]["text"])
-    g = types.RolloutGroup(
-        prompt=prompt, prompt_token_ids=r.array("prompt_token_ids", _U32, MAX_TOKENS), completions=comps,
-        policy_version=r.integer("policy_version"), step=r.integer("step"), generator=r.integer("generator"),
-        rewards=_rewards_in(r, n, scored=scored), scores=_scores_in(r, n))
-    r.done()
-    return g
-
-
-def _rewards_in(r: _Reader, n: int, *, scored: bool) -> list[float] | None:
-    if r.obj.get("rewards", 0) is None:
-        r.seen.add("rewards")
-        if scored:
-            raise r.fail("rewards", "a scored group needs rewards")
-        return None
-    return _floats_in(r, "rewards", n)
-
-
-def _floats_in(r: _Reader, key: str, n: int) -> list[float]:
-    out: list[float] = r.array(key, _F64, MAX_COMPLETIONS).tolist()
-    if len(out) != n:
-        raise r.fail(key, f"{len(out)} values for {n} completions")
-    if not all(map(math.isfinite, out)):
-        raise r.fail(key, "contains a non-finite value")
-    return out
-
-
-def _scores_in(r: _Reader, n: int) -> dict[str, list[float]]:
-    m = r.sub("scores")
-    if len(m.obj) > MAX_VERIFIERS:
-        raise r.fail("scores", f"{len(m.obj)} verifiers exceed {MAX_VERIFIERS}")
-    out: dict[str, list[float]] = {}
-    for name in list(m.obj):
-        if type(name) is not str or not 0 < len(name) <= MAX_NAME_CHARS:
-            raise r.fail("scores", f"bad verifier name {name!r}")
-        out[name] = _floats_in(m, name, n)
-    return out
 
 
 def _hello_in(r: _Reader) -> Hello:
@@ -523,12 +406,6 @@ def _work_in(r: _Reader) -> Work:
     return m
 
 
-def _group_msg_in(r: _Reader, *, scored: bool) -> Rollout | Scored:
-    g = _group_in(r.sub("group"), scored=scored)
-    r.done()
-    return Scored(group=g) if scored else Rollout(group=g)
-
-
 def _sync_in(r: _Reader) -> Sync:
     backend = r.text("backend", 16)
     if backend not in ("gloo", "nccl"):
@@ -546,7 +423,5 @@ _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
     Kind.ACK: _ack_in,
     Kind.STOP: _stop_in,
     Kind.WORK: _work_in,
-    Kind.ROLLOUT: lambda r: _group_msg_in(r, scored=False),
-    Kind.SCORED: lambda r: _group_msg_in(r, scored=True),
     Kind.SYNC: _sync_in,
 }

@@ -59,6 +59,17 @@ def _env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list[met
     return out + [e for e in security.default_env() if e["name"] not in taken]
 
 
+STARTUP_PERIOD_SECONDS = 10
+
+
+def startup_probe(job: rljob.RLJob) -> meta.Obj:
+    """The startupProbe: ``/startz`` every 10 s, failing the container only after
+    ``spec.failurePolicy.start_deadline_seconds()`` (a multiple of progressDeadlineSeconds) without a start."""
+    allowance = job.spec.failure_policy.start_deadline_seconds()
+    return {"httpGet": {"path": "/startz", "port": "metrics"}, "periodSeconds": STARTUP_PERIOD_SECONDS,
+            "timeoutSeconds": 5, "failureThreshold": -(-allowance // STARTUP_PERIOD_SECONDS)}
+
+
 def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> meta.Obj:
     """The role's container: the image's entrypoint with ``role <role>`` (a role's ``command`` replaces it)."""
     spec: rljob.RoleSpec = getattr(job.spec.roles, role)
@@ -71,6 +82,9 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
         "ports": [{"name": p["name"], "containerPort": p["port"], "protocol": "TCP"} for p in service.ports()],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
                            "periodSeconds": 5, "failureThreshold": 3},
+        # a start is not a hang: no liveness probe runs until /startz answers 200 (the role is ready: its model or
+        # vLLM engine is loaded, which makes no heartbeat); the start may take start_deadline_seconds()
+        "startupProbe": startup_probe(job),
         # /healthz turns 503 once the role's heartbeat is older than spec.failurePolicy.progressDeadlineSeconds
         # (the role decides; the probe only asks): three misses in a row restart the container.
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},

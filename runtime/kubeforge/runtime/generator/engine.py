@@ -152,7 +152,9 @@ class Engine:
         return [int(r) for r in ranks]
 
     def receive_weights(self, *, refresh_tied: bool = True, load: bool = True) -> weightsync.SyncStats:
-        """Receive and load one sync in place, then drop cached prefixes; stats of worker 0 plus the reset.
+        """Load one sync in place (its bytes prefetched in the background since the last one: see
+        ``extension``; waits for any not yet arrived), then drop cached prefixes; stats of worker 0 plus the reset,
+        ``seconds`` = the whole call (the generation pause).
 
         ``refresh_tied`` is for tests only (False leaves a tied lm_head stale); ``load=False`` receives and
         discards (benchmarks only)."""
@@ -164,7 +166,13 @@ class Engine:
         first = results[0]
         return weightsync.SyncStats(version=int(first["version"]), bytes=int(first["bytes"]),
                                     seconds=time.perf_counter() - start, tensors=int(first["tensors"]),
-                                    buckets=int(first["buckets"]))
+                                    buckets=int(first["buckets"]),
+                                    receive_seconds=float(first.get("receive_seconds", 0.0)))
+
+    def weights_staged(self) -> bool:
+        """Every worker holds the next sync whole in its buffers (received in the background while generating):
+        ``receive_weights`` will only load."""
+        return self.joined and all(bool(x) for x in self.llm.collective_rpc("kf_weights_staged"))
 
     def _receive_adapter(self, start: float) -> weightsync.SyncStats:
         """LoRA: receive the adapter, serve it as a new ``LoRARequest`` (a new id per version), drop older ones."""

@@ -16,6 +16,11 @@ Loading (why each step is needed, all checked by tests/runtime/test_weightsync.p
    ``quant_method.process_weights_after_loading``.
 3. The Engine resets the prefix cache after the RPC returns (cached blocks hold keys/values of the old weights).
 
+Prefetch: once joined, and again after every load, the worker's ``WeightReceiver`` receives the next sync in a
+background thread (``weightsync.WeightReceiver.prefetch``) into its reusable buffers while the engine keeps
+generating; ``kf_receive_weights`` then only waits for whatever has not arrived yet and loads from the buffers, so
+the generation pause per sync is the load, not the wire (nor the trainer's snapshot before it).
+
 LoRA (``spec.model.lora``): the base weights never change; a sync carries the adapter tensors only, which
 ``kf_receive_adapter`` writes as a PEFT folder; the Engine then serves it as a new vLLM ``LoRARequest``.
 """
@@ -47,7 +52,12 @@ class WeightSyncExtension:
         self._kf_receiver = weightsync.WeightReceiver(
             host=host, port=port, world_size=world_size, rank=rank, timeout=timeout, join_timeout=join_timeout,
             backend=backend, epoch=epoch)
+        self._kf_receiver.prefetch()
         return rank
+
+    def kf_weights_staged(self) -> bool:
+        """The next sync has arrived whole in the background (loading it will not wait for the wire)."""
+        return self._kf_receiver is not None and self._kf_receiver.staged
 
     def kf_receive_weights(self, refresh_tied: bool = True, load: bool = True) -> dict[str, Any]:
         """Receive one sync and load it in place; returns ``SyncStats.as_dict()``.
@@ -66,7 +76,10 @@ class WeightSyncExtension:
             if refresh_tied:
                 refresh_shared_weights(self.model_runner.get_model())  # type: ignore[attr-defined]
 
-        return self._kf_receiver.receive(reload if load else discard).as_dict()
+        try:
+            return self._kf_receiver.receive(reload if load else discard).as_dict()
+        finally:
+            self._kf_receiver.prefetch()   # the buffers are free again: the next sync lands while generating
 
     def kf_receive_adapter(self, directory: str, config_json: str) -> dict[str, Any]:
         """Receive one sync of LoRA adapter tensors and write them as a PEFT folder ``directory/v<version>`` (TP
@@ -78,7 +91,10 @@ class WeightSyncExtension:
         def keep(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
             got.extend((n, t.clone()) for n, t in weights)
 
-        stats = self._kf_receiver.receive(keep).as_dict()
+        try:
+            stats = self._kf_receiver.receive(keep).as_dict()
+        finally:
+            self._kf_receiver.prefetch()
         path = pathlib.Path(directory) / f"v{int(stats['version'])}"
         if _tp_rank() == 0:
             lora.save_adapter(path, got, config=json.loads(config_json))

@@ -24,6 +24,9 @@ Leaving (scaled down, pod deleted): SIGTERM sends the leave notice (an ACK of ki
 while this loop's thread is blocked inside a weight receive (``LeaveNotice.send`` is called from the signal watcher
 of ``roles.main``, on its own socket); the loop ends at its next turn. The notice is sent once, whichever comes
 first. Trainer 0 shrinks the weight-sync group and re-issues this generator's work (``roles.trainer``).
+
+Starting: while the vLLM engine loads, ``StartBeats`` tells trainer 0 every few seconds that this generator is
+starting (an ACK of READY with ``ok=False``), so a restart in place is not taken for a stalled step.
 """
 from __future__ import annotations
 
@@ -99,6 +102,39 @@ class LeaveNotice:
         finally:
             control.close()
         return True
+
+
+class StartBeats:
+    """While the engine loads (minutes on loaded CPUs, with no heartbeat of its own), tell trainer 0 every ``every``
+    seconds that this generator is starting: an ACK of kind READY with ``ok=False`` (a trainer that does not know it
+    ignores it). Trainer 0 then bounds its wait for this generator's groups by the start deadline instead of the
+    progress deadline, so a generator restarting in place is not taken for a stalled step. A daemon thread sends on
+    ``control``; ``stop()`` joins it before the loop uses ``control`` (a socket belongs to one thread at a time)."""
+
+    def __init__(self, *, index: int, control: transport.Sender, every: float, send_timeout: float = 5.0) -> None:
+        self.index, self.control, self.every, self.send_timeout = index, control, every, send_timeout
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"start-beats-{index}", daemon=True)
+
+    def start(self) -> StartBeats:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.control.send(wire.Ack(role="generator", index=self.index, of=wire.Kind.READY, version=0,
+                                           ok=False, detail="starting"), timeout=self.send_timeout)
+                self.sent += 1
+            except transport.TransportError:
+                pass                   # trainer 0 not up yet (or restarting): the next beat tries again
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.send_timeout + self.every + 1.0)
 
 
 def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, control: transport.Sender,

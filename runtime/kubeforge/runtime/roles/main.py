@@ -1,7 +1,7 @@
 """``kubeforge role generator|verifier|trainer``: env contract → real parts (ZeroMQ, vLLM, torch) → role loop.
 
 ```
- config.from_env (fails with one message per problem, exit 2) → Metrics + /metrics /healthz /readyz server
+ config.from_env (fails with one message per problem, exit 2) → Metrics + /metrics /healthz /readyz /startz server
    verifier : bind data port ─ senders to every trainer ─ ready ─ roles.verifier.run
    generator: bind data port ─ senders to verifiers, to trainer 0's control port ─ start vLLM ─ ready
               ─ roles.generator.run
@@ -97,7 +97,8 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         print(f"{cfg.name}: WARNING: no {contract.ENV_JOB_KEY}: role traffic is not authenticated", flush=True)
     m = metrics.Metrics(role=role, replica=cfg.index)
     server = metrics.serve(m, host=cfg.bind_host, port_base=cfg.port_base)
-    server.deadline = float(cfg.spec.failure_policy.progress_deadline_seconds)
+    server.deadline = role_deadline(cfg)
+    server.start_deadline = start_deadline(cfg)     # until ready (engine loaded): a start is not a hang
     server.siblings = pod_metrics(cfg)
     print(f"{cfg.name}: pid {os.getpid()} metrics on {cfg.bind_host}:{server.port} (attempt {cfg.attempt})"
           + (f", pinned to CPUs {affinity.render(pinned)}" if pinned else ""), flush=True)
@@ -132,6 +133,12 @@ def _loopback(bind_host: str) -> str:
 def role_deadline(cfg: config.RoleConfig) -> float:
     """The bound of every wait in a role: ``spec.failurePolicy.progressDeadlineSeconds``."""
     return float(cfg.spec.failure_policy.progress_deadline_seconds)
+
+
+def start_deadline(cfg: config.RoleConfig) -> float:
+    """The bound of a role's start, and of waiting for a peer's start (a vLLM engine load makes no heartbeat):
+    ``spec.failurePolicy`` ``start_deadline_seconds()``, a multiple of the progress deadline."""
+    return float(cfg.spec.failure_policy.start_deadline_seconds())
 
 
 def data_addresses(cfg: config.RoleConfig, role: str) -> list[str]:

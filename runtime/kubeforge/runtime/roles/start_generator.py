@@ -73,6 +73,7 @@ class EngineWeights:
 
 
 EXIT_GRACE_SECONDS = 5.0
+START_BEAT_SECONDS = 20.0      # "starting" notices to trainer 0 while the engine loads (at most deadline/4 apart)
 
 
 def leave_then_exit(leave: loop.LeaveNotice, done: threading.Event, *, grace: float = EXIT_GRACE_SECONDS) -> None:
@@ -102,8 +103,15 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     role_main.watch_signals(lambda: leave_then_exit(leave, done))   # at SIGTERM, even mid weight receive
     to_verifiers = transport.open_sender(role_main.data_addresses(cfg, "verifier"), role="generator", index=cfg.index,
                                     send_timeout=role_main.role_deadline(cfg))
-    engine = engine_mod.Engine(model_dir=models.resolve(spec.model), dtype=spec.model.dtype,
-                               role=spec.roles.generator, seed=spec.task.seed + cfg.index, lora=spec.model.lora)
+    # the engine load makes no heartbeat: /healthz allows it start_deadline (roles.main), and trainer 0 hears that
+    # this generator is starting, so its wait for our groups is not a stall (a restart in place at step N)
+    beats = loop.StartBeats(index=cfg.index, control=control,
+                            every=min(START_BEAT_SECONDS, role_main.role_deadline(cfg) / 4)).start()
+    try:
+        engine = engine_mod.Engine(model_dir=models.resolve(spec.model), dtype=spec.model.dtype,
+                                   role=spec.roles.generator, seed=spec.task.seed + cfg.index, lora=spec.model.lora)
+    finally:
+        beats.stop()
     print(f"{cfg.name}: vLLM engine up in {engine.start_seconds:.1f}s", flush=True)
     server.set_ready(True)
     try:

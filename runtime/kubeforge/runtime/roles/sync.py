@@ -121,8 +121,13 @@ class Pusher:
         want = set(range(self.members))
         got: list[generator_role.SyncResult] = []
 
+        failed: list[str] = []
+
         def take(ack: wire.Ack) -> None:
             want.discard(ack.index)
+            if not ack.ok:   # received (the group acked it) but not loaded: as a failed collective ack before
+                failed.append(f"generator {ack.index}: {ack.detail}")
+                return
             parsed = parse_ack_detail(ack.detail)
             if parsed is not None:
                 got.append(parsed)
@@ -136,6 +141,8 @@ class Pusher:
                 take(msg)
             elif msg is not None:
                 self.on_other(msg)
+        if failed:
+            raise weightsync.WeightSyncError(f"weight sync v{version}: loading failed on {'; '.join(failed)}")
         return got if not want else []
 
     def close(self) -> None:

@@ -38,7 +38,10 @@ Invariants:
 - No wait is unbounded (``Settings.deadline`` = ``spec.failurePolicy.progressDeadlineSeconds``): a step whose
   groups stop arriving for ``reissue_after`` has its missing prompts re-issued (a frame lost with a dead
   verifier or generator); no progress for ``deadline`` raises :class:`Stalled` (the process exits non-zero and
-  the failure policy restarts it). Waiting for the generators' READY is bounded the same way.
+  the failure policy restarts it). A start is not a hang: waiting for the generators' READY is bounded by
+  ``start_deadline`` (their vLLM engines load), and while a generator tells rank 0 it is starting (restarted in
+  place: an ACK of READY with ``ok=False`` every few seconds while its engine loads) the step's stall clock starts
+  again at each such beat, for at most ``start_deadline`` from that generator's first beat.
 - SIGTERM (``should_stop``) ends the loop only at a safe point: while collecting, or after a step whose checkpoint
   (if due) is complete; a checkpoint write in progress always finishes (the write itself is atomic: temp folder,
   fsync, rename, COMPLETE marker), so a pod deleted mid-write leaves the new checkpoint or the previous one.
@@ -85,6 +88,8 @@ class Settings:
     deadline: float = 600.0           # no progress this long: Stalled
     reissue_after: float = 150.0      # no group for this long: re-issue the step's missing prompts
     answer_within: float = 30.0       # after a failed push: a top member silent this long is dropped
+    start_deadline: float = 1800.0    # a generator's start (vLLM engine load) may take this long: the READY wait,
+                                      # and a step's wait while a generator says it is starting
     colocated: bool = False           # spec.schedule.mode Colocated: a step's work goes out only after the last
                                       # step is trained and pushed (phases take turns on the same cores)
 
@@ -193,6 +198,8 @@ class Loop:
         self.silent_since = 0.0
         self.generator_address = generator_address   # data address of generator i (None: cannot grow)
         self._deferred: list[wire.Message] = []      # control messages a push read past (READY, leave)
+        self.starting: dict[int, float] = {}  # rank 0: generator -> its first "starting" beat (until its READY)
+        self.start_beat_at = 0.0              # rank 0: the last "starting" beat within its start deadline
         if rank0 is not None and hasattr(rank0.pusher, "on_other"):
             rank0.pusher.on_other = self._deferred.append
         self.outstanding: dict[int, list[wire.Work]] = {}   # rank 0: work handed to each generator
@@ -248,15 +255,17 @@ class Loop:
     def _wait_for_generators(self) -> None:
         assert self.rank0 is not None
         waiting = set(range(self.members))
-        until = time.monotonic() + self.s.deadline
+        until = time.monotonic() + self.s.start_deadline      # their vLLM engines load: a start, not a hang
         while waiting:
             self.beat("wait-generators")
             if time.monotonic() > until:
-                raise Stalled(f"generators {sorted(waiting)} not ready within {self.s.deadline:.0f}s")
+                raise Stalled(f"generators {sorted(waiting)} not ready within {self.s.start_deadline:.0f}s "
+                              "(the start deadline: 3 x spec.failurePolicy.progressDeadlineSeconds)")
             msg = self.rank0.control.recv(timeout=1.0)
             if isinstance(msg, wire.Ready) and msg.role == "generator":
                 waiting.discard(msg.index)
                 self.ready_seen.add(msg.index)
+                self.starting.pop(msg.index, None)
             elif msg is not None:
                 self._control(msg)
 
@@ -297,6 +306,7 @@ class Loop:
     def _control(self, msg: wire.Message) -> None:
         if isinstance(msg, wire.Ready) and msg.role == "generator" and self.rank0 is not None:
             g = msg.index
+            self.starting.pop(g, None)
             back = g in self.ready_seen or g in self.left or g in self.dropped
             self.left.discard(g)
             self.dropped.discard(g)
@@ -306,6 +316,9 @@ class Loop:
                 self.joining.add(g)
                 self._grow()
             self.ready_seen.add(g)
+        elif (isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.READY and not msg.ok
+              and self.rank0 is not None):
+            self._starting(msg.index)
         elif (isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.STOP
               and self.rank0 is not None):
             self._leave(msg.index)
@@ -315,6 +328,14 @@ class Loop:
             getattr(self.rank0.pusher, "acked", lambda m: None)(msg)   # an ACK of the push in flight
         elif not isinstance(msg, (wire.Ready, wire.Ack)):
             self.observer.unexpected(kind=type(msg).__name__)
+
+    def _starting(self, g: int) -> None:
+        """Generator ``g`` is loading its engine. A member's (restarted in place) beat counts as progress of the step
+        being collected, for at most ``start_deadline`` from its first beat (a start that never ends is a hang too);
+        a joining generator's does not (no step waits for it)."""
+        now = time.monotonic()
+        if now - self.starting.setdefault(g, now) <= self.s.start_deadline and g < self.members:
+            self.start_beat_at = now
 
     def _answered(self, ack: wire.Ack) -> None:
         """An answer (ACK or NACK) to a SYNC outside a push: the generator is alive. One dropped for silence joins
@@ -423,6 +444,7 @@ class Loop:
             self._drain_control()
             if self.rank0 is not None:
                 self._check_silent()
+                started = max(started, self.start_beat_at)   # a generator is starting: not a stall
             self._forward_reissues()
             now = time.monotonic()
             if self.buffer.count(step=step) != have:

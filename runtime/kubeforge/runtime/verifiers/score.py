@@ -64,7 +64,7 @@ class Scorer:
 
     def score_matrix(self, group: types.RolloutGroup) -> np.ndarray:
         """``[completions, verifiers]`` scores after fallback (NaN = abstained), verifiers in spec order."""
-        texts = [c.text for c in group.completions]
+        texts = types.texts_of(group.completions)   # no Completion objects for a decoded group
         keys = [cache.key(group.prompt, t) for t in texts]
         uniq: dict[bytes, str] = dict(zip(keys, texts))     # identical completions are scored once
         ukeys = list(uniq)
