@@ -294,14 +294,16 @@ class Run:
                                                   path=path)
 
     def report_failures(self, pods: list[dict[str, Any]], *, lines: int = 40) -> None:
-        """Print the last ``lines`` log lines of every container that exited non-zero, once per container."""
+        """Print the last ``lines`` log lines of every container that exited non-zero, once per container (not the
+        SIGTERM exit, 143, of a pod being deleted: the operator scaling a finished or restarting job down)."""
         for p in pods:
             md = p["metadata"]
             for cs in p.get("status", {}).get("containerStatuses") or []:
                 for previous, state in ((False, cs.get("state") or {}), (True, cs.get("lastState") or {})):
                     term = state.get("terminated") or {}
                     cid = term.get("containerID") or f"{md['uid']}/{term.get('finishedAt')}"
-                    if not term or term.get("exitCode") in (0, None) or cid in self.reported:
+                    stopped = md.get("deletionTimestamp") and term.get("exitCode") == 143   # SIGTERM of a pod being deleted
+                    if not term or term.get("exitCode") in (0, None) or stopped or cid in self.reported:
                         continue
                     self.reported.add(cid)
                     args = ["logs", "-n", self.ns, md["name"], "-c", cs["name"], f"--tail={lines}"]

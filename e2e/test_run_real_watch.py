@@ -78,6 +78,10 @@ def test_a_failed_container_is_reported_once_with_its_last_log_lines(tmp_path: p
     assert "job-trainer-1 (attempt 0) exited 1" in err and "    | line 4" in err
     run.report_failures([_pod("job-trainer-1", "trainer", uid="u1", running=False, exit_now=143, last_exit=1)])
     assert k.calls[-1] == ("logs", "-n", "ns", "job-trainer-1", "-c", "trainer", "--tail=40")
+    deleted = _pod("job-trainer-0", "trainer", uid="u0", running=False, exit_now=143)   # the scale-down's SIGTERM
+    deleted["metadata"]["deletionTimestamp"] = "2026-11-23T17:49:13Z"
+    run.report_failures([deleted])
+    assert len(k.calls) == 2 and len(run.failures) == 2
 
 
 def test_an_export_is_asked_for_on_the_rljob_and_read_back_from_status(tmp_path: pathlib.Path) -> None:
