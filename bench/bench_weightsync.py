@@ -12,7 +12,7 @@ in the background into its reusable buffers (metadata, buckets, ack) while this 
 batches, as a generator does; then, between batches, vLLM ``reload_weights`` with repacking, tied-weight refresh,
 prefix-cache reset). ``generation_pause_seconds`` is that load (``Engine.receive_weights`` once the bytes are
 staged): the time a generator stops sampling per sync; ``background_receive_seconds`` the receive that ran while
-it sampled. ``sync_seconds`` = the sender's broadcast + the engine's load. ``--dtype`` is the
+it sampled. ``sync_seconds`` = that receive + the load. ``--dtype`` is the
 dtype of the weights and the engine (the demo's is bfloat16). Prints one JSON line per model; ``ratio`` = sync
 GB/s / raw GB/s (medians after one warm-up each). ``receive_discard`` syncs run the same protocol into the engine's worker but
 discard the tensors instead of loading them: the difference to a full sync is vLLM's reload time. ``memcpy_*`` is one
@@ -146,9 +146,9 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
     wire_s = statistics.median(s["seconds"] for s in wire_syncs)
     raw_s = statistics.median(raw)
     memcpy_s = memcpy_seconds(nbytes=nbytes, reps=args.reps)
-    # end to end: the sender's broadcast (header to the receivers' ack, which a prefetching receiver sends once the
-    # bytes are in) plus the engine's load of them
-    sync_s = statistics.median(s["seconds"] + e.seconds for s, e in zip(syncs, engine_side))
+    # end to end: the engine's background receive (header to last bucket) plus its load of the bytes (the sender's
+    # own figure now also holds its wait for a receiver still sampling or loading the previous sync)
+    sync_s = statistics.median(e.receive_seconds + e.seconds for e in engine_side)
     report = {
         "model": args.model, "dtype": args.dtype, "bytes": nbytes, "reps": args.reps,
         "threads": torch.get_num_threads(),
