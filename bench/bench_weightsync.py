@@ -1,7 +1,7 @@
 """Weight-sync micro-benchmark: full sync into a running vLLM engine vs a raw gloo broadcast of the same bytes.
 
     .venv/bin/python bench/bench_weightsync.py [--model tiny|smollm2-135m-instruct|all] [--reps N] \
-        [--dtype bfloat16|float32]
+        [--dtype bfloat16|float32] [--profile]
 
 For each model, in one run: a sender process (the "trainer", holding the HF model) and this process (the
 "generator", holding a real vLLM engine in-process) first time a raw gloo broadcast of one flat buffer as large as
@@ -134,7 +134,8 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
         for _ in range(args.reps + 1):
             # as a generator does: sample while the next sync lands in the background, load it between batches
             generated.append(generate_until_staged(eng))
-            engine_side.append(eng.receive_weights())
+            engine_side.append(profiled(eng.receive_weights) if args.profile and len(engine_side) == args.reps
+                               else eng.receive_weights())
         engine_side, generated = engine_side[1:], generated[1:]
         lines = [json.loads(x) for x in sender.communicate(timeout=600)[0].splitlines() if x.startswith("{")]
     finally:
@@ -172,6 +173,20 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
     return report
 
 
+def profiled(fn: Any) -> Any:
+    """``fn()`` under cProfile; the top of the profile (cumulative) goes to stderr."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+    print(text.getvalue(), file=sys.stderr, flush=True)
+    return out
+
+
 def generate_until_staged(eng: Any, *, limit_s: float = 600.0) -> int:
     """Sample small batches until the next sync is in the engine's buffers (bounded); how many batches ran."""
     from kubeforge.runtime import types
@@ -203,6 +218,7 @@ def main() -> None:
     p.add_argument("--model", default="all", choices=(*MODELS, "all"))
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--profile", action="store_true", help="cProfile the last load (the pause) to stderr")
     p.add_argument("--role", default="bench", choices=("bench", "sender"))
     p.add_argument("--raw-port", type=int, default=0)
     p.add_argument("--sync-port", type=int, default=0)
