@@ -2,14 +2,18 @@
 
     .venv/bin/python bench/profile_train_step.py [--example examples/arithmetic-smollm2.yaml] [--steps 3]
                                                  [--threads N] [--top 15] [--share-prefix] [--ab]
+                                                 [--compare share-prefix|autocast]
 
 Builds ``trainer.step.Trainer`` exactly as the trainer role does (the example's model, dtype, algorithm), feeds it
 groups shaped like the example's steps (its real prompts, ``promptsPerStep`` x ``groupSize`` completions of
 ``maxNewTokens`` random tokens, alternating rewards so every group has signal), drops one warm-up step and prints
 the step's phases (forward, backward, optimizer), the step's FLOPs (6 x parameters x tokens computed, the usual
 estimate, plus the LM head on completion tokens only; with shared prompts each group's prompt counts once), the
-achieved GFLOP/s, and the top operators by self CPU time under ``torch.profiler``. ``--ab`` instead alternates
-shared-prompt and full-forward steps on the same batches (wall and process CPU seconds of each). Nothing else runs in this process; the load average is printed beside the figures.
+achieved GFLOP/s, and the top operators by self CPU time under ``torch.profiler``. ``--compare`` instead alternates
+two variants of the step on the same batches and prints wall and process CPU seconds of each (CPU time is what a
+loaded machine distorts least): ``share-prefix`` (each distinct prompt once vs the full forward; ``--ab`` is its
+old name) or ``autocast`` (the trainer's bf16 compute copy, ``trainer/shadow.py``, vs autocast over the float32
+masters, the path before it). Nothing else runs in this process; the load average is printed beside the figures.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import transformers
@@ -55,8 +61,9 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="override spec.model.dtype")
     ap.add_argument("--share-prefix", action="store_true", help="each distinct prompt once (logprobs: 'Shared "
                     "prompts'; the trainer's default is the full forward)")
-    ap.add_argument("--ab", action="store_true", help="no profiler: alternate shared / full-forward steps and print "
-                    "wall and process CPU seconds of each (CPU time is what a loaded machine distorts least)")
+    ap.add_argument("--ab", action="store_true", help="the same as --compare share-prefix")
+    ap.add_argument("--compare", choices=sorted(VARIANTS), default=None, help="no profiler: alternate the two "
+                    "variants' steps and print wall and process CPU seconds of each")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -67,11 +74,11 @@ def main() -> None:
     tok = transformers.AutoTokenizer.from_pretrained(str(path))
     trainer = step.Trainer(model_path=path, algorithm=spec.algorithm, dtype=dtype,
                            logit_temperature=spec.algorithm.temperature or 1.0)
-    trainer.policy.share_prefix = a.share_prefix
+    trainer.policy.share_prefix = trainer.compute_policy.share_prefix = a.share_prefix
     params = sum(p.numel() for p in trainer.model.parameters())
     trainer.train_step(groups=demo_groups(spec, tok, seed=0))          # warm-up
-    if a.ab:
-        ab(trainer, spec, tok, steps=a.steps)
+    if a.ab or a.compare:
+        ab(trainer, spec, tok, steps=a.steps, variants=VARIANTS[a.compare or "share-prefix"])
         return
     walls, phases, tokens, rows = [], [], 0, 0
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -83,7 +90,7 @@ def main() -> None:
             walls.append(time.perf_counter() - t0)
             phases.append(m.seconds)
             tokens = sum(len(c.token_ids) for g in gs for c in g.completions) + sum(
-                len(g.prompt_token_ids) * (1 if trainer.policy.share_prefix else len(g.completions)) for g in gs)
+                len(g.prompt_token_ids) * (1 if a.share_prefix else len(g.completions)) for g in gs)
             rows = m.tokens
     cfg = trainer.model.config
     head = 2 * cfg.hidden_size * cfg.vocab_size * rows * 3          # completion-only LM head, fwd + bwd
@@ -94,7 +101,7 @@ def main() -> None:
     top = sorted(table, key=lambda e: e.self_cpu_time_total, reverse=True)[:a.top]
     print(json.dumps({
         "bench": "profile_train_step", "example": a.example, "dtype": dtype,
-        "share_prefix": trainer.policy.share_prefix, "torch_threads": torch.get_num_threads(),
+        "share_prefix": a.share_prefix, "compute_copy": trainer.shadow is not None, "torch_threads": torch.get_num_threads(),
         "cpus": len(os.sched_getaffinity(0)), "load_average": [round(x, 2) for x in os.getloadavg()],
         "params": params, "tokens_computed_per_step": tokens, "completion_tokens": rows,
         "step_seconds": [round(w, 3) for w in walls], "step_seconds_median": round(med, 3),
@@ -105,23 +112,51 @@ def main() -> None:
     }), flush=True)
 
 
-def ab(trainer: step.Trainer, spec, tok, *, steps: int) -> None:  # type: ignore[no-untyped-def]
-    """Interleaved A/B of shared prompts vs the full forward on the same batches (same load for both)."""
-    got: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in ("shared", "full")}
+def _share_prefix(trainer: step.Trainer, on: bool) -> None:
+    trainer.policy.share_prefix = trainer.compute_policy.share_prefix = on
+
+
+_COPIES: dict[int, Any] = {}     # id(trainer) -> its compute copy while autocast runs
+
+
+def _compute_copy(trainer: step.Trainer, on: bool) -> None:
+    copy = _COPIES.setdefault(id(trainer), trainer.shadow)
+    if copy is None:
+        raise SystemExit("--compare autocast: this trainer has no compute copy (float32 compute or FSDP)")
+    trainer.shadow = copy if on else None
+    if on:
+        copy.refresh(trainable_only=False)      # the masters moved while autocast ran
+
+
+# name -> (label when on, label when off, switch)
+VARIANTS: dict[str, tuple[str, str, Callable[[step.Trainer, bool], None]]] = {
+    "share-prefix": ("shared", "full", _share_prefix),
+    "autocast": ("compute_copy", "autocast", _compute_copy),
+}
+
+
+def ab(trainer: step.Trainer, spec, tok, *, steps: int,  # type: ignore[no-untyped-def]
+       variants: tuple[str, str, Callable[[step.Trainer, bool], None]]) -> None:
+    """Interleaved A/B of two variants on the same batches (same load for both)."""
+    on_name, off_name, switch = variants
+    got: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in (on_name, off_name)}
     for s in range(steps):
         gs = demo_groups(spec, tok, seed=s + 1)
-        for name in (("shared", "full") if s % 2 == 0 else ("full", "shared")):
-            trainer.policy.share_prefix = name == "shared"
+        for name in ((on_name, off_name) if s % 2 == 0 else (off_name, on_name)):
+            switch(trainer, name == on_name)
             w0, c0 = time.perf_counter(), time.process_time()
             trainer.train_step(groups=gs)
             got[name]["wall"].append(time.perf_counter() - w0)
             got[name]["cpu"].append(time.process_time() - c0)
     med = {k: {m: round(statistics.median(v), 3) for m, v in d.items()} for k, d in got.items()}
-    print(json.dumps({"bench": "profile_train_step --ab", "torch_threads": torch.get_num_threads(),
+    print(json.dumps({"bench": "profile_train_step --compare", "variants": [on_name, off_name],
+                      "torch_threads": torch.get_num_threads(),
                       "load_average": [round(x, 2) for x in os.getloadavg()], "steps_each": steps,
                       "seconds": {k: {m: [round(x, 2) for x in v] for m, v in d.items()} for k, d in got.items()},
-                      "median": med, "cpu_ratio_full_over_shared": round(med["full"]["cpu"] / med["shared"]["cpu"], 3),
-                      "wall_ratio_full_over_shared": round(med["full"]["wall"] / med["shared"]["wall"], 3)}),
+                      "median": med,
+                      f"cpu_ratio_{off_name}_over_{on_name}": round(med[off_name]["cpu"] / med[on_name]["cpu"], 3),
+                      f"wall_ratio_{off_name}_over_{on_name}": round(med[off_name]["wall"] / med[on_name]["wall"],
+                                                                     3)}),
           flush=True)
 
 

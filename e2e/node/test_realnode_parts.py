@@ -146,3 +146,24 @@ def test_packed_images_are_reproducible_oci_archives(tmp_path: pathlib.Path) -> 
         members = {m.name.removeprefix("./"): m for m in inner.getmembers()}
     assert members["bin/hi"].issym() and members["bin/hi"].linkname == "hello"
     assert members["bin/hello"].mode & 0o111 and members["bin/hello"].mtime == 0 and members["bin/hello"].uid == 0
+
+
+def test_kubelet_never_collects_images_and_evicts_only_when_out_of_space(tmp_path: pathlib.Path) -> None:
+    """Every image on the real node was imported from an archive and none can be pulled back: the kubelet's image
+    garbage collection, triggered by a nearly full disk, deleted the pause image and every pod stayed in
+    ContainerCreating (CI, session 4). Its eviction floors are absolute, so a big disk with little free does not
+    read as 'short of space'."""
+    import yaml
+
+    node = tmp_path / "n"
+    (node / "etc").mkdir(parents=True)
+    env = {**os.environ, "KF_N": str(node), "KF_NODE_IP": "10.0.0.1", "KF_KUBELET_PORT": "10250",
+           "KF_CONTAINERD_SOCK": "/x.sock", "KF_CA_CRT": "/ca.crt"}
+    script = pathlib.Path(__file__).resolve().parent / "configs.sh"
+    subprocess.run(["bash", "-c", f"set -eu; source {script}; render_kubelet"], env=env, check=True, timeout=30)
+    config = yaml.safe_load((node / "etc" / "kubelet.yaml").read_text())
+    assert config["imageGCHighThresholdPercent"] == 100  # 100 turns image garbage collection off
+    assert config["imageGCLowThresholdPercent"] < 100
+    for signal in ("nodefs.available", "imagefs.available"):
+        floor = config["evictionHard"][signal]
+        assert not floor.endswith("%") and floor.endswith("Mi") and int(floor[:-2]) <= 1024, (signal, floor)

@@ -154,3 +154,44 @@ def test_a_pass_with_the_same_spec_and_context_neither_renders_nor_applies(monke
     cache.forget(("ns", "tiny"))                                   # a child was deleted: everything goes out again
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
     assert calls == [1, 1] and fake.applies == 24
+
+
+def test_status_writes_of_detail_only_are_paced_and_never_lost() -> None:
+    fake = FakeCluster(raw_job())
+    cache, t = reconcile.ApplyCache(), [100.0]
+    pacer = reconcile.StatusPacer(interval=5.0, clock=lambda: t[0])
+    key = ("ns", "tiny")
+
+    def run() -> reconcile.Outcome:
+        return reconcile.reconcile(fake, key, image="img", cache=cache, pacer=pacer,  # type: ignore[arg-type]
+                                   clock=lambda: opbuilders.T0)
+
+    assert run().phase == "Pending" and fake.status_writes == 1
+    placed = [opbuilders.pod("tiny", "generator", 0, phase="Pending", ready=False)] + \
+        [opbuilders.pod("tiny", r, 0, phase="Pending", ready=False, node=None) for r in ("verifier", "trainer")]
+    fake.list_pods = lambda namespace, job: placed  # type: ignore[method-assign]
+    t[0] += 1.0
+    out = run()                                # one pod bound: the gang's message only -> held back, re-run asked
+    assert fake.status_writes == 1 and out.requeue_after == 4.0
+    t[0] += 4.0
+    run()                                      # due: the detail goes out
+    gang_cond = {c["type"]: c for c in fake.job["status"]["conditions"]}["GangScheduled"]
+    assert fake.status_writes == 2 and gang_cond["message"] == "1/3 pods bound to nodes"
+    fake.list_pods = lambda namespace, job: opbuilders.gang("tiny")  # type: ignore[method-assign]
+    t[0] += 1.0
+    assert run().phase == "Running" and fake.status_writes == 3   # a phase change is written at once
+    assert fake.events == ["Pending", "Running"]
+
+
+def test_api_requests_are_counted_by_verb_and_resource() -> None:
+    from kubeforge.operator import apply
+
+    assert apply.verb_resource("GET", "/apis/kubeforge.dev/v1alpha1/namespaces/ns/rljobs/a") == ("get", "rljobs")
+    assert apply.verb_resource("GET", "/api/v1/namespaces/ns/pods?labelSelector=x") == ("list", "pods")
+    assert apply.verb_resource("PATCH", "/apis/kubeforge.dev/v1alpha1/namespaces/ns/rljobs/a/status",
+                               "application/merge-patch+json") == ("patch", "rljobs/status")
+    assert apply.verb_resource("PATCH", "/apis/apps/v1/namespaces/ns/statefulsets/a-trainer",
+                               "application/apply-patch+yaml") == ("apply", "statefulsets")
+    assert apply.verb_resource("POST", "/api/v1/namespaces/ns/events") == ("create", "events")
+    assert apply.verb_resource("DELETE", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/k") \
+        == ("delete", "validatingwebhookconfigurations")

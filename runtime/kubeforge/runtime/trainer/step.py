@@ -20,7 +20,9 @@ Invariants:
 - Every rank issues the same collectives in the same order, even with no groups: under FSDP every rank runs the
   same number of micro-batches (a rank with fewer runs zero-weighted ones), so all ranks take the same number of
   optimizer steps. DDP replicas stay bit-identical (same start weights: rank 0's are broadcast at construction).
-- Parameters and AdamW state are float32 whatever ``dtype`` (the compute dtype) is: see ``precision``.
+- Parameters and AdamW state are float32 whatever ``dtype`` (the compute dtype) is: see ``precision``. Unsharded
+  with a bf16/fp16 ``dtype``, micro-batches run on ``shadow.Shadow`` (a compute-dtype copy refreshed after each
+  ``optimizer.step()`` and after a resume; gradients land in the float32 masters).
 - ``policy_version`` counts optimizer steps since the base model (0 = base weights); it is stamped on the weights
   pushed to the generators and saved in checkpoints together with ``step`` and the caller's data cursor.
 - Logprob convention: see ``logprobs``: ``log_softmax(logits / logit_temperature)``, the generator's processed
@@ -43,6 +45,7 @@ from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, registry
 from kubeforge.runtime.trainer import batch as batch_mod
 from kubeforge.runtime.trainer import checkpoint, logprobs, materialise, metrics, parallel, precision, schedule
+from kubeforge.runtime.trainer import shadow as shadow_mod
 from kubeforge.runtime.trainer import sharding
 from kubeforge.runtime.trainer import export as export_mod
 from kubeforge.runtime.trainer import lora as lora_mod
@@ -114,6 +117,10 @@ class Trainer:
         else:
             self.group.broadcast_tensors([p for p in self.model.parameters()])
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
+        # bf16/fp16 compute on a replicated policy: a compute-dtype copy cast once per optimizer step (shadow.py)
+        self.shadow: shadow_mod.Shadow | None = None
+        if not self.sharded and self.compute_dtype != precision.MASTER:
+            self.shadow = shadow_mod.Shadow(self.policy, dtype=self.compute_dtype)
         self.base_lr = algorithm.learning_rate
         self.lr_schedule = algorithm.learning_rate_schedule
         self.total_steps = algorithm.steps
@@ -173,6 +180,8 @@ class Trainer:
             pg["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.shadow is not None:
+            self.shadow.refresh()
         self.step += 1
         self.policy_version += 1
         clock.lap("optimizer")
@@ -183,10 +192,18 @@ class Trainer:
             mean_reward=g[6] / max(g[7], 1.0), groups=int(g[9]), completions=int(g[7]), tokens=int(g[1]),
             zero_signal_groups=int(g[8]), seconds=clock.totals(), learning_rate=lr)
 
+    @property
+    def compute_policy(self) -> policy_mod.Policy:
+        """The module each micro-batch runs: the compute-dtype copy when there is one, else the policy."""
+        if self.shadow is not None:
+            return self.shadow.module  # type: ignore[return-value]
+        return self.policy
+
     def _micro_loss(self, mb: batch_mod.Batch) -> tuple[inputs.LossOutput, float]:
-        autocast = torch.float32 if self.sharded else self.compute_dtype   # FSDP casts through its own policy
+        # FSDP casts through its own policy, the shadow is already in the compute dtype: autocast only otherwise
+        autocast = torch.float32 if self.sharded or self.shadow is not None else self.compute_dtype
         with precision.autocast(device=self.device, dtype=autocast):
-            logp, entropy = self.policy.run(mb, device=self.device)
+            logp, entropy = self.compute_policy.run(mb, device=self.device)
         ref = None
         if self.reference is not None:
             with torch.no_grad():
@@ -306,6 +323,8 @@ class Trainer:
                 self._ensure_optimizer_state()
                 self.group.broadcast_tensors(self.params)
                 self.group.broadcast_tensors(self._optimizer_tensors())
+        if self.shadow is not None:
+            self.shadow.refresh(trainable_only=False)
         state = info["state"]
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
