@@ -55,9 +55,9 @@ def test_replayed_pass_writes_status_once_and_skips_unchanged_objects() -> None:
     cache = reconcile.ApplyCache()
     out = reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
     assert out.phase == "Pending" and fake.status_writes == 1 and fake.events == ["Pending"]
-    assert ("PodGroup", "tiny") in fake.objects and fake.applies == 12
+    assert ("PodGroup", "tiny") in fake.objects and fake.applies == 10
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
-    assert fake.status_writes == 1 and fake.applies == 12 and fake.events == ["Pending"]
+    assert fake.status_writes == 1 and fake.applies == 10 and fake.events == ["Pending"]
 
 
 def test_suspend_then_resume_recreates_the_gang_object() -> None:
@@ -147,13 +147,13 @@ def test_a_pass_with_the_same_spec_and_context_neither_renders_nor_applies(monke
     real = reconcile.render.render
     monkeypatch.setattr(reconcile.render, "render", lambda job, ctx: calls.append(1) or real(job, ctx))
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
-    assert calls == [] and fake.applies == 12
+    assert calls == [] and fake.applies == 10
     fake.job["metadata"]["generation"] = 2                         # the spec changed: render and apply again
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
     assert calls == [1]
     cache.forget(("ns", "tiny"))                                   # a child was deleted: everything goes out again
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
-    assert calls == [1, 1] and fake.applies == 24
+    assert calls == [1, 1] and fake.applies == 20
 
 
 def test_status_writes_of_detail_only_are_paced_and_never_lost() -> None:
@@ -195,3 +195,39 @@ def test_api_requests_are_counted_by_verb_and_resource() -> None:
     assert apply.verb_resource("POST", "/api/v1/namespaces/ns/events") == ("create", "events")
     assert apply.verb_resource("DELETE", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/k") \
         == ("delete", "validatingwebhookconfigurations")
+
+
+def test_a_statefulset_whose_immutable_fields_changed_is_recreated_with_its_pods_orphaned() -> None:
+    import pytest
+
+    from kubeforge.operator import apply
+
+    class Immutable(FakeCluster):
+        """A StatefulSet made by an older operator (another serviceName): the API server refuses the change."""
+
+        def __init__(self, job: dict[str, Any]) -> None:
+            super().__init__(job)
+            self.objects[("StatefulSet", "tiny-trainer")] = {"spec": {"serviceName": "tiny-trainer"}}
+            self.deleted: list[tuple[str, str]] = []
+
+        def apply(self, obj: dict[str, Any]) -> None:
+            old = self.objects.get((obj["kind"], obj["metadata"]["name"]))
+            if obj["kind"] == "StatefulSet" and old and old["spec"]["serviceName"] != obj["spec"]["serviceName"]:
+                raise apply.ApiError(422, "PATCH", "/apis/apps/v1/.../tiny-trainer", 'StatefulSet.apps '
+                                     '"tiny-trainer" is invalid: spec: Forbidden: updates to statefulset spec for '
+                                     "fields other than 'replicas', 'ordinals', 'template', 'updateStrategy'")
+            super().apply(obj)
+
+        def delete(self, obj: dict[str, Any], *, propagation: str = "Background") -> None:
+            self.deleted.append((obj["metadata"]["name"], propagation))
+            super().delete(obj)
+
+    fake = Immutable(raw_job())
+    cache = reconcile.ApplyCache()
+    with pytest.raises(apply.ApiError) as err:           # transient: the router retries the pass
+        reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    assert err.value.status == 409 and fake.deleted == [("tiny-trainer", "Orphan")]
+    assert "status" not in fake.job or "ApplyFailed" not in str(fake.job["status"])
+    reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    assert fake.objects[("StatefulSet", "tiny-trainer")]["spec"]["serviceName"] == "tiny"
+    assert [o["metadata"]["name"] for (kind, _), o in fake.objects.items() if kind == "Service"] == ["tiny"]

@@ -140,6 +140,27 @@ def _parse(raw: meta.Obj) -> rljob.RLJob | None:
         return None
 
 
+#: The API server's refusal of a change to a StatefulSet field that cannot change (e.g. ``serviceName`` of a job
+#: made by an operator that gave each role its own Service): the StatefulSet must be re-created.
+IMMUTABLE_STS = "Forbidden: updates to statefulset spec for fields other than"
+
+
+def _apply_one(cluster: apply.Cluster, obj: meta.Obj) -> None:
+    """Server-side apply ``obj``; a StatefulSet whose immutable fields changed is deleted with its pods orphaned
+    (they keep running and the re-created StatefulSet adopts them: same selector, ``OnDelete``) and the refusal
+    is raised as a conflict, so the router retries the pass and re-creates it."""
+    try:
+        cluster.apply(obj)
+    except apply.ApiError as exc:
+        if obj["kind"] != "StatefulSet" or exc.status != 422 or IMMUTABLE_STS not in str(exc):
+            raise
+        log.warning("re-creating StatefulSet %s/%s (immutable fields changed), its pods orphaned meanwhile",
+                    obj["metadata"]["namespace"], obj["metadata"]["name"])
+        cluster.delete(obj, propagation="Orphan")
+        raise apply.ApiError(409, "PATCH", obj["metadata"]["name"], "re-created: immutable fields changed") \
+            from exc
+
+
 def apply_all(cluster: apply.Cluster, key: Key, objs: Iterable[meta.Obj], *, cache: ApplyCache,
               pool: concurrent.futures.Executor | None = None) -> None:
     """Server-side apply every object not already applied unchanged, in two waves: what pods need first
@@ -149,9 +170,9 @@ def apply_all(cluster: apply.Cluster, key: Key, objs: Iterable[meta.Obj], *, cac
     for wave in ([o for o in todo if o["kind"] != "StatefulSet"], [o for o in todo if o["kind"] == "StatefulSet"]):
         if pool is None or len(wave) < 2:
             for obj in wave:
-                cluster.apply(obj)
+                _apply_one(cluster, obj)
         else:
-            list(pool.map(cluster.apply, wave))
+            list(pool.map(lambda o: _apply_one(cluster, o), wave))
         for obj in wave:
             cache.remember(key, obj)
 
