@@ -11,7 +11,8 @@ Phases, each timed from the bench's side through ONE pod watch (no polling LISTs
 3. Recovery: ``--fail-fraction`` of all pods (seeded choice) fail through kwok's chaos stage (container exit 1,
    pod Failed); time until every hit job runs again with all its pods Running in a new attempt.
 Reported beside: the operator's reconcile latency (event -> pass done) and pass duration, p50/p99 from its own
-histograms; its peak RSS and CPU; CPU seconds per control-plane process per phase (where the time goes); the
+histograms; the API requests it sent by verb and resource (its own counter) and its writes per job; its peak RSS
+and CPU; CPU seconds per control-plane process per phase (where the time goes); the
 load average. The last stdout line is one JSON object.
 
 With ``--nodes`` the bench starts its own cluster (``KF_CLUSTER_NAME``, default ``kf-bench-operator``) with that
@@ -394,6 +395,21 @@ def counter(text: str, name: str) -> float:
                ln.startswith(name + " "))
 
 
+def api_requests(text: str, jobs: int) -> dict[str, Any]:
+    """The operator's own account of the API requests it sent (``kubeforge_operator_api_requests_total``): by
+    "verb resource", the total, and writes (every verb but get/list) per job."""
+    name = "kubeforge_operator_api_requests_total{"
+    by: dict[str, int] = {}
+    for ln in text.splitlines():
+        if ln.startswith(name):
+            labels = dict(kv.split("=", 1) for kv in ln[len(name):ln.rindex("}")].split(",") if "=" in kv)
+            key = f'{labels.get("verb", "").strip(chr(34))} {labels.get("resource", "").strip(chr(34))}'
+            by[key] = by.get(key, 0) + int(float(ln.rsplit(" ", 1)[1]))
+    writes = sum(n for k, n in by.items() if k.split(" ")[0] not in ("get", "list"))
+    return {"total": sum(by.values()), "writes": writes, "writes_per_job": round(writes / max(jobs, 1), 2),
+            "by_verb_resource": dict(sorted(by.items(), key=lambda kv: -kv[1]))}
+
+
 # ---------------------------------------------------------------- where a job's start time goes
 def _ts(text: str | None) -> float | None:
     if not text:
@@ -528,6 +544,8 @@ def run_operator(out: dict[str, Any], c: apply.Cluster, k: harness.K, kubeconfig
             "reconcile_pass_s": histogram(start_metrics, "kubeforge_operator_reconcile_duration_seconds"),
             "reconciles": counter(start_metrics, "kubeforge_operator_reconciles_total"),
             "watch_events": counter(start_metrics, "kubeforge_operator_events_total"),
+            "api_requests": api_requests(start_metrics, jobs),
+            "status_writes_deferred": counter(start_metrics, "kubeforge_operator_status_writes_deferred_total"),
             "peak_rss_mib_after_start": round(op.peak_rss_kib() / 1024, 1),
         })
         try:   # last: one LIST of every pod, which an overloaded API server may not answer in time
@@ -543,6 +561,7 @@ def run_operator(out: dict[str, Any], c: apply.Cluster, k: harness.K, kubeconfig
             "reconcile_pass_s_total": histogram(end_metrics, "kubeforge_operator_reconcile_duration_seconds"),
             "peak_rss_mib": round(op.peak_rss_kib() / 1024, 1), "operator_cpu_s": round(op.cpu_seconds(), 1),
             "errors": counter(end_metrics, "kubeforge_operator_reconcile_errors_total"),
+            "api_requests_total": api_requests(end_metrics, jobs),
         })
     finally:
         watch.close()

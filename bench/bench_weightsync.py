@@ -1,7 +1,7 @@
 """Weight-sync micro-benchmark: full sync into a running vLLM engine vs a raw gloo broadcast of the same bytes.
 
     .venv/bin/python bench/bench_weightsync.py [--model tiny|smollm2-135m-instruct|all] [--reps N] \
-        [--dtype bfloat16|float32]
+        [--dtype bfloat16|float32] [--profile]
 
 For each model, in one run: a sender process (the "trainer", holding the HF model) and this process (the
 "generator", holding a real vLLM engine in-process) first time a raw gloo broadcast of one flat buffer as large as
@@ -12,7 +12,7 @@ in the background into its reusable buffers (metadata, buckets, ack) while this 
 batches, as a generator does; then, between batches, vLLM ``reload_weights`` with repacking, tied-weight refresh,
 prefix-cache reset). ``generation_pause_seconds`` is that load (``Engine.receive_weights`` once the bytes are
 staged): the time a generator stops sampling per sync; ``background_receive_seconds`` the receive that ran while
-it sampled. ``sync_seconds`` = the sender's broadcast + the engine's load. ``--dtype`` is the
+it sampled. ``sync_seconds`` = that receive + the load. ``--dtype`` is the
 dtype of the weights and the engine (the demo's is bfloat16). Prints one JSON line per model; ``ratio`` = sync
 GB/s / raw GB/s (medians after one warm-up each). ``receive_discard`` syncs run the same protocol into the engine's worker but
 discard the tensors instead of loading them: the difference to a full sync is vLLM's reload time. ``memcpy_*`` is one
@@ -134,7 +134,8 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
         for _ in range(args.reps + 1):
             # as a generator does: sample while the next sync lands in the background, load it between batches
             generated.append(generate_until_staged(eng))
-            engine_side.append(eng.receive_weights())
+            engine_side.append(profiled(eng.receive_weights) if args.profile and len(engine_side) == args.reps
+                               else eng.receive_weights())
         engine_side, generated = engine_side[1:], generated[1:]
         lines = [json.loads(x) for x in sender.communicate(timeout=600)[0].splitlines() if x.startswith("{")]
     finally:
@@ -146,9 +147,9 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
     wire_s = statistics.median(s["seconds"] for s in wire_syncs)
     raw_s = statistics.median(raw)
     memcpy_s = memcpy_seconds(nbytes=nbytes, reps=args.reps)
-    # end to end: the sender's broadcast (header to the receivers' ack, which a prefetching receiver sends once the
-    # bytes are in) plus the engine's load of them
-    sync_s = statistics.median(s["seconds"] + e.seconds for s, e in zip(syncs, engine_side))
+    # end to end: the engine's background receive (header to last bucket) plus its load of the bytes (the sender's
+    # own figure now also holds its wait for a receiver still sampling or loading the previous sync)
+    sync_s = statistics.median(e.receive_seconds + e.seconds for e in engine_side)
     report = {
         "model": args.model, "dtype": args.dtype, "bytes": nbytes, "reps": args.reps,
         "threads": torch.get_num_threads(),
@@ -170,6 +171,20 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
     }
     eng.close()
     return report
+
+
+def profiled(fn: Any) -> Any:
+    """``fn()`` under cProfile; the top of the profile (cumulative) goes to stderr."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+    print(text.getvalue(), file=sys.stderr, flush=True)
+    return out
 
 
 def generate_until_staged(eng: Any, *, limit_s: float = 600.0) -> int:
@@ -203,6 +218,7 @@ def main() -> None:
     p.add_argument("--model", default="all", choices=(*MODELS, "all"))
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--profile", action="store_true", help="cProfile the last load (the pause) to stderr")
     p.add_argument("--role", default="bench", choices=("bench", "sender"))
     p.add_argument("--raw-port", type=int, default=0)
     p.add_argument("--sync-port", type=int, default=0)

@@ -4,10 +4,9 @@
 
 The job runs with its own manifest plus a failure policy fit for the campaign (printed in the result):
 ``RestartRole`` for generators and verifiers (the trainer keeps running), the default ``RestartAll`` for trainers,
-``maxRestarts`` = kills + 2, ``progressDeadlineSeconds`` ``--deadline`` (default 300: a vLLM engine took up to
-226 s to start on the shared 2 cores at load 30, and a generator whose start outlasts the deadline is killed as
-Unhealthy and the trainer stalls waiting for its READY, round after round), and enough steps for every kill to land while it
-trains (at least 3 per kill). Kills pick a role at random (trainer, generator, verifier); every third kill waits
+``maxRestarts`` = kills + 2, ``progressDeadlineSeconds`` ``--deadline`` (default 300; a role's start, such as a vLLM
+engine load, has 3 times that before it counts as hung: 226 s were seen on the shared 2 cores at load 30), and
+enough steps for every kill to land while it trains (at least 3 per kill). Kills pick a role at random (trainer, generator, verifier); every third kill waits
 for the trainer to be in a weight sync and every third+1 in a checkpoint write (read from trainer 0's
 ``/healthz`` ``activity``), the rest land after a random delay. After each kill the campaign waits for the next
 new step (the recovery time) before the next kill.

@@ -230,6 +230,7 @@ class Result:
     memory: dict[str, Any] = dataclasses.field(default_factory=dict)
     checkpoints: list[str] = dataclasses.field(default_factory=list)
     phases: list[tuple[float, str]] = dataclasses.field(default_factory=list)
+    export: dict[str, Any] | None = None              # the export asked for on the RLJob, once status served it
 
     @property
     def succeeded(self) -> bool:
@@ -246,6 +247,7 @@ class Result:
                 "reward_last_step": rewards[-1] if rewards else None,
                 "reward_gain": round(rewards[-1] - rewards[0], 4) if rewards else None, **self.memory,
                 "failures": [{k: v for k, v in f.items() if k != "log_tail"} for f in self.failures],
+                "export": self.export,
                 "phases": [(round(t, 1), p) for t, p in self.phases]}
 
 
@@ -257,9 +259,11 @@ class Run:
     """One RLJob from apply to a terminal phase, with an optional trainer kill (state of the watch loop)."""
 
     def __init__(self, *, k: kube.Kubectl, namespace: str, name: str, workdir: pathlib.Path,
-                 kill_after_step: int | None, timeout_s: float) -> None:
+                 kill_after_step: int | None, timeout_s: float, export_after_step: int | None = None) -> None:
         self.k, self.ns, self.name, self.workdir = k, namespace, name, workdir
         self.kill_after_step, self.timeout_s = kill_after_step, timeout_s
+        self.export_after_step = export_after_step
+        self.export_request: tuple[str, float, int] | None = None    # (id, when asked, trainer step then)
         self.followers: dict[str, LogFollower] = {}     # "<role>:<pod uid>" -> follower
         self.sampler = RssSampler()
         self.seen: dict[str, dict[str, Any]] = {}
@@ -290,14 +294,16 @@ class Run:
                                                   path=path)
 
     def report_failures(self, pods: list[dict[str, Any]], *, lines: int = 40) -> None:
-        """Print the last ``lines`` log lines of every container that exited non-zero, once per container."""
+        """Print the last ``lines`` log lines of every container that exited non-zero, once per container (not the
+        SIGTERM exit, 143, of a pod being deleted: the operator scaling a finished or restarting job down)."""
         for p in pods:
             md = p["metadata"]
             for cs in p.get("status", {}).get("containerStatuses") or []:
                 for previous, state in ((False, cs.get("state") or {}), (True, cs.get("lastState") or {})):
                     term = state.get("terminated") or {}
                     cid = term.get("containerID") or f"{md['uid']}/{term.get('finishedAt')}"
-                    if not term or term.get("exitCode") in (0, None) or cid in self.reported:
+                    stopped = md.get("deletionTimestamp") and term.get("exitCode") == 143   # SIGTERM of a pod being deleted
+                    if not term or term.get("exitCode") in (0, None) or stopped or cid in self.reported:
                         continue
                     self.reported.add(cid)
                     args = ["logs", "-n", self.ns, md["name"], "-c", cs["name"], f"--tail={lines}"]
@@ -317,6 +323,25 @@ class Run:
                 if ann:
                     return int(json.loads(ann).get("step", 0))
         return 0
+
+    def ask_for_export(self, status: dict[str, Any], pods: list[dict[str, Any]], result: Result) -> None:
+        """Once trainer 0 reached ``export_after_step``: annotate the RLJob with an export request (as a user
+        would), then record ``status.progress.lastExport`` when it names that request."""
+        if self.export_after_step is None or result.export is not None:
+            return
+        if self.export_request is None:
+            if status.get("phase") == "Running" and (step := self.trainer_step(pods)) >= self.export_after_step:
+                rid = f"e2e-{uuid.uuid4().hex[:8]}"
+                self.k.run("annotate", "rljob", self.name, "-n", self.ns, f"kubeforge.dev/export-request={rid}",
+                           "--overwrite")
+                self.export_request = (rid, time.monotonic(), step)
+                log(f"asked for export {rid} at step {step}")
+            return
+        rid, asked, step = self.export_request
+        last = (status.get("progress") or {}).get("lastExport") or {}
+        if last.get("request") == rid:
+            result.export = {**last, "asked_at_step": step, "seconds": round(time.monotonic() - asked, 1)}
+            log(f"export {rid} served: {result.export}")
 
     def kill_trainer(self, *, step: int) -> dict[str, Any]:
         """Kill the trainer process (the child of the container's PID 1) with ``KILL_SIGNAL``."""
@@ -358,6 +383,7 @@ class Run:
                 if (self.kill_after_step is not None and result.killed is None and phase == "Running"
                         and (step := self.trainer_step(pods)) >= self.kill_after_step):
                     result.killed, t_kill = self.kill_trainer(step=step), time.monotonic()
+                self.ask_for_export(status, pods, result)
                 if result.killed is not None and result.failure_status is None and status.get("lastFailure"):
                     result.failure_status = status
                     log(f"failure in status: lastFailure={status['lastFailure']} restarts={status.get('restarts')}")
@@ -384,7 +410,7 @@ class Run:
 
 def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None = None,
         kill_after_step: int | None = 8, timeout_s: float = 1200.0, keep_namespace: bool = False,
-        base: pathlib.Path | None = None) -> Result:
+        base: pathlib.Path | None = None, export_after_step: int | None = None) -> Result:
     """Run the RLJob of ``base`` (default: examples/tiny.yaml) in real pods on ``cluster`` (whose real node is up);
     artefacts under ``workdir``. ``name`` defaults to the manifest's own."""
     doc = realjob.load_tiny(base) if base is not None else realjob.load_tiny()
@@ -404,8 +430,12 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
     try:
         job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints, base=doc)
         result = Run(k=k, namespace=ns, name=name, workdir=workdir, kill_after_step=kill_after_step,
-                     timeout_s=timeout_s).execute(job)
+                     timeout_s=timeout_s, export_after_step=export_after_step).execute(job)
         result.checkpoints = sorted(p.name for p in checkpoints.iterdir())
+        if result.export is not None and result.export.get("path"):     # the folder, seen on the host
+            folder = checkpoints / pathlib.PurePosixPath(str(result.export["path"])).relative_to(
+                realjob.CONTAINER_CHECKPOINTS)
+            result.export["files"] = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else None
         (workdir / "pods.json").write_text(json.dumps(result.pods, indent=1))
         return result
     finally:
@@ -419,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="artefacts (logs, checkpoints); default: a new temp dir")
     p.add_argument("--kill-after-step", type=int, default=8, help="kill the trainer at this step (-1: never)")
     p.add_argument("--timeout", type=float, default=1200.0)
+    p.add_argument("--export-after-step", type=int, default=-1,
+                   help="annotate the RLJob with an export request once trainer 0 reached this step (-1: never)")
     p.add_argument("--manifest", type=pathlib.Path,
                    help="the RLJob to run (default examples/tiny.yaml), e.g. examples/tiny-fsdp.yaml")
     args = p.parse_args(argv)
@@ -431,14 +463,16 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         result = run(cluster=got.cluster, workdir=workdir, timeout_s=args.timeout, base=args.manifest,
-                     kill_after_step=None if args.kill_after_step < 0 else args.kill_after_step)
+                     kill_after_step=None if args.kill_after_step < 0 else args.kill_after_step,
+                     export_after_step=None if args.export_after_step < 0 else args.export_after_step)
     finally:
         if got.started and os.environ.get("KF_KEEP_CLUSTER") != "1":
             lifecycle.down(workdir=got.cluster.workdir)
     figures = {**result.figures(), "cluster_setup_s": _r(got.setup_seconds), "workdir": str(workdir)}
     print("E2E-REAL " + json.dumps(figures), flush=True)
     print(json.dumps(result.status), flush=True)
-    return 0 if result.succeeded else 1
+    served = args.export_after_step < 0 or bool(result.export and result.export.get("files"))
+    return 0 if result.succeeded and served else 1
 
 
 if __name__ == "__main__":

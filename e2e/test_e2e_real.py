@@ -94,8 +94,8 @@ def test_every_role_ran_in_real_pods_on_the_real_node(result: run_real.Result) -
 def test_peers_are_headless_service_dns_names(result: run_real.Result) -> None:
     env = {e["name"]: e.get("value") for e in _role_pods(result, "generator")[0]["spec"]["containers"][0]["env"]}
     ns = result.pods[0]["metadata"]["namespace"]
-    assert env["KUBEFORGE_PEERS_TRAINER"] == f"tiny-trainer-0.tiny-trainer.{ns}.svc:29500"
-    assert env["KUBEFORGE_PEERS_VERIFIER"] == f"tiny-verifier-0.tiny-verifier.{ns}.svc:29500"
+    assert env["KUBEFORGE_PEERS_TRAINER"] == f"tiny-trainer-0.tiny.{ns}.svc:29500"
+    assert env["KUBEFORGE_PEERS_VERIFIER"] == f"tiny-verifier-0.tiny.{ns}.svc:29500"
 
 
 def test_vllm_generated_in_the_generator_pod(result: run_real.Result) -> None:

@@ -108,7 +108,8 @@ def test_examples_create_every_child_and_run(env: Any, ns: str) -> None:
         assert condition(st, "GangScheduled")["status"] == "True"
         assert all(c["observedGeneration"] == job(k, ns, name)["metadata"]["generation"] for c in st["conditions"])
         got = children(k, ns, name)
-        assert got["statefulsets"] == got["services"] == [f"{name}-generator", f"{name}-trainer", f"{name}-verifier"]
+        assert got["statefulsets"] == [f"{name}-generator", f"{name}-trainer", f"{name}-verifier"]
+        assert got["services"] == [name]          # one headless Service per job names every role's pods
         assert got["configmaps"] == [f"{name}-config"] and got["podgroups.scheduling.x-k8s.io"] == [name]
         assert got["serviceaccounts"] == got["roles"] == got["rolebindings"] == [f"{name}-runtime"]
         ps = pods(k, ns, name)
@@ -348,7 +349,7 @@ def test_operator_killed_mid_reconcile_leaves_no_duplicate_or_orphan(env: Any, n
     for name in names:
         uid = job(k, ns, name)["metadata"]["uid"]
         got = children(k, ns, name)
-        assert len(got["statefulsets"]) == len(got["services"]) == 3 and len(got["pods"]) == 3
+        assert len(got["statefulsets"]) == 3 and len(got["services"]) == 1 and len(got["pods"]) == 3
         assert len(got["configmaps"]) == len(got["podgroups.scheduling.x-k8s.io"]) == 1
         for kind in CHILD_KINDS[:-1]:
             for obj in k.items(kind, ns, f"{LABEL_JOB}={name}"):

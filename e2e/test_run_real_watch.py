@@ -78,3 +78,29 @@ def test_a_failed_container_is_reported_once_with_its_last_log_lines(tmp_path: p
     assert "job-trainer-1 (attempt 0) exited 1" in err and "    | line 4" in err
     run.report_failures([_pod("job-trainer-1", "trainer", uid="u1", running=False, exit_now=143, last_exit=1)])
     assert k.calls[-1] == ("logs", "-n", "ns", "job-trainer-1", "-c", "trainer", "--tail=40")
+    deleted = _pod("job-trainer-0", "trainer", uid="u0", running=False, exit_now=143)   # the scale-down's SIGTERM
+    deleted["metadata"]["deletionTimestamp"] = "2026-11-23T17:49:13Z"
+    run.report_failures([deleted])
+    assert len(k.calls) == 2 and len(run.failures) == 2
+
+
+def test_an_export_is_asked_for_on_the_rljob_and_read_back_from_status(tmp_path: pathlib.Path) -> None:
+    k = FakeKubectl()
+    run = run_real.Run(k=k, namespace="ns", name="job", workdir=tmp_path, kill_after_step=None,
+                       timeout_s=1, export_after_step=3)
+    result = run_real.Result(status={}, steps=10)
+    trainer = _pod("job-trainer-0", "trainer", uid="u0")
+    trainer["metadata"]["annotations"] = {"kubeforge.dev/progress": '{"step": 2}'}
+    run.ask_for_export({"phase": "Running"}, [trainer], result)
+    assert k.calls == [] and run.export_request is None                   # step 2 < 3: not yet
+    trainer["metadata"]["annotations"] = {"kubeforge.dev/progress": '{"step": 3}'}
+    run.ask_for_export({"phase": "Running"}, [trainer], result)
+    assert run.export_request is not None
+    rid = run.export_request[0]
+    assert k.calls == [("annotate", "rljob", "job", "-n", "ns", f"kubeforge.dev/export-request={rid}", "--overwrite")]
+    run.ask_for_export({"phase": "Running", "progress": {"lastExport": {"request": "older"}}}, [trainer], result)
+    assert result.export is None
+    served = {"request": rid, "path": "/checkpoints/export-step-4", "step": 4}
+    run.ask_for_export({"phase": "Running", "progress": {"lastExport": served}}, [trainer], result)
+    assert result.export is not None and result.export["path"] == served["path"]
+    assert result.export["asked_at_step"] == 3 and len(k.calls) == 1

@@ -186,3 +186,12 @@ def test_status_is_stable_when_nothing_changes() -> None:
     _, s1 = run(opbuilders.job("tiny"), ALL_READY)
     plan, s2 = run(_with(s1), ALL_READY, now=T0 + dt.timedelta(minutes=5))
     assert s2 == s1 and status.transitions(s1, s2, plan) == []
+
+
+def test_a_draining_job_restarting_its_stall_clock_is_detail_only() -> None:
+    a = rljob.RLJobStatus(phase="Restarting", attempt=1, last_progress_time="2026-11-22T12:00:00Z")
+    b = a.model_copy(update={"last_progress_time": "2026-11-22T12:00:04Z"})
+    assert status.substance(a) == status.substance(b)
+    running = [s.model_copy(update={"phase": "Running"}) for s in (a, b)]
+    assert status.substance(running[0]) != status.substance(running[1])
+    assert status.substance(a) != status.substance(a.model_copy(update={"attempt": 2}))

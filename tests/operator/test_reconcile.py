@@ -55,9 +55,9 @@ def test_replayed_pass_writes_status_once_and_skips_unchanged_objects() -> None:
     cache = reconcile.ApplyCache()
     out = reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
     assert out.phase == "Pending" and fake.status_writes == 1 and fake.events == ["Pending"]
-    assert ("PodGroup", "tiny") in fake.objects and fake.applies == 12
+    assert ("PodGroup", "tiny") in fake.objects and fake.applies == 10
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
-    assert fake.status_writes == 1 and fake.applies == 12 and fake.events == ["Pending"]
+    assert fake.status_writes == 1 and fake.applies == 10 and fake.events == ["Pending"]
 
 
 def test_suspend_then_resume_recreates_the_gang_object() -> None:
@@ -147,10 +147,87 @@ def test_a_pass_with_the_same_spec_and_context_neither_renders_nor_applies(monke
     real = reconcile.render.render
     monkeypatch.setattr(reconcile.render, "render", lambda job, ctx: calls.append(1) or real(job, ctx))
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
-    assert calls == [] and fake.applies == 12
+    assert calls == [] and fake.applies == 10
     fake.job["metadata"]["generation"] = 2                         # the spec changed: render and apply again
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
     assert calls == [1]
     cache.forget(("ns", "tiny"))                                   # a child was deleted: everything goes out again
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
-    assert calls == [1, 1] and fake.applies == 24
+    assert calls == [1, 1] and fake.applies == 20
+
+
+def test_status_writes_of_detail_only_are_paced_and_never_lost() -> None:
+    fake = FakeCluster(raw_job())
+    cache, t = reconcile.ApplyCache(), [100.0]
+    pacer = reconcile.StatusPacer(interval=5.0, clock=lambda: t[0])
+    key = ("ns", "tiny")
+
+    def run() -> reconcile.Outcome:
+        return reconcile.reconcile(fake, key, image="img", cache=cache, pacer=pacer,  # type: ignore[arg-type]
+                                   clock=lambda: opbuilders.T0)
+
+    assert run().phase == "Pending" and fake.status_writes == 1
+    placed = [opbuilders.pod("tiny", "generator", 0, phase="Pending", ready=False)] + \
+        [opbuilders.pod("tiny", r, 0, phase="Pending", ready=False, node=None) for r in ("verifier", "trainer")]
+    fake.list_pods = lambda namespace, job: placed  # type: ignore[method-assign]
+    t[0] += 1.0
+    out = run()                                # one pod bound: the gang's message only -> held back, re-run asked
+    assert fake.status_writes == 1 and out.requeue_after == 4.0
+    t[0] += 4.0
+    run()                                      # due: the detail goes out
+    gang_cond = {c["type"]: c for c in fake.job["status"]["conditions"]}["GangScheduled"]
+    assert fake.status_writes == 2 and gang_cond["message"] == "1/3 pods bound to nodes"
+    fake.list_pods = lambda namespace, job: opbuilders.gang("tiny")  # type: ignore[method-assign]
+    t[0] += 1.0
+    assert run().phase == "Running" and fake.status_writes == 3   # a phase change is written at once
+    assert fake.events == ["Pending", "Running"]
+
+
+def test_api_requests_are_counted_by_verb_and_resource() -> None:
+    from kubeforge.operator import apply
+
+    assert apply.verb_resource("GET", "/apis/kubeforge.dev/v1alpha1/namespaces/ns/rljobs/a") == ("get", "rljobs")
+    assert apply.verb_resource("GET", "/api/v1/namespaces/ns/pods?labelSelector=x") == ("list", "pods")
+    assert apply.verb_resource("PATCH", "/apis/kubeforge.dev/v1alpha1/namespaces/ns/rljobs/a/status",
+                               "application/merge-patch+json") == ("patch", "rljobs/status")
+    assert apply.verb_resource("PATCH", "/apis/apps/v1/namespaces/ns/statefulsets/a-trainer",
+                               "application/apply-patch+yaml") == ("apply", "statefulsets")
+    assert apply.verb_resource("POST", "/api/v1/namespaces/ns/events") == ("create", "events")
+    assert apply.verb_resource("DELETE", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/k") \
+        == ("delete", "validatingwebhookconfigurations")
+
+
+def test_a_statefulset_whose_immutable_fields_changed_is_recreated_with_its_pods_orphaned() -> None:
+    import pytest
+
+    from kubeforge.operator import apply
+
+    class Immutable(FakeCluster):
+        """A StatefulSet made by an older operator (another serviceName): the API server refuses the change."""
+
+        def __init__(self, job: dict[str, Any]) -> None:
+            super().__init__(job)
+            self.objects[("StatefulSet", "tiny-trainer")] = {"spec": {"serviceName": "tiny-trainer"}}
+            self.deleted: list[tuple[str, str]] = []
+
+        def apply(self, obj: dict[str, Any]) -> None:
+            old = self.objects.get((obj["kind"], obj["metadata"]["name"]))
+            if obj["kind"] == "StatefulSet" and old and old["spec"]["serviceName"] != obj["spec"]["serviceName"]:
+                raise apply.ApiError(422, "PATCH", "/apis/apps/v1/.../tiny-trainer", 'StatefulSet.apps '
+                                     '"tiny-trainer" is invalid: spec: Forbidden: updates to statefulset spec for '
+                                     "fields other than 'replicas', 'ordinals', 'template', 'updateStrategy'")
+            super().apply(obj)
+
+        def delete(self, obj: dict[str, Any], *, propagation: str = "Background") -> None:
+            self.deleted.append((obj["metadata"]["name"], propagation))
+            super().delete(obj)
+
+    fake = Immutable(raw_job())
+    cache = reconcile.ApplyCache()
+    with pytest.raises(apply.ApiError) as err:           # transient: the router retries the pass
+        reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    assert err.value.status == 409 and fake.deleted == [("tiny-trainer", "Orphan")]
+    assert "status" not in fake.job or "ApplyFailed" not in str(fake.job["status"])
+    reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache)  # type: ignore[arg-type]
+    assert fake.objects[("StatefulSet", "tiny-trainer")]["spec"]["serviceName"] == "tiny"
+    assert [o["metadata"]["name"] for (kind, _), o in fake.objects.items() if kind == "Service"] == ["tiny"]

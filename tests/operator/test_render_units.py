@@ -15,11 +15,22 @@ def _by_kind(out: render.Rendered, kind: str) -> list[dict]:
 
 def test_every_child_is_owned_and_labelled() -> None:
     out = render.render(opbuilders.job("tiny"), CTX)
-    assert len(out.desired) == 1 + 3 + 1 + 3 + 1 + 3  # config, rbac, network policy, services, podgroup, statefulsets
+    assert len(out.desired) == 1 + 3 + 1 + 1 + 1 + 3  # config, rbac, network policy, service, podgroup, statefulsets
     for obj in out.desired:
         assert obj["metadata"]["labels"][contract.LABEL_JOB] == "tiny"
         ref = obj["metadata"]["ownerReferences"][0]
         assert ref["uid"] == "u" and ref["controller"] is True and ref["kind"] == "RLJob"
+
+
+def test_one_headless_service_names_every_role_pod() -> None:
+    out = render.render(opbuilders.job("tiny"), CTX)
+    (svc,) = _by_kind(out, "Service")
+    assert svc["metadata"]["name"] == contract.service_name("tiny") == "tiny"
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    for sts in _by_kind(out, "StatefulSet"):   # a pod's DNS name is <hostname>.<serviceName>: the one Service
+        assert sts["spec"]["serviceName"] == "tiny"
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
 
 
 def test_env_contract_peers_and_world_sizes() -> None:
@@ -27,7 +38,7 @@ def test_env_contract_peers_and_world_sizes() -> None:
     envs = {e["name"]: e for e in env.role_env(job, CTX, role="trainer")}
     assert envs[contract.env_replicas("generator")]["value"] == "3"
     peers = envs[contract.env_peers("generator")]["value"].split(",")
-    assert peers == [f"tiny-generator-{i}.tiny-generator.ns.svc:{contract.DEFAULT_PORT_BASE}" for i in range(3)]
+    assert peers == [f"tiny-generator-{i}.tiny.ns.svc:{contract.DEFAULT_PORT_BASE}" for i in range(3)]
     assert envs[contract.ENV_INDEX]["valueFrom"]["fieldRef"]["fieldPath"] == \
         f"metadata.labels['{names.LABEL_POD_INDEX}']"
     assert envs[contract.ENV_BIND_HOST]["value"] == "0.0.0.0"

@@ -8,7 +8,7 @@ import uuid
 from kubeforge.runtime import transport, wire
 from kubeforge.runtime.roles import generator as generator_role
 
-TRAINER_WEIGHTS = ("job-trainer-0.job-trainer.ns.svc", 29504)
+TRAINER_WEIGHTS = ("job-trainer-0.job.ns.svc", 29504)
 
 
 class Weights:

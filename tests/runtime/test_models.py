@@ -109,6 +109,20 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path: pathlib.Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
 
 
+def test_a_build_without_config_is_refused_and_a_folder_without_one_is_rebuilt(tmp_path: pathlib.Path) -> None:
+    def tokenizer_only(target: pathlib.Path) -> None:     # what save_pretrained leaves on a rank other than 0
+        (target / "tokenizer.json").write_text("{}")
+
+    with pytest.raises(cache.BuildError, match="config.json"):
+        cache.ensure("m-v1", tokenizer_only, cache_root=tmp_path)
+    assert not (tmp_path / "m-v1").exists()
+    broken = tmp_path / "m-v1"                             # published by an older build: marked, no config
+    broken.mkdir()
+    (broken / cache.COMPLETE_MARKER).write_text("ok\n")
+    got = cache.ensure("m-v1", lambda t: (t / "config.json").write_text("{}"), cache_root=tmp_path)
+    assert got == broken and (got / "config.json").is_file()
+
+
 def test_path_models_must_be_hf_folders(tmp_path: pathlib.Path) -> None:
     with pytest.raises(models.ModelNotFound, match="spec.model.path"):
         models.resolve(rljob.ModelSpec(path=str(tmp_path)))

@@ -96,8 +96,13 @@ MAX_JOB_NAME_LENGTH = 40  # "<name>-generator" must stay <= 52 chars (StatefulSe
 
 
 def child_name(job: str, role: str) -> str:
-    """Deterministic name of a role's StatefulSet and headless Service."""
+    """Deterministic name of a role's StatefulSet."""
     return f"{job}-{role}"
+
+
+def service_name(job: str) -> str:
+    """The job's one headless Service: every pod of every role is named under it (``peer_host``)."""
+    return job
 
 
 def pod_name(job: str, role: str, index: int) -> str:
@@ -106,6 +111,7 @@ def pod_name(job: str, role: str, index: int) -> str:
 
 
 def peer_host(job: str, role: str, index: int, namespace: str) -> str:
-    """Stable DNS name of a pod behind its role's headless Service (a trainer finds a generator that joins a
-    running job by it: generator replicas are elastic)."""
-    return f"{pod_name(job, role, index)}.{child_name(job, role)}.{namespace}.svc"
+    """Stable DNS name of a pod behind the job's headless Service (a trainer finds a generator that joins a
+    running job by it: generator replicas are elastic). Pod names are unique across roles, so one Service serves
+    every role."""
+    return f"{pod_name(job, role, index)}.{service_name(job)}.{namespace}.svc"

@@ -18,6 +18,7 @@ from typing import Any
 import urllib3
 
 from kubeforge.api import contract
+from kubeforge.operator import metrics
 
 Obj = dict[str, Any]
 
@@ -34,6 +35,20 @@ KINDS: dict[tuple[str, str], str] = {
     ("scheduling.run.ai/v2alpha2", "PodGroup"): "podgroups",
     (contract.API_VERSION, contract.KIND): contract.PLURAL,
 }
+
+
+def verb_resource(method: str, path: str, content_type: str = "application/json") -> tuple[str, str]:
+    """The Kubernetes verb and resource (``plural[/subresource]``) of a REST call, for the request counter."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        rest = rest[2:]
+    resource = rest[0] if rest else ""
+    if len(rest) > 2:
+        resource += "/" + rest[2]
+    verb = {"GET": "get" if len(rest) > 1 else "list", "POST": "create", "PUT": "update", "DELETE": "delete",
+            "PATCH": "apply" if content_type == "application/apply-patch+yaml" else "patch"}.get(method, method)
+    return verb, resource
 
 
 class ApiError(RuntimeError):
@@ -105,6 +120,7 @@ class Cluster:
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body).encode()
+        metrics.API_REQUESTS.labels(*verb_resource(method, path, content_type)).inc()
         resp = self._http.request(method, url, body=data, headers=headers)
         text = resp.data.decode("utf-8", "replace")
         if resp.status == 404 and method in ("GET", "DELETE"):

@@ -44,6 +44,7 @@ class Options:
     health_port: int = 8081
     runtime_image: str = names.DEFAULT_RUNTIME_IMAGE
     workers: int = 16
+    status_interval: float = 5.0
     log_format: str = "json"
     verbose: bool = False
     webhook: bool = True
@@ -71,6 +72,9 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--health-port", type=int, default=8081, help="Liveness /healthz port (0: off).")
     p.add_argument("--runtime-image", default=names.DEFAULT_RUNTIME_IMAGE, help="Image of roles that name none.")
     p.add_argument("--workers", type=int, default=16, help="Reconcile worker threads.")
+    p.add_argument("--status-interval", type=float, default=5.0, help="Seconds between two status writes of one "
+                   "job that change only counts or messages (a phase, condition or failure is written at once; "
+                   "0: every change at once).")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("-v", "--verbose", action="store_true")
     w = p.add_argument_group("admission webhook (docs/security.md)")
@@ -90,7 +94,8 @@ def parse_args(argv: Sequence[str]) -> Options:
     a = p.parse_args(list(argv))
     return Options(namespaces=tuple(a.namespace), all_namespaces=a.all_namespaces or not a.namespace,
                    kubeconfig=a.kubeconfig, metrics_port=a.metrics_port, health_port=a.health_port,
-                   runtime_image=a.runtime_image, workers=a.workers, log_format=a.log_format, verbose=a.verbose,
+                   runtime_image=a.runtime_image, workers=a.workers,
+                   status_interval=a.status_interval, log_format=a.log_format, verbose=a.verbose,
                    webhook=a.webhook, webhook_addr=a.webhook_addr, webhook_port=a.webhook_port,
                    webhook_host=a.webhook_host, webhook_cert_dir=a.webhook_cert_dir,
                    leader_elect=a.leader_elect, leader_lease=a.leader_lease,
@@ -106,10 +111,11 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, appl
     cache = reconcile.ApplyCache()
     appliers = concurrent.futures.ThreadPoolExecutor(max_workers=opts.workers * 2, thread_name_prefix="apply")
     jobs, pods = watchcache.JobCache(), watchcache.PodCache()
+    pacer = reconcile.StatusPacer(interval=opts.status_interval)
 
     def work(key: tuple[str, str], failures: list[Any]) -> reconcile.Outcome:
         return reconcile.reconcile(cluster, key, image=opts.runtime_image, cache=cache, pool=appliers,
-                                   seen_failures=failures, jobs=jobs, pods=pods)
+                                   seen_failures=failures, jobs=jobs, pods=pods, pacer=pacer)
 
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
     hook = webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,

@@ -2,8 +2,8 @@
 
 Series: reconciles and errors per triggering handler, reconcile duration and latency (event to pass done), RLJobs
 by phase (this process's view), the time from an RLJob's creation to its gang first Running, failures acted on (by role, reason, action) and the
-time from a restart decision to every role ready again; whether this process is the active replica, and the
-admission reviews its webhook server answered.
+time from a restart decision to every role ready again; the API requests it sent (by verb and resource); whether
+this process is the active replica, and the admission reviews its webhook server answered.
 """
 from __future__ import annotations
 
@@ -38,6 +38,12 @@ RECOVERY = prom.Histogram("kubeforge_operator_recovery_seconds", "Seconds from a
 
 LEADER = prom.Gauge("kubeforge_operator_leader", "1 while this process is the active operator (holds the Lease, "
                     "or runs without leader election), 0 while it stands by.", registry=REGISTRY)
+API_REQUESTS = prom.Counter("kubeforge_operator_api_requests_total", "Requests this process sent to the API server, "
+                            "by verb (get, list, create, apply, patch, update, delete) and resource (plural, with "
+                            "its subresource: rljobs/status).", ["verb", "resource"], registry=REGISTRY)
+STATUS_DEFERRED = prom.Counter("kubeforge_operator_status_writes_deferred_total", "Status writes of detail only "
+                               "(counts, messages) held back because the job's status was written less than the "
+                               "pacing interval ago (the pass runs again when it is due).", registry=REGISTRY)
 ADMISSION = prom.Counter("kubeforge_operator_admission_reviews_total", "Admission reviews answered by the operator's "
                          "own webhook server, by result (allowed, denied, malformed: answered 400 and dropped).",
                          ["result"], registry=REGISTRY)

@@ -51,7 +51,7 @@ def pod_group(job: str) -> str:
 
 
 pod = contract.pod_name            # replica ``index`` of ``role`` (StatefulSet ordinal naming)
-peer_host = contract.peer_host     # stable DNS name of a pod behind its role's headless Service
+peer_host = contract.peer_host     # stable DNS name of a pod behind the job's headless Service
 
 
 def network_policy(job: str) -> str:

@@ -3,7 +3,9 @@
 Role: the single function every event routes to (``router`` calls it from a worker thread). Neighbours: ``apply``
 (the API), ``observed``/``lifecycle``/``render``/``status`` (pure). Invariants:
 - replaying a pass is harmless: child names are deterministic and server-side apply is declarative;
-- the status is written at most once per pass, and only when it changed; events go out after that write;
+- the status is written at most once per pass, and only when it changed; events go out after that write; a change
+  of detail only (counts, messages: ``status.substance`` equal) waits until ``StatusPacer``'s interval after the
+  job's last write, and the pass asks to run again then, so the detail is late by at most that interval, never lost;
 - a pass never trusts in-memory state for correctness: the ``ApplyCache`` only skips re-sending an object this
   process already applied unchanged (it is dropped when a child is deleted, and expires), so a restarted
   operator re-applies everything once.
@@ -23,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubeforge.api import failures, load, rljob
-from kubeforge.operator import apply, exports, lifecycle, observed, reasons, render, status, timefmt, watchcache
+from kubeforge.operator import apply, exports, lifecycle, metrics, observed, reasons, render, status, timefmt, watchcache
 from kubeforge.operator.render import context, meta, secret
 
 log = logging.getLogger("kubeforge.operator")
@@ -99,6 +101,33 @@ class ApplyCache:
             self._keyed.add(job)
 
 
+class StatusPacer:
+    """When each job's status was last written by this process, so that writes changing detail only (a pod more
+    ready, a count in a message) go out at most once per ``interval`` per job: each such write is a full
+    status-subresource update, a watch event to every RLJob watcher and an etcd write, and without pacing a job
+    of 10 pods costs one per pod scheduled and one per pod ready. Soft state: a restarted operator writes at once."""
+
+    def __init__(self, *, interval: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval = interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[Key, float] = {}
+
+    def wait(self, job: Key) -> float:
+        """Seconds until a detail-only write of ``job`` is due (0: now)."""
+        with self._lock:
+            last = self._last.get(job)
+        return 0.0 if last is None else max(0.0, last + self._interval - self._clock())
+
+    def wrote(self, job: Key) -> None:
+        with self._lock:
+            self._last[job] = self._clock()
+
+    def forget(self, job: Key) -> None:
+        with self._lock:
+            self._last.pop(job, None)
+
+
 def _status_doc(s: rljob.RLJobStatus | None) -> dict[str, Any] | None:
     return None if s is None else s.model_dump(mode="json", by_alias=True)
 
@@ -111,6 +140,27 @@ def _parse(raw: meta.Obj) -> rljob.RLJob | None:
         return None
 
 
+#: The API server's refusal of a change to a StatefulSet field that cannot change (e.g. ``serviceName`` of a job
+#: made by an operator that gave each role its own Service): the StatefulSet must be re-created.
+IMMUTABLE_STS = "Forbidden: updates to statefulset spec for fields other than"
+
+
+def _apply_one(cluster: apply.Cluster, obj: meta.Obj) -> None:
+    """Server-side apply ``obj``; a StatefulSet whose immutable fields changed is deleted with its pods orphaned
+    (they keep running and the re-created StatefulSet adopts them: same selector, ``OnDelete``) and the refusal
+    is raised as a conflict, so the router retries the pass and re-creates it."""
+    try:
+        cluster.apply(obj)
+    except apply.ApiError as exc:
+        if obj["kind"] != "StatefulSet" or exc.status != 422 or IMMUTABLE_STS not in str(exc):
+            raise
+        log.warning("re-creating StatefulSet %s/%s (immutable fields changed), its pods orphaned meanwhile",
+                    obj["metadata"]["namespace"], obj["metadata"]["name"])
+        cluster.delete(obj, propagation="Orphan")
+        raise apply.ApiError(409, "PATCH", obj["metadata"]["name"], "re-created: immutable fields changed") \
+            from exc
+
+
 def apply_all(cluster: apply.Cluster, key: Key, objs: Iterable[meta.Obj], *, cache: ApplyCache,
               pool: concurrent.futures.Executor | None = None) -> None:
     """Server-side apply every object not already applied unchanged, in two waves: what pods need first
@@ -120,9 +170,9 @@ def apply_all(cluster: apply.Cluster, key: Key, objs: Iterable[meta.Obj], *, cac
     for wave in ([o for o in todo if o["kind"] != "StatefulSet"], [o for o in todo if o["kind"] == "StatefulSet"]):
         if pool is None or len(wave) < 2:
             for obj in wave:
-                cluster.apply(obj)
+                _apply_one(cluster, obj)
         else:
-            list(pool.map(cluster.apply, wave))
+            list(pool.map(lambda o: _apply_one(cluster, o), wave))
         for obj in wave:
             cache.remember(key, obj)
 
@@ -156,13 +206,17 @@ def _write_status(cluster: apply.Cluster, key: Key, doc: dict[str, Any], jobs: w
 def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache,
               pool: concurrent.futures.Executor | None = None, seen_failures: Iterable[observed.Failure] = (),
               clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
-              jobs: watchcache.JobCache | None = None, pods: watchcache.PodCache | None = None) -> Outcome:
+              jobs: watchcache.JobCache | None = None, pods: watchcache.PodCache | None = None,
+              pacer: StatusPacer | None = None) -> Outcome:
     """Bring the children and the status of RLJob ``key`` (namespace, name) in line with its spec. With the watch
-    caches (``jobs``, ``pods``) the pass reads the RLJob and its pods from them instead of GET and LIST."""
+    caches (``jobs``, ``pods``) the pass reads the RLJob and its pods from them instead of GET and LIST; with a
+    ``pacer``, status writes of detail only are paced per job."""
     namespace, name = key
     raw = _read_job(cluster, key, jobs)
     if raw is None or raw["metadata"].get("deletionTimestamp"):
         cache.forget(key)
+        if pacer is not None:
+            pacer.forget(key)
         return Outcome(gone=True)
     job = _parse(raw)
     if job is None:
@@ -176,6 +230,8 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         log.info("deleting %s/%s: ttlSecondsAfterFinished expired", namespace, name)
         cluster.delete_rljob(namespace, name)
         cache.forget(key)
+        if pacer is not None:
+            pacer.forget(key)
         return Outcome(gone=True, phase=job.status.phase if job.status else None)
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
                                 active=plan.active, gang_active=plan.gang_active, image=image)
@@ -190,8 +246,17 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         _apply_children(cluster, key, job, ctx, raw, now=now, cache=cache, pool=pool, jobs=jobs)
         cache.applied(key, render_key)
     new = status.compute(job, obs, plan, generation=raw["metadata"].get("generation"), now=now)
+    requeue = plan.requeue_after
     if _status_doc(new) != _status_doc(job.status):
-        _write_status(cluster, key, _status_doc(new) or {}, jobs)
+        wait = pacer.wait(key) if pacer is not None and status.substance(new) == status.substance(job.status) \
+            else 0.0
+        if wait > 0:             # detail only, and written lately: the pass runs again when the write is due
+            metrics.STATUS_DEFERRED.inc()
+            requeue = wait if requeue is None else min(requeue, wait)
+        else:
+            _write_status(cluster, key, _status_doc(new) or {}, jobs)
+            if pacer is not None:
+                pacer.wrote(key)
     for ev in status.transitions(job.status, new, plan):
         cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
     handoff = exports.relay(job, obs, attempt=plan.attempt, served=new.progress.last_export,
@@ -200,7 +265,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         cluster.patch_pod(namespace, handoff.pod, handoff.patch())
     ready = next((c.status == "True" for c in new.conditions if c.type == reasons.READY), False)
     return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
-                   requeue_after=plan.requeue_after, created=raw["metadata"].get("creationTimestamp"),
+                   requeue_after=requeue, created=raw["metadata"].get("creationTimestamp"),
                    decision=plan.decision, all_ready=ready)
 
 

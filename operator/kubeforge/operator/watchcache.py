@@ -9,7 +9,10 @@ Invariants:
   older than the one this process wrote last (no failure is handled twice from a stale status);
 - a job's pods are "known" only after one LIST was merged in this process, and for at most ``max_age`` seconds
   after it: then the next pass lists again (bounds the damage of a missed DELETED event, e.g. across a watch
-  that had to re-list). Until then ``pods()`` answers None and the pass lists, as before.
+  that had to re-list). Until then ``pods()`` answers None and the pass lists, as before. ``max_age`` is 300 s:
+  a LIST with a label selector makes the API server scan every pod of the namespace, so at 60 s the re-lists of
+  1,000 jobs (10,000 pods) cost O(jobs x pods) every minute of a long start; a missed DELETED is rare (the watch
+  resumes from its resourceVersion) and 5 minutes still bounds it.
 Memory: pods are kept as ``observed.PodFacts`` (a few hundred bytes), never as raw bodies.
 """
 from __future__ import annotations
@@ -80,7 +83,7 @@ class JobCache:
 class PodCache:
     """job key -> {pod UID: (resourceVersion, facts)} from pod watch events, merged with one LIST per job."""
 
-    def __init__(self, *, max_age: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, max_age: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._pods: dict[Key, dict[str, tuple[int, observed.PodFacts]]] = {}
         self._listed: dict[Key, float] = {}     # job -> when its last LIST was merged

@@ -251,11 +251,14 @@ def _handler(server: MetricsServer) -> type[http.server.BaseHTTPRequestHandler]:
                 self._reply(404, b"not found\n")
 
         def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):   # a probe or scraper that gave up: nothing to say
+                pass
 
         def log_message(self, format: str, *args: Any) -> None:  # scrapes every few seconds: keep logs quiet
             pass

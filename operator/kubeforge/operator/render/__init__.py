@@ -24,7 +24,7 @@ def render(job: rljob.RLJob, ctx: context.RenderContext) -> Rendered:
     """Every child of ``job`` for this context."""
     gang = gangs.render(job, ctx)
     desired: list[meta.Obj] = [config.config_map(job, ctx), *rbac.objects(job, ctx), network.network_policy(job, ctx)]
-    desired += [service.headless_service(job, ctx, role=r) for r in contract.ROLES]
+    desired.append(service.headless_service(job, ctx))
     absent: list[meta.Obj] = []
     (desired if ctx.gang_active else absent).extend(gang.objects)
     desired += [statefulset.statefulset(job, ctx, gang, role=r) for r in contract.ROLES]

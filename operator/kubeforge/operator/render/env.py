@@ -1,7 +1,7 @@
 """The env contract of a role's container (``kubeforge.api.contract``), as Kubernetes env entries.
 
 Role: tells each process who it is (role, index, attempt), who its peers are (stable DNS names behind the
-headless Services, all at ``contract.DEFAULT_PORT_BASE``) and how big each role is. The same variables the local
+job's headless Service, all at ``contract.DEFAULT_PORT_BASE``) and how big each role is. The same variables the local
 launcher sets for a plain process. Invariant: peers and world sizes come from the spec alone, so every pod of an
 attempt sees the same world (a replica change starts a new attempt; see ``lifecycle``).
 """

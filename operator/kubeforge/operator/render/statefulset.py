@@ -137,7 +137,7 @@ def statefulset(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPar
         "metadata": meta.metadata(job, ctx, name=name, labels={contract.LABEL_ROLE: role}),
         "spec": {
             "replicas": replicas,
-            "serviceName": name,
+            "serviceName": contract.service_name(job.metadata.name),
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": meta.role_labels(job, role)},

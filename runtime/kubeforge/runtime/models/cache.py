@@ -9,6 +9,10 @@ Invariants:
 - Two processes starting at once never both build: an exclusive ``flock`` on ``<root>/.<name>.lock`` serialises
   them; the second finds the finished folder when it gets the lock.
 - Folder names carry a version, so a changed builder never reuses an old folder.
+- A build that leaves no ``config.json`` is an error (nothing is published), and a folder marked complete without
+  one is built again: transformers' ``save_pretrained`` silently writes nothing on a torch.distributed rank other
+  than 0, so a builder run after a process group exists (trainer rank >= 1 with its own cache, as in a pod) would
+  otherwise publish a folder of tokenizer files only (``roles/start_trainer`` resolves the model before joining).
 """
 from __future__ import annotations
 
@@ -43,16 +47,31 @@ def _locked(path: pathlib.Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+REQUIRED = "config.json"
+
+
+class BuildError(RuntimeError):
+    """A builder finished without writing a model folder."""
+
+
+def _complete(folder: pathlib.Path) -> bool:
+    return (folder / COMPLETE_MARKER).exists() and (folder / REQUIRED).is_file()
+
+
 def ensure(name: str, build: Builder, *, cache_root: pathlib.Path | None = None) -> pathlib.Path:
     """Return ``<root>/<name>``, calling ``build(tmpdir)`` first if it is not there yet (once per machine)."""
     base = cache_root or root()
     final = base / name
-    if (final / COMPLETE_MARKER).exists():
+    if _complete(final):
         return final
     with _locked(base / f".{name}.lock"):
-        if (final / COMPLETE_MARKER).exists():
+        if _complete(final):
             return final
         with publish.folder(final) as tmp:  # replaces a partial folder from an older, non-atomic writer
             build(tmp)
+            if not (tmp / REQUIRED).is_file():
+                raise BuildError(f"building model {name!r} wrote no {REQUIRED} (files: "
+                                 f"{sorted(p.name for p in tmp.iterdir())}); transformers saves nothing on a "
+                                 "torch.distributed rank other than 0: build before joining a process group")
             (tmp / COMPLETE_MARKER).write_text("ok\n")
     return final

@@ -139,8 +139,11 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                                     hwm=(s.max_policy_lag + 2) * s.prompts_per_step + 64)
     control = (transport.open_receiver(role_main.bind(cfg, contract.PORT_CONTROL), on_drop=m.drop_hook())
                if cfg.index == 0 else None)     # bound before the slow parts: generators connect to it at start
+    # Built-ins are built before joining the group: once a process group exists, transformers' save_pretrained
+    # writes nothing on ranks other than 0, and a trainer pod has its own model cache (models/cache.py).
+    model_path = models.resolve(spec.model)
     group = _group(cfg)
-    learner = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm, dtype=spec.model.dtype,
+    learner = step.Trainer(model_path=model_path, algorithm=spec.algorithm, dtype=spec.model.dtype,
                            group=group, device=str(group.device),
                            logit_temperature=spec.algorithm.temperature or 1.0,
                            scale=step.Scale.from_spec(spec.roles.trainer), lora=spec.model.lora)
