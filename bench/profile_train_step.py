@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/profile_train_step.py [--example examples/arithmetic-smollm2.yaml] [--steps 3]
                                                  [--threads N] [--top 15] [--share-prefix] [--ab]
-                                                 [--compare share-prefix|autocast]
+                                                 [--compare share-prefix|autocast|attention]
 
 Builds ``trainer.step.Trainer`` exactly as the trainer role does (the example's model, dtype, algorithm), feeds it
 groups shaped like the example's steps (its real prompts, ``promptsPerStep`` x ``groupSize`` completions of
@@ -13,7 +13,8 @@ achieved GFLOP/s, and the top operators by self CPU time under ``torch.profiler`
 two variants of the step on the same batches and prints wall and process CPU seconds of each (CPU time is what a
 loaded machine distorts least): ``share-prefix`` (each distinct prompt once vs the full forward; ``--ab`` is its
 old name) or ``autocast`` (the trainer's bf16 compute copy, ``trainer/shadow.py``, vs autocast over the float32
-masters, the path before it). Nothing else runs in this process; the load average is printed beside the figures.
+masters, the path before it) or ``attention`` (eager attention for short rows vs SDPA on the compute copy,
+``trainer/logprobs.py`` "Short rows"). Nothing else runs in this process; the load average is printed beside the figures.
 """
 from __future__ import annotations
 
@@ -128,10 +129,21 @@ def _compute_copy(trainer: step.Trainer, on: bool) -> None:
         copy.refresh(trainable_only=False)      # the masters moved while autocast ran
 
 
+_EAGER: dict[int, int] = {}      # id(trainer) -> the compute policy's eager-attention limit
+
+
+def _eager_attention(trainer: step.Trainer, on: bool) -> None:
+    limit = _EAGER.setdefault(id(trainer), trainer.compute_policy.eager_attention_max_tokens)
+    if not limit:
+        raise SystemExit("--compare attention: this trainer does not use eager attention")
+    trainer.compute_policy.eager_attention_max_tokens = limit if on else 0
+
+
 # name -> (label when on, label when off, switch)
 VARIANTS: dict[str, tuple[str, str, Callable[[step.Trainer, bool], None]]] = {
     "share-prefix": ("shared", "full", _share_prefix),
     "autocast": ("compute_copy", "autocast", _compute_copy),
+    "attention": ("eager", "sdpa", _eager_attention),
 }
 
 

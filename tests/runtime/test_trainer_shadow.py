@@ -10,6 +10,7 @@ import torch
 import _trainer_util as util
 from kubeforge.api import rljob
 from kubeforge.runtime.trainer import batch as batch_mod
+from kubeforge.runtime.trainer import policy as policy_mod
 from kubeforge.runtime.trainer import precision, step
 
 
@@ -119,3 +120,37 @@ def test_lora_with_a_compute_copy_trains_adapters_only(tiny: Path) -> None:
     _copy_matches_masters(t)
     assert all(torch.equal(p, frozen[n]) for n, p in t.model.named_parameters() if n in frozen)
     assert any(float(p.abs().max()) > 0 for n, p in t.model.named_parameters() if ".lora_B." in n)
+
+
+def test_short_rows_run_eager_attention_with_sdpas_results_and_long_rows_keep_sdpa(tiny: Path) -> None:
+    """logprobs "Short rows": the CPU compute copy runs HF's eager attention for rows up to
+    policy.EAGER_ATTENTION_MAX_TOKENS tokens (same logprobs and gradients as SDPA within bf16 rounding), the
+    model's own implementation above it and whenever activation checkpointing recomputes the blocks."""
+    t = step.Trainer(model_path=tiny, algorithm=util.algorithm(), dtype="bfloat16")
+    pol = t.compute_policy
+    assert pol.eager_attention_max_tokens == policy_mod.EAGER_ATTENTION_MAX_TOKENS > 0
+    own = pol.lm.config._attn_implementation
+    assert own != "eager"
+    seen: list[str] = []
+    layer = pol.lm.get_decoder().layers[0].self_attn
+    hook = layer.register_forward_pre_hook(lambda mod, args: seen.append(mod.config._attn_implementation))
+    b = batch_mod.collate(groups=util.synthetic_groups(step=0, prompts=3, group_size=4), pad_id=t.pad_id,
+                          scale_by_std=True)
+    w = torch.randn(b.completion_ids.shape, generator=torch.Generator().manual_seed(0)) * b.completion_mask
+
+    def run(limit: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        pol.eager_attention_max_tokens = limit
+        t.model.zero_grad(set_to_none=True)
+        logp, _ = pol.run(b, device=t.device)
+        (logp * w).sum().backward()
+        return logp.detach(), {n: p.grad.clone() for n, p in t.model.named_parameters() if p.grad is not None}
+
+    eager, sdpa = run(policy_mod.EAGER_ATTENTION_MAX_TOKENS), run(int(b.input_ids.shape[1]) - 1)
+    hook.remove()
+    assert seen == ["eager", own] and pol.lm.config._attn_implementation == own     # switched for one forward
+    m = b.completion_mask > 0
+    assert float((eager[0] - sdpa[0])[m].abs().max()) < 0.02
+    assert _global_rel(eager[1], sdpa[1]) < 0.05
+    ac = step.Trainer(model_path=tiny, algorithm=util.algorithm(), dtype="bfloat16",
+                      scale=step.Scale(activation_checkpointing=True))
+    assert ac.compute_policy.eager_attention_max_tokens == 0

@@ -25,12 +25,21 @@ trainer: measured on the demo (2 CPU cores, bf16 autocast; ``bench/profile_train
 overhead (autocast casts, elementwise ops) that a second decoder pass doubles, not by FLOPs. It is kept, tested,
 for long prompts and GPUs, where the FLOPs dominate.
 
+Short rows: the trainer's compute copy on CPU runs the decoder with HF's plain ("eager": matmul, float32 softmax,
+matmul) attention when a batch's rows are at most ``policy.EAGER_ATTENTION_MAX_TOKENS`` tokens long (:func:`attention`
+switches it for one forward). Measured on the demo (62-token rows, bf16, 1 torch thread; ``bench/profile_train_step.py
+--compare attention``): torch's CPU flash-attention backward alone was ~19% of the step's CPU time, for attention
+FLOPs that are negligible at this length. Longer rows keep the model's own implementation (SDPA): eager attention
+keeps ``rows x heads x T^2`` probabilities per layer for backward.
+
 Neighbours: ``policy.Policy`` (the trained module calls :func:`forward`), ``step.Trainer`` (reference model, via
 :func:`completion_logprobs`).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 
 import torch
 from torch.utils import checkpoint
@@ -44,6 +53,22 @@ CHUNK_ELEMENTS = 1 << 24     # float32 logits per chunk: 64 MiB
 class TokenLogprobs:
     logp: torch.Tensor       # [B, T] logprob of each completion token (differentiable unless under no_grad)
     entropy: float           # mean entropy (nats) over completion tokens, detached
+
+
+@contextlib.contextmanager
+def attention(lm: torch.nn.Module, implementation: str | None) -> Iterator[None]:
+    """Run ``lm``'s forwards inside with HF attention ``implementation`` ("eager", "sdpa"; None: unchanged).
+    HF reads ``config._attn_implementation`` at every call, for the mask's format and the attention function."""
+    config = getattr(lm, "config", None)
+    before = getattr(config, "_attn_implementation", None)
+    if implementation is None or config is None or before == implementation:
+        yield
+        return
+    config._attn_implementation = implementation
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
 
 
 def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, ids: torch.Tensor,

@@ -15,22 +15,31 @@ import torch
 from kubeforge.runtime.trainer import batch as batch_mod
 from kubeforge.runtime.trainer import logprobs
 
+# Rows up to this many tokens run HF's eager attention on the CPU compute copy (logprobs: "Short rows"): its
+# saved probabilities are rows x heads x T^2 per layer (the demo: 32 x 9 x 62^2 bf16 = 2.2 MB per layer).
+EAGER_ATTENTION_MAX_TOKENS = 256
+
 
 class Policy(torch.nn.Module):
     """``forward(batch) -> (logp [B, T], entropy sum)`` of an HF causal LM at temperature ``temperature``."""
 
-    def __init__(self, lm: torch.nn.Module, *, temperature: float = 1.0, share_prefix: bool = False) -> None:
+    def __init__(self, lm: torch.nn.Module, *, temperature: float = 1.0, share_prefix: bool = False,
+                 eager_attention_max_tokens: int = 0) -> None:
         super().__init__()
         self.lm = lm
         self.temperature = temperature
         self.share_prefix = share_prefix     # each distinct prompt once (logprobs: "Shared prompts"; off)
+        # plain matmul-softmax attention for batches up to this many tokens per row (logprobs: "Short rows")
+        self.eager_attention_max_tokens = eager_attention_max_tokens
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return logprobs.forward(self.lm, input_ids=input_ids, attention_mask=attention_mask,
-                                position_ids=position_ids, completion_ids=completion_ids,
-                                completion_mask=completion_mask, temperature=self.temperature,
-                                share_prefix=self.share_prefix)
+        eager = 0 < int(input_ids.shape[1]) <= self.eager_attention_max_tokens
+        with logprobs.attention(self.lm, "eager" if eager else None):
+            return logprobs.forward(self.lm, input_ids=input_ids, attention_mask=attention_mask,
+                                    position_ids=position_ids, completion_ids=completion_ids,
+                                    completion_mask=completion_mask, temperature=self.temperature,
+                                    share_prefix=self.share_prefix)
 
     def run(self, batch: batch_mod.Batch, *, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` on a collated batch moved to ``device`` (through ``__call__``: FSDP's hooks run)."""

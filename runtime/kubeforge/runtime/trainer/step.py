@@ -121,6 +121,8 @@ class Trainer:
         self.shadow: shadow_mod.Shadow | None = None
         if not self.sharded and self.compute_dtype != precision.MASTER:
             self.shadow = shadow_mod.Shadow(self.policy, dtype=self.compute_dtype)
+            if self.device.type == "cpu" and not self.scale.activation_checkpointing:   # recompute: same kernel
+                self.compute_policy.eager_attention_max_tokens = policy_mod.EAGER_ATTENTION_MAX_TOKENS
         self.base_lr = algorithm.learning_rate
         self.lr_schedule = algorithm.learning_rate_schedule
         self.total_steps = algorithm.steps
