@@ -192,10 +192,12 @@ def main() -> None:
         worker(a)
         return
     result: dict[str, object] = {}
-    if not a.skip_precision:
-        result["precision"] = precision(a)
+    # memory first: its DDP baseline needs nearly all of a 24 GiB machine, and the precision part leaves this
+    # process holding the demo model (its guard then refused the full run with 19 of 22 GiB available)
     if not a.skip_memory:
         result["memory_qwen2_0_5b_shape_2_ranks"] = memory(a)
+    if not a.skip_precision:
+        result["precision"] = precision(a)
     print(json.dumps(result))
 
 
