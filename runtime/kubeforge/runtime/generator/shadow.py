@@ -91,9 +91,9 @@ class ShadowModel:
         meta_params, meta_buffers = info.restore_metadata if info is not None else ({}, {})
         for name, child in live._modules.items():
             shadow._modules[name] = None if child is None else self._shadow(child)
+        params: dict[str, Any] = shadow._parameters
         for name, param in live._parameters.items():
-            shadow._parameters[name] = None if param is None else self._tensor(
-                live, shadow, name, param, meta_params.get(name))
+            params[name] = None if param is None else self._tensor(live, shadow, name, param, meta_params.get(name))
         for name, buffer in live._buffers.items():
             if buffer is None or name in live._non_persistent_buffers_set:
                 shadow._buffers[name] = buffer          # derived from the config, never loaded: shared
@@ -128,14 +128,15 @@ class ShadowModel:
         start = time.perf_counter()
         with torch.no_grad():           # grad mode is per thread: this runs in the receiver's thread
             for shadow, name, tensor in self.slots:   # processing emptied the packed weights: put ours back
-                (shadow._parameters if name in shadow._parameters else shadow._buffers)[name] = tensor
+                where: dict[str, Any] = shadow._parameters if name in shadow._parameters else shadow._buffers
+                where[name] = tensor
             for shadow in self.processed:
                 shadow.__dict__.pop("_already_called_process_weights_after_loading", None)
             before = [dict(shadow.__dict__) for _, shadow in self.pairs]
             self.built = False
             seen: list[str] = []
             try:
-                loaded = self.root.load_weights(_checked(weights, seen))
+                loaded = _call(self.root, "load_weights", _checked(weights, seen))
             except LoadError:
                 raise
             except Exception as e:      # noqa: BLE001 - vLLM's loaders raise KeyError/AssertionError/ValueError
@@ -147,9 +148,9 @@ class ShadowModel:
                     raise LoadError(f"the sync lacks {len(missing)} of the model's weights: {', '.join(missing[:5])}"
                                     + (" ..." if len(missing) > 5 else ""))
             for shadow in self.processed:
-                shadow.quant_method.process_weights_after_loading(shadow)
+                _call(getattr(shadow, "quant_method"), "process_weights_after_loading", shadow)
                 if hasattr(shadow, "update_param_tp_status"):
-                    shadow.update_param_tp_status()
+                    _call(shadow, "update_param_tp_status")
         self._plan = self._swap_plan(before)
         self.built = True
         return time.perf_counter() - start
@@ -193,6 +194,11 @@ class ShadowModel:
 
 
 _MISSING = object()
+
+
+def _call(obj: Any, method: str, *args: Any) -> Any:
+    """``obj.method(*args)`` for vLLM's untyped module methods."""
+    return getattr(obj, method)(*args)
 
 
 def _checked(weights: Iterator[tuple[str, torch.Tensor]], seen: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
