@@ -8,11 +8,14 @@ For each model, in one run: a sender process (the "trainer", holding the HF mode
 the model's parameters (the baseline: wire speed on this machine, now), then ``--reps`` full syncs
 (``WeightSender.start`` -> ``Engine.receive_weights``, as the trainer runs them: the sender snapshots the weights
 into its reusable buffers, then broadcasts from a background thread while it could train; the engine receives
-in the background into its reusable buffers (metadata, buckets, ack) while this process keeps sampling small
-batches, as a generator does; then, between batches, vLLM ``reload_weights`` with repacking, tied-weight refresh,
-prefix-cache reset). ``generation_pause_seconds`` is that load (``Engine.receive_weights`` once the bytes are
-staged): the time a generator stops sampling per sync; ``background_receive_seconds`` the receive that ran while
-it sampled. ``sync_seconds`` = that receive + the load. ``--dtype`` is the
+in the background into its reusable buffers (metadata, buckets, ack) and builds the new kernels into its shadow
+model there too, while this process keeps sampling small batches, as a generator does; then, between batches, the
+swap of the new kernels and small tensors, prefix-cache reset). ``generation_pause_seconds`` is that swap
+(``Engine.receive_weights`` once the sync is staged and built): the time a generator stops sampling per sync;
+``background_receive_seconds`` / ``background_build_seconds`` the receive and the build that ran while it sampled.
+``sync_seconds`` = receive + build + swap (header to new weights serving). The baseline of the same run:
+``--reps`` more syncs loaded with vLLM's in-place reload in the pause (``inplace_pause_seconds``, the path before
+the swap reload; ``ratio_pause_inplace_over_swap``). ``--dtype`` is the
 dtype of the weights and the engine (the demo's is bfloat16). Prints one JSON line per model; ``ratio`` = sync
 GB/s / raw GB/s (medians after one warm-up each). ``receive_discard`` syncs run the same protocol into the engine's worker but
 discard the tensors instead of loading them: the difference to a full sync is vLLM's reload time. ``memcpy_*`` is one
@@ -96,7 +99,7 @@ def sender_main(args: argparse.Namespace) -> None:
     print(json.dumps({"raw_sender_seconds": raw}), flush=True)
     sender = weightsync.WeightSender(host="127.0.0.1", port=args.sync_port, world_size=2, timeout=120,
                                      join_timeout=3600)   # the engine may take 15 min to start on a loaded machine
-    for v in range(1, 2 * (args.reps + 1) + 1):  # first half discarded by the engine, second half loaded
+    for v in range(1, 3 * (args.reps + 1) + 1):  # discarded by the engine, swapped in, then loaded in place
         with torch.no_grad():
             for _, t in named:
                 t.add_(torch.randn_like(t) * 1e-3)  # new weights every time, as after an optimizer step
@@ -137,19 +140,26 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
             engine_side.append(profiled(eng.receive_weights) if args.profile and len(engine_side) == args.reps
                                else eng.receive_weights())
         engine_side, generated = engine_side[1:], generated[1:]
+        inplace = []
+        for _ in range(args.reps + 1):
+            generate_until_staged(eng)
+            inplace.append(eng.receive_weights(swap=False))
+        inplace = inplace[1:]
         lines = [json.loads(x) for x in sender.communicate(timeout=600)[0].splitlines() if x.startswith("{")]
     finally:
         if sender.poll() is None:
             sender.kill()
     all_syncs = [x["sync"] for x in lines if "sync" in x]
-    packs = [x["pack_seconds"] for x in lines if "sync" in x][args.reps + 2:]
-    wire_syncs, syncs = all_syncs[1:args.reps + 1], all_syncs[args.reps + 2:]
+    packs = [x["pack_seconds"] for x in lines if "sync" in x][args.reps + 2:2 * (args.reps + 1)]
+    wire_syncs, syncs = all_syncs[1:args.reps + 1], all_syncs[args.reps + 2:2 * (args.reps + 1)]
     wire_s = statistics.median(s["seconds"] for s in wire_syncs)
     raw_s = statistics.median(raw)
     memcpy_s = memcpy_seconds(nbytes=nbytes, reps=args.reps)
-    # end to end: the engine's background receive (header to last bucket) plus its load of the bytes (the sender's
-    # own figure now also holds its wait for a receiver still sampling or loading the previous sync)
-    sync_s = statistics.median(e.receive_seconds + e.seconds for e in engine_side)
+    # end to end: the engine's background receive (header to last bucket), its background build of the new kernels
+    # and the swap (the sender's own figure also holds its wait for a receiver still sampling or loading)
+    sync_s = statistics.median(e.receive_seconds + e.prepare_seconds + e.seconds for e in engine_side)
+    pause_s = statistics.median(s.seconds for s in engine_side)
+    inplace_s = statistics.median(s.seconds for s in inplace)
     report = {
         "model": args.model, "dtype": args.dtype, "bytes": nbytes, "reps": args.reps,
         "threads": torch.get_num_threads(),
@@ -158,9 +168,14 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
         "receive_discard_seconds": round(wire_s, 4), "receive_discard_gb_per_s": round(nbytes / wire_s / 1e9, 3),
         "sync_seconds": round(sync_s, 4), "sync_gb_per_s": round(nbytes / sync_s / 1e9, 3),
         "engine_receive_seconds": round(statistics.median(s.seconds for s in engine_side), 4),
-        "generation_pause_seconds": round(statistics.median(s.seconds for s in engine_side), 4),
+        "generation_pause_seconds": round(pause_s, 4),
         "generation_pause_max_seconds": round(max(s.seconds for s in engine_side), 4),
+        "swapped": all(s.swapped for s in engine_side),
         "background_receive_seconds": round(statistics.median(s.receive_seconds for s in engine_side), 4),
+        "background_build_seconds": round(statistics.median(s.prepare_seconds for s in engine_side), 4),
+        "inplace_pause_seconds": round(inplace_s, 4),
+        "inplace_pause_max_seconds": round(max(s.seconds for s in inplace), 4),
+        "ratio_pause_inplace_over_swap": round(inplace_s / pause_s, 1),
         "batches_generated_while_receiving": generated,
         "sender_pack_seconds": round(statistics.median(packs), 4),
         "buckets": syncs[0]["buckets"], "tensors": syncs[0]["tensors"],
@@ -218,7 +233,7 @@ def main() -> None:
     p.add_argument("--model", default="all", choices=(*MODELS, "all"))
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    p.add_argument("--profile", action="store_true", help="cProfile the last load (the pause) to stderr")
+    p.add_argument("--profile", action="store_true", help="cProfile the last swap (the pause) to stderr")
     p.add_argument("--role", default="bench", choices=("bench", "sender"))
     p.add_argument("--raw-port", type=int, default=0)
     p.add_argument("--sync-port", type=int, default=0)

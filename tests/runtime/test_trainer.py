@@ -39,6 +39,14 @@ def test_padded_batch_logprobs_match_each_sequence_alone(tiny: Path) -> None:
                 row += 1
 
 
+def _tokens(kw: dict[str, torch.Tensor | None]) -> torch.Tensor:
+    """The decoder's input: token ids, or the embeddings of the tied head's path (trainer/lmhead.py)."""
+    ids = kw.get("input_ids")
+    out = ids if ids is not None else kw["inputs_embeds"]
+    assert out is not None
+    return out
+
+
 def test_shared_prompts_run_once_with_the_full_forwards_logprobs_and_gradients(tiny: Path) -> None:
     """logprobs "Shared prompts": each distinct prompt goes through the decoder once (its keys and values indexed
     out to its group's rows), and logp, entropy and every parameter's gradient equal the full forward's."""
@@ -48,7 +56,7 @@ def test_shared_prompts_run_once_with_the_full_forwards_logprobs_and_gradients(t
     b = batch_mod.collate(groups=groups, pad_id=t.pad_id, scale_by_std=True)
     calls: list[tuple[int, int]] = []
     hook = t.model.get_decoder().register_forward_pre_hook(
-        lambda mod, args, kw: calls.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+        lambda mod, args, kw: calls.append(tuple(_tokens(kw).shape[:2])), with_kwargs=True)
     weights = torch.randn(b.completion_ids.shape, generator=torch.Generator().manual_seed(0))
 
     def run(share: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:

@@ -6,7 +6,10 @@ would not do: on CPU vLLM repacks weights, and a tied lm_head can stay stale whi
 """
 from __future__ import annotations
 
+import json
 import os
+import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -134,6 +137,118 @@ def test_sampled_logprobs_follow_the_convention(weight_sync: object, tiny_engine
             assert max(abs(a - b) for a, b in zip(want, c.logprobs)) < ATOL
 
 
+FRESH_ENGINE = textwrap.dedent("""
+    import json, pathlib, sys
+    from kubeforge.api import rljob
+    from kubeforge.runtime import types
+    from kubeforge.runtime.generator import engine
+    folder, texts, max_tokens = pathlib.Path(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+    eng = engine.Engine(model_dir=folder, dtype="float32", seed=0, role=rljob.GeneratorRole(kv_cache_gib=1))
+    out = eng.greedy([types.Prompt(index=i, text=t, answer="") for i, t in enumerate(texts)], max_tokens=max_tokens)
+    print("FRESH " + json.dumps([[c.token_ids.tolist(), c.logprobs.tolist()] for c in out]), flush=True)
+    eng.close()
+""")
+
+
+def fresh_engine_greedy(folder: object) -> list[tuple[list[int], list[float]]]:
+    """Greedy tokens and logprobs of PROMPTS from a vLLM engine started fresh on ``folder`` (its own process)."""
+    done = subprocess.run([sys.executable, "-c", FRESH_ENGINE, str(folder), json.dumps([p.text for p in PROMPTS]),
+                           str(MAX_TOKENS)], capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    line = next((x for x in done.stdout.splitlines() if x.startswith("FRESH ")), None)
+    assert line is not None, done.stderr[-3000:]
+    return [(ids, lps) for ids, lps in json.loads(line[len("FRESH "):])]
+
+
+def engine_greedy(engine: object) -> list[tuple[list[int], list[float]]]:
+    return [(c.token_ids.tolist(), c.logprobs.tolist())
+            for c in engine.greedy(PROMPTS, max_tokens=MAX_TOKENS)]  # type: ignore[attr-defined]
+
+
+def save_model(model: transformers.PreTrainedModel, source: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """``model``'s weights as a model folder (tokenizer and generation config copied from ``source``)."""
+    model.save_pretrained(dest)
+    for f in source.iterdir():
+        if f.name.startswith(("tokenizer", "generation_config")):
+            shutil.copy(f, dest / f.name)
+    return dest
+
+
+def start_send(weight_sync: object, named: list[tuple[str, torch.Tensor]], version: int) -> threading.Thread:
+    """The trainer's side of one sync, in a thread (it returns once the engine acked the receive)."""
+    sender = weight_sync.sender  # type: ignore[attr-defined]
+    t = threading.Thread(target=sender.send, args=(named,), kwargs={"version": version}, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.vllm
+def test_swap_reload_equals_a_fresh_engine_and_spares_the_batches_before_it(
+        weight_sync: object, tiny_engine: object, tiny_model_dir: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """The new weights are received and their kernels built in the background while the engine keeps serving the
+    old ones (every batch until ``receive_weights`` equals the old weights' output, also once the build is done);
+    after the swap, greedy tokens and logprobs equal those of an engine started fresh from the same weights."""
+    model = trainer_model(tiny_model_dir, noise_seed=9)
+    old = engine_greedy(tiny_engine)
+    sending = start_send(weight_sync, [(n, p.detach()) for n, p in model.named_parameters()], version=9)
+    during = engine_greedy(tiny_engine)                 # while the sync lands and builds (or just after)
+    deadline = time.monotonic() + 120
+    while not tiny_engine.weights_staged():            # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, "the sync did not arrive"
+        assert engine_greedy(tiny_engine) == old
+        time.sleep(0.05)
+    staged = engine_greedy(tiny_engine)                 # received and built, not swapped in yet
+    stats = tiny_engine.receive_weights()               # type: ignore[attr-defined]
+    sending.join(60)
+    assert during == old and staged == old, "a batch before the swap saw the new weights"
+    assert stats.swapped and stats.version == 9 and stats.prepare_seconds > 0
+    fresh = fresh_engine_greedy(save_model(model, tiny_model_dir, tmp_path / "v9"))
+    got = engine_greedy(tiny_engine)
+    assert [ids for ids, _ in got] == [ids for ids, _ in fresh] != [ids for ids, _ in old]
+    worst = max(abs(a - b) for (_, x), (_, y) in zip(got, fresh) for a, b in zip(x, y))
+    assert worst <= 1e-5, f"logprobs differ from a fresh engine's by {worst}"
+
+
+def _named(model: transformers.PreTrainedModel) -> list[tuple[str, torch.Tensor]]:
+    return [(n, p.detach()) for n, p in model.named_parameters()]
+
+
+BAD_SYNCS = {
+    "wrong shape": (lambda named: [(n, t[:-1] if n == "model.norm.weight" else t) for n, t in named],
+                    "model.norm.weight"),
+    "unknown name": (lambda named: [*named, ("model.layers.7.mlp.extra.weight", torch.ones(4, 4))],
+                     "model.layers.7.mlp.extra.weight"),
+    "integer dtype": (lambda named: [(n, t.to(torch.int64) if n == "model.norm.weight" else t) for n, t in named],
+                      "'model.norm.weight' has dtype torch.int64"),
+    "missing weight": (lambda named: [(n, t) for n, t in named if n != "model.norm.weight"],
+                       "lacks 1 of the model's weights: model.norm.weight"),
+}
+
+
+@pytest.mark.vllm
+def test_a_sync_that_does_not_fit_is_refused_and_the_engine_keeps_its_weights(
+        weight_sync: object, tiny_engine: object, tiny_model_dir: pathlib.Path) -> None:
+    """Each bad sync (wrong shape, unknown name, integer dtype, a weight missing) is received, fails its build in the
+    background and is refused by ``receive_weights`` with an error naming what is wrong; the engine keeps serving
+    the weights it had, whole; the next good sync loads."""
+    model = trainer_model(tiny_model_dir, noise_seed=10)
+    weight_sync.sync(model.named_parameters(), version=10)  # type: ignore[attr-defined]
+    before = engine_greedy(tiny_engine)
+    bad = trainer_model(tiny_model_dir, noise_seed=11)
+    for version, case in enumerate(sorted(BAD_SYNCS), start=11):
+        change, says = BAD_SYNCS[case]
+        sending = start_send(weight_sync, change(_named(bad)), version=version)
+        with pytest.raises(weightsync.WeightSyncError, match="refused, the engine keeps its weights") as refused:
+            tiny_engine.receive_weights()  # type: ignore[attr-defined]
+        sending.join(60)
+        assert says in str(refused.value), case
+        assert engine_greedy(tiny_engine) == before, f"a refused sync ({case}) changed the engine's weights"
+    _, got = weight_sync.sync(_named(bad), version=20)  # type: ignore[attr-defined]
+    assert got.swapped
+    same, worst = engine_vs_hf(tiny_engine, bad)
+    assert same and worst < ATOL, "the next good sync did not load"
+
+
 # ---------------------------------------------------------------- gloo only (no engine)
 
 
@@ -209,7 +324,7 @@ def test_a_failing_loader_is_reported_and_the_group_stays_usable() -> None:
 
 
 PEER = textwrap.dedent("""
-    import os, sys, torch
+    import os, sys, time, torch
     from kubeforge.runtime import weightsync as ws
     role, port = sys.argv[1], int(sys.argv[2])
     if role == "receiver":
@@ -221,7 +336,10 @@ PEER = textwrap.dedent("""
     else:
         s = ws.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=30, bucket_mb=1)
         s.connect()
-        os._exit(3)  # dies before sending anything
+        deadline = time.monotonic() + 300
+        while not s._store.check(["test/joined"]) and time.monotonic() < deadline:
+            time.sleep(0.01)   # the receiver has its group: die now, before sending anything
+        os._exit(3)
 """)
 
 
@@ -263,11 +381,15 @@ def test_sender_fails_within_timeout_when_a_receiver_dies() -> None:
 
 
 def test_receiver_fails_within_timeout_when_the_sender_dies() -> None:
+    """The sender dies once the receiver has joined (it waits for the receiver's mark in the store: dying while
+    the receiver was still forming its group made the join fail instead, under load) and before it sends anything;
+    the receive fails within its timeout."""
     port, timeout = free_port(), 5.0
     peer = _peer("sender", port)
     try:
         receiver = weightsync.WeightReceiver(host="127.0.0.1", port=port, world_size=2, rank=1, timeout=timeout,
-                                             join_timeout=60)
+                                             join_timeout=300)
+        receiver.group.root.set("test/joined", b"1")  # type: ignore[attr-defined]
         start = time.monotonic()
         with pytest.raises(weightsync.WeightSyncError):
             receiver.receive(lambda it: None)
@@ -275,6 +397,7 @@ def test_receiver_fails_within_timeout_when_the_sender_dies() -> None:
         receiver.close()
     finally:
         _reap(peer)
+    assert peer.returncode == 3
     assert elapsed < _bound(timeout), f"took {elapsed:.1f}s"
 
 
@@ -440,3 +563,49 @@ def test_prefetch_waits_between_syncs_in_the_store_not_in_a_collective() -> None
     sender.close()
     with pytest.raises(weightsync.WeightSyncError, match="without prefetch"):
         rx.take()
+
+
+def test_prefetch_prepares_in_its_thread_and_a_closing_sender_ends_the_wait() -> None:
+    """``prefetch(prepare)`` runs ``prepare`` on the staged sync in the background thread after the receive was
+    acked; its result or error travels with the staged sync. A sender that closes marks the epoch closed, so a
+    receiver waiting in the store stops at once (it does not poll a store about to vanish)."""
+    port = free_port()
+    box: dict[str, object] = {}
+    joiner = threading.Thread(target=lambda: box.update(rx=weightsync.WeightReceiver(
+        host="127.0.0.1", port=port, world_size=2, rank=1, timeout=10)), daemon=True)
+    joiner.start()
+    sender = weightsync.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=10, bucket_mb=0.5)
+    sender.connect()
+    joiner.join(30)
+    rx = box["rx"]
+    assert isinstance(rx, weightsync.WeightReceiver)
+    threads: list[str] = []
+
+    def prepare(staged: weightsync.Staged) -> dict[str, torch.Tensor]:
+        threads.append(threading.current_thread().name)
+        return {n: t.clone() for n, t in staged.tensors()}
+
+    rx.prefetch(prepare)
+    sender.send(_tensors(), version=1)
+    staged = rx.take(timeout=30)
+    want = {n: t for n, t in _tensors() if n != "tied_head.weight"}
+    assert threads == ["weightsync-prefetch"] and staged.prepare_error is None and staged.prepare_seconds > 0
+    assert staged.prepared.keys() == want.keys() and all(torch.equal(staged.prepared[n], t) for n, t in want.items())
+    assert rx.load_staged(staged, lambda it: None).prepare_seconds == staged.prepare_seconds
+
+    def failing(staged: weightsync.Staged) -> None:
+        raise ValueError("does not fit")
+
+    rx.prefetch(failing)
+    assert sender.send(_tensors(), version=2).version == 2     # the receive itself succeeded and was acked
+    staged = rx.take(timeout=30)
+    assert staged.version == 2 and staged.prepared is None and isinstance(staged.prepare_error, ValueError)
+    rx.prefetch()
+    started = time.monotonic()
+    sender.close()                      # returns once the polling receiver saw the close (at most 2 s)
+    closed = time.monotonic() - started
+    with pytest.raises(weightsync.WeightSyncError, match="sender closed"):
+        rx.take(timeout=10)
+    assert time.monotonic() - started < 10
+    assert rx._live is False and closed < weightsync.CLOSE_WAIT_SECONDS + 5
+    rx.close()

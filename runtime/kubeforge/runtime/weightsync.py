@@ -11,7 +11,8 @@ API::
     stats = flight.result()                          # join it (WeightSyncError if the broadcast failed)
     receiver = WeightReceiver(host=..., port=..., world_size=..., rank=..., timeout=...)    # a vLLM worker
     stats = receiver.receive(load)   # load(iterator of (name, tensor)) consumes the new weights
-    receiver.prefetch()              # receive the next sync in the background, into the reusable buffers
+    receiver.prefetch(prepare)       # receive the next sync in the background, into the reusable buffers, then
+                                     # prepare(staged) there too (the engine builds its next kernels off the pause)
     staged = receiver.take()         # join it; receiver.load_staged(staged, load) loads it (the pause)
     sender.close(); receiver.close()
 
@@ -89,6 +90,8 @@ MAX_NAME_CHARS = 1024
 MAX_DIMS = 8
 DEFAULT_JOIN_TIMEOUT = 600.0  # generators join between rollout batches, maybe long after the trainer
 JOIN_KEY, ALL_JOINED_KEY, ABANDONED_KEY = "joined", "all-joined", "abandoned"   # under the epoch's prefix
+CLOSED_KEY = "closed"       # under the epoch's prefix: the sender closed (receivers waiting in the store stop)
+LIVE_KEY = "receivers-live"  # under the epoch's prefix: receivers joined, not closed, not yet told of the close
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
     "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
@@ -96,6 +99,7 @@ DTYPES: dict[str, torch.dtype] = {
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 Loader = Callable[[Iterator[tuple[str, torch.Tensor]]], None]
+Preparer = Callable[["Staged"], Any]
 
 
 class WeightSyncError(RuntimeError):
@@ -113,13 +117,15 @@ class SyncStats:
     tensors: int
     buckets: int
     receive_seconds: float = 0.0
+    prepare_seconds: float = 0.0      # prefetched: the background preparation after the receive (building kernels)
+    swapped: bool = False             # the engine installed prebuilt kernels (swap reload), not an in-place reload
 
     @property
     def gb_per_s(self) -> float:
         """Payload throughput in GB/s (10^9 bytes)."""
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | bool]:
         return {**dataclasses.asdict(self), "gb_per_s": self.gb_per_s}
 
 
@@ -616,7 +622,18 @@ class WeightSender:
                                  bytes=prepared.bytes, tensors=prepared.tensors, buckets=len(prepared.buckets))
 
     def close(self) -> None:
+        """Join the sync in flight and close the group; receivers prefetching in the store see the epoch closed and
+        stop polling before the store (served here) goes away."""
         self.wait()
+        if self._store is not None and self.group is not None:
+            try:
+                prefixed: Any = dist.PrefixStore(epoch_prefix(self.epoch), self._store)  # type: ignore[attr-defined]
+                prefixed.set(CLOSED_KEY, b"1")
+                deadline = time.monotonic() + CLOSE_WAIT_SECONDS
+                while int(prefixed.add(LIVE_KEY, 0)) > 0 and time.monotonic() < deadline:
+                    time.sleep(PREFETCH_POLL_SECONDS / 2)
+            except (RuntimeError, dist.DistError):
+                pass
         if self.group is not None:
             self.group.close()
             self.group = None
@@ -671,6 +688,7 @@ def _pack(tensors: Iterator[tuple[str, torch.Tensor]], metas: list[TensorMeta], 
 
 SYNCS_KEY = "syncs"            # under the epoch's prefix: how many syncs the sender has begun in this epoch
 PREFETCH_POLL_SECONDS = 0.02
+CLOSE_WAIT_SECONDS = 2.0   # the sender's close waits at most this long for live receivers to see it (then goes)
 
 
 def announce(group: Group) -> None:
@@ -691,6 +709,9 @@ class Staged:
     buffers: list[torch.Tensor]
     bytes: int
     seconds: float            # header to last bucket
+    prepared: Any = None      # what the prefetch's ``prepare`` returned (None: none given, or it declined)
+    prepare_error: BaseException | None = None   # what it raised (the received bytes are still staged)
+    prepare_seconds: float = 0.0
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, view into the buffers): valid until the receiver's next sync."""
@@ -717,6 +738,7 @@ class WeightReceiver:
                                   join_timeout=join_timeout, backend=backend, epoch=epoch)
         self.buffers = BucketBuffers()
         self.seen = 0                      # syncs of this epoch received so far
+        self._live = self._count_live(1)   # counted among the epoch's live receivers (the sender's close waits)
         self._stop = threading.Event()
         self._prefetch: threading.Thread | None = None
         self._staged: Staged | None = None
@@ -762,21 +784,29 @@ class WeightReceiver:
 
     # ------------------------------------------------------------ prefetch
 
-    def prefetch(self) -> None:
-        """Start receiving the next sync in the background (no-op while one is prefetching or staged)."""
+    def prefetch(self, prepare: Preparer | None = None) -> None:
+        """Start receiving the next sync in the background (no-op while one is prefetching or staged). Once it is
+        received and acked, ``prepare(staged)`` runs in the same thread; its result (or error) travels in the
+        ``Staged`` that ``take`` returns."""
         if self._prefetch is not None:
             return
         self._staged, self._error = None, None
         self._stop.clear()
-        self._prefetch = threading.Thread(target=self._prefetch_run, name="weightsync-prefetch", daemon=True)
+        self._prefetch = threading.Thread(target=self._prefetch_run, args=(prepare,), name="weightsync-prefetch",
+                                          daemon=True)
         self._prefetch.start()
 
     @property
+    def prefetching(self) -> bool:
+        """A prefetch was started and not yet taken."""
+        return self._prefetch is not None
+
+    @property
     def staged(self) -> bool:
-        """A prefetched sync is in the buffers (``take`` will not wait)."""
+        """A prefetched sync is in the buffers, prepared (``take`` will not wait)."""
         return self._prefetch is not None and not self._prefetch.is_alive()
 
-    def _prefetch_run(self) -> None:
+    def _prefetch_run(self, prepare: Preparer | None) -> None:
         group = self.group
         try:
             store = getattr(group, "store", None)
@@ -785,6 +815,10 @@ class WeightReceiver:
                     return
                 if store.check([ABANDONED_KEY]):
                     raise WeightSyncError("weight sync: this epoch was abandoned (the membership re-formed)")
+                if store.check([CLOSED_KEY]):
+                    if self._live:
+                        self._live = not self._count_live(-1)   # seen: the sender may go (and its store with it)
+                    raise WeightSyncError("weight sync: the sender closed the group")
                 time.sleep(PREFETCH_POLL_SECONDS)
             start = time.perf_counter()
             version, entries, buckets = self._begin(group)
@@ -796,9 +830,19 @@ class WeightReceiver:
             seconds = time.perf_counter() - start
             # received whole: acknowledged now, so the sender is free; a failed load is reported by the role's ACK
             group.all_reduce_sum(torch.tensor([0, 1], dtype=torch.int64, device=group.device))
-            self._staged = Staged(version=version, entries=entries, buffers=buffers, bytes=nbytes, seconds=seconds)
+            staged = Staged(version=version, entries=entries, buffers=buffers, bytes=nbytes, seconds=seconds)
         except BaseException as e:  # noqa: BLE001 - handed to ``take``
             self._error = e
+            return
+        if prepare is not None:
+            started = time.perf_counter()
+            try:
+                prepared, error = prepare(staged), None
+            except Exception as e:  # noqa: BLE001 - handed to ``take`` with the staged sync
+                prepared, error = None, e
+            staged = dataclasses.replace(staged, prepared=prepared, prepare_error=error,
+                                         prepare_seconds=time.perf_counter() - started)
+        self._staged = staged
 
     def take(self, timeout: float | None = None) -> Staged:
         """The prefetched sync (waits for it, at most ``timeout``; the collectives inside are bounded by the
@@ -829,13 +873,26 @@ class WeightReceiver:
         except Exception as e:
             raise WeightSyncError(f"weight sync v{staged.version}: loading failed: {e}") from e
         return SyncStats(version=staged.version, bytes=staged.bytes, seconds=time.perf_counter() - start,
-                         tensors=len(staged.entries), buckets=len(staged.buffers), receive_seconds=staged.seconds)
+                         tensors=len(staged.entries), buckets=len(staged.buffers), receive_seconds=staged.seconds,
+                         prepare_seconds=staged.prepare_seconds)
+
+    def _count_live(self, delta: int) -> bool:
+        store = getattr(self.group, "store", None)
+        if store is None:
+            return False
+        try:
+            store.add(LIVE_KEY, delta)
+        except (RuntimeError, dist.DistError):
+            return False
+        return True
 
     def close(self) -> None:
         self._stop.set()
         thread, self._prefetch = self._prefetch, None
         if thread is not None:
             thread.join(1.0)   # waiting in the store: returns within a poll; inside collectives: closing breaks it
+        if self._live:         # not told of a close: the sender may still be there (never after it went: no store)
+            self._live = not self._count_live(-1)
         self.group.close()
         if thread is not None:
             thread.join(5.0)

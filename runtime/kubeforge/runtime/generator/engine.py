@@ -7,7 +7,7 @@ API (used by ``roles/generator`` and tests)::
           # -> [(prompt_token_ids, [types.Completion x n]) per prompt], in prompt order
     eng.greedy(prompts, max_tokens=8)                      # -> [types.Completion] (temperature 0)
     eng.join_weight_sync(host=..., port=..., world_size=..., rank_base=..., timeout=...)   # once
-    stats = eng.receive_weights()                          # one sync: load in place, reset prefix cache
+    stats = eng.receive_weights()                          # one sync: swap its prebuilt kernels in, reset prefix cache
     eng.close()
 
 Neighbours: ``extension.WeightSyncExtension`` runs inside vLLM's worker(s); ``weightsync`` is the protocol;
@@ -24,7 +24,11 @@ Invariants:
   See docs/runtime.md "Logprob convention": the trainer computes the same quantity.
 - KV cache blocks are 32 tokens (a multiple of 32 as CPU attention needs; small enough that a stale prefix cache
   shows up in tests), KV space is ``role.kv_cache_gib`` (``VLLM_CPU_KVCACHE_SPACE``).
-- ``receive_weights`` must not overlap ``generate`` (both run on the caller's thread; the roles alternate).
+- ``receive_weights`` must not overlap ``generate`` (both run on the caller's thread; the roles alternate): the
+  swap of new weights happens only there, so a batch in flight always runs on one version's weights.
+- Swap reload (``swap_reload=True``, the default without LoRA): each worker keeps a model-format shadow of the
+  weights (one more copy of the model's weights in memory, allocated on the first sync and reused) and builds the
+  next sync's kernels in the background; ``swap_reload=False`` reloads in place in the pause (no extra memory).
 """
 from __future__ import annotations
 
@@ -92,7 +96,7 @@ class Engine:
 
     def __init__(self, *, model_dir: pathlib.Path, dtype: str = "float32",
                  role: rljob.GeneratorRole | None = None, seed: int = 0, max_model_len: int | None = None,
-                 in_process: bool = True, lora: rljob.LoraSpec | None = None) -> None:
+                 in_process: bool = True, lora: rljob.LoraSpec | None = None, swap_reload: bool = True) -> None:
         role = role or rljob.GeneratorRole()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(role.kv_cache_gib))
         if in_process:
@@ -104,6 +108,7 @@ class Engine:
         self.kwargs = engine_kwargs(model_dir=self.model_dir, dtype=dtype, role=role, seed=seed,
                                     max_model_len=max_model_len, lora=lora)
         self.lora = lora
+        self.swap_reload = swap_reload and lora is None   # LoRA syncs carry adapters: nothing to rebuild
         self.lora_request: Any = None          # the adapter being served (None: the base model, policy v0)
         self._adapters = pathlib.Path(tempfile.mkdtemp(prefix="kubeforge-lora-")) if lora is not None else None
         start = time.perf_counter()
@@ -147,27 +152,33 @@ class Engine:
         ``join_timeout``); each later collective is bounded by ``timeout``. Returns the workers' ranks."""
         ranks = self.llm.collective_rpc(
             "kf_join_weight_sync",
-            args=(host, port, world_size, rank_base, float(timeout), float(join_timeout), backend, int(epoch)))
+            args=(host, port, world_size, rank_base, float(timeout), float(join_timeout), backend, int(epoch),
+                  self.swap_reload))
         self.joined = True
         return [int(r) for r in ranks]
 
-    def receive_weights(self, *, refresh_tied: bool = True, load: bool = True) -> weightsync.SyncStats:
-        """Load one sync in place (its bytes prefetched in the background since the last one: see
-        ``extension``; waits for any not yet arrived), then drop cached prefixes; stats of worker 0 plus the reset,
-        ``seconds`` = the whole call (the generation pause).
+    def receive_weights(self, *, refresh_tied: bool = True, load: bool = True,
+                        swap: bool = True) -> weightsync.SyncStats:
+        """Load one sync (its bytes prefetched and its kernels built in the background since the last one: see
+        ``extension``; waits for whatever is not done yet), then drop cached prefixes; stats of worker 0 plus the
+        reset, ``seconds`` = the whole call (the generation pause). A sync that does not fit the model raises
+        ``WeightSyncError`` and the engine keeps serving its previous weights.
 
-        ``refresh_tied`` is for tests only (False leaves a tied lm_head stale); ``load=False`` receives and
-        discards (benchmarks only)."""
+        ``swap=False`` loads with vLLM's in-place reload instead (benchmarks compare the two); ``refresh_tied`` is
+        for tests only (False: in place, leaving a tied lm_head stale); ``load=False`` receives and discards
+        (benchmarks only)."""
         start = time.perf_counter()
         if self.lora is not None:
             return self._receive_adapter(start)
-        results = self.llm.collective_rpc("kf_receive_weights", args=(refresh_tied, load))
+        results = self.llm.collective_rpc("kf_receive_weights", args=(refresh_tied, load, swap))
         self.llm.reset_prefix_cache()
         first = results[0]
         return weightsync.SyncStats(version=int(first["version"]), bytes=int(first["bytes"]),
                                     seconds=time.perf_counter() - start, tensors=int(first["tensors"]),
                                     buckets=int(first["buckets"]),
-                                    receive_seconds=float(first.get("receive_seconds", 0.0)))
+                                    receive_seconds=float(first.get("receive_seconds", 0.0)),
+                                    prepare_seconds=float(first.get("prepare_seconds", 0.0)),
+                                    swapped=bool(first.get("swapped", False)))
 
     def weights_staged(self) -> bool:
         """Every worker holds the next sync whole in its buffers (received in the background while generating):

@@ -6,7 +6,16 @@ vLLM mixes :class:`WeightSyncExtension` into its worker class (engine option ``w
 collisions at start-up. Arguments and results are plain values (str/int/float/dict): they may cross a process
 boundary through vLLM's RPC, which never needs pickle for them.
 
-Loading (why each step is needed, all checked by tests/runtime/test_weightsync.py):
+Loading, swap reload (the default; ``shadow.ShadowModel``): once a sync is received in the background, the same
+background thread loads it into a model-format shadow of the model through the model's own ``load_weights`` and
+builds each layer's packed kernel there (``process_weights_after_loading``) while the engine keeps generating with
+the old weights; ``kf_receive_weights`` (between batches) swaps the new kernels in and copies the small tensors
+(norms, embedding, biases) in place: that swap is the generation pause. A sync that does not fit the model (names,
+shapes, dtypes, missing weights) fails its build, ``kf_receive_weights`` raises and the engine keeps the old weights
+whole. A model the shadow does not support (quantized or LoRA-wrapped layers) falls back to the in-place reload.
+
+Loading, in-place reload (the fallback, and ``swap=False``; why each step is needed, all checked by
+tests/runtime/test_weightsync.py):
 1. ``reload_weights(weights_iterator=..., is_checkpoint_format=True)``: HF-named tensors go through the model's
    own ``load_weights`` (name mapping, QKV/gate-up fusion, TP sharding), then vLLM re-runs the post-load
    processing, which on CPU repacks linear weights for oneDNN. A plain ``model.load_weights`` skips that repack
@@ -26,7 +35,9 @@ LoRA (``spec.model.lora``): the base weights never change; a sync carries the ad
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import pathlib
 from collections.abc import Iterator
 from typing import Any
@@ -34,38 +45,69 @@ from typing import Any
 import torch
 
 from kubeforge.runtime import weightsync
+from kubeforge.runtime.generator import shadow as shadow_mod
 from kubeforge.runtime.trainer import lora
+
+log = logging.getLogger(__name__)
 
 
 class WeightSyncExtension:
     """Mixed into vLLM's worker: ``self`` is the worker (``self.model_runner``, ``self.reload_weights``)."""
 
     _kf_receiver: weightsync.WeightReceiver | None = None
+    _kf_shadow: shadow_mod.ShadowModel | None = None
+    _kf_swap: bool = True          # swap reload wanted (and supported, as far as known)
 
     def kf_join_weight_sync(self, host: str, port: int, world_size: int, rank_base: int, timeout: float,
                             join_timeout: float = weightsync.DEFAULT_JOIN_TIMEOUT, backend: str = "gloo",
-                            epoch: int = 0) -> int:
+                            epoch: int = 0, swap: bool = True) -> int:
         """Join epoch ``epoch`` of the weight-sync group as rank ``rank_base + tp_rank``; blocks until the whole
-        group has joined (at most ``join_timeout``)."""
+        group has joined (at most ``join_timeout``). ``swap=False``: load every sync with vLLM's in-place reload
+        (no shadow, no extra memory)."""
         self.kf_leave_weight_sync()
         rank = rank_base + _tp_rank()
         self._kf_receiver = weightsync.WeightReceiver(
             host=host, port=port, world_size=world_size, rank=rank, timeout=timeout, join_timeout=join_timeout,
             backend=backend, epoch=epoch)
-        self._kf_receiver.prefetch()
+        self._kf_swap = swap
+        if not swap:
+            self._kf_shadow = None
+        self._kf_receiver.prefetch(self._kf_prepare)
         return rank
 
     def kf_weights_staged(self) -> bool:
-        """The next sync has arrived whole in the background (loading it will not wait for the wire)."""
+        """The next sync has arrived whole in the background and its kernels are built (loading it will not wait
+        for the wire nor repack)."""
         return self._kf_receiver is not None and self._kf_receiver.staged
 
-    def kf_receive_weights(self, refresh_tied: bool = True, load: bool = True) -> dict[str, Any]:
-        """Receive one sync and load it in place; returns ``SyncStats.as_dict()``.
+    def _kf_prepare(self, staged: weightsync.Staged) -> shadow_mod.ShadowModel | None:
+        """In the receiver's background thread: build the staged weights into the shadow (None: in-place reload)."""
+        if not self._kf_swap:
+            return None
+        if self._kf_shadow is None:
+            try:
+                self._kf_shadow = shadow_mod.ShadowModel(self.model_runner.get_model())  # type: ignore[attr-defined]
+            except shadow_mod.Unsupported as e:
+                log.warning("weight sync: swap reload not supported for this model (%s); reloading in place", e)
+                self._kf_swap = False
+                return None
+        try:
+            self._kf_shadow.build(staged.tensors())
+        except shadow_mod.Unsupported as e:
+            log.warning("weight sync: swap reload not supported for this model (%s); reloading in place", e)
+            self._kf_swap, self._kf_shadow = False, None
+            return None
+        return self._kf_shadow
 
-        ``refresh_tied=False`` skips step 2 above; it exists only so a test can show the stale tied head.
-        ``load=False`` receives and discards (the benchmark's split of wire time from vLLM's reload time)."""
+    def kf_receive_weights(self, refresh_tied: bool = True, load: bool = True, swap: bool = True) -> dict[str, Any]:
+        """Receive one sync and load it (swap reload, or in place); returns ``SyncStats.as_dict()``.
+
+        ``swap=False`` loads this sync with the in-place reload even when its kernels were built (benchmarks and
+        tests compare the two). ``refresh_tied=False`` (tests only: it shows the stale tied head) implies it and
+        skips step 2 above. ``load=False`` receives and discards (the benchmark's split of wire time from loading)."""
         if self._kf_receiver is None:
             raise RuntimeError("kf_receive_weights before kf_join_weight_sync")
+        receiver = self._kf_receiver
 
         def discard(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
             for _ in weights:
@@ -77,9 +119,26 @@ class WeightSyncExtension:
                 refresh_shared_weights(self.model_runner.get_model())  # type: ignore[attr-defined]
 
         try:
-            return self._kf_receiver.receive(reload if load else discard).as_dict()
+            if load and swap and refresh_tied and receiver.prefetching:
+                staged = receiver.take()
+                if staged.prepare_error is not None:
+                    raise weightsync.WeightSyncError(f"weight sync v{staged.version}: refused, the engine keeps "
+                                                     f"its weights: {staged.prepare_error}") from staged.prepare_error
+                built = staged.prepared
+                if isinstance(built, shadow_mod.ShadowModel) and built.built:
+                    stats = receiver.load_staged(staged, lambda _: self._kf_install(built))
+                    return dataclasses.replace(stats, swapped=True).as_dict()
+                return receiver.load_staged(staged, reload).as_dict()
+            return receiver.receive(reload if load else discard).as_dict()
         finally:
-            self._kf_receiver.prefetch()   # the buffers are free again: the next sync lands while generating
+            receiver.prefetch(self._kf_prepare)   # the buffers are free again: the next sync lands while generating
+
+    def _kf_install(self, built: shadow_mod.ShadowModel) -> None:
+        """The swap (engine thread, between batches), then what vLLM's own reload resets after loading."""
+        built.swap()
+        runner = self.model_runner  # type: ignore[attr-defined]
+        for reset in ("reset_encoder_cache", "reset_mm_cache"):
+            getattr(runner, reset, lambda: None)()
 
     def kf_receive_adapter(self, directory: str, config_json: str) -> dict[str, Any]:
         """Receive one sync of LoRA adapter tensors and write them as a PEFT folder ``directory/v<version>`` (TP
@@ -94,7 +153,7 @@ class WeightSyncExtension:
         try:
             stats = self._kf_receiver.receive(keep).as_dict()
         finally:
-            self._kf_receiver.prefetch()
+            self._kf_receiver.prefetch()   # adapters: nothing to build in the background
         path = pathlib.Path(directory) / f"v{int(stats['version'])}"
         if _tp_rank() == 0:
             lora.save_adapter(path, got, config=json.loads(config_json))

@@ -7,10 +7,12 @@ float32 with T the sampling temperature; the role wiring passes ``logit_temperat
 untruncated distribution, so ratios are then approximate (default ``topP = 1`` is exact).
 
 Memory: the decoder's hidden states are kept only at real completion positions ([N, hidden], N = completion
-tokens); the LM head runs over at most ``chunk_elements / vocab`` positions at a time, each chunk under activation
-checkpointing, so at most one chunk of float32 logits exists at any time, in forward and in backward (never the
-``[rows, tokens, vocab]`` tensor). The entropy of the full next-token distribution comes out of the same chunk
-(detached).
+tokens); the LM head runs over at most ``chunk_elements / vocab`` positions at a time, recomputed in backward, so
+at most one chunk of float32 logits exists at any time, in forward and in backward (never the ``[rows, tokens,
+vocab]`` tensor). The entropy of the full next-token distribution comes out of the same chunk (detached). Where
+``lmhead.applies`` (a plain head, and a plain embedding when tied) the head and the tied embedding are
+``lmhead``'s autograd functions, which accumulate the weight's gradient in one buffer; otherwise the head module
+runs each chunk under activation checkpointing.
 
 Shared prompts: the completions of a GRPO group repeat one prompt, and prompts are usually longer than the
 completions. With ``share_prefix`` (off by default) every distinct prompt of the batch runs through the decoder
@@ -45,6 +47,7 @@ import torch
 from torch.utils import checkpoint
 
 from kubeforge.runtime.trainer import batch as batch_mod
+from kubeforge.runtime.trainer import lmhead
 
 CHUNK_ELEMENTS = 1 << 24     # float32 logits per chunk: 64 MiB
 
@@ -117,18 +120,40 @@ def forward(lm: torch.nn.Module, *, input_ids: torch.Tensor, attention_mask: tor
     rows, t = completion_ids.shape
     decoder = lm.get_decoder()  # type: ignore[operator]
     head = lm.get_output_embeddings()  # type: ignore[operator]
+    fused = lmhead.applies(lm, input_ids.device)            # one gradient buffer for the head's weight
+    buffer = lmhead.WeightGrad()
     hidden = _shared_prefix_hidden(decoder, input_ids=input_ids, attention_mask=attention_mask,
                                    position_ids=position_ids, t=int(t)) if share_prefix else None
     if hidden is None:
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        if fused is not None and fused.embedding is not None:   # tied: the embedding adds into the same buffer
+            tokens: dict[str, torch.Tensor] = {"inputs_embeds": lmhead.embed(fused, input_ids, buffer)}
+        else:
+            tokens = {"input_ids": input_ids}
+        hidden = decoder(**tokens, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state
         hidden = hidden[:, -(t + 1):-1, :]                  # position P-1+j predicts completion token j
+    elif fused is not None:                                 # the model's own embedding ran: the head delivers
+        fused = lmhead.Tied(head=fused.head, embedding=None)
     where = completion_mask > 0
     picked, ids = hidden[where], completion_ids[where]     # [N, H], [N] in row-major order
     vocab = int(head.weight.shape[0])
     step = max(1, chunk_elements // max(vocab, 1))
+    if fused is not None:
+        lp, ent = lmhead.logprobs(fused, picked, ids, temperature=temperature, chunk=step, buffer=buffer)
+        parts, entropy = [lp], ent.sum()
+    else:
+        parts, entropy = _head_chunks(head, picked, ids, temperature=temperature, step=step)
+    logp = torch.zeros((rows, t), dtype=torch.float32, device=hidden.device)
+    if parts:
+        logp = logp.index_put(tuple(where.nonzero().t()), torch.cat(parts))
+    return logp, entropy
+
+
+def _head_chunks(head: torch.nn.Module, picked: torch.Tensor, ids: torch.Tensor, *, temperature: float,
+                 step: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The plain path: the head module over ``step`` positions at a time, each chunk checkpointed."""
     parts: list[torch.Tensor] = []
-    entropy = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    entropy = torch.zeros((), dtype=torch.float32, device=picked.device)
     for i in range(0, int(picked.shape[0]), step):
         if torch.is_grad_enabled():
             lp, ent = checkpoint.checkpoint(_head_chunk, head, picked[i:i + step], ids[i:i + step], temperature,
@@ -137,10 +162,7 @@ def forward(lm: torch.nn.Module, *, input_ids: torch.Tensor, attention_mask: tor
             lp, ent = _head_chunk(head, picked[i:i + step], ids[i:i + step], temperature)
         parts.append(lp)
         entropy = entropy + ent.detach().sum()
-    logp = torch.zeros((rows, t), dtype=torch.float32, device=hidden.device)
-    if parts:
-        logp = logp.index_put(tuple(where.nonzero().t()), torch.cat(parts))
-    return logp, entropy
+    return parts, entropy
 
 
 def completion_logprobs(*, model: torch.nn.Module, batch: batch_mod.Batch, temperature: float = 1.0,

@@ -1,0 +1,221 @@
+"""Swap reload: build the next weights' kernels beside the serving model, then swap them in between batches.
+
+Role: on CPU vLLM packs every linear weight into an opaque oneDNN handle (``layer.cpu_linear`` closes over it; the
+layer's ``weight`` is emptied), so a sync must materialise model-format weights, load them and repack. vLLM's own
+layer-wise reload does that on the serving model, in the generation pause. A :class:`ShadowModel` does the same work
+on a *shadow* of the model, in the weight receiver's background thread (``weightsync.WeightReceiver.prefetch``)
+while the engine keeps generating with the old weights; :meth:`ShadowModel.swap` then installs the result on the
+serving model between batches: a reference swap of each layer's attributes that the post-load processing set
+(``cpu_linear``: the new packed kernel) and an in-place copy of the small tensors the forward reads directly (norms,
+embedding, biases). The pause per sync is that swap.
+
+Neighbours: ``extension.WeightSyncExtension`` owns one per vLLM worker (built lazily in the background, on the first
+sync); ``weightsync`` stages the received bytes.
+
+How the shadow is made: a module tree parallel to the model (``copy.copy`` of each module with its own parameter,
+buffer and child dicts; shared modules and tied parameters stay shared) whose parameters are real model-format
+tensors: shapes, classes and attributes (``weight_loader``, ``output_dim``, ...) come from the metadata vLLM records
+for its own reload (``LAYERWISE_INFO[layer].restore_metadata``), so the model's own ``load_weights`` (name mapping,
+QKV / gate-up fusion, TP sharding, vocab padding) fills them, and each layer's ``quant_method.
+process_weights_after_loading`` builds its kernel from them, as at start-up. Non-persistent buffers (rotary caches,
+derived from the config) are shared, not loaded.
+
+Invariants:
+- Nothing on the serving model changes before :meth:`swap`, which runs on the engine's thread between batches; a
+  sync that fails to load (unknown names, wrong shapes, non-float dtypes, missing tensors) raises before the swap and
+  leaves the engine serving the old weights whole.
+- Memory (bounded): one model-format copy of the weights (allocated on the first sync, reused by every later one:
+  no page faults after it), plus, between a sync's build and its swap, the new packed kernels beside the old ones.
+- Supported layers: unquantized linear and embedding methods (the ones vLLM packs on CPU) and modules whose tensors
+  the forward reads as they are (norms). Anything else (quantized layers, LoRA-wrapped layers) raises
+  :class:`Unsupported` at construction; the caller then uses vLLM's in-place reload.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from types import MethodType
+from typing import Any
+
+import torch
+
+SUPPORTED_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
+_MODULE_DICTS = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set")
+
+
+class Unsupported(RuntimeError):
+    """The model has layers the swap reload does not know how to rebuild."""
+
+
+class LoadError(ValueError):
+    """The received weights do not fit the model (nothing on the serving model changed)."""
+
+
+class ShadowModel:
+    """A model-format shadow of a vLLM model: :meth:`build` the next weights into it (any thread), :meth:`swap`
+    them into the serving model (the engine's thread, between batches)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+        self.live = model
+        self._info: Any = LAYERWISE_INFO
+        self._shadows: dict[int, torch.nn.Module] = {}      # id(live module) -> shadow
+        self._tensors: dict[int, torch.Tensor] = {}          # id(live tensor) -> shadow tensor (ties stay tied)
+        self.pairs: list[tuple[torch.nn.Module, torch.nn.Module]] = []   # (live, shadow), every module once
+        self.slots: list[tuple[torch.nn.Module, str, torch.Tensor]] = []  # (shadow, name, persistent tensor)
+        self.processed: list[torch.nn.Module] = []           # shadows whose quant method repacks after loading
+        self.root = self._shadow(model)
+        self.bytes = sum(t.numel() * t.element_size() for t in self._tensors.values())
+        self.built = False
+
+    # ------------------------------------------------------------ construction
+
+    def _shadow(self, live: torch.nn.Module) -> torch.nn.Module:
+        known = self._shadows.get(id(live))
+        if known is not None:
+            return known
+        method = getattr(live, "quant_method", None)
+        has_tensors = any(t is not None for t in live._parameters.values())
+        if method is not None and has_tensors and type(method).__name__ not in SUPPORTED_METHODS:
+            raise Unsupported(f"{type(live).__name__} uses {type(method).__name__}")
+        if type(live).__name__.endswith("WithLoRA"):
+            raise Unsupported(f"{type(live).__name__} is LoRA-wrapped")
+        shadow = copy.copy(live)
+        shadow.__dict__.update({"_parameters": {}, "_buffers": {}, "_modules": {},
+                                "_non_persistent_buffers_set": set(live._non_persistent_buffers_set)})
+        self._shadows[id(live)] = shadow
+        self.pairs.append((live, shadow))
+        info = self._info.get(live)
+        meta_params, meta_buffers = info.restore_metadata if info is not None else ({}, {})
+        for name, child in live._modules.items():
+            shadow._modules[name] = None if child is None else self._shadow(child)
+        params: dict[str, Any] = shadow._parameters
+        for name, param in live._parameters.items():
+            params[name] = None if param is None else self._tensor(live, shadow, name, param, meta_params.get(name))
+        for name, buffer in live._buffers.items():
+            if buffer is None or name in live._non_persistent_buffers_set:
+                shadow._buffers[name] = buffer          # derived from the config, never loaded: shared
+            else:
+                shadow._buffers[name] = self._tensor(live, shadow, name, buffer, meta_buffers.get(name))
+        if method is not None and has_tensors and hasattr(method, "process_weights_after_loading"):
+            self.processed.append(shadow)
+        return shadow
+
+    def _tensor(self, live: torch.nn.Module, shadow: torch.nn.Module, name: str, tensor: torch.Tensor,
+                meta: torch.Tensor | None) -> torch.Tensor:
+        """The shadow of one live tensor, in model format (the recorded metadata's shape when the live one was
+        repacked away), initialised from the live values where they are still there (vocab padding rows)."""
+        known = self._tensors.get(id(tensor))
+        if known is None:
+            like = meta if meta is not None else tensor
+            data = torch.zeros(tuple(like.shape), dtype=like.dtype)
+            if tuple(tensor.shape) == tuple(like.shape) and tensor.dtype == like.dtype:
+                data.copy_(tensor.detach())
+            data.__class__ = like.__class__ if isinstance(like, torch.nn.Parameter) else torch.Tensor
+            data.__dict__ = dict(like.__dict__)
+            _rebind(data, live, shadow)
+            self._tensors[id(tensor)] = known = data
+        self.slots.append((shadow, name, known))
+        return known
+
+    # ------------------------------------------------------------ build (background) and swap (between batches)
+
+    def build(self, weights: Iterator[tuple[str, torch.Tensor]]) -> float:
+        """Load ``weights`` (HF names, checkpoint format) into the shadow and build every layer's kernels from it;
+        returns the seconds it took. :class:`LoadError` when the weights do not fit (the serving model untouched)."""
+        start = time.perf_counter()
+        with torch.no_grad():           # grad mode is per thread: this runs in the receiver's thread
+            for shadow, name, tensor in self.slots:   # processing emptied the packed weights: put ours back
+                where: dict[str, Any] = shadow._parameters if name in shadow._parameters else shadow._buffers
+                where[name] = tensor
+            for shadow in self.processed:
+                shadow.__dict__.pop("_already_called_process_weights_after_loading", None)
+            before = [dict(shadow.__dict__) for _, shadow in self.pairs]
+            self.built = False
+            seen: list[str] = []
+            try:
+                loaded = _call(self.root, "load_weights", _checked(weights, seen))
+            except LoadError:
+                raise
+            except Exception as e:      # noqa: BLE001 - vLLM's loaders raise KeyError/AssertionError/ValueError
+                at = f" at {seen[-1]!r}" if seen else ""
+                raise LoadError(f"the weights do not fit the model{at}: {type(e).__name__}: {e}") from e
+            if loaded is not None:
+                missing = sorted({n for n, _ in self.root.named_parameters()} - set(loaded))
+                if missing:
+                    raise LoadError(f"the sync lacks {len(missing)} of the model's weights: {', '.join(missing[:5])}"
+                                    + (" ..." if len(missing) > 5 else ""))
+            for shadow in self.processed:
+                _call(getattr(shadow, "quant_method"), "process_weights_after_loading", shadow)
+                if hasattr(shadow, "update_param_tp_status"):
+                    _call(shadow, "update_param_tp_status")
+        self._plan = self._swap_plan(before)
+        self.built = True
+        return time.perf_counter() - start
+
+    def _swap_plan(self, before: list[dict[str, Any]]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]],
+                                                                 list[tuple[torch.nn.Module, str, Any]]]:
+        """What :meth:`swap` will do, checked before anything changes: tensors to copy in place (live, new) and
+        the attributes this build's loading and processing set (module, name, new value)."""
+        copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        attrs: list[tuple[torch.nn.Module, str, Any]] = []
+        for (live, shadow), was in zip(self.pairs, before):
+            for kind in ("_parameters", "_buffers"):
+                for name, new in shadow.__dict__[kind].items():
+                    old = live.__dict__[kind].get(name)
+                    if new is None or old is None or new is old or id(old) in copies:
+                        continue
+                    if tuple(old.shape) != tuple(new.shape) or old.dtype != new.dtype:
+                        raise Unsupported(f"{type(live).__name__}.{name} is {tuple(new.shape)} {new.dtype} after "
+                                          f"processing, the engine's is {tuple(old.shape)} {old.dtype}")
+                    if old.numel():
+                        copies[id(old)] = (old, new)
+            for name, value in shadow.__dict__.items():
+                if name not in _MODULE_DICTS and was.get(name, _MISSING) is not value:
+                    attrs.append((live, name, value))
+        return list(copies.values()), attrs
+
+    def swap(self) -> int:
+        """Install the built weights on the serving model (engine thread, between batches); returns the bytes
+        copied in place."""
+        if not self.built:
+            raise RuntimeError("swap() without a successful build()")
+        copies, attrs = self._plan
+        with torch.no_grad():
+            for live_tensor, new in copies:
+                live_tensor.copy_(new)
+        for module, name, value in attrs:
+            module.__dict__[name] = value
+        self.built = False
+        self._plan = ([], [])
+        return sum(t.numel() * t.element_size() for t, _ in copies)
+
+
+_MISSING = object()
+
+
+def _call(obj: Any, method: str, *args: Any) -> Any:
+    """``obj.method(*args)`` for vLLM's untyped module methods."""
+    return getattr(obj, method)(*args)
+
+
+def _checked(weights: Iterator[tuple[str, torch.Tensor]], seen: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights as they are, refusing non-float tensors (the model's weights are floating point; a float of
+    another width is cast by the loaders, as vLLM's own reload does); records each name for error messages."""
+    for name, tensor in weights:
+        seen.append(name)
+        if not tensor.is_floating_point():
+            raise LoadError(f"weight {name!r} has dtype {tensor.dtype}; the model's weights are floating point")
+        yield name, tensor
+
+
+def _rebind(tensor: torch.Tensor, live: torch.nn.Module, shadow: torch.nn.Module) -> None:
+    """Point the tensor's bound-method attributes (``weight_loader``) at the shadow module: vLLM binds them to the
+    layer, or (in recorded metadata) to a sentinel that its reload rebinds the same way."""
+    from vllm.model_executor.model_loader.reload.sanitize import layer_ref_sentinel
+
+    for key, value in tensor.__dict__.items():
+        if isinstance(value, MethodType) and (value.__self__ is live or value.__self__ is layer_ref_sentinel):
+            tensor.__dict__[key] = value.__func__.__get__(shadow)
