@@ -1,14 +1,24 @@
 """Throughput of the data plane's transport: kubeforge (wire encode + ZeroMQ PUSH/PULL + validated decode) against
 a raw ZeroMQ PUSH/PULL baseline moving byte strings of the same size, measured in the same run, same machine.
 
-    .venv/bin/python bench/bench_transport.py [--seconds 2] [--repeat 3]
+    .venv/bin/python bench/bench_transport.py [--seconds 2] [--repeat 3] [--queued 16]
 
 Each case sends rollout groups (``groupSize`` completions of ``tokens`` tokens, with logprobs and text) from this
 process to a receiver in a child process over tcp://127.0.0.1. Time runs from the first send to the receiver
-having the last message (CLOCK_MONOTONIC is shared by processes). Reported: messages/s, MB/s of frame bytes,
-tokens/s, and the ratio kubeforge / raw, by wall clock (``kf_over_raw``) and by CPU-seconds per message of the
-busier of the two processes (``kf_over_raw_cpu``: what the ratio would be with a core per process; the machine is
-shared, so the wall-clock ratio swings with its load, the CPU one much less). Also encode-only and decode-only
+having the last group (CLOCK_MONOTONIC is shared by processes). The three sides move the same groups:
+
+- raw: pyzmq PUSH -> PULL, one message per group, the group's encoded frame (made once, before the clock starts)
+  sent as it is and received as a zero-copy frame: a plain pipe, no encoding, no validation.
+- kubeforge: ``Sender.send_many`` of ``--queued`` groups at a time (what a generator hands over after sampling a
+  batch: the groups are all there at once, nothing waits for more), so ``wire.pack`` packs them into BATCH frames
+  (bounded in bytes; large groups go alone), encoding each group; the receiver's ``recv`` validates and decodes
+  every frame and delivers the groups one by one (``wire.decode``, zero-copy views).
+- kubeforge_single: ``Sender.send`` of one group per frame, the path without batching.
+
+Reported per side: groups/s and MB/s of group bytes (the group frames' sizes: the same for every side), and the
+ratio kubeforge / raw by wall clock (``kf_over_raw``) and by CPU-seconds per group of the busier of the two
+processes (``kf_over_raw_cpu``: what the ratio would be with a core per process; the machine is shared, so the
+wall-clock ratio swings with its load, the CPU one much less). Also encode-only and decode-only
 rates in one process, for the breakdown,
 and the decode memory of a maximal valid ROLLOUT (5 completions of 2^20 tokens, ~60 MiB frame): the tracemalloc peak
 while ``wire.decode`` runs, over the frame's size (6.8x when token ids were decoded to Python lists). The load
@@ -45,6 +55,7 @@ def rollout(group_size: int, tokens: int, seed: int = 0) -> wire.Rollout:
 
 
 def _receiver(kind: str, address: str, count: int, out: Any) -> None:
+    """Receive ``count`` groups (raw: messages; kubeforge: delivered messages, unpacked from batches)."""
     if kind == "raw":
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
         sock.setsockopt(zmq.RCVHWM, transport.DEFAULT_HWM)
@@ -76,10 +87,11 @@ def _free_address() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def run_case(kind: str, msg: wire.Rollout, count: int) -> tuple[float, float]:
-    """(wall seconds to move ``count`` messages, CPU seconds per message of the busier process) for kind raw (bytes
-    of the encoded size) or kubeforge (encode + decode). The CPU figure is what the rate would be on an idle machine
-    with a core per process, whatever else runs: the machine is shared."""
+def run_case(kind: str, msg: wire.Rollout, count: int, queued: int = 1) -> tuple[float, float]:
+    """(wall seconds to move ``count`` groups, CPU seconds per group of the busier process) for kind raw (the
+    group's frame, one message per group) or kubeforge (encode + decode; ``queued`` groups handed to
+    ``send_many`` at a time, 1: ``send``). The CPU figure is what the rate would be on an idle machine with a core
+    per process, whatever else runs: the machine is shared."""
     address = _free_address()
     parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=_receiver, args=(kind, address, count, child), daemon=True)
@@ -93,9 +105,13 @@ def run_case(kind: str, msg: wire.Rollout, count: int) -> tuple[float, float]:
     if kind == "raw":
         for _ in range(count):
             tx.send_frame(frame)
-    else:
+    elif queued == 1:
         for _ in range(count):
             tx.send(msg)
+    else:
+        chunk = [msg] * queued
+        for _ in range(count // queued):
+            tx.send_many(chunk)
     sender_cpu = time.process_time() - cpu
     end, dropped, receiver_cpu = parent.recv()
     proc.join(30)
@@ -143,6 +159,8 @@ def decode_memory() -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="target duration of each measurement")
+    ap.add_argument("--queued", type=int, default=16, help="groups handed to send_many at once on the kubeforge "
+                    "side (a generator's sampled batch); 1 = no batching")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case and transport; the fastest is kept "
                     "(the machine is shared: the best run is the least disturbed one)")
     args = ap.parse_args()
@@ -153,26 +171,34 @@ def main() -> None:
         enc, dec = local_rates(msg, args.seconds / 4)
         # at least ~200 MB per run: under load the encode/decode estimate collapses and the raw runs got too short
         count = max(200, int(min(enc, dec) * args.seconds / 2), int(2e8 / size))
-        raw_runs = [run_case("raw", msg, count) for _ in range(args.repeat)]
-        kf_runs = [run_case("kubeforge", msg, count) for _ in range(args.repeat)]
-        raw_s, kf_s = min(r[0] for r in raw_runs), min(r[0] for r in kf_runs)
-        raw_cpu, kf_cpu = min(r[1] for r in raw_runs), min(r[1] for r in kf_runs)
-        row = {
-            "case": name, "group_size": group_size, "tokens": tokens, "frame_bytes": size, "messages": count,
-            "raw_msgs_per_s": round(count / raw_s, 1), "raw_MB_per_s": round(count * size / raw_s / 1e6, 1),
-            "kf_msgs_per_s": round(count / kf_s, 1), "kf_MB_per_s": round(count * size / kf_s / 1e6, 1),
-            "kf_tokens_per_s": round(count * group_size * tokens / kf_s),
-            "kf_over_raw": round(raw_s / kf_s, 3),
-            "raw_cpu_us_per_msg": round(raw_cpu * 1e6, 1), "kf_cpu_us_per_msg": round(kf_cpu * 1e6, 1),
-            "kf_over_raw_cpu": round(raw_cpu / kf_cpu, 3),
-            "encode_per_s": round(enc, 1), "decode_per_s": round(dec, 1),
-        }
+        count = -(-count // args.queued) * args.queued
+        row: dict[str, Any] = {"case": name, "group_size": group_size, "tokens": tokens, "frame_bytes": size,
+                               "groups": count, "queued": args.queued,
+                               "frames_per_send_many": len(wire.pack([msg] * args.queued))}
+        sides = [("raw", "raw", 1), ("kf", "kubeforge", args.queued), ("kf_single", "kubeforge", 1)]
+        for key, kind, queued in sides:
+            runs = [run_case(kind, msg, count, queued) for _ in range(args.repeat)]
+            wall, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
+            row[f"{key}_groups_per_s"] = round(count / wall, 1)
+            row[f"{key}_MB_per_s"] = round(count * size / wall / 1e6, 1)
+            row[f"{key}_cpu_groups_per_s"] = round(1 / cpu, 1)
+            row[f"{key}_cpu_MB_per_s"] = round(size / cpu / 1e6, 1)
+            row[f"{key}_cpu_us_per_group"] = round(cpu * 1e6, 2)
+        for key in ("kf", "kf_single"):
+            row[f"{key}_over_raw"] = round(row[f"{key}_groups_per_s"] / row["raw_groups_per_s"], 3)
+            row[f"{key}_over_raw_cpu"] = round(row["raw_cpu_us_per_group"] / row[f"{key}_cpu_us_per_group"], 3)
+        row["kf_tokens_per_s"] = round(row["kf_groups_per_s"] * group_size * tokens)
+        row["encode_per_s"], row["decode_per_s"] = round(enc, 1), round(dec, 1)
         results.append(row)
-        print(f"{name:7s} G={group_size:<3d} T={tokens:<5d} frame={size/1e3:8.1f} kB  raw {row['raw_msgs_per_s']:9.1f} "
-              f"msg/s {row['raw_MB_per_s']:7.1f} MB/s | kubeforge {row['kf_msgs_per_s']:9.1f} msg/s "
-              f"{row['kf_MB_per_s']:7.1f} MB/s ({row['kf_over_raw']:.2f}x raw; per CPU-s of the busier process "
-              f"{row['kf_over_raw_cpu']:.2f}x) | encode {enc:8.1f}/s decode "
-              f"{dec:8.1f}/s", flush=True)
+        print(f"{name:7s} G={group_size:<3d} T={tokens:<5d} frame={size/1e3:8.1f} kB, {args.queued} queued -> "
+              f"{row['frames_per_send_many']} frame(s)", flush=True)
+        for key in ("raw", "kf", "kf_single"):
+            ratio = "" if key == "raw" else (f"  = {row[key + '_over_raw']:.2f}x raw wall, "
+                                             f"{row[key + '_over_raw_cpu']:.2f}x raw CPU")
+            print(f"    {key:9s} wall {row[key + '_groups_per_s']:9.1f} groups/s {row[key + '_MB_per_s']:7.1f} MB/s"
+                  f" | CPU {row[key + '_cpu_groups_per_s']:9.1f} groups/s {row[key + '_cpu_MB_per_s']:7.1f} MB/s"
+                  f" ({row[key + '_cpu_us_per_group']:.2f} us/group){ratio}", flush=True)
+        print(f"    encode {enc:8.1f}/s decode {dec:8.1f}/s", flush=True)
     memory = decode_memory()
     print(f"decode of a valid {memory['frame_bytes'] / 2**20:.1f} MiB ROLLOUT: "
           f"peak {memory['decode_peak_bytes'] / 2**20:.1f}"

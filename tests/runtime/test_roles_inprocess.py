@@ -360,7 +360,7 @@ def test_verifier_stops_on_sigterm_while_its_send_to_a_dead_trainer_blocks() -> 
         peers = 1
         tries = 0
 
-        def send(self, msg: wire.Message, *, to: int | None = None, timeout: float | None = None) -> None:
+        def send_frame(self, frame: bytes, *, to: int | None = None, timeout: float | None = None) -> None:
             assert timeout is not None, "a send without timeout would block forever"
             self.tries += 1
             if self.tries == 2:
@@ -368,10 +368,13 @@ def test_verifier_stops_on_sigterm_while_its_send_to_a_dead_trainer_blocks() -> 
             raise transport.TransportTimeout("no peer")
 
     class Inbox:
+        pending = 0
+
         def recv(self, timeout: float | None = None) -> wire.Message | None:
             prompt = types.Prompt(index=3, text="copy: a", answer="a")
-            return wire.Rollout(group=types.RolloutGroup(prompt=prompt, prompt_token_ids=[1], completions=[],
-                                                         policy_version=0))
+            comp = types.Completion(token_ids=[5], logprobs=[-0.5], text="a", finish_reason="stop")
+            return wire.Rollout(group=types.RolloutGroup(prompt=prompt, prompt_token_ids=[1], completions=[comp],
+                                                         policy_version=0, rewards=[1.0]))
 
     class Observer:
         def scored(self, **_: object) -> None: ...

@@ -208,6 +208,71 @@ def test_receiver_counts_and_drops_known_bad_frames(
     assert len(hooked) - n_hooked == 6
 
 
+def scored_at(i: int) -> wire.Scored:
+    g = scored().group
+    g.prompt = types.Prompt(index=i, text="copy: abc\n", answer="abc")
+    return wire.Scored(group=g)
+
+
+def test_batched_frames_and_a_bad_batch_lose_no_other_connections_data() -> None:
+    hooked: list[str] = []
+    rx = transport.open_receiver("tcp://127.0.0.1:*", on_drop=hooked.append)
+    tx = transport.open_sender([rx.address], role="verifier", index=0, ready_timeout=10)
+    push: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.connect(rx.address)
+    try:
+        first = wire.encode(scored_at(100))
+        bad = bytearray(wire.pack([scored_at(100), scored_at(101)])[0])
+        bad[wire.BATCH_HEAD.size + 8 + len(first) + (-len(first) % 8) + 7] = 1   # the 2nd item's reserved byte
+        bad_frame = bytes(bad)
+        with pytest.raises(wire.WireError, match=r"BATCH\[1\]: SCORED: group: reserved"):
+            wire.decode(bad_frame)
+        push.send(bad_frame)                       # one connection sends a bad batch
+        good = [scored_at(i) for i in range(6)]
+        tx.send_many(good)                        # another sends six groups: one BATCH frame
+        got = [rx.recv(5)]
+        assert rx.pending == 5                    # the rest of that frame, already unpacked
+        got += [rx.recv(0) for _ in range(5)]
+        assert got == good and rx.pending == 0
+        assert rx.recv(0.05) is None
+        assert dict(rx.dropped) == {"malformed": 1} and hooked == ["malformed"]   # the bad batch: one drop
+        tx.send_many(good[:1])                    # a group alone leaves at once, as a plain frame
+        assert rx.recv(5) == good[0] and rx.pending == 0
+    finally:
+        push.close(0)
+        tx.close()
+        rx.close()
+
+
+def test_send_many_spreads_a_batch_over_the_peers() -> None:
+    rxs = [transport.open_receiver("tcp://127.0.0.1:*") for _ in range(2)]
+    tx = transport.open_sender([r.address for r in rxs], role="generator", index=0, ready_timeout=10)
+    try:
+        msgs = [scored_at(i) for i in range(5)]
+        tx.send_many(msgs)
+        got = [[r.recv(5) for _ in range(n)] for r, n in zip(rxs, (3, 2))]
+        assert got == [msgs[:3], msgs[3:]]
+        tx.send_many(msgs[:2], to=1)
+        assert [rxs[1].recv(5), rxs[1].recv(0)] == msgs[:2] and rxs[0].recv(0.05) is None
+    finally:
+        tx.close()
+        for r in rxs:
+            r.close()
+
+
+def test_mem_backend_unpacks_batches() -> None:
+    rx = transport.open_receiver("mem://batches")
+    tx = transport.open_sender(["mem://batches"], role="generator", index=0, ready_timeout=5)
+    try:
+        msgs = [scored_at(i) for i in range(4)]
+        tx.send_many(msgs)
+        assert [rx.recv(1) for _ in msgs] == msgs and rx.pending == 0
+    finally:
+        tx.close()
+        rx.close()
+
+
 frames_to_fuzz = st.sampled_from([wire.encode(scored()), wire.encode(stop(3)), wire.encode(
     wire.Work(step=1, policy_version=0, prompts=(types.Prompt(index=1, text="t", answer="a"),)))])
 

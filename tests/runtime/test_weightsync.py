@@ -602,8 +602,10 @@ def test_prefetch_prepares_in_its_thread_and_a_closing_sender_ends_the_wait() ->
     assert staged.version == 2 and staged.prepared is None and isinstance(staged.prepare_error, ValueError)
     rx.prefetch()
     started = time.monotonic()
-    sender.close()
+    sender.close()                      # returns once the polling receiver saw the close (at most 2 s)
+    closed = time.monotonic() - started
     with pytest.raises(weightsync.WeightSyncError, match="sender closed"):
         rx.take(timeout=10)
     assert time.monotonic() - started < 10
+    assert rx._live is False and closed < weightsync.CLOSE_WAIT_SECONDS + 5
     rx.close()

@@ -40,6 +40,8 @@ MESSAGES: dict[str, Callable[[], wire.Message]] = {
                                                                  types.Prompt(index=25, text="ü€😀", answer=""))),
     "rollout": lambda: wire.Rollout(group=group()),
     "scored": lambda: wire.Scored(group=group(rewards=[1.0, -0.25])),
+    "batch": lambda: wire.Batch(messages=(wire.Rollout(group=group(k=1)), wire.Scored(group=group(rewards=[1.0, -0.25])),
+                                          wire.Rollout(group=group(k=3)))),
     "sync": lambda: wire.Sync(version=9, step=9, host="tiny-trainer-0.tiny-trainer", port=29504, world_size=3,
                               backend="nccl", timeout_s=60),
 }
@@ -323,6 +325,126 @@ def test_oversize_frame_refused() -> None:
     expect(huge, wire.REASON_MALFORMED, "exceeds")
 
 
+# ---------------------------------------------------------------- batches of groups
+
+
+def rollouts(count: int, *, k: int = 2) -> list[wire.Message]:
+    out: list[wire.Message] = []
+    for i in range(count):
+        g = group(k=k)
+        g.prompt = types.Prompt(index=i, text=f"copy: {'é' * (i % 3)}ab\n", answer="ab")
+        out.append(wire.Rollout(group=g))
+    return out
+
+
+def test_pack_round_trip_bounds_and_order() -> None:
+    msgs = rollouts(7)
+    frames = wire.pack(msgs)
+    assert len(frames) == 1 and frames[0][6] == wire.Kind.BATCH
+    batch = wire.decode(frames[0])
+    assert isinstance(batch, wire.Batch) and list(batch.messages) == msgs
+    for m in batch.messages:   # the f64 columns stay 8-byte aligned inside the batch (padding), views read-only
+        assert isinstance(m, wire.Rollout)
+        lps = m.group.completions.logprobs   # type: ignore[attr-defined]
+        assert lps.flags.aligned and not lps.flags.writeable
+    # spread over peers: consecutive runs, in order
+    parts = [wire.decode(f) for f in wire.pack(msgs, parts=3)]
+    assert [len(p.messages) for p in parts if isinstance(p, wire.Batch)] == [3, 3]
+    assert [m for p in parts for m in (p.messages if isinstance(p, wire.Batch) else [p])] == msgs
+    # bounded in bytes: no batch frame over max_bytes, nothing lost
+    one = len(wire.encode(msgs[0]))
+    small = wire.pack(msgs, max_bytes=3 * one)
+    assert len(small) > 1 and all(len(f) <= 3 * one for f in small)
+    assert [m for f in small for m in _messages(f)] == msgs
+    # alone, large, or another kind: a plain frame of its own, order kept
+    assert wire.pack(msgs[:1]) == [wire.encode(msgs[0])]
+    big = wire.Rollout(group=group(k=1))
+    big.group.completions[0] = completion(wire.BATCH_ALONE_BYTES // 12 + 1)   # type: ignore[index]
+    mixed = [msgs[0], msgs[1], wire.Stop(reason="x"), msgs[2], big, msgs[3]]
+    frames = wire.pack(mixed)
+    assert [f[6] for f in frames] == [wire.Kind.BATCH, wire.Kind.STOP, wire.Kind.ROLLOUT, wire.Kind.ROLLOUT,
+                                      wire.Kind.ROLLOUT]
+    assert [m for f in frames for m in _messages(f)] == mixed
+    assert wire.pack([]) == []
+
+
+def _messages(frame: bytes) -> list[wire.Message]:
+    msg = wire.decode(frame)
+    return list(msg.messages) if isinstance(msg, wire.Batch) else [msg]
+
+
+def _batch_of(items: list[bytes], *, k: int | None = None, reserved: tuple[int, int] = (0, 0),
+              pad: bytes = b"\0") -> bytes:
+    """A BATCH frame written independently of the encoder (the layout in wire.py's batch section)."""
+    head = wire.BATCH_HEAD.pack(wire.MAGIC, wire.SCHEMA_VERSION, int(wire.Kind.BATCH), reserved[0],
+                                len(items) if k is None else k, reserved[1])
+    head += struct.pack(f"<{len(items)}I", *map(len, items))
+    out = head + pad * (-len(head) % 8)
+    for item in items:
+        out += item + pad * (-len(item) % 8)
+    return out
+
+
+def test_the_batch_writer_in_this_test_matches_the_encoder() -> None:
+    msgs = rollouts(3)
+    assert _batch_of([wire.encode(m) for m in msgs]) == wire.pack(msgs)[0]
+
+
+def _bad_item(edit: Callable[[bytearray], None]) -> bytes:
+    item = bytearray(wire.encode(rollouts(1)[0]))
+    edit(item)
+    return bytes(item)
+
+
+def _nan_logprob(b: bytearray) -> None:
+    b[wire_group.HEAD.size:wire_group.HEAD.size + 8] = struct.pack("<d", math.nan)
+
+
+def _set_version(b: bytearray) -> None:
+    b[4:6] = (wire.SCHEMA_VERSION - 1).to_bytes(2, "little")
+
+
+GOOD = wire.encode(rollouts(1)[0])
+BATCH_REFUSALS = {
+    "truncated": (_batch_of([GOOD, GOOD])[:-8], "item sizes say"),
+    "longer": (_batch_of([GOOD, GOOD]) + bytes(8), "item sizes say"),
+    "header only": (_batch_of([GOOD])[:12], "shorter than"),
+    "no items": (_batch_of([]), "0 items"),
+    "too many items": (_batch_of([GOOD], k=wire.MAX_BATCH_GROUPS + 1), "items, expected"),
+    "reserved": (_batch_of([GOOD, GOOD], reserved=(1, 0)), "reserved"),
+    "reserved 2": (_batch_of([GOOD, GOOD], reserved=(0, 1)), "reserved"),
+    "padding": (_batch_of([GOOD, GOOD], pad=b"\1"), "padding"),
+    "item of another version": (_batch_of([GOOD, _bad_item(_set_version)]), "BATCH[1]: not a ROLLOUT"),
+    "item of another kind": (_batch_of([GOOD, wire.encode(wire.Stop(reason="x"))]), "BATCH[1]: not a ROLLOUT"),
+    "nested batch": (_batch_of([GOOD, _batch_of([GOOD, GOOD])]), "BATCH[1]: not a ROLLOUT"),
+    "bad item": (_batch_of([GOOD, _bad_item(_nan_logprob), GOOD]), "BATCH[1]: ROLLOUT: group.completions.logprobs"),
+    "short item": (_batch_of([GOOD, GOOD[:5]]), "BATCH[1]: 5 bytes"),
+    "item cut": (_batch_of([GOOD, GOOD[:-4]]), "BATCH[1]: ROLLOUT: group: frame of"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BATCH_REFUSALS))
+def test_batch_refusals(name: str) -> None:
+    frame, needle = BATCH_REFUSALS[name]
+    expect(frame, wire.REASON_MALFORMED, needle)
+
+
+def test_batch_version_and_size_checks() -> None:
+    frame = bytearray(wire.pack(rollouts(2))[0])
+    frame[4:6] = (wire.SCHEMA_VERSION + 1).to_bytes(2, "little")
+    expect(bytes(frame), wire.REASON_VERSION, "schema version")
+    huge = _batch_of([GOOD]) + bytes(wire.MAX_FRAME_BYTES)
+    expect(huge, wire.REASON_MALFORMED, "exceeds")
+    with pytest.raises(wire.WireError, match="BATCH: 0 items"):
+        wire.encode(wire.Batch(messages=()))
+    with pytest.raises(wire.WireError, match="exceeds"):   # encode refuses a batch the decoder would
+        n = wire.MAX_TOKENS // 2
+        lots = types.Completion(token_ids=np.zeros(n, np.uint32), logprobs=np.zeros(n), text="")
+        g = types.RolloutGroup(prompt=types.Prompt(index=0, text="", answer=""), prompt_token_ids=[],
+                               completions=[lots] * 6, policy_version=0)
+        wire.encode(wire.Batch(messages=(wire.Rollout(group=g), wire.Rollout(group=g))))
+
+
 # ---------------------------------------------------------------- property-based
 
 
@@ -383,7 +505,7 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
-MSGPACK_KINDS = sorted(k for k in MESSAGES if k not in ("rollout", "scored"))
+MSGPACK_KINDS = sorted(k for k in MESSAGES if k not in ("rollout", "scored", "batch"))
 
 
 @FUZZ

@@ -24,6 +24,10 @@ Why nothing is silently dropped:
 - High-water marks are bounded (``SNDHWM``/``RCVHWM`` = ``hwm`` frames; the kernel's socket buffers add a few MB
   on top). When a peer's queue is full the sender blocks (polling for room) instead of queueing more or dropping:
   backpressure reaches the trainer's bounded work window. A send that cannot complete by its timeout raises ``TransportTimeout``: the caller knows it was not sent.
+- Batches: ``send_many`` packs the groups it is given (all ready at once: a generator's sampled batch, the groups
+  a verifier found already queued) into BATCH frames (``wire.pack``: bounded in bytes, spread over the peers); it
+  never waits for more, so a group sent alone leaves at once. The receiver unpacks a BATCH and delivers its groups one
+  by one, in order; a bad BATCH is refused whole, counted once.
 - The only frames a receiver discards are ones ``wire.decode`` refuses (foreign, wrong version, malformed,
   multi-part): each is counted by reason in ``Receiver.dropped`` and reported to ``on_drop``; the receiver keeps
   delivering the good frames that follow. Frames queued towards a peer that dies are lost with it; the trainer's
@@ -33,6 +37,7 @@ Invariants: a Sender or Receiver is used by one thread. ``close`` never blocks (
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import hmac
@@ -143,6 +148,14 @@ class Sender(Protocol):
         """Send to peer ``to``, or round robin over peers with room when None. Blocks while the queue is full;
         raises ``TransportTimeout`` after ``timeout`` seconds (None: the sender's default, possibly forever)."""
 
+    def send_frame(self, frame: bytes, *, to: int | None = None, timeout: float | None = None) -> None:
+        """Send one already-encoded frame (``wire.encode``/``wire.pack``), like ``send``."""
+
+    def send_many(self, msgs: Sequence[wire.Message], *, to: int | None = None,
+                  timeout: float | None = None) -> None:
+        """Send ``msgs`` in as few frames as ``wire.pack`` makes (spread over the peers when ``to`` is None), each
+        frame like ``send``; ``timeout`` applies per frame."""
+
     def close(self) -> None: ...
 
 
@@ -162,6 +175,10 @@ class Receiver(Protocol):
 
     def recv(self, timeout: float | None = None) -> wire.Message | None:
         """The next valid message, or None after ``timeout`` seconds (None: wait forever)."""
+
+    @property
+    def pending(self) -> int:
+        """Messages already received and unpacked (the rest of a BATCH): ``recv`` returns these without waiting."""
 
     def close(self) -> None: ...
 
@@ -220,6 +237,7 @@ class _Inbox:
     def __init__(self, on_drop: DropHook | None) -> None:
         self.dropped: Counter[str] = Counter()
         self.hellos: list[wire.Hello] = []
+        self.pending: collections.deque[wire.Message] = collections.deque()   # the rest of the last BATCH
         self._on_drop = on_drop
 
     def refuse(self, reason: str) -> None:
@@ -240,6 +258,9 @@ class _Inbox:
         if isinstance(msg, wire.Hello):
             self.hellos.append(msg)
             return None
+        if isinstance(msg, wire.Batch):
+            self.pending.extend(msg.messages[1:])
+            return msg.messages[0]
         return msg
 
 
@@ -268,6 +289,10 @@ class _BoundReceiver:
     @property
     def hellos(self) -> Sequence[wire.Hello]:
         return self._inbox.hellos
+
+    @property
+    def pending(self) -> int:
+        return len(self._inbox.pending)
 
 
 # ---------------------------------------------------------------- ZeroMQ
@@ -301,6 +326,8 @@ class ZmqReceiver(_BoundReceiver):
     def recv(self, timeout: float | None = None) -> wire.Message | None:
         if self._closed:
             raise TransportError("receiver is closed")
+        if self._inbox.pending:   # the rest of a BATCH
+            return self._inbox.pending.popleft()
         msg = self._drain()  # fast path: a frame is already queued
         if msg is not None:
             return msg
@@ -415,6 +442,11 @@ class _SenderBase:
 
     def send_frame(self, frame: bytes, *, to: int | None = None, timeout: float | None = None) -> None:
         raise NotImplementedError
+
+    def send_many(self, msgs: Sequence[wire.Message], *, to: int | None = None,
+                  timeout: float | None = None) -> None:
+        for frame in wire.pack(list(msgs), parts=self.peers if to is None else 1):
+            self.send_frame(frame, to=to, timeout=timeout)
 
     def _begin_send(self, *, to: int | None, timeout: float | None) -> float | None:
         """Refuse a closed sender or a bad peer index; return the send's deadline."""
@@ -556,6 +588,8 @@ class MemReceiver(_BoundReceiver):
     def recv(self, timeout: float | None = None) -> wire.Message | None:
         if self._closed:
             raise TransportError("receiver is closed")
+        if self._inbox.pending:
+            return self._inbox.pending.popleft()
         deadline = _deadline(timeout)
         while True:
             try:

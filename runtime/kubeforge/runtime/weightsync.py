@@ -91,6 +91,7 @@ MAX_DIMS = 8
 DEFAULT_JOIN_TIMEOUT = 600.0  # generators join between rollout batches, maybe long after the trainer
 JOIN_KEY, ALL_JOINED_KEY, ABANDONED_KEY = "joined", "all-joined", "abandoned"   # under the epoch's prefix
 CLOSED_KEY = "closed"       # under the epoch's prefix: the sender closed (receivers waiting in the store stop)
+LIVE_KEY = "receivers-live"  # under the epoch's prefix: receivers joined, not closed, not yet told of the close
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
     "int64": torch.int64, "int32": torch.int32, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
@@ -628,7 +629,9 @@ class WeightSender:
             try:
                 prefixed: Any = dist.PrefixStore(epoch_prefix(self.epoch), self._store)  # type: ignore[attr-defined]
                 prefixed.set(CLOSED_KEY, b"1")
-                time.sleep(CLOSE_GRACE_SECONDS)
+                deadline = time.monotonic() + CLOSE_WAIT_SECONDS
+                while int(prefixed.add(LIVE_KEY, 0)) > 0 and time.monotonic() < deadline:
+                    time.sleep(PREFETCH_POLL_SECONDS / 2)
             except (RuntimeError, dist.DistError):
                 pass
         if self.group is not None:
@@ -685,7 +688,7 @@ def _pack(tensors: Iterator[tuple[str, torch.Tensor]], metas: list[TensorMeta], 
 
 SYNCS_KEY = "syncs"            # under the epoch's prefix: how many syncs the sender has begun in this epoch
 PREFETCH_POLL_SECONDS = 0.02
-CLOSE_GRACE_SECONDS = 3 * PREFETCH_POLL_SECONDS   # the sender's close waits this long for pollers to see it
+CLOSE_WAIT_SECONDS = 2.0   # the sender's close waits at most this long for live receivers to see it (then goes)
 
 
 def announce(group: Group) -> None:
@@ -735,6 +738,7 @@ class WeightReceiver:
                                   join_timeout=join_timeout, backend=backend, epoch=epoch)
         self.buffers = BucketBuffers()
         self.seen = 0                      # syncs of this epoch received so far
+        self._live = self._count_live(1)   # counted among the epoch's live receivers (the sender's close waits)
         self._stop = threading.Event()
         self._prefetch: threading.Thread | None = None
         self._staged: Staged | None = None
@@ -812,6 +816,8 @@ class WeightReceiver:
                 if store.check([ABANDONED_KEY]):
                     raise WeightSyncError("weight sync: this epoch was abandoned (the membership re-formed)")
                 if store.check([CLOSED_KEY]):
+                    if self._live:
+                        self._live = not self._count_live(-1)   # seen: the sender may go (and its store with it)
                     raise WeightSyncError("weight sync: the sender closed the group")
                 time.sleep(PREFETCH_POLL_SECONDS)
             start = time.perf_counter()
@@ -870,11 +876,23 @@ class WeightReceiver:
                          tensors=len(staged.entries), buckets=len(staged.buffers), receive_seconds=staged.seconds,
                          prepare_seconds=staged.prepare_seconds)
 
+    def _count_live(self, delta: int) -> bool:
+        store = getattr(self.group, "store", None)
+        if store is None:
+            return False
+        try:
+            store.add(LIVE_KEY, delta)
+        except (RuntimeError, dist.DistError):
+            return False
+        return True
+
     def close(self) -> None:
         self._stop.set()
         thread, self._prefetch = self._prefetch, None
         if thread is not None:
             thread.join(1.0)   # waiting in the store: returns within a poll; inside collectives: closing breaks it
+        if self._live:         # not told of a close: the sender may still be there (never after it went: no store)
+            self._live = not self._count_live(-1)
         self.group.close()
         if thread is not None:
             thread.join(5.0)

@@ -25,6 +25,8 @@ Message kinds and directions:
     ROLLOUT  generator -> verifier    one RolloutGroup (rewards unset)
     SCORED   verifier -> trainer      one RolloutGroup with rewards and per-verifier scores
     SYNC     trainer 0 -> generator   new policy version and where to join the weight broadcast
+    BATCH    generator -> verifier,   several whole ROLLOUT or SCORED frames in one frame (``pack``): what a
+             verifier -> trainer      sender has ready at once; the transport unpacks it (never delivered as such)
 
 Invariants:
 - ``decode`` returns a fully validated message or raises ``WireError``; it never raises anything else, whatever
@@ -105,6 +107,7 @@ class Kind(enum.IntEnum):
     ROLLOUT = 17
     SCORED = 18
     SYNC = 19
+    BATCH = 20
 
 
 # ---------------------------------------------------------------- messages
@@ -186,13 +189,20 @@ class Sync:
     epoch: int = 0          # the weight-sync group's epoch: a new one each time the membership re-forms
 
 
-Message = Union[Hello, Ready, Ack, Stop, Work, Rollout, Scored, Sync]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Batch:
+    """Several groups in one frame (a transport detail: receivers unpack it and deliver the messages one by one)."""
+
+    messages: tuple[Rollout | Scored, ...]
+
+
+Message = Union[Hello, Ready, Ack, Stop, Work, Rollout, Scored, Sync, Batch]
 
 _KINDS: dict[int, Kind] = {int(k): k for k in Kind}
 
 KIND_OF: dict[type, Kind] = {
     Hello: Kind.HELLO, Ready: Kind.READY, Ack: Kind.ACK, Stop: Kind.STOP,
-    Work: Kind.WORK, Rollout: Kind.ROLLOUT, Scored: Kind.SCORED, Sync: Kind.SYNC,
+    Work: Kind.WORK, Rollout: Kind.ROLLOUT, Scored: Kind.SCORED, Sync: Kind.SYNC, Batch: Kind.BATCH,
 }
 
 
@@ -211,6 +221,8 @@ def encode(msg: Message, *, check: bool = True) -> bytes:
     """One frame for ``msg``. With ``check`` (default) the payload is validated exactly as ``decode`` would, so a
     sender's bug (a NaN logprob, mismatched lengths) raises ``WireError`` here instead of a drop at the peer."""
     kind = kind_of(msg)
+    if isinstance(msg, Batch):
+        return _batch_frame([encode(m, check=check) for m in msg.messages])
     if kind is Kind.ROLLOUT or kind is Kind.SCORED:
         try:
             return wire_group.encode(MAGIC, SCHEMA_VERSION, int(kind), msg.group,  # type: ignore[union-attr]
@@ -284,12 +296,9 @@ def _decode(data: bytes | bytearray | memoryview) -> Message:
     if kind is None:
         raise WireError(REASON_MALFORMED, f"unknown kind {kind_num}")
     if kind is Kind.ROLLOUT or kind is Kind.SCORED:
-        scored = kind is Kind.SCORED
-        try:
-            g = wire_group.decode(view, scored=scored, limits=_GROUP_LIMITS)
-        except wire_group.Invalid as e:
-            raise WireError(REASON_MALFORMED, f"{kind.name}: {e}") from None
-        return Scored(group=g) if scored else Rollout(group=g)
+        return _group_in(view, kind)
+    if kind is Kind.BATCH:
+        return _batch_in(view)
     body = view[HEADER.size:]
     if len(body) > wire_budget.WALK_ABOVE:
         try:  # what unpacking would allocate, from the headers alone: a hostile frame never gets that far
@@ -425,3 +434,126 @@ _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
     Kind.WORK: _work_in,
     Kind.SYNC: _sync_in,
 }
+
+
+# ---------------------------------------------------------------- batches of groups
+
+# A BATCH frame carries whole ROLLOUT/SCORED frames (each with its own header) back to back::
+#
+#     0   frame header (HEADER: magic, schema version, kind BATCH)                  7 B
+#     7   reserved, 0                                                              u8
+#     8   items k (1..MAX_BATCH_GROUPS), reserved 0                                2 x u32
+#     16  item sizes   u32[k]   bytes of each item frame, before its padding
+#         zero padding to a multiple of 8
+#         item frames  k x (a whole ROLLOUT or SCORED frame, zero-padded to a multiple of 8: its f64 columns stay
+#                      8-byte aligned)
+#
+# The frame is exactly as long as the sizes say, every padding byte is 0, each item is decoded and checked like a
+# frame of its own (same schema version, a group kind only: no nesting), and one bad item refuses the whole batch
+# (one drop, counted once). Decoded groups are views of the batch frame, like a lone group's of its frame.
+BATCH_HEAD = struct.Struct("<4sHBBII")
+MAX_BATCH_GROUPS = 4096
+BATCH_BYTES = 1 << 20          # pack's bound on a batch frame
+BATCH_ALONE_BYTES = 16 << 10   # a group frame this large or larger goes alone: its per-frame cost is small beside its bytes
+_GROUP_KINDS = (int(Kind.ROLLOUT), int(Kind.SCORED))
+_ZEROS = bytes(8)
+
+
+def pack(msgs: list[Message], *, parts: int = 1, max_bytes: int = BATCH_BYTES, check: bool = True) -> list[bytes]:
+    """The frames that carry ``msgs`` in order: consecutive small groups share BATCH frames of at most
+    ``max_bytes``, spread over up to ``parts`` frames (one per peer, for round robin); a message alone in its
+    frame, a large group, or any other kind goes as its own plain frame. Nothing waits: it packs what it is given."""
+    frames = [encode(m, check=check) for m in msgs]
+    per = max(1, -(-len(frames) // max(1, parts)))
+    out: list[bytes] = []
+    cur: list[bytes] = []
+    size = BATCH_HEAD.size + 8
+
+    def flush() -> None:
+        if len(cur) == 1:
+            out.append(cur[0])
+        elif cur:
+            out.append(_batch_frame(cur))
+        cur.clear()
+
+    for f in frames:
+        if len(f) >= BATCH_ALONE_BYTES or f[6] not in _GROUP_KINDS:
+            flush()
+            out.append(f)
+            continue
+        cost = len(f) + 4 + 7
+        if cur and (len(cur) >= per or size + cost > max_bytes or len(cur) >= MAX_BATCH_GROUPS):
+            flush()
+            size = BATCH_HEAD.size + 8
+        cur.append(f)
+        size += cost
+    flush()
+    return out
+
+
+def _batch_frame(frames: list[bytes]) -> bytes:
+    k = len(frames)
+    if not 0 < k <= MAX_BATCH_GROUPS:
+        raise WireError(REASON_MALFORMED, f"BATCH: {k} items, expected 1 to {MAX_BATCH_GROUPS}")
+    sizes = list(map(len, frames))
+    head = BATCH_HEAD.pack(MAGIC, SCHEMA_VERSION, int(Kind.BATCH), 0, k, 0) + struct.pack(f"<{k}I", *sizes)
+    parts = [head, _ZEROS[:-len(head) % 8]]
+    for i, f in enumerate(frames):
+        if f[6] not in _GROUP_KINDS:
+            raise WireError(REASON_MALFORMED, f"BATCH[{i}]: only ROLLOUT and SCORED frames can be batched")
+        parts.append(f)
+        parts.append(_ZEROS[:-len(f) % 8])
+    frame = b"".join(parts)
+    if len(frame) > MAX_FRAME_BYTES:
+        raise WireError(REASON_MALFORMED, f"BATCH: frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
+    return frame
+
+
+def _group_in(view: memoryview, kind: Kind) -> Rollout | Scored:
+    scored = kind is Kind.SCORED
+    try:
+        g = wire_group.decode(view, scored=scored, limits=_GROUP_LIMITS)
+    except wire_group.Invalid as e:
+        raise WireError(REASON_MALFORMED, f"{kind.name}: {e}") from None
+    return Scored(group=g) if scored else Rollout(group=g)
+
+
+def _batch_in(view: memoryview) -> Batch:
+    size = len(view)
+    if size < BATCH_HEAD.size:
+        raise WireError(REASON_MALFORMED, f"BATCH: {size} bytes, shorter than its {BATCH_HEAD.size}-byte header")
+    _, _, _, reserved, k, reserved2 = BATCH_HEAD.unpack_from(view)
+    if reserved or reserved2:
+        raise WireError(REASON_MALFORMED, "BATCH: reserved header fields must be 0")
+    if not 0 < k <= MAX_BATCH_GROUPS:
+        raise WireError(REASON_MALFORMED, f"BATCH: {k} items, expected 1 to {MAX_BATCH_GROUPS}")
+    at = BATCH_HEAD.size + 4 * k
+    pad = -at % 8
+    if at + pad > size:
+        raise WireError(REASON_MALFORMED, f"BATCH: {size} bytes, its header says at least {at + pad}")
+    sizes = struct.unpack_from(f"<{k}I", view, BATCH_HEAD.size)
+    want = at + pad + sum(s + (-s % 8) for s in sizes)
+    if want != size:
+        raise WireError(REASON_MALFORMED, f"BATCH: frame of {size} bytes, its item sizes say {want}")
+    if view[at:at + pad] != _ZEROS[:pad]:
+        raise WireError(REASON_MALFORMED, "BATCH: padding must be 0")
+    at += pad
+    msgs: list[Rollout | Scored] = []
+    for i, s in enumerate(sizes):
+        item = view[at:at + s]
+        at += s
+        pad = -s % 8
+        if view[at:at + pad] != _ZEROS[:pad]:
+            raise WireError(REASON_MALFORMED, f"BATCH[{i}]: padding must be 0")
+        at += pad
+        if s < HEADER.size:
+            raise WireError(REASON_MALFORMED, f"BATCH[{i}]: {s} bytes, no frame header")
+        magic, version, kind_num = HEADER.unpack_from(item)
+        if magic != MAGIC or version != SCHEMA_VERSION or kind_num not in _GROUP_KINDS:
+            raise WireError(REASON_MALFORMED, f"BATCH[{i}]: not a ROLLOUT or SCORED frame of schema "
+                            f"{SCHEMA_VERSION} (magic {bytes(magic)!r}, version {version}, kind {kind_num})")
+        try:
+            msgs.append(_group_in(item, _KINDS[kind_num]))
+        except WireError as e:
+            raise WireError(REASON_MALFORMED, f"BATCH[{i}]: {e.detail}") from None
+    return Batch(messages=tuple(msgs))

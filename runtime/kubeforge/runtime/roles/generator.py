@@ -208,8 +208,7 @@ def _work(msg: wire.Work, *, index: int, version: int, sampler: Sampler, verifie
         g.step = msg.step
         g.generator = index
     observer.sampled(groups=groups, seconds=time.monotonic() - started)
-    for g in groups:
-        verifiers.send(wire.Rollout(group=g))
+    verifiers.send_many([wire.Rollout(group=g) for g in groups])   # the batch's groups, packed (wire.pack)
 
 
 def _pass_on(stop: wire.Stop, verifiers: transport.Sender) -> None:

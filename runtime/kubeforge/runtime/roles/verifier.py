@@ -4,6 +4,9 @@
  generators ──ROLLOUT──▶ inbox ──score(group)──▶ SCORED ──▶ trainer rank (prompt.index % trainers)
 ```
 
+Groups that arrived together (one BATCH frame: ``inbox.pending``) are scored one by one and leave together: one
+BATCH per trainer rank (``wire.pack``). Nothing waits for more groups than were already there.
+
 Neighbours: ``verifiers.score_group`` does the scoring (injected as ``score``); ``transport`` gives the inbox and
 the sender towards the trainer ranks; ``roles.main`` wires the real parts.
 
@@ -40,24 +43,34 @@ def run(*, inbox: transport.Receiver, trainers: transport.Sender,
         msg = inbox.recv(timeout=POLL_SECONDS)
         if msg is None:
             continue
-        if isinstance(msg, wire.Stop):
-            return
-        if not isinstance(msg, wire.Rollout):
-            observer.unexpected(kind=type(msg).__name__)
-            continue
-        started = time.monotonic()
-        try:
-            scored = score(msg.group)
-        except Exception as exc:  # a verifier bug on one group must not take the role down
-            observer.failed(error=exc)
-            continue
-        observer.scored(group=scored, seconds=time.monotonic() - started)
-        if not _send(trainers, wire.Scored(group=scored), to=scored.prompt.index % trainers.peers,
-                     should_stop=should_stop, deadline=deadline):
-            return
+        arrived = [msg]
+        while inbox.pending:   # the rest of the frame msg came in: already here, no wait
+            more = inbox.recv(timeout=0)
+            if more is None:
+                break
+            arrived.append(more)
+        out: dict[int, list[wire.Message]] = {}
+        for msg in arrived:
+            if isinstance(msg, wire.Stop):
+                return
+            if not isinstance(msg, wire.Rollout):
+                observer.unexpected(kind=type(msg).__name__)
+                continue
+            started = time.monotonic()
+            try:
+                scored = score(msg.group)
+            except Exception as exc:  # a verifier bug on one group must not take the role down
+                observer.failed(error=exc)
+                continue
+            observer.scored(group=scored, seconds=time.monotonic() - started)
+            out.setdefault(scored.prompt.index % trainers.peers, []).append(wire.Scored(group=scored))
+        for to, msgs in out.items():
+            for frame in wire.pack(msgs):
+                if not _send(trainers, frame, to=to, should_stop=should_stop, deadline=deadline):
+                    return
 
 
-def _send(trainers: transport.Sender, msg: wire.Message, *, to: int, should_stop: Callable[[], bool],
+def _send(trainers: transport.Sender, frame: bytes, *, to: int, should_stop: Callable[[], bool],
           deadline: float | None = None) -> bool:
     """Send, waiting as long as it takes (nothing is dropped), but look at ``should_stop`` between tries: a trainer
     that died leaves the send blocked, and SIGTERM must still end the role. False when stopped unsent; after
@@ -65,7 +78,7 @@ def _send(trainers: transport.Sender, msg: wire.Message, *, to: int, should_stop
     until = None if deadline is None else time.monotonic() + deadline
     while True:
         try:
-            trainers.send(msg, to=to, timeout=SEND_RETRY_SECONDS)
+            trainers.send_frame(frame, to=to, timeout=SEND_RETRY_SECONDS)
             return True
         except transport.TransportTimeout:
             if should_stop():

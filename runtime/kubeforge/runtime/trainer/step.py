@@ -48,6 +48,7 @@ from kubeforge.runtime.trainer import checkpoint, logprobs, materialise, metrics
 from kubeforge.runtime.trainer import shadow as shadow_mod
 from kubeforge.runtime.trainer import sharding
 from kubeforge.runtime.trainer import export as export_mod
+from kubeforge.runtime.trainer import malloc
 from kubeforge.runtime.trainer import lora as lora_mod
 from kubeforge.runtime.trainer import policy as policy_mod
 
@@ -83,6 +84,7 @@ class Trainer:
                  group: parallel.DataParallel | None = None, device: str = "cpu",
                  logit_temperature: float = 1.0, scale: Scale | None = None,
                  lora: rljob.LoraSpec | None = None) -> None:
+        malloc.return_freed_memory()     # freed tensors leave the process's RSS (malloc.py; every rank, any sharding)
         self.device = torch.device(device)
         self.group = group or parallel.DataParallel(config=parallel.DistConfig(), device=self.device)
         self.scale = scale or Scale()
