@@ -195,3 +195,15 @@ def test_a_draining_job_restarting_its_stall_clock_is_detail_only() -> None:
     running = [s.model_copy(update={"phase": "Running"}) for s in (a, b)]
     assert status.substance(running[0]) != status.substance(running[1])
     assert status.substance(a) != status.substance(a.model_copy(update={"attempt": 2}))
+
+
+def test_a_condition_reason_changing_while_its_status_stays_is_detail_unless_it_posts_an_event() -> None:
+    def with_cond(kind: str, ok: str, reason: str) -> rljob.RLJobStatus:
+        return rljob.RLJobStatus(phase="Pending", conditions=[rljob.Condition(type=kind, status=ok, reason=reason)])
+
+    waiting = with_cond(reasons.GANG_SCHEDULED, "False", reasons.WAITING_FOR_PODS)
+    assert status.substance(waiting) == status.substance(with_cond(reasons.GANG_SCHEDULED, "False",
+                                                                   reasons.UNSCHEDULABLE))
+    assert status.substance(waiting) != status.substance(with_cond(reasons.GANG_SCHEDULED, "True", reasons.SCHEDULED))
+    not_ready = with_cond(reasons.READY, "False", reasons.ROLES_NOT_READY)
+    assert status.substance(not_ready) != status.substance(with_cond(reasons.READY, "False", "ImagePullBackOff"))
