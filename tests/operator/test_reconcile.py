@@ -292,8 +292,9 @@ def _replay_restart(stretch: float) -> tuple[int, list[str]]:
 def test_a_restart_writes_its_phases_at_once_and_little_else() -> None:
     """bench_operator measured ~12 status writes per restarted job: the gang condition's reason flipping while it
     stayed False (WaitingForPods, Unschedulable, WaitingForPods) was written at once, and the scheduler's changing
-    messages went out every 5 s while a gang formed slowly. Before the fix this replay made 8 writes (13 at 3x
-    slower); now the four phases go out at once and the detail adds at most three writes."""
+    messages went out every 5 s while a gang formed slowly. Before, this replay made 8 writes (13 at 3x slower);
+    pacing the placement reasons alone left 7 (12); with detail writes in a row backing off, the four phases go out
+    at once and the detail adds at most three writes."""
     for stretch in (1.0, 3.0):
         writes, phases = _replay_restart(stretch)
         assert [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p] == \
