@@ -99,7 +99,7 @@ def sender_main(args: argparse.Namespace) -> None:
     print(json.dumps({"raw_sender_seconds": raw}), flush=True)
     sender = weightsync.WeightSender(host="127.0.0.1", port=args.sync_port, world_size=2, timeout=120,
                                      join_timeout=3600)   # the engine may take 15 min to start on a loaded machine
-    for v in range(1, 3 * (args.reps + 1) + 1):  # discarded by the engine, swapped in, then loaded in place
+    for v in range(1, 3 * (args.reps + 1) + 1):  # discarded by the engine, loaded in place, then swapped in
         with torch.no_grad():
             for _, t in named:
                 t.add_(torch.randn_like(t) * 1e-3)  # new weights every time, as after an optimizer step
@@ -133,6 +133,11 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
                             max_model_len=512)
         eng.join_weight_sync(host="127.0.0.1", port=sync_port, world_size=2, rank_base=1, timeout=120)
         wire_only = [eng.receive_weights(load=False) for _ in range(args.reps + 1)][1:]
+        inplace = []
+        for _ in range(args.reps + 1):   # the baseline first: the run ends on a swap (a short last load)
+            generate_until_staged(eng)
+            inplace.append(eng.receive_weights(swap=False))
+        inplace = inplace[1:]
         engine_side, generated = [], []
         for _ in range(args.reps + 1):
             # as a generator does: sample while the next sync lands in the background, load it between batches
@@ -140,18 +145,13 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
             engine_side.append(profiled(eng.receive_weights) if args.profile and len(engine_side) == args.reps
                                else eng.receive_weights())
         engine_side, generated = engine_side[1:], generated[1:]
-        inplace = []
-        for _ in range(args.reps + 1):
-            generate_until_staged(eng)
-            inplace.append(eng.receive_weights(swap=False))
-        inplace = inplace[1:]
         lines = [json.loads(x) for x in sender.communicate(timeout=600)[0].splitlines() if x.startswith("{")]
     finally:
         if sender.poll() is None:
             sender.kill()
     all_syncs = [x["sync"] for x in lines if "sync" in x]
-    packs = [x["pack_seconds"] for x in lines if "sync" in x][args.reps + 2:2 * (args.reps + 1)]
-    wire_syncs, syncs = all_syncs[1:args.reps + 1], all_syncs[args.reps + 2:2 * (args.reps + 1)]
+    packs = [x["pack_seconds"] for x in lines if "sync" in x][2 * (args.reps + 1) + 1:]
+    wire_syncs, syncs = all_syncs[1:args.reps + 1], all_syncs[2 * (args.reps + 1) + 1:]
     wire_s = statistics.median(s["seconds"] for s in wire_syncs)
     raw_s = statistics.median(raw)
     memcpy_s = memcpy_seconds(nbytes=nbytes, reps=args.reps)

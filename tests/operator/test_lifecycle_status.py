@@ -195,3 +195,22 @@ def test_a_draining_job_restarting_its_stall_clock_is_detail_only() -> None:
     running = [s.model_copy(update={"phase": "Running"}) for s in (a, b)]
     assert status.substance(running[0]) != status.substance(running[1])
     assert status.substance(a) != status.substance(a.model_copy(update={"attempt": 2}))
+
+
+def test_a_gang_reason_flipping_while_it_stays_false_is_detail_only() -> None:
+    """Recovery at scale: while the scheduler holds a gang being created, GangScheduled flips WaitingForPods <->
+    Unschedulable with each pod; those flips are paced, the flip to Scheduled and other reasons are not."""
+    job = opbuilders.job("tiny")
+    _, waiting = run(job, [])
+    _, unsched = run(job, UNSCHED)
+    _, placed = run(job, NOT_READY)
+    assert cond(waiting, reasons.GANG_SCHEDULED).reason == reasons.WAITING_FOR_PODS
+    assert cond(unsched, reasons.GANG_SCHEDULED).reason == reasons.UNSCHEDULABLE
+    assert waiting.phase == unsched.phase == "Pending"
+    assert status.substance(waiting) == status.substance(unsched)
+    assert status.substance(unsched) != status.substance(placed)        # True: Scheduled, and Starting
+    # a False condition outside the placement reasons keeps its reason in the substance
+    ready = cond(waiting, reasons.READY)
+    stuck = waiting.model_copy(update={"conditions": [
+        c.model_copy(update={"reason": "ImagePullBackOff"}) if c is ready else c for c in waiting.conditions]})
+    assert status.substance(stuck) != status.substance(waiting)

@@ -14,7 +14,9 @@ tensors, barely moves).
 
 How: ``mallopt(M_MMAP_THRESHOLD, 4 MiB)``: allocations of 4 MiB and more are mmapped and unmapped when freed, and
 the dynamic adjustment (of this and of the trim threshold) is off. The cost is a page fault per new page of such
-tensors (zero-filled by the kernel). Only on glibc; elsewhere nothing happens. A ``MALLOC_MMAP_THRESHOLD_`` in the
+tensors (zero-filled by the kernel): measured CPU time per step on one rank, the 0.5B shape cut to 2 layers, 2.94-3.01 s
+against 2.80-2.93 s with a fixed 32 MiB threshold (about what glibc's dynamic one settles at), a few per cent.
+Only on glibc; elsewhere nothing happens. A ``MALLOC_MMAP_THRESHOLD_`` in the
 environment is the user's explicit choice and is left alone.
 """
 from __future__ import annotations
