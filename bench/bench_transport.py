@@ -87,7 +87,7 @@ def _free_address() -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
-def run_case(kind: str, msg: wire.Rollout, count: int, queued: int = 1) -> tuple[float, float]:
+def run_case(kind: str, msg: wire.Rollout, count: int, queued: int = 1) -> tuple[float, float, float, float]:
     """(wall seconds to move ``count`` groups, CPU seconds per group of the busier process) for kind raw (the
     group's frame, one message per group) or kubeforge (encode + decode; ``queued`` groups handed to
     ``send_many`` at a time, 1: ``send``). The CPU figure is what the rate would be on an idle machine with a core
@@ -118,7 +118,8 @@ def run_case(kind: str, msg: wire.Rollout, count: int, queued: int = 1) -> tuple
     tx.close()
     if dropped:
         raise SystemExit(f"receiver dropped frames: {dropped}")
-    return float(end - start), max(sender_cpu / count, receiver_cpu / (count - 1))
+    send, receive = sender_cpu / count, receiver_cpu / (count - 1)
+    return float(end - start), max(send, receive), send, receive
 
 
 def local_rates(msg: wire.Rollout, seconds: float) -> tuple[float, float]:
@@ -161,11 +162,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="target duration of each measurement")
     ap.add_argument("--queued", type=int, default=16, help="groups handed to send_many at once on the kubeforge "
                     "side (a generator's sampled batch); 1 = no batching")
+    ap.add_argument("--cases", default="small,medium,large", help="which of small, medium, large to run")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case and transport; the fastest is kept "
                     "(the machine is shared: the best run is the least disturbed one)")
     args = ap.parse_args()
     results = []
-    for name, group_size, tokens in CASES:
+    for name, group_size, tokens in [c for c in CASES if c[0] in args.cases.split(",")]:
         msg = rollout(group_size, tokens)
         size = len(wire.encode(msg))
         enc, dec = local_rates(msg, args.seconds / 4)
@@ -184,6 +186,8 @@ def main() -> None:
             row[f"{key}_cpu_groups_per_s"] = round(1 / cpu, 1)
             row[f"{key}_cpu_MB_per_s"] = round(size / cpu / 1e6, 1)
             row[f"{key}_cpu_us_per_group"] = round(cpu * 1e6, 2)
+            row[f"{key}_sender_cpu_us_per_group"] = round(min(r[2] for r in runs) * 1e6, 2)
+            row[f"{key}_receiver_cpu_us_per_group"] = round(min(r[3] for r in runs) * 1e6, 2)
         for key in ("kf", "kf_single"):
             row[f"{key}_over_raw"] = round(row[f"{key}_groups_per_s"] / row["raw_groups_per_s"], 3)
             row[f"{key}_over_raw_cpu"] = round(row["raw_cpu_us_per_group"] / row[f"{key}_cpu_us_per_group"], 3)
@@ -197,7 +201,8 @@ def main() -> None:
                                              f"{row[key + '_over_raw_cpu']:.2f}x raw CPU")
             print(f"    {key:9s} wall {row[key + '_groups_per_s']:9.1f} groups/s {row[key + '_MB_per_s']:7.1f} MB/s"
                   f" | CPU {row[key + '_cpu_groups_per_s']:9.1f} groups/s {row[key + '_cpu_MB_per_s']:7.1f} MB/s"
-                  f" ({row[key + '_cpu_us_per_group']:.2f} us/group){ratio}", flush=True)
+                  f" ({row[key + '_cpu_us_per_group']:.2f} us/group: send {row[key + '_sender_cpu_us_per_group']:.2f}"
+                  f" receive {row[key + '_receiver_cpu_us_per_group']:.2f}){ratio}", flush=True)
         print(f"    encode {enc:8.1f}/s decode {dec:8.1f}/s", flush=True)
     memory = decode_memory()
     print(f"decode of a valid {memory['frame_bytes'] / 2**20:.1f} MiB ROLLOUT: "

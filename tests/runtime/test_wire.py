@@ -560,3 +560,21 @@ def test_round_trip_property(comps: list[types.Completion], version: int, text: 
                            completions=comps, policy_version=version, step=version // 3, generator=n,
                            rewards=rewards, scores={k: list(rewards) for k in names})
     assert wire.decode(wire.encode(wire.Scored(group=g))) == wire.Scored(group=g)
+
+
+def test_all_finite_fast_path_is_exact() -> None:
+    """The dot-product shortcut never passes a non-finite value and never refuses huge finite ones."""
+    assert wire_group.all_finite(np.zeros(0)) and wire_group.all_finite(np.array([-0.5, 0.0, -7.0]))
+    assert wire_group.all_finite(np.array([1e200, -1e300, 1.0]))   # the dot overflows: rechecked, finite
+    for bad in (math.nan, math.inf, -math.inf):
+        for at in (0, 3, 9):
+            x = np.full(10, -1e200)
+            x[at] = bad
+            assert not wire_group.all_finite(x)
+            x[:] = -0.25
+            x[at] = bad
+            assert not wire_group.all_finite(x)
+    big = np.full(wire_group._DOT_MAX + 1, -0.5)   # past the shortcut's size: the exact check alone
+    assert wire_group.all_finite(big)
+    big[-1] = math.nan
+    assert not wire_group.all_finite(big)

@@ -72,9 +72,10 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--health-port", type=int, default=8081, help="Liveness /healthz port (0: off).")
     p.add_argument("--runtime-image", default=names.DEFAULT_RUNTIME_IMAGE, help="Image of roles that name none.")
     p.add_argument("--workers", type=int, default=16, help="Reconcile worker threads.")
-    p.add_argument("--status-interval", type=float, default=5.0, help="Seconds between two status writes of one "
-                   "job that change only counts or messages (a phase, condition or failure is written at once; "
-                   "0: every change at once).")
+    p.add_argument("--status-interval", type=float, default=5.0, help="Seconds before a status write of one job "
+                   "that changes only counts, messages or a condition's reason; each further such write in a row "
+                   "waits twice as long, up to 6 times this (a phase, a condition's status or a failure is written "
+                   "at once; 0: every change at once).")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("-v", "--verbose", action="store_true")
     w = p.add_argument_group("admission webhook (docs/security.md)")

@@ -103,25 +103,33 @@ class ApplyCache:
 
 class StatusPacer:
     """When each job's status was last written by this process, so that writes changing detail only (a pod more
-    ready, a count in a message) go out at most once per ``interval`` per job: each such write is a full
-    status-subresource update, a watch event to every RLJob watcher and an etcd write, and without pacing a job
-    of 10 pods costs one per pod scheduled and one per pod ready. Soft state: a restarted operator writes at once."""
+    ready, a count in a message) are paced per job: each such write is a full status-subresource update, a watch
+    event to every RLJob watcher and an etcd write, and without pacing a job of 10 pods costs one per pod scheduled
+    and one per pod ready. The first detail write after a write of substance waits ``interval``; each further one
+    in a row waits twice as long as the one before, up to ``max_interval`` (a gang that takes a minute to form on a
+    loaded control plane changes its messages all along: at a fixed 5 s that was a write every 5 s per job). Soft
+    state: a restarted operator writes at once."""
 
-    def __init__(self, *, interval: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, interval: float = 5.0, max_interval: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._interval = interval
+        self._max = max(interval, max_interval if max_interval is not None else 6 * interval)
         self._clock = clock
         self._lock = threading.Lock()
-        self._last: dict[Key, float] = {}
+        self._last: dict[Key, tuple[float, float]] = {}   # job -> (when last written, wait for the next detail)
 
     def wait(self, job: Key) -> float:
         """Seconds until a detail-only write of ``job`` is due (0: now)."""
         with self._lock:
             last = self._last.get(job)
-        return 0.0 if last is None else max(0.0, last + self._interval - self._clock())
+        return 0.0 if last is None else max(0.0, last[0] + last[1] - self._clock())
 
-    def wrote(self, job: Key) -> None:
+    def wrote(self, job: Key, *, detail: bool = False) -> None:
+        """A write of ``job`` went out: of detail only (the next detail waits longer) or of substance."""
         with self._lock:
-            self._last[job] = self._clock()
+            prev = self._last.get(job)
+            step = min(prev[1] * 2, self._max) if detail and prev is not None else self._interval
+            self._last[job] = (self._clock(), step)
 
     def forget(self, job: Key) -> None:
         with self._lock:
@@ -248,15 +256,15 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     new = status.compute(job, obs, plan, generation=raw["metadata"].get("generation"), now=now)
     requeue = plan.requeue_after
     if _status_doc(new) != _status_doc(job.status):
-        wait = pacer.wait(key) if pacer is not None and status.substance(new) == status.substance(job.status) \
-            else 0.0
+        detail = pacer is not None and status.substance(new) == status.substance(job.status)
+        wait = pacer.wait(key) if pacer is not None and detail else 0.0
         if wait > 0:             # detail only, and written lately: the pass runs again when the write is due
             metrics.STATUS_DEFERRED.inc()
             requeue = wait if requeue is None else min(requeue, wait)
         else:
             _write_status(cluster, key, _status_doc(new) or {}, jobs)
             if pacer is not None:
-                pacer.wrote(key)
+                pacer.wrote(key, detail=detail)
     for ev in status.transitions(job.status, new, plan):
         cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
     handoff = exports.relay(job, obs, attempt=plan.attempt, served=new.progress.last_export,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import operator
 import struct
 from collections.abc import Callable, Sequence
@@ -54,6 +55,7 @@ _LOGPROBS = operator.attrgetter("logprobs")
 _TEXT = operator.attrgetter("text")
 _REASON = operator.attrgetter("finish_reason")
 _INT = {int}
+_DOT_MAX = 4096
 
 
 class Invalid(ValueError):
@@ -125,7 +127,8 @@ def encode(magic: bytes, version: int, kind: int, g: types.RolloutGroup, *, scor
     strings = [p.text, p.answer, *texts, *reasons, *names]
     joined = "".join(strings)   # TypeError for a string that is not one
     sizes = list(map(len, strings))
-    _check_strings(sizes, strings, n, limits)
+    if names or max(sizes) > min(limits.text_chars, limits.name_chars):   # else every bound holds at once
+        _check_strings(sizes, strings, n, limits)
     if joined.isascii():   # O(1) for a compact str: bytes = characters
         blob = joined.encode("ascii")
     else:
@@ -174,9 +177,20 @@ def _string_name(i: int, n: int) -> str:
     return f"scores (verifier name {i - 2 - 2 * n})"
 
 
+def all_finite(f64: np.ndarray[Any, Any]) -> bool:
+    """Every value finite. Fast path: the dot product with itself (one BLAS call, ~0.3 us for a small group, against
+    ~1.2 us for ``isfinite().all()``) is finite when every value is: a NaN or an infinity makes it NaN or +inf, and a
+    sum of squares cannot cancel one. A non-finite dot (or an overflow of huge finite values) is rechecked exactly.
+    Small arrays only: above ``_DOT_MAX`` values the BLAS may split the dot over threads, which on a busy machine
+    costs milliseconds, while ``isfinite`` costs little beside the group's other work."""
+    if len(f64) <= _DOT_MAX and math.isfinite(f64.dot(f64)):
+        return True
+    return bool(np.isfinite(f64).all())
+
+
 def _nonfinite(f64: np.ndarray[Any, Any], total: int, n: int, rewards: bool, names: Sequence[str]) -> str:
     """'' when every float is finite, else the field holding the first non-finite one."""
-    if np.isfinite(f64).all():
+    if all_finite(f64):
         return ""
     bad = int(np.argmin(np.isfinite(f64)))
     if bad < total:
@@ -240,11 +254,13 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
         ascii_only = True
     except UnicodeDecodeError:
         ascii_only = False
-    if ascii_only:   # bytes are characters: the bounds need no string made
+    if ascii_only and max(sizes) > min(limits.text_chars, limits.name_chars):   # else every bound holds at once
+        # bytes are characters: the bounds need no string made (names: _check_names below)
         if max(sizes[:2 + n]) > limits.text_chars:
             raise Invalid(f"group: a text exceeds {limits.text_chars} characters")
         if max(sizes[2 + n:names_at]) > limits.name_chars:
             raise Invalid(f"group.completions.finish_reason: one exceeds {limits.name_chars} characters")
+    if ascii_only:
         ends = list(itertools.accumulate(sizes))
         texts: Any = _slicer(blob, ends, 2, 2 + n)
         reasons: Any = _slicer(blob, ends, 2 + n, names_at)
@@ -257,7 +273,7 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
         _check_chars(text, answer, texts, reasons, limits)
     if nv:
         _check_names(names, limits)
-    if not np.isfinite(f64).all():
+    if not all_finite(f64):
         raise Invalid(f"group.{_nonfinite(f64, total, n, has_rewards, names)}: contains a non-finite value")
     u32 = np.frombuffer(view, _U32, plen + total, ids_at)
     if u32.flags.writeable:   # a bytearray's frame: the views stay read-only like a bytes frame's
