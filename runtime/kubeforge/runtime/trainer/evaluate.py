@@ -97,7 +97,9 @@ class Evaluator:
             ids[i, width - len(e):] = torch.tensor(e, dtype=torch.long)
             mask[i, width - len(e):] = 1
         gen: Any = self.model
-        with torch.no_grad(), precision.autocast(device=self.device, dtype=self.compute_dtype):
+        # eager even where the trainer compiled the blocks (compiled.py): generation's shapes would only recompile
+        with torch.no_grad(), precision.autocast(device=self.device, dtype=self.compute_dtype), \
+                torch.compiler.set_stance("force_eager"):
             seq = gen.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.pad_id,
                                eos_token_id=self.eos_id)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -44,7 +45,8 @@ from kubeforge.api import rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, registry
 from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import checkpoint, logprobs, materialise, metrics, parallel, precision, schedule
+from kubeforge.runtime.trainer import checkpoint, compiled, logprobs, materialise, metrics, parallel, precision
+from kubeforge.runtime.trainer import schedule
 from kubeforge.runtime.trainer import shadow as shadow_mod
 from kubeforge.runtime.trainer import sharding
 from kubeforge.runtime.trainer import export as export_mod
@@ -70,11 +72,12 @@ class Scale:
     sharding: str = sharding.DDP
     micro_batch_tokens: int | None = None
     activation_checkpointing: bool = False
+    compile: bool = False           # torch.compile of the compute module's decoder blocks (compiled.py)
 
     @classmethod
     def from_spec(cls, role: rljob.TrainerRole) -> Scale:
         return cls(sharding=str(role.sharding), micro_batch_tokens=role.micro_batch_tokens,
-                   activation_checkpointing=role.activation_checkpointing)
+                   activation_checkpointing=role.activation_checkpointing, compile=role.compile)
 
 
 class Trainer:
@@ -83,7 +86,7 @@ class Trainer:
     def __init__(self, *, model_path: str | Path, algorithm: rljob.AlgorithmSpec, dtype: str = "float32",
                  group: parallel.DataParallel | None = None, device: str = "cpu",
                  logit_temperature: float = 1.0, scale: Scale | None = None,
-                 lora: rljob.LoraSpec | None = None) -> None:
+                 lora: rljob.LoraSpec | None = None, compile_backend: compiled.Backend = "inductor") -> None:
         malloc.return_freed_memory()     # freed tensors leave the process's RSS (malloc.py; every rank, any sharding)
         self.device = torch.device(device)
         self.group = group or parallel.DataParallel(config=parallel.DistConfig(), device=self.device)
@@ -125,6 +128,11 @@ class Trainer:
             self.shadow = shadow_mod.Shadow(self.policy, dtype=self.compute_dtype)
             if self.device.type == "cpu" and not self.scale.activation_checkpointing:   # recompute: same kernel
                 self.compute_policy.eager_attention_max_tokens = policy_mod.EAGER_ATTENTION_MAX_TOKENS
+        # compiled: compiled blocks not yet through a whole step (a failure then falls back to eager, once)
+        self.compile_state = ""
+        if self.scale.compile and not self.sharded:
+            compiled.compile_blocks(self.compute_policy.lm, backend=compile_backend)
+            self.compile_state = "pending"
         self.base_lr = algorithm.learning_rate
         self.lr_schedule = algorithm.learning_rate_schedule
         self.total_steps = algorithm.steps
@@ -156,20 +164,15 @@ class Trainer:
             raise ValueError("train_step: no completion tokens on any trainer rank")
         self.optimizer.zero_grad(set_to_none=True)
         scale = self.group.world_size / denominator
-        acc = [0.0] * 6          # loss total, tokens, clip*tokens, ratio*tokens, kl*tokens, entropy sum
-        for i in range(runs):
-            real = i < len(micro)
-            mb = micro[i] if real else _filler(self.pad_id)
-            sharding.set_gradient_sync(self.policy, i == runs - 1)
-            out, entropy = self._micro_loss(mb)
-            clock.lap("forward")
-            torch.autograd.backward([out.total * (scale if real else 0.0)])
-            clock.lap("backward")
-            if real:
-                n = out.tokens
-                for k, v in enumerate((float(out.total.detach()), float(n), out.clip_fraction * n,
-                                       out.ratio_mean * n, out.kl * n, entropy)):
-                    acc[k] += v
+        try:
+            acc = self._accumulate(micro, runs=runs, scale=scale, clock=clock)
+        except Exception as exc:          # noqa: BLE001 - only the first compiled step retries, then it re-raises
+            if self.compile_state != "pending":
+                raise
+            self._fall_back_to_eager(exc)
+            acc = self._accumulate(micro, runs=runs, scale=scale, clock=clock)
+        if self.compile_state == "pending":
+            self.compile_state = "compiled"
         local = [*acc, float(whole.rewards.sum()), float(whole.rows), float(whole.zero_signal_groups),
                  float(len(groups))]
         g = self.group.all_reduce_sum(local)
@@ -195,6 +198,34 @@ class Trainer:
             clip_fraction=g[2] / tok, ratio_mean=g[3] / tok, entropy=g[5] / tok, grad_norm=float(grad_norm),
             mean_reward=g[6] / max(g[7], 1.0), groups=int(g[9]), completions=int(g[7]), tokens=int(g[1]),
             zero_signal_groups=int(g[8]), seconds=clock.totals(), learning_rate=lr)
+
+    def _accumulate(self, micro: list[batch_mod.Batch], *, runs: int, scale: float,
+                    clock: _Clock) -> list[float]:
+        """Forward and backward of every micro-batch (gradients into the masters); the summed loss statistics."""
+        acc = [0.0] * 6          # loss total, tokens, clip*tokens, ratio*tokens, kl*tokens, entropy sum
+        for i in range(runs):
+            real = i < len(micro)
+            mb = micro[i] if real else _filler(self.pad_id)
+            sharding.set_gradient_sync(self.policy, i == runs - 1)
+            out, entropy = self._micro_loss(mb)
+            clock.lap("forward")
+            torch.autograd.backward([out.total * (scale if real else 0.0)])
+            clock.lap("backward")
+            if real:
+                n = out.tokens
+                for k, v in enumerate((float(out.total.detach()), float(n), out.clip_fraction * n,
+                                       out.ratio_mean * n, out.kl * n, entropy)):
+                    acc[k] += v
+        return acc
+
+    def _fall_back_to_eager(self, exc: BaseException) -> None:
+        """The first compiled step failed (compiled.py): blocks back to eager, partial gradients dropped."""
+        print(f"trainer: torch.compile failed ({type(exc).__name__}: {str(exc)[:300]}); "
+              "spec.roles.trainer.compile falls back to eager", file=sys.stderr, flush=True)
+        compiled.uncompile_blocks(self.compute_policy.lm)
+        self.compile_state = "failed"
+        self.optimizer.zero_grad(set_to_none=True)
+        self.compute_policy.zero_grad(set_to_none=True)
 
     @property
     def compute_policy(self) -> policy_mod.Policy:
