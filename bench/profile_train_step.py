@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/profile_train_step.py [--example examples/arithmetic-smollm2.yaml] [--steps 3]
                                                  [--threads N] [--top 15] [--share-prefix] [--ab]
-                                                 [--compare share-prefix|autocast|attention]
+                                                 [--compare share-prefix|autocast|attention|pack|compile]
+                                                 [--compile] [--pack]
 
 Builds ``trainer.step.Trainer`` exactly as the trainer role does (the example's model, dtype, algorithm), feeds it
 groups shaped like the example's steps (its real prompts, ``promptsPerStep`` x ``groupSize`` completions of
@@ -14,7 +15,10 @@ two variants of the step on the same batches and prints wall and process CPU sec
 loaded machine distorts least): ``share-prefix`` (each distinct prompt once vs the full forward; ``--ab`` is its
 old name) or ``autocast`` (the trainer's bf16 compute copy, ``trainer/shadow.py``, vs autocast over the float32
 masters, the path before it) or ``attention`` (eager attention for short rows vs SDPA on the compute copy,
-``trainer/logprobs.py`` "Short rows"). Nothing else runs in this process; the load average is printed beside the figures.
+``trainer/logprobs.py`` "Short rows") or ``pack`` (each group packed into one row, its prompt once, vs the full
+forward; logprobs "Shared prompts") or ``compile`` (compiled decoder blocks vs eager: ``trainer/compiled.py``; the
+compile itself happens in the warm-up step, whose seconds are printed as ``warmup_seconds``). ``--compile`` and
+``--pack`` turn those on for the profile (the trainer's defaults are whatever it decides). Nothing else runs in this process; the load average is printed beside the figures.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import transformers
 
 from kubeforge.api import load
 from kubeforge.runtime import models, tasks, types
-from kubeforge.runtime.trainer import step
+from kubeforge.runtime.trainer import compiled, logprobs, step
 
 
 def demo_groups(job_spec, tok, *, seed: int) -> list[types.RolloutGroup]:  # type: ignore[no-untyped-def]
@@ -63,6 +67,9 @@ def main() -> None:
     ap.add_argument("--share-prefix", action="store_true", help="each distinct prompt once (logprobs: 'Shared "
                     "prompts'; the trainer's default is the full forward)")
     ap.add_argument("--ab", action="store_true", help="the same as --compare share-prefix")
+    ap.add_argument("--compile", action="store_true", help="compiled decoder blocks (spec.roles.trainer.compile)")
+    ap.add_argument("--pack", action="store_true", help="each group packed into one row (logprobs: 'Shared "
+                    "prompts')")
     ap.add_argument("--compare", choices=sorted(VARIANTS), default=None, help="no profiler: alternate the two "
                     "variants' steps and print wall and process CPU seconds of each")
     a = ap.parse_args()
@@ -74,12 +81,20 @@ def main() -> None:
     path = models.resolve(spec.model)
     tok = transformers.AutoTokenizer.from_pretrained(str(path))
     trainer = step.Trainer(model_path=path, algorithm=spec.algorithm, dtype=dtype,
-                           logit_temperature=spec.algorithm.temperature or 1.0)
+                           logit_temperature=spec.algorithm.temperature or 1.0,
+                           scale=step.Scale(compile=a.compile or a.compare == "compile"))
     trainer.policy.share_prefix = trainer.compute_policy.share_prefix = a.share_prefix
+    if a.pack:
+        _pack(trainer, True)
     params = sum(p.numel() for p in trainer.model.parameters())
+    w0 = time.perf_counter()
     trainer.train_step(groups=demo_groups(spec, tok, seed=0))          # warm-up
+    warmup = time.perf_counter() - w0
     if a.ab or a.compare:
-        ab(trainer, spec, tok, steps=a.steps, variants=VARIANTS[a.compare or "share-prefix"])
+        if a.compare == "compile":                                     # the eager side's warm-up too
+            _compiled(trainer, False)
+            trainer.train_step(groups=demo_groups(spec, tok, seed=0))
+        ab(trainer, spec, tok, steps=a.steps, variants=VARIANTS[a.compare or "share-prefix"], warmup=warmup)
         return
     walls, phases, tokens, rows = [], [], 0, 0
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -91,7 +106,7 @@ def main() -> None:
             walls.append(time.perf_counter() - t0)
             phases.append(m.seconds)
             tokens = sum(len(c.token_ids) for g in gs for c in g.completions) + sum(
-                len(g.prompt_token_ids) * (1 if a.share_prefix else len(g.completions)) for g in gs)
+                len(g.prompt_token_ids) * (1 if a.share_prefix or a.pack else len(g.completions)) for g in gs)
             rows = m.tokens
     cfg = trainer.model.config
     head = 2 * cfg.hidden_size * cfg.vocab_size * rows * 3          # completion-only LM head, fwd + bwd
@@ -102,7 +117,8 @@ def main() -> None:
     top = sorted(table, key=lambda e: e.self_cpu_time_total, reverse=True)[:a.top]
     print(json.dumps({
         "bench": "profile_train_step", "example": a.example, "dtype": dtype,
-        "share_prefix": a.share_prefix, "compute_copy": trainer.shadow is not None, "torch_threads": torch.get_num_threads(),
+        "share_prefix": a.share_prefix, "pack_max_tokens": trainer.compute_policy.pack_max_tokens,
+        "compiled": trainer.compile_state, "warmup_seconds": round(warmup, 2), "compute_copy": trainer.shadow is not None, "torch_threads": torch.get_num_threads(),
         "cpus": len(os.sched_getaffinity(0)), "load_average": [round(x, 2) for x in os.getloadavg()],
         "params": params, "tokens_computed_per_step": tokens, "completion_tokens": rows,
         "step_seconds": [round(w, 3) for w in walls], "step_seconds_median": round(med, 3),
@@ -139,16 +155,29 @@ def _eager_attention(trainer: step.Trainer, on: bool) -> None:
     trainer.compute_policy.eager_attention_max_tokens = limit if on else 0
 
 
+def _pack(trainer: step.Trainer, on: bool) -> None:
+    trainer.compute_policy.pack_max_tokens = logprobs.PACK_MAX_TOKENS if on else 0
+
+
+def _compiled(trainer: step.Trainer, on: bool) -> None:
+    if on and not compiled.is_compiled(trainer.compute_policy.lm):
+        compiled.compile_blocks(trainer.compute_policy.lm)
+    elif not on:
+        compiled.uncompile_blocks(trainer.compute_policy.lm)
+
+
 # name -> (label when on, label when off, switch)
 VARIANTS: dict[str, tuple[str, str, Callable[[step.Trainer, bool], None]]] = {
     "share-prefix": ("shared", "full", _share_prefix),
     "autocast": ("compute_copy", "autocast", _compute_copy),
     "attention": ("eager", "sdpa", _eager_attention),
+    "pack": ("packed", "full", _pack),
+    "compile": ("compiled", "eager", _compiled),
 }
 
 
 def ab(trainer: step.Trainer, spec, tok, *, steps: int,  # type: ignore[no-untyped-def]
-       variants: tuple[str, str, Callable[[step.Trainer, bool], None]]) -> None:
+       variants: tuple[str, str, Callable[[step.Trainer, bool], None]], warmup: float) -> None:
     """Interleaved A/B of two variants on the same batches (same load for both)."""
     on_name, off_name, switch = variants
     got: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in (on_name, off_name)}
@@ -162,7 +191,7 @@ def ab(trainer: step.Trainer, spec, tok, *, steps: int,  # type: ignore[no-untyp
             got[name]["cpu"].append(time.process_time() - c0)
     med = {k: {m: round(statistics.median(v), 3) for m, v in d.items()} for k, d in got.items()}
     print(json.dumps({"bench": "profile_train_step --compare", "variants": [on_name, off_name],
-                      "torch_threads": torch.get_num_threads(),
+                      "torch_threads": torch.get_num_threads(), "warmup_seconds": round(warmup, 2),
                       "load_average": [round(x, 2) for x in os.getloadavg()], "steps_each": steps,
                       "seconds": {k: {m: [round(x, 2) for x in v] for m, v in d.items()} for k, d in got.items()},
                       "median": med,

@@ -47,23 +47,31 @@ def _tokens(kw: dict[str, torch.Tensor | None]) -> torch.Tensor:
     return out
 
 
-def test_shared_prompts_run_once_with_the_full_forwards_logprobs_and_gradients(tiny: Path) -> None:
-    """logprobs "Shared prompts": each distinct prompt goes through the decoder once (its keys and values indexed
-    out to its group's rows), and logp, entropy and every parameter's gradient equal the full forward's."""
-    t = step.Trainer(model_path=tiny, algorithm=util.algorithm())
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_shared_prompts_run_once_with_the_full_forwards_logprobs_and_gradients(tiny: Path, packed: bool,
+                                                                                dtype: str) -> None:
+    """logprobs "Shared prompts": each distinct prompt goes through the decoder once, either packed with its
+    group's completions into one row under a block mask (``packed``) or its keys and values indexed out to its
+    group's rows; logp, entropy and every parameter's gradient equal the full forward's (float32: to float
+    rounding; the bf16 compute copy, eager attention as the trainer runs it: within bf16 rounding)."""
+    t = step.Trainer(model_path=tiny, algorithm=util.algorithm(), dtype=dtype)
+    lm = t.compute_policy.lm
     groups = util.synthetic_groups(step=0, prompts=3, group_size=4)
     assert len({len(g.prompt_token_ids) for g in groups}) > 1          # left padding differs between prompts
     b = batch_mod.collate(groups=groups, pad_id=t.pad_id, scale_by_std=True)
     calls: list[tuple[int, int]] = []
-    hook = t.model.get_decoder().register_forward_pre_hook(
+    hook = lm.get_decoder().register_forward_pre_hook(
         lambda mod, args, kw: calls.append(tuple(_tokens(kw).shape[:2])), with_kwargs=True)
     weights = torch.randn(b.completion_ids.shape, generator=torch.Generator().manual_seed(0))
 
     def run(share: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         t.model.zero_grad(set_to_none=True)
-        logp, ent = logprobs.forward(t.model, input_ids=b.input_ids, attention_mask=b.attention_mask,
-                                     position_ids=b.position_ids, completion_ids=b.completion_ids,
-                                     completion_mask=b.completion_mask, share_prefix=share)
+        with logprobs.attention(lm, "eager" if dtype == "bfloat16" else None):
+            logp, ent = logprobs.forward(lm, input_ids=b.input_ids, attention_mask=b.attention_mask,
+                                         position_ids=b.position_ids, completion_ids=b.completion_ids,
+                                         completion_mask=b.completion_mask, share_prefix=share and not packed,
+                                         pack_max_tokens=logprobs.PACK_MAX_TOKENS if share and packed else 0)
         (logp * weights).sum().backward()
         return logp.detach(), ent.detach(), [p.grad.clone() for p in t.model.parameters() if p.grad is not None]
 
@@ -73,13 +81,22 @@ def test_shared_prompts_run_once_with_the_full_forwards_logprobs_and_gradients(t
     shared = run(True)
     hook.remove()
     p_len = b.input_ids.shape[1] - b.completion_len
-    assert calls == [(3, p_len), (12, b.completion_len)]
-    torch.testing.assert_close(shared[0], full[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(shared[1], full[1], atol=1e-4, rtol=1e-5)
-    assert len(shared[2]) == len(full[2])
-    for got, want in zip(shared[2], full[2]):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-    assert not t.policy.share_prefix              # measured slower on CPU: the trainer does not use it
+    assert calls == ([(3, p_len + 4 * b.completion_len)] if packed else [(3, p_len), (12, b.completion_len)])
+    m = b.completion_mask > 0
+    if dtype == "float32":
+        torch.testing.assert_close(shared[0], full[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(shared[1], full[1], atol=1e-4, rtol=1e-5)
+        assert len(shared[2]) == len(full[2])
+        for got, want in zip(shared[2], full[2]):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    else:
+        assert float((shared[0] - full[0])[m].abs().max()) < 0.02
+        assert float(shared[1]) == pytest.approx(float(full[1]), rel=0.01)
+        num = sum(float(((a - w) ** 2).sum()) for a, w in zip(shared[2], full[2]))
+        assert len(shared[2]) == len(full[2]) and (num / sum(float((w ** 2).sum()) for w in full[2])) ** 0.5 < 0.05
+    assert not t.policy.share_prefix              # cached: measured slower on CPU, the trainer does not use it
+    # packed: the trainer's bf16 compute copy on CPU packs (docs/trainer.md "Packed groups"); float32 does not
+    assert t.compute_policy.pack_max_tokens == (logprobs.PACK_MAX_TOKENS if dtype == "bfloat16" else 0)
 
 
 def test_logit_temperature_divides_logits(tiny: Path) -> None:

@@ -24,13 +24,15 @@ class Policy(torch.nn.Module):
     """``forward(batch) -> (logp [B, T], entropy sum)`` of an HF causal LM at temperature ``temperature``."""
 
     def __init__(self, lm: torch.nn.Module, *, temperature: float = 1.0, share_prefix: bool = False,
-                 eager_attention_max_tokens: int = 0) -> None:
+                 eager_attention_max_tokens: int = 0, pack_max_tokens: int = 0) -> None:
         super().__init__()
         self.lm = lm
         self.temperature = temperature
         self.share_prefix = share_prefix     # each distinct prompt once (logprobs: "Shared prompts"; off)
         # plain matmul-softmax attention for batches up to this many tokens per row (logprobs: "Short rows")
         self.eager_attention_max_tokens = eager_attention_max_tokens
+        # groups packed into one row each up to this many tokens (logprobs: "Shared prompts"; 0: off)
+        self.pack_max_tokens = pack_max_tokens
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,7 +41,7 @@ class Policy(torch.nn.Module):
             return logprobs.forward(self.lm, input_ids=input_ids, attention_mask=attention_mask,
                                     position_ids=position_ids, completion_ids=completion_ids,
                                     completion_mask=completion_mask, temperature=self.temperature,
-                                    share_prefix=self.share_prefix)
+                                    share_prefix=self.share_prefix, pack_max_tokens=self.pack_max_tokens)
 
     def run(self, batch: batch_mod.Batch, *, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` on a collated batch moved to ``device`` (through ``__call__``: FSDP's hooks run)."""
