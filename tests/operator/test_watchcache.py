@@ -79,6 +79,18 @@ def test_the_job_cache_keeps_the_newest_body_and_recognises_its_own_write() -> N
     assert jobs.get(KEY) is None and not jobs.echo(written)
 
 
+def test_the_job_cache_keeps_no_managed_fields_and_leaves_the_event_body_alone() -> None:
+    jobs = watchcache.JobCache()
+    job = raw_job()
+    job["metadata"].update(namespace="ns", resourceVersion="4",
+                           managedFields=[{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}])
+    jobs.put(job)
+    got = jobs.get(KEY)
+    assert got is not None and "managedFields" not in got["metadata"]
+    assert got["metadata"]["resourceVersion"] == "4" and got["spec"] == job["spec"]
+    assert "managedFields" in job["metadata"]           # kopf's body is not changed
+
+
 class CountingCluster(FakeCluster):
     def __init__(self, job: dict[str, Any]) -> None:
         super().__init__(job)

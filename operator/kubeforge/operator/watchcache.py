@@ -45,8 +45,9 @@ def _rv(obj: Raw) -> int:
 
 
 class JobCache:
-    """namespace/name -> the newest RLJob body seen (watch event or the operator's own write), kept as its JSON text:
-    a few times smaller than the dicts at 1,000 jobs, and every reader gets a fresh copy by decoding it."""
+    """namespace/name -> the newest RLJob body seen (watch event or the operator's own write), kept as its JSON text
+    without ``metadata.managedFields``: a few times smaller than the dicts at 1,000 jobs, and every reader gets a
+    fresh copy by decoding it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -62,6 +63,9 @@ class JobCache:
         """Keep ``obj`` if it is at least as new as what is cached; ``own``: it is what this process's write
         returned, so the watch event that echoes it needs no pass (``echo``)."""
         key, rv = self.key_of(obj), _rv(obj)
+        md = obj.get("metadata") or {}
+        if "managedFields" in md:      # the API server's field ownership: no pass reads it (often half the body)
+            obj = {**obj, "metadata": {k: v for k, v in md.items() if k != "managedFields"}}
         text = json.dumps(obj, separators=(",", ":"))
         with self._lock:
             old = self._jobs.get(key)
