@@ -364,18 +364,28 @@ class ApiserverMeter:
 
 
 # ---------------------------------------------------------------- operator metrics
-def histogram(text: str, name: str) -> dict[str, float]:
-    """p50/p99/mean/count of a Prometheus histogram from its exposition text (linear within a bucket)."""
-    buckets: list[tuple[float, float]] = []
+def _hist_parts(text: str, name: str) -> tuple[dict[float, float], float, float]:
+    buckets: dict[float, float] = {}
     total = count = 0.0
     for line in text.splitlines():
         if line.startswith(name + "_bucket{"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets[bound] = buckets.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
         elif line.startswith(name + "_sum"):
-            total = float(line.rsplit(" ", 1)[1])
+            total += float(line.rsplit(" ", 1)[1])
         elif line.startswith(name + "_count"):
-            count = float(line.rsplit(" ", 1)[1])
+            count += float(line.rsplit(" ", 1)[1])
+    return buckets, total, count
+
+
+def histogram(text: str, name: str, since: str = "") -> dict[str, float]:
+    """p50/p99/mean/count of a Prometheus histogram from its exposition text (linear within a bucket), summed over
+    its labels; with ``since`` (an earlier exposition) only what was observed after it."""
+    now, total, count = _hist_parts(text, name)
+    before, total0, count0 = _hist_parts(since, name)
+    buckets = [(le, n - before.get(le, 0.0)) for le, n in now.items()]
+    total, count = total - total0, count - count0
 
     def q(x: float) -> float:
         want, lo, below = x * count, 0.0, 0.0
@@ -556,11 +566,20 @@ def run_operator(out: dict[str, Any], c: apply.Cluster, k: harness.K, kubeconfig
         if fail_fraction > 0 and not watch.timed_out:
             out["recovery"] = fail_and_recover(c, watch, ns, fail_fraction, recovery_timeout_s, meter)
         end_metrics = op.metrics()
+        if "recovery" in out:
+            out["recovery"].update({
+                "reconcile_latency_s": histogram(end_metrics, "kubeforge_operator_reconcile_latency_seconds",
+                                                 since=start_metrics),
+                "operator_decision_to_ready_s": histogram(end_metrics, "kubeforge_operator_recovery_seconds"),
+                "errors": counter(end_metrics, "kubeforge_operator_reconcile_errors_total") -
+                counter(start_metrics, "kubeforge_operator_reconcile_errors_total"),
+            })
         out.update({
             "reconcile_latency_s_total": histogram(end_metrics, "kubeforge_operator_reconcile_latency_seconds"),
             "reconcile_pass_s_total": histogram(end_metrics, "kubeforge_operator_reconcile_duration_seconds"),
             "peak_rss_mib": round(op.peak_rss_kib() / 1024, 1), "operator_cpu_s": round(op.cpu_seconds(), 1),
             "errors": counter(end_metrics, "kubeforge_operator_reconcile_errors_total"),
+            "pod_relist_failures": counter(end_metrics, "kubeforge_operator_pod_relist_failures_total"),
             "api_requests_total": api_requests(end_metrics, jobs),
         })
     finally:

@@ -25,4 +25,5 @@ def test_bench_runs_one_job_through_start_failure_and_recovery(kube_cluster: lif
     op = out["operator"]
     assert out["pods_per_job"] == 3 and op["job_running_s"]["n"] == 1 and op["all_running_s"] > 0
     assert op["recovery"]["pods_failed"] == 1 and op["recovery"]["job_recovered_s"]["n"] == 1
+    assert op["recovery"]["operator_decision_to_ready_s"]["n"] == 1 and op["recovery"]["reconcile_latency_s"]["n"] > 0
     assert op["reconcile_latency_s"]["n"] > 0 and op["peak_rss_mib"] > 0

@@ -7,9 +7,10 @@ import copy
 from typing import Any
 
 import opbuilders
+import pytest
 from test_reconcile import FakeCluster, raw_job
 
-from kubeforge.operator import reconcile, watchcache
+from kubeforge.operator import apply, reconcile, watchcache
 
 KEY = ("ns", "tiny")
 
@@ -78,6 +79,18 @@ def test_the_job_cache_keeps_the_newest_body_and_recognises_its_own_write() -> N
     assert jobs.get(KEY) is None and not jobs.echo(written)
 
 
+def test_the_job_cache_keeps_no_managed_fields_and_leaves_the_event_body_alone() -> None:
+    jobs = watchcache.JobCache()
+    job = raw_job()
+    job["metadata"].update(namespace="ns", resourceVersion="4",
+                           managedFields=[{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}])
+    jobs.put(job)
+    got = jobs.get(KEY)
+    assert got is not None and "managedFields" not in got["metadata"]
+    assert got["metadata"]["resourceVersion"] == "4" and got["spec"] == job["spec"]
+    assert "managedFields" in job["metadata"]           # kopf's body is not changed
+
+
 class CountingCluster(FakeCluster):
     def __init__(self, job: dict[str, Any]) -> None:
         super().__init__(job)
@@ -88,7 +101,7 @@ class CountingCluster(FakeCluster):
         self.gets += 1
         return super().get_rljob(namespace, name)
 
-    def list_pods_at(self, namespace: str, job: str) -> tuple[list[dict[str, Any]], int]:
+    def list_pods_at(self, namespace: str, job: str, *, not_older_than: int = 0) -> tuple[list[dict[str, Any]], int]:
         self.lists += 1
         return [], self.rv
 
@@ -110,3 +123,75 @@ def test_a_primed_pass_reads_job_and_pods_from_the_caches() -> None:
     reconcile.reconcile(fake, KEY, image="img", cache=cache, clock=lambda: opbuilders.T0, jobs=jobs, pods=pods)
     assert (fake.gets, fake.lists) == (1, 1)         # no GET, no LIST: both came from the caches
     assert fake.status_writes == 2                   # the cached pod changed the status (a role has a pod now)
+
+
+def test_jobs_listed_together_re_list_spread_over_the_second_half_of_max_age() -> None:
+    clock = Clock()
+    cache = watchcache.PodCache(max_age=100, clock=clock)
+    keys = [("ns", f"job-{i}") for i in range(200)]
+    for key in keys:
+        cache.merge_list(key, [], list_rv=1)
+    due = []
+    for t in range(0, 102):
+        clock.t = t
+        due.append(sum(cache.pods(k) is None for k in keys))
+    assert due[49] == 0 and due[101] == len(keys)               # none before max_age/2, all after max_age
+    assert 0.3 * len(keys) < due[75] < 0.7 * len(keys)          # spread, not all at once
+
+
+class RelistCluster(CountingCluster):
+    def __init__(self, job: dict[str, Any]) -> None:
+        super().__init__(job)
+        self.asked: list[int] = []
+        self.fail = False
+
+    def list_pods_at(self, namespace: str, job: str, *, not_older_than: int = 0) -> tuple[list[dict[str, Any]], int]:
+        self.asked.append(not_older_than)
+        if self.fail:
+            raise TimeoutError("The read operation timed out")
+        return super().list_pods_at(namespace, job)
+
+
+def test_a_re_list_asks_for_no_older_than_the_watch_and_a_failed_one_keeps_the_pass_on_the_watch_fed_pods() -> None:
+    clock = Clock()
+    fake = RelistCluster(raw_job())
+    fake.job["metadata"].update(namespace="ns", resourceVersion="10")
+    jobs, pods, cache = watchcache.JobCache(), watchcache.PodCache(max_age=60, clock=clock), reconcile.ApplyCache()
+
+    def run() -> reconcile.Outcome:
+        return reconcile.reconcile(fake, KEY, image="img", cache=cache, clock=lambda: opbuilders.T0, jobs=jobs,
+                                   pods=pods)
+
+    fake.fail = True
+    with pytest.raises(TimeoutError):     # never listed: without its pods the pass cannot go on
+        run()
+    fake.fail = False
+    run()
+    assert fake.asked == [0, 0]           # nothing seen yet: a consistent LIST
+    pods.event("ADDED", pod(0, uid="a", rv=12))
+    clock.t = 61                          # the job's LIST is older than max_age: the next pass lists again
+    fake.fail = True
+    out = run()                           # ... and that LIST times out: the pass goes on with the watched pod
+    assert fake.asked[-1] == 12 and out.phase == "Pending"
+    assert pods.pods(KEY) is None         # not counted as listed: the next pass tries again
+    fake.fail = False
+    run()
+    assert fake.asked[-1] == 12 and pods.pods(KEY) is not None
+
+
+def test_the_cluster_asks_the_api_server_for_a_state_not_older_than_the_one_given() -> None:
+    class Recording(apply.Cluster):
+        def __init__(self) -> None:              # no connection: only the request is recorded
+            self.queries: list[dict[str, str]] = []
+
+        def request(self, method: str, path: str, *, body: Any = None, query: Any = None,
+                    content_type: str = "application/json") -> dict[str, Any]:
+            self.queries.append(dict(query or {}))
+            return {"metadata": {"resourceVersion": "42"}, "items": []}
+
+    c = Recording()
+    assert c.list_pods_at("ns", "tiny") == ([], 42)
+    assert c.list_pods_at("ns", "tiny", not_older_than=40) == ([], 42)
+    assert "resourceVersion" not in c.queries[0]
+    assert c.queries[1] == {"labelSelector": "kubeforge.dev/job=tiny", "resourceVersion": "40",
+                            "resourceVersionMatch": "NotOlderThan"}

@@ -147,10 +147,16 @@ class Cluster:
     def list_pods(self, namespace: str, job: str) -> list[Obj]:
         return self.list_pods_at(namespace, job)[0]
 
-    def list_pods_at(self, namespace: str, job: str) -> tuple[list[Obj], int]:
-        """The job's pods and the list's resourceVersion (0 when the server sent none)."""
-        out = self.request("GET", path_of("v1", "Pod", namespace),
-                           query={"labelSelector": f"{contract.LABEL_JOB}={job}"}) or {}
+    def list_pods_at(self, namespace: str, job: str, *, not_older_than: int = 0) -> tuple[list[Obj], int]:
+        """The job's pods and the list's resourceVersion (0 when the server sent none). With ``not_older_than``
+        (a resourceVersion this process has already seen) the API server may answer from its watch cache with any
+        state at least that new; without it the LIST is a consistent read, which on a loaded server waits for
+        its cache to catch up with etcd or reads the whole namespace's pods from etcd (measured at 10,000 pods:
+        ~2 s per LIST, and 30 s timeouts under load)."""
+        query = {"labelSelector": f"{contract.LABEL_JOB}={job}"}
+        if not_older_than > 0:
+            query.update(resourceVersion=str(not_older_than), resourceVersionMatch="NotOlderThan")
+        out = self.request("GET", path_of("v1", "Pod", namespace), query=query) or {}
         try:
             rv = int(out.get("metadata", {}).get("resourceVersion") or 0)
         except ValueError:

@@ -31,7 +31,8 @@ from typing import Any
 
 import kopf
 
-from kubeforge.operator import apply, handlers, leader, metrics, names, reconcile, router as router_mod, watchcache
+from kubeforge.operator import apply, handlers, leader, memory, metrics, names, reconcile, router as router_mod
+from kubeforge.operator import watchcache
 from kubeforge.operator import webhook
 
 
@@ -191,6 +192,7 @@ def standby(opts: Options, term: threading.Event) -> leader.Elector | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    memory.limit_arenas()                # before any thread starts (memory.py)
     opts = parse_args(argv or [])
     fmt = kopf.LogFormat.JSON if opts.log_format == "json" else kopf.LogFormat.FULL
     kopf.configure(verbose=opts.verbose, log_format=fmt)
@@ -223,8 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     kopf_thread = threading.Thread(target=run, name="kopf", daemon=True)
     kopf_thread.start()
+    trimmed = time.monotonic()
     while kopf_thread.is_alive() and not term.wait(0.5):
-        pass
+        if time.monotonic() - trimmed > memory.TRIM_EVERY_S:
+            memory.trim()
+            trimmed = time.monotonic()
     stop.set()
     t0 = time.monotonic()
     kopf_thread.join(STOP_GRACE_S)

@@ -2,7 +2,8 @@
 
 Series: reconciles and errors per triggering handler, reconcile duration and latency (event to pass done), RLJobs
 by phase (this process's view), the time from an RLJob's creation to its gang first Running, failures acted on (by role, reason, action) and the
-time from a restart decision to every role ready again; the API requests it sent (by verb and resource); whether
+time from a restart decision to every role ready again; the API requests it sent (by verb and resource), the pod
+re-LISTs that failed; whether
 this process is the active replica, and the admission reviews its webhook server answered.
 """
 from __future__ import annotations
@@ -44,6 +45,9 @@ API_REQUESTS = prom.Counter("kubeforge_operator_api_requests_total", "Requests t
 STATUS_DEFERRED = prom.Counter("kubeforge_operator_status_writes_deferred_total", "Status writes of detail only "
                                "(counts, messages) held back because the job's status was written less than the "
                                "pacing interval ago (the pass runs again when it is due).", registry=REGISTRY)
+POD_RELIST_FAILED = prom.Counter("kubeforge_operator_pod_relist_failures_total", "Periodic re-LISTs of a job's "
+                                 "pods that failed (API error, timeout); the pass used the watch-fed pods instead.",
+                                 registry=REGISTRY)
 ADMISSION = prom.Counter("kubeforge_operator_admission_reviews_total", "Admission reviews answered by the operator's "
                          "own webhook server, by result (allowed, denied, malformed: answered 400 and dropped).",
                          ["result"], registry=REGISTRY)

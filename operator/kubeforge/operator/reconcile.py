@@ -199,7 +199,16 @@ def _read_pods(cluster: apply.Cluster, key: Key, pods: watchcache.PodCache | Non
         return [observed.pod_facts(p) for p in cluster.list_pods(*key)]
     facts = pods.pods(key)
     if facts is None:
-        items, rv = cluster.list_pods_at(*key)
+        try:
+            items, rv = cluster.list_pods_at(*key, not_older_than=pods.newest())
+        except Exception as exc:   # noqa: BLE001 - any failure of the re-LIST (API error, timeout)
+            stale = pods.stale(key)
+            if stale is None:
+                raise                      # never listed: the pass cannot know the job's pods
+            metrics.POD_RELIST_FAILED.inc()
+            log.info("re-list of the pods of %s/%s failed (%s); this pass uses the watch-fed pods", *key,
+                     type(exc).__name__)
+            return stale
         pods.merge_list(key, items, rv)
         facts = pods.pods(key) or []
     return facts

@@ -12,7 +12,13 @@ Invariants:
   that had to re-list). Until then ``pods()`` answers None and the pass lists, as before. ``max_age`` is 300 s:
   a LIST with a label selector makes the API server scan every pod of the namespace, so at 60 s the re-lists of
   1,000 jobs (10,000 pods) cost O(jobs x pods) every minute of a long start; a missed DELETED is rare (the watch
-  resumes from its resourceVersion) and 5 minutes still bounds it.
+  resumes from its resourceVersion) and 5 minutes still bounds it. Each job's limit lies between half of
+  ``max_age`` and ``max_age`` (a fixed spread from its key), so jobs started together do not all re-list together;
+- such a LIST asks for a state not older than the newest resourceVersion this cache has seen (``newest``), which
+  the API server answers from its watch cache, instead of a consistent read (etcd, or a wait for the cache); it is
+  never older than what the watch already delivered, so what it lacks was deleted;
+- a job listed once keeps its watch-fed pods (``stale``) for a pass whose re-LIST fails: the re-LIST is only the
+  bound on a missed DELETED, and a pass that fails on it does nothing useful (the next pass lists again).
 Memory: pods are kept as ``observed.PodFacts`` (a few hundred bytes), never as raw bodies.
 """
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -38,8 +45,9 @@ def _rv(obj: Raw) -> int:
 
 
 class JobCache:
-    """namespace/name -> the newest RLJob body seen (watch event or the operator's own write), kept as its JSON text:
-    a few times smaller than the dicts at 1,000 jobs, and every reader gets a fresh copy by decoding it."""
+    """namespace/name -> the newest RLJob body seen (watch event or the operator's own write), kept as its JSON text
+    without ``metadata.managedFields``: a few times smaller than the dicts at 1,000 jobs, and every reader gets a
+    fresh copy by decoding it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -55,6 +63,9 @@ class JobCache:
         """Keep ``obj`` if it is at least as new as what is cached; ``own``: it is what this process's write
         returned, so the watch event that echoes it needs no pass (``echo``)."""
         key, rv = self.key_of(obj), _rv(obj)
+        md = obj.get("metadata") or {}
+        if "managedFields" in md:      # the API server's field ownership: no pass reads it (often half the body)
+            obj = {**obj, "metadata": {k: v for k, v in md.items() if k != "managedFields"}}
         text = json.dumps(obj, separators=(",", ":"))
         with self._lock:
             old = self._jobs.get(key)
@@ -88,6 +99,7 @@ class PodCache:
         self._pods: dict[Key, dict[str, tuple[int, observed.PodFacts]]] = {}
         self._listed: dict[Key, float] = {}     # job -> when its last LIST was merged
         self._gone: dict[str, float] = {}       # deleted pod UID -> when (tombstones, pruned after 10 min)
+        self._newest = 0                        # the highest resourceVersion seen in an event or a LIST
         self._max_age = max_age
         self._clock = clock
 
@@ -104,6 +116,7 @@ class PodCache:
         if key is None or not uid:
             return
         with self._lock:
+            self._newest = max(self._newest, _rv(pod))
             if kind == "DELETED":
                 self._drop(key, uid)
                 return
@@ -127,6 +140,7 @@ class PodCache:
         """Merge a LIST of the job's pods taken at ``list_rv``: cached pods absent from it and not newer than it
         were deleted meanwhile."""
         with self._lock:
+            self._newest = max(self._newest, list_rv)
             pods = self._pods.setdefault(key, {})
             seen = set()
             for pod in items:
@@ -146,9 +160,25 @@ class PodCache:
         """The job's pods, or None when this process has no fresh LIST of them merged (the pass lists)."""
         with self._lock:
             listed = self._listed.get(key)
-            if listed is None or self._clock() - listed > self._max_age:
+            if listed is None or self._clock() - listed > self._age_limit(key):
                 return None
             return [facts for _, facts in self._pods.get(key, {}).values()]
+
+    def stale(self, key: Key) -> list[observed.PodFacts] | None:
+        """The job's watch-fed pods however long ago its last LIST was merged; None when it never was."""
+        with self._lock:
+            if key not in self._listed:
+                return None
+            return [facts for _, facts in self._pods.get(key, {}).values()]
+
+    def newest(self) -> int:
+        """The highest resourceVersion seen (0: none yet): a LIST not older than it misses no pod the watch sent."""
+        with self._lock:
+            return self._newest
+
+    def _age_limit(self, key: Key) -> float:
+        spread = zlib.crc32(f"{key[0]}/{key[1]}".encode()) / 0xFFFFFFFF
+        return self._max_age * (0.5 + 0.5 * spread)
 
     def forget(self, key: Key) -> None:
         with self._lock:
