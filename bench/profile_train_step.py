@@ -18,7 +18,8 @@ masters, the path before it) or ``attention`` (eager attention for short rows vs
 ``trainer/logprobs.py`` "Short rows") or ``pack`` (each group packed into one row, its prompt once, vs the full
 forward; logprobs "Shared prompts") or ``compile`` (compiled decoder blocks vs eager: ``trainer/compiled.py``; the
 compile itself happens in the warm-up step, whose seconds are printed as ``warmup_seconds``). ``--compile`` and
-``--pack`` turn those on for the profile (the trainer's defaults are whatever it decides). Nothing else runs in this process; the load average is printed beside the figures.
+``--pack`` turn those on for the profile (packing is already the trainer's default for its CPU compute copy;
+``tokens_computed_per_step`` then counts each prompt once). Nothing else runs in this process; the load average is printed beside the figures.
 """
 from __future__ import annotations
 
@@ -105,8 +106,9 @@ def main() -> None:
             m = trainer.train_step(groups=gs)
             walls.append(time.perf_counter() - t0)
             phases.append(m.seconds)
+            once = a.share_prefix or trainer.compute_policy.pack_max_tokens > 0     # each prompt computed once
             tokens = sum(len(c.token_ids) for g in gs for c in g.completions) + sum(
-                len(g.prompt_token_ids) * (1 if a.share_prefix or a.pack else len(g.completions)) for g in gs)
+                len(g.prompt_token_ids) * (1 if once else len(g.completions)) for g in gs)
             rows = m.tokens
     cfg = trainer.model.config
     head = 2 * cfg.hidden_size * cfg.vocab_size * rows * 3          # completion-only LM head, fwd + bwd
