@@ -15,8 +15,10 @@ PROBE = textwrap.dedent("""
     import sys, threading
     from kubeforge.operator import memory
     print(memory.limit_arenas())
+    held = threading.Barrier(16)
     def work():
         blocks = [bytearray(200) for _ in range(20000)]   # small allocations: served from the thread's arena
+        held.wait(timeout=30)      # all 16 alive at once: an exited thread's arena would be reused by the next one
         del blocks
     threads = [threading.Thread(target=work) for _ in range(16)]
     for t in threads: t.start()
