@@ -20,6 +20,12 @@ QKV / gate-up fusion, TP sharding, vocab padding) fills them, and each layer's `
 process_weights_after_loading`` builds its kernel from them, as at start-up. Non-persistent buffers (rotary caches,
 derived from the config) are shared, not loaded.
 
+Layer by layer: the build runs while the sync is still arriving (``weights`` yields each bucket's tensors once it
+has landed). Each packed layer's loaders count the elements they copy (a ``copy_`` counter on the build's thread),
+and a layer is built the moment its tensors are whole, so only the last bucket's layers remain once the wire is
+done. Layers whose count never completes (vocabulary padding) are built after the load. Shadows of the very same
+tensors with the same method (a tied lm_head and the embedding) are twins: one kernel, built once, serves both.
+
 Invariants:
 - Nothing on the serving model changes before :meth:`swap`, which runs on the engine's thread between batches; a
   sync that fails to load (unknown names, wrong shapes, non-float dtypes, missing tensors) raises before the swap and
@@ -81,7 +87,7 @@ class ShadowModel:
         self._twins: dict[int, torch.nn.Module] = {}           # id(shadow) -> earlier shadow of the same tensors
         self._set_by: dict[int, dict[str, Any]] = {}           # id(shadow) -> attributes its processing set
         self._counting = False
-        self.late_layers = 0                                   # last build: layers built after the whole load
+        self.late_layers: list[str] = []                       # last build: layers built after the whole load
         self._layerwise()
 
     # ------------------------------------------------------------ construction
@@ -161,8 +167,9 @@ class ShadowModel:
         def counted(*args: Any, **kwargs: Any) -> Any:
             if not self._counting:
                 return loader(*args, **kwargs)
-            if any(id(owner) in self._done for owner in self._owners[key]):
-                raise LoadError("a tensor of a layer already built was loaded again (a weight sent twice?)")
+            built = [owner for owner in self._owners[key] if id(owner) in self._done]
+            if built:   # its kernel would not see this load
+                raise LoadError(f"{type(built[0]).__name__} was loaded again after it was built")
             with _CopyCount() as count:
                 out = loader(*args, **kwargs)
             self._loaded[key] = self._loaded.get(key, 0) + count.numel
@@ -215,6 +222,7 @@ class ShadowModel:
             self.built = False
             self._loaded, self._done, self._set_by = {}, set(), {}
             seen: list[str] = []
+            tensors = {name: id(t) for name, t in self.root.named_parameters()}
             self._counting = True
             try:
                 loaded = _call(self.root, "load_weights", _checked(weights, seen))
@@ -230,11 +238,14 @@ class ShadowModel:
                 if missing:
                     raise LoadError(f"the sync lacks {len(missing)} of the model's weights: {', '.join(missing[:5])}"
                                     + (" ..." if len(missing) > 5 else ""))
+                nothing = [n for n in loaded if tensors.get(n) in self._need and not self._loaded.get(tensors[n])]
+                if nothing:     # its loaders wrote elsewhere: a kernel built from this shadow would be stale
+                    raise Unsupported(f"the loaders of {nothing[0]} copied nothing into the shadow")
             late = [shadow for shadow in self.processed if id(shadow) not in self._done]
             for shadow in late:     # layers whose loads never reached their count (e.g. padding): built now
                 if id(shadow) not in self._done:
                     self._process(shadow)
-            self.late_layers = len(late)
+            self.late_layers = [type(shadow).__name__ for shadow in late]
         self._plan = self._swap_plan(before)
         self.built = True
         return time.perf_counter() - start
@@ -301,8 +312,13 @@ def _call(obj: Any, method: str, *args: Any) -> Any:
 
 def _checked(weights: Iterator[tuple[str, torch.Tensor]], seen: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights as they are, refusing non-float tensors (the model's weights are floating point; a float of
-    another width is cast by the loaders, as vLLM's own reload does); records each name for error messages."""
+    another width is cast by the loaders, as vLLM's own reload does) and a name sent twice (its layer may be built
+    already); records each name for error messages."""
+    names: set[str] = set()
     for name, tensor in weights:
+        if name in names:
+            raise LoadError(f"weight {name!r} is sent twice")
+        names.add(name)
         seen.append(name)
         if not tensor.is_floating_point():
             raise LoadError(f"weight {name!r} has dtype {tensor.dtype}; the model's weights are floating point")
@@ -311,9 +327,13 @@ def _checked(weights: Iterator[tuple[str, torch.Tensor]], seen: list[str]) -> It
 
 def _rebind(tensor: torch.Tensor, live: torch.nn.Module, shadow: torch.nn.Module) -> None:
     """Point the tensor's bound-method attributes (``weight_loader``) at the shadow module: vLLM binds them to the
-    layer, or (in recorded metadata) to a sentinel that its reload rebinds the same way."""
+    layer, or (in recorded metadata) to a sentinel that its reload rebinds the same way. An in-place reload leaves
+    its own wrapper on the recorded metadata (it buffers loads for the live layer and drops them once that reload
+    is over): unwrapped, or the shadow's loads would go nowhere."""
     from vllm.model_executor.model_loader.reload.sanitize import layer_ref_sentinel
 
-    for key, value in tensor.__dict__.items():
+    for key, value in list(tensor.__dict__.items()):
+        while callable(value) and getattr(value, "__name__", "") == "online_process_loader":
+            value = tensor.__dict__[key] = value.__wrapped__   # vLLM's reload wrapper, left on its metadata
         if isinstance(value, MethodType) and (value.__self__ is live or value.__self__ is layer_ref_sentinel):
             tensor.__dict__[key] = value.__func__.__get__(shadow)
