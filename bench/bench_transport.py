@@ -1,7 +1,7 @@
 """Throughput of the data plane's transport: kubeforge (wire encode + ZeroMQ PUSH/PULL + validated decode) against
 a raw ZeroMQ PUSH/PULL baseline moving byte strings of the same size, measured in the same run, same machine.
 
-    .venv/bin/python bench/bench_transport.py [--seconds 2] [--repeat 3] [--queued 16]
+    .venv/bin/python bench/bench_transport.py [--seconds 2] [--repeat 3] [--queued 16] [--cases small,medium,large]
 
 Each case sends rollout groups (``groupSize`` completions of ``tokens`` tokens, with logprobs and text) from this
 process to a receiver in a child process over tcp://127.0.0.1. Time runs from the first send to the receiver
@@ -9,10 +9,14 @@ having the last group (CLOCK_MONOTONIC is shared by processes). The three sides 
 
 - raw: pyzmq PUSH -> PULL, one message per group, the group's encoded frame (made once, before the clock starts)
   sent as it is and received as a zero-copy frame: a plain pipe, no encoding, no validation.
+- raw_batched: the second, harder baseline: pyzmq PUSH -> PULL moving the very frames kubeforge sends for
+  ``--queued`` groups (``wire.pack``'s BATCH frames, made once before the clock starts), no encoding, no
+  validation: what the batched bytes cost to move (``kf_over_raw_batched``, ``kf_over_raw_batched_cpu``).
 - kubeforge: ``Sender.send_many`` of ``--queued`` groups at a time (what a generator hands over after sampling a
-  batch: the groups are all there at once, nothing waits for more), so ``wire.pack`` packs them into BATCH frames
-  (bounded in bytes; large groups go alone), encoding each group; the receiver's ``recv`` validates and decodes
-  every frame and delivers the groups one by one (``wire.decode``, zero-copy views).
+  batch: the groups are all there at once, nothing waits for more), so ``wire.pack`` packs them into column-wise
+  BATCH frames (``wire_batch``: one header and one set of columns per frame, at most 1 MiB), gathering and checking
+  the groups' columns per batch; the receiver's ``recv`` validates and decodes every frame and delivers the groups
+  one by one (``wire.decode``, zero-copy views).
 - kubeforge_single: ``Sender.send`` of one group per frame, the path without batching.
 
 Reported per side: groups/s and MB/s of group bytes (the group frames' sizes: the same for every side), and the
@@ -56,7 +60,7 @@ def rollout(group_size: int, tokens: int, seed: int = 0) -> wire.Rollout:
 
 def _receiver(kind: str, address: str, count: int, out: Any) -> None:
     """Receive ``count`` groups (raw: messages; kubeforge: delivered messages, unpacked from batches)."""
-    if kind == "raw":
+    if kind in ("raw", "raw_batched"):   # raw_batched: ``count`` is the number of frames
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PULL)
         sock.setsockopt(zmq.RCVHWM, transport.DEFAULT_HWM)
         sock.bind(address)
@@ -89,22 +93,29 @@ def _free_address() -> str:
 
 def run_case(kind: str, msg: wire.Rollout, count: int, queued: int = 1) -> tuple[float, float, float, float]:
     """(wall seconds to move ``count`` groups, CPU seconds per group of the busier process) for kind raw (the
-    group's frame, one message per group) or kubeforge (encode + decode; ``queued`` groups handed to
-    ``send_many`` at a time, 1: ``send``). The CPU figure is what the rate would be on an idle machine with a core
+    group's frame, one message per group), raw_batched (the frames ``wire.pack`` makes of ``queued`` groups, made
+    once, sent as they are) or kubeforge (encode + decode; ``queued`` groups handed to ``send_many`` at a time,
+    1: ``send``). The CPU figure is what the rate would be on an idle machine with a core
     per process, whatever else runs: the machine is shared."""
     address = _free_address()
     parent, child = mp.get_context("spawn").Pipe()
-    proc = mp.get_context("spawn").Process(target=_receiver, args=(kind, address, count, child), daemon=True)
+    messages = count // queued * len(wire.pack([msg] * queued)) if kind == "raw_batched" else count
+    proc = mp.get_context("spawn").Process(target=_receiver, args=(kind, address, messages, child), daemon=True)
     proc.start()
     assert parent.recv() == "bound"
     tx = transport.open_sender([address], role="bench", index=0, ready_timeout=30)
     assert isinstance(tx, transport.ZmqSender)
     frame = wire.encode(msg)
+    frames = wire.pack([msg] * queued) if kind == "raw_batched" else [frame]
     start = time.monotonic()
     cpu = time.process_time()
     if kind == "raw":
         for _ in range(count):
             tx.send_frame(frame)
+    elif kind == "raw_batched":
+        for _ in range(count // queued):
+            for f in frames:
+                tx.send_frame(f)
     elif queued == 1:
         for _ in range(count):
             tx.send(msg)
@@ -118,7 +129,7 @@ def run_case(kind: str, msg: wire.Rollout, count: int, queued: int = 1) -> tuple
     tx.close()
     if dropped:
         raise SystemExit(f"receiver dropped frames: {dropped}")
-    send, receive = sender_cpu / count, receiver_cpu / (count - 1)
+    send, receive = sender_cpu / count, receiver_cpu / (count - count / messages)   # less the first message's
     return float(end - start), max(send, receive), send, receive
 
 
@@ -177,7 +188,8 @@ def main() -> None:
         row: dict[str, Any] = {"case": name, "group_size": group_size, "tokens": tokens, "frame_bytes": size,
                                "groups": count, "queued": args.queued,
                                "frames_per_send_many": len(wire.pack([msg] * args.queued))}
-        sides = [("raw", "raw", 1), ("kf", "kubeforge", args.queued), ("kf_single", "kubeforge", 1)]
+        sides = [("raw", "raw", 1), ("raw_batched", "raw_batched", args.queued), ("kf", "kubeforge", args.queued),
+                 ("kf_single", "kubeforge", 1)]
         for key, kind, queued in sides:
             runs = [run_case(kind, msg, count, queued) for _ in range(args.repeat)]
             wall, cpu = min(r[0] for r in runs), min(r[1] for r in runs)
@@ -191,15 +203,21 @@ def main() -> None:
         for key in ("kf", "kf_single"):
             row[f"{key}_over_raw"] = round(row[f"{key}_groups_per_s"] / row["raw_groups_per_s"], 3)
             row[f"{key}_over_raw_cpu"] = round(row["raw_cpu_us_per_group"] / row[f"{key}_cpu_us_per_group"], 3)
+        # the second baseline: raw pyzmq moving the very bytes kubeforge sends (its batch frames), no validation
+        row["kf_over_raw_batched"] = round(row["kf_groups_per_s"] / row["raw_batched_groups_per_s"], 3)
+        row["kf_over_raw_batched_cpu"] = round(row["raw_batched_cpu_us_per_group"] / row["kf_cpu_us_per_group"], 3)
         row["kf_tokens_per_s"] = round(row["kf_groups_per_s"] * group_size * tokens)
         row["encode_per_s"], row["decode_per_s"] = round(enc, 1), round(dec, 1)
         results.append(row)
         print(f"{name:7s} G={group_size:<3d} T={tokens:<5d} frame={size/1e3:8.1f} kB, {args.queued} queued -> "
               f"{row['frames_per_send_many']} frame(s)", flush=True)
-        for key in ("raw", "kf", "kf_single"):
-            ratio = "" if key == "raw" else (f"  = {row[key + '_over_raw']:.2f}x raw wall, "
-                                             f"{row[key + '_over_raw_cpu']:.2f}x raw CPU")
-            print(f"    {key:9s} wall {row[key + '_groups_per_s']:9.1f} groups/s {row[key + '_MB_per_s']:7.1f} MB/s"
+        for key in ("raw", "raw_batched", "kf", "kf_single"):
+            ratio = "" if key.startswith("raw") else (f"  = {row[key + '_over_raw']:.2f}x raw wall, "
+                                                      f"{row[key + '_over_raw_cpu']:.2f}x raw CPU")
+            if key == "kf":
+                ratio += (f"; {row['kf_over_raw_batched']:.2f}x raw_batched wall, "
+                          f"{row['kf_over_raw_batched_cpu']:.2f}x raw_batched CPU")
+            print(f"    {key:11s} wall {row[key + '_groups_per_s']:9.1f} groups/s {row[key + '_MB_per_s']:7.1f} MB/s"
                   f" | CPU {row[key + '_cpu_groups_per_s']:9.1f} groups/s {row[key + '_cpu_MB_per_s']:7.1f} MB/s"
                   f" ({row[key + '_cpu_us_per_group']:.2f} us/group: send {row[key + '_sender_cpu_us_per_group']:.2f}"
                   f" receive {row[key + '_receiver_cpu_us_per_group']:.2f}){ratio}", flush=True)

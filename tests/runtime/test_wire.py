@@ -40,8 +40,12 @@ MESSAGES: dict[str, Callable[[], wire.Message]] = {
                                                                  types.Prompt(index=25, text="ü€😀", answer=""))),
     "rollout": lambda: wire.Rollout(group=group()),
     "scored": lambda: wire.Scored(group=group(rewards=[1.0, -0.25])),
-    "batch": lambda: wire.Batch(messages=(wire.Rollout(group=group(k=1)), wire.Scored(group=group(rewards=[1.0, -0.25])),
-                                          wire.Rollout(group=group(k=3)))),
+    "batch": lambda: wire.Batch(messages=(wire.Rollout(group=group(k=1)), wire.Rollout(group=group(k=3)),
+                                          wire.Rollout(group=group(k=2)))),
+    "batch_scored": lambda: wire.Batch(messages=(
+        wire.Scored(group=group(rewards=[1.0, -0.25])),
+        wire.Scored(group=dataclasses.replace(group(rewards=[0.5, 2.0]), prompt=types.Prompt(
+            index=8, text="ü€😀", answer="€"))))),
     "sync": lambda: wire.Sync(version=9, step=9, host="tiny-trainer-0.tiny-trainer", port=29504, world_size=3,
                               backend="nccl", timeout_s=60),
 }
@@ -337,35 +341,65 @@ def rollouts(count: int, *, k: int = 2) -> list[wire.Message]:
     return out
 
 
+def scored_groups(count: int, *, names: tuple[str, ...] = ("answer", "format")) -> list[wire.Message]:
+    out: list[wire.Message] = []
+    for i in range(count):
+        g = group(k=1 + i % 3)
+        g.rewards = [0.5 * j - i for j in range(len(g.completions))]
+        g.scores = {name: [float(j + len(name)) for j in range(len(g.completions))] for name in names}
+        g.prompt = types.Prompt(index=100 + i, text=f"p{i}", answer=str(i))
+        out.append(wire.Scored(group=g))
+    return out
+
+
 def test_pack_round_trip_bounds_and_order() -> None:
     msgs = rollouts(7)
     frames = wire.pack(msgs)
     assert len(frames) == 1 and frames[0][6] == wire.Kind.BATCH
     batch = wire.decode(frames[0])
     assert isinstance(batch, wire.Batch) and list(batch.messages) == msgs
-    for m in batch.messages:   # the f64 columns stay 8-byte aligned inside the batch (padding), views read-only
+    cols = []
+    for m in batch.messages:   # views of the batch's columns (8-byte aligned f64), read-only
         assert isinstance(m, wire.Rollout)
         lps = m.group.completions.logprobs   # type: ignore[attr-defined]
-        assert lps.flags.aligned and not lps.flags.writeable
+        assert lps.flags.aligned and not lps.flags.writeable and not m.group.prompt_token_ids.flags.writeable
+        cols.append(lps.base)
+    assert all(c is cols[0] for c in cols)
     # spread over peers: consecutive runs, in order
     parts = [wire.decode(f) for f in wire.pack(msgs, parts=3)]
     assert [len(p.messages) for p in parts if isinstance(p, wire.Batch)] == [3, 3]
     assert [m for p in parts for m in (p.messages if isinstance(p, wire.Batch) else [p])] == msgs
     # bounded in bytes: no batch frame over max_bytes, nothing lost
-    one = len(wire.encode(msgs[0]))
+    one = len(wire.encode(wire.Batch(messages=(msgs[0],))))
     small = wire.pack(msgs, max_bytes=3 * one)
     assert len(small) > 1 and all(len(f) <= 3 * one for f in small)
     assert [m for f in small for m in _messages(f)] == msgs
-    # alone, large, or another kind: a plain frame of its own, order kept
+    # alone, larger than max_bytes, or another kind: a plain frame of its own, order kept
     assert wire.pack(msgs[:1]) == [wire.encode(msgs[0])]
     big = wire.Rollout(group=group(k=1))
-    big.group.completions[0] = completion(wire.BATCH_ALONE_BYTES // 12 + 1)   # type: ignore[index]
-    mixed = [msgs[0], msgs[1], wire.Stop(reason="x"), msgs[2], big, msgs[3]]
+    big.group.completions[0] = completion(wire.BATCH_BYTES // 12 + 1)   # type: ignore[index]
+    mixed = [msgs[0], msgs[1], wire.Stop(reason="x"), msgs[2], big, msgs[3], msgs[4]]
     frames = wire.pack(mixed)
     assert [f[6] for f in frames] == [wire.Kind.BATCH, wire.Kind.STOP, wire.Kind.ROLLOUT, wire.Kind.ROLLOUT,
-                                      wire.Kind.ROLLOUT]
+                                      wire.Kind.BATCH]
     assert [m for f in frames for m in _messages(f)] == mixed
     assert wire.pack([]) == []
+    # a kind, the verifier names or the presence of rewards change: a new frame
+    scored = scored_groups(4)
+    other = scored_groups(2, names=("answer",))
+    frames = wire.pack([*msgs[:2], *scored, *other, *msgs[2:4]])
+    assert [f[6] for f in frames] == [wire.Kind.BATCH] * 4
+    assert [m for f in frames for m in _messages(f)] == [*msgs[:2], *scored, *other, *msgs[2:4]]
+
+
+def test_pack_forwards_decoded_groups_without_making_completions() -> None:
+    """The verifier re-sends decoded groups: their columns go into the next batch as they are."""
+    got = _messages(wire.pack(scored_groups(5))[0])
+    assert all(m.group.completions._items is None for m in got)   # type: ignore[attr-defined]
+    again = _messages(wire.pack(got)[0])
+    assert again == got == scored_groups(5)
+    mixed = [got[0], *scored_groups(5)[1:]]   # decoded and built groups in one run
+    assert _messages(wire.pack(mixed)[0]) == scored_groups(5)
 
 
 def _messages(frame: bytes) -> list[wire.Message]:
@@ -373,53 +407,112 @@ def _messages(frame: bytes) -> list[wire.Message]:
     return list(msg.messages) if isinstance(msg, wire.Batch) else [msg]
 
 
-def _batch_of(items: list[bytes], *, k: int | None = None, reserved: tuple[int, int] = (0, 0),
-              pad: bytes = b"\0") -> bytes:
-    """A BATCH frame written independently of the encoder (the layout in wire.py's batch section)."""
-    head = wire.BATCH_HEAD.pack(wire.MAGIC, wire.SCHEMA_VERSION, int(wire.Kind.BATCH), reserved[0],
-                                len(items) if k is None else k, reserved[1])
-    head += struct.pack(f"<{len(items)}I", *map(len, items))
-    out = head + pad * (-len(head) % 8)
-    for item in items:
-        out += item + pad * (-len(item) % 8)
-    return out
+def _layout(msgs: list[wire.Message]) -> dict[str, Any]:
+    """The fields of a BATCH frame, computed independently of the encoder (the layout in wire_batch.py)."""
+    gs = [m.group for m in msgs]   # type: ignore[union-attr]
+    names = list(gs[0].scores)
+    comps = [c for g in gs for c in g.completions]
+    ptexts = [g.prompt.text.encode() for g in gs] + [g.prompt.answer.encode() for g in gs]
+    strings = ptexts + [c.text.encode() for c in comps] + [c.finish_reason.encode() for c in comps] + [
+        x.encode() for x in names]
+    f: dict[str, Any] = {
+        "item_kind": int(wire.kind_of(msgs[0])), "flags": int(gs[0].rewards is not None), "reserved": 0,
+        "ints": [g.prompt.index for g in gs] + [g.policy_version for g in gs] + [g.step for g in gs]
+        + [g.generator for g in gs],
+        "logprobs": [x for c in comps for x in c.logprobs.tolist()],
+        "rewards": [x for g in gs for x in (g.rewards or [])],
+        "scores": [x for g in gs for name in names for x in g.scores[name]],
+        "ns": [len(g.completions) for g in gs], "plens": [len(g.prompt_token_ids) for g in gs],
+        "lengths": [len(c.token_ids) for c in comps], "sizes": [len(x) for x in strings],
+        "prompt_ids": [x for g in gs for x in g.prompt_token_ids.tolist()],
+        "token_ids": [x for c in comps for x in c.token_ids.tolist()], "strings": b"".join(strings)}
+    f.update(k=len(gs), n=len(comps), v=len(names), p=len(f["prompt_ids"]), t=len(f["token_ids"]),
+             s=len(f["strings"]))
+    return f
+
+
+def _write(f: dict[str, Any], *, version: int = wire.SCHEMA_VERSION) -> bytes:
+    def section(fmt: str, values: list[Any]) -> bytes:
+        return struct.pack(f"<{len(values)}{fmt}", *values)
+
+    return b"".join([
+        struct.pack("<4sHBB8I", wire.MAGIC, version, int(wire.Kind.BATCH), f["item_kind"], f["flags"], f["k"],
+                    f["n"], f["v"], f["p"], f["t"], f["s"], f["reserved"]),
+        section("Q", f["ints"]), section("d", f["logprobs"]), section("d", f["rewards"]), section("d", f["scores"]),
+        section("I", f["ns"]), section("I", f["plens"]), section("I", f["lengths"]), section("I", f["sizes"]),
+        section("I", f["prompt_ids"]), section("I", f["token_ids"]), f["strings"]])
 
 
 def test_the_batch_writer_in_this_test_matches_the_encoder() -> None:
-    msgs = rollouts(3)
-    assert _batch_of([wire.encode(m) for m in msgs]) == wire.pack(msgs)[0]
+    for msgs in (rollouts(3), scored_groups(4)):
+        frame = _write(_layout(msgs))
+        assert frame == wire.pack(msgs)[0] == wire.encode(wire.Batch(messages=tuple(msgs)))
+        assert _messages(frame) == msgs
 
 
-def _bad_item(edit: Callable[[bytearray], None]) -> bytes:
-    item = bytearray(wire.encode(rollouts(1)[0]))
-    edit(item)
-    return bytes(item)
+def _bad(**edits: Any) -> bytes:
+    """A BATCH of three scored groups (names answer, format) with some fields replaced."""
+    f = _layout(scored_groups(3))
+    for key, value in edits.items():
+        f[key] = value(f) if callable(value) else value
+    return _write(f)
 
 
-def _nan_logprob(b: bytearray) -> None:
-    b[wire_group.HEAD.size:wire_group.HEAD.size + 8] = struct.pack("<d", math.nan)
+def _at(key: str, i: int, value: Any) -> Callable[[dict[str, Any]], list[Any]]:
+    def edit(f: dict[str, Any]) -> list[Any]:
+        out = list(f[key])
+        out[i] = value
+        return out
+    return edit
 
 
-def _set_version(b: bytearray) -> None:
-    b[4:6] = (wire.SCHEMA_VERSION - 1).to_bytes(2, "little")
+def _rollouts_without_rewards(**edits: Any) -> bytes:
+    f = _layout(scored_groups(2))
+    f.update(flags=0, rewards=[], item_kind=int(wire.Kind.SCORED), **edits)
+    return _write(f)
 
 
-GOOD = wire.encode(rollouts(1)[0])
 BATCH_REFUSALS = {
-    "truncated": (_batch_of([GOOD, GOOD])[:-8], "item sizes say"),
-    "longer": (_batch_of([GOOD, GOOD]) + bytes(8), "item sizes say"),
-    "header only": (_batch_of([GOOD])[:12], "shorter than"),
-    "no items": (_batch_of([]), "0 items"),
-    "too many items": (_batch_of([GOOD], k=wire.MAX_BATCH_GROUPS + 1), "items, expected"),
-    "reserved": (_batch_of([GOOD, GOOD], reserved=(1, 0)), "reserved"),
-    "reserved 2": (_batch_of([GOOD, GOOD], reserved=(0, 1)), "reserved"),
-    "padding": (_batch_of([GOOD, GOOD], pad=b"\1"), "padding"),
-    "item of another version": (_batch_of([GOOD, _bad_item(_set_version)]), "BATCH[1]: not a ROLLOUT"),
-    "item of another kind": (_batch_of([GOOD, wire.encode(wire.Stop(reason="x"))]), "BATCH[1]: not a ROLLOUT"),
-    "nested batch": (_batch_of([GOOD, _batch_of([GOOD, GOOD])]), "BATCH[1]: not a ROLLOUT"),
-    "bad item": (_batch_of([GOOD, _bad_item(_nan_logprob), GOOD]), "BATCH[1]: ROLLOUT: group.completions.logprobs"),
-    "short item": (_batch_of([GOOD, GOOD[:5]]), "BATCH[1]: 5 bytes"),
-    "item cut": (_batch_of([GOOD, GOOD[:-4]]), "BATCH[1]: ROLLOUT: group: frame of"),
+    "truncated": (_write(_layout(rollouts(2)))[:-1], "its header says"),
+    "longer": (_write(_layout(rollouts(2))) + b"\0", "its header says"),
+    "header only": (_write(_layout(rollouts(2)))[:30], "shorter than"),
+    "reserved": (_bad(reserved=1), "reserved"),
+    "item kind": (_bad(item_kind=int(wire.Kind.STOP)), "item kind 4"),
+    "nested batch": (_bad(item_kind=int(wire.Kind.BATCH)), "item kind 20"),
+    "flags": (_bad(flags=3), "unknown flags"),
+    "scored without rewards": (_rollouts_without_rewards(), "needs rewards"),
+    "no groups": (_bad(k=0), "0 groups"),
+    "too many groups": (_bad(k=wire.MAX_BATCH_GROUPS + 1), "groups, expected"),
+    "fewer completions than groups": (_bad(n=2), "completions for 3 groups"),
+    "too many completions": (_bad(n=wire.MAX_BATCH_COMPLETIONS + 1), "completions for 3 groups"),
+    "too many verifiers": (_bad(v=wire.MAX_VERIFIERS + 1), "verifiers exceed"),
+    "integer over 2^63": (_bad(ints=_at("ints", 5, 2**63)), "integer field"),
+    "empty group": (_bad(ns=_at("ns", 1, 0)), "a group of 0"),
+    "group over MAX_COMPLETIONS": (_bad(ns=_at("ns", 1, wire.MAX_COMPLETIONS + 1)), "a group of"),
+    "completions do not sum": (_bad(ns=_at("ns", 1, 3)), "the header says"),
+    "prompt over MAX_TOKENS": (_bad(plens=_at("plens", 0, wire.MAX_TOKENS + 1)), "prompt of"),
+    "prompt lengths do not sum": (_bad(plens=_at("plens", 0, 2)), "prompts of 8 tokens"),
+    "completion over MAX_TOKENS": (_bad(lengths=_at("lengths", 0, wire.MAX_TOKENS + 1)), "completion of"),
+    "lengths do not sum": (_bad(lengths=_at("lengths", 0, 2)), "completions.lengths: they sum"),
+    "string lengths do not sum": (_bad(sizes=_at("sizes", 0, 3)), "strings: lengths sum"),
+    "text over MAX_TEXT_CHARS": (_bad(sizes=lambda f: [wire.MAX_TEXT_CHARS + 1, *f["sizes"][1:]],
+                                      strings=lambda f: b"x" * (wire.MAX_TEXT_CHARS + 1) + f["strings"][2:],
+                                      s=lambda f: f["s"] + wire.MAX_TEXT_CHARS - 1), "a text exceeds"),
+    "reason over MAX_NAME_CHARS": (_bad(sizes=lambda f: [*f["sizes"][:12], 300, *f["sizes"][13:]],
+                                        strings=lambda f: f["strings"][:f["s"] - 28] + b"y" * 296 + f["strings"][-28:],
+                                        s=lambda f: f["s"] + 296), "finish_reason: one exceeds"),
+    "empty verifier name": (_bad(sizes=lambda f: [*f["sizes"][:-2], 0, 12],
+                                 strings=lambda f: f["strings"][:-12] + b"answerformat"),
+                            "verifier name of 0 characters"),
+    "verifier name twice": (_bad(strings=lambda f: f["strings"][:-12] + b"answeranswer",
+                                 sizes=lambda f: [*f["sizes"][:-1], 6]), "appears twice"),
+    "not UTF-8": (_bad(strings=lambda f: b"\xff" + f["strings"][1:]), "string 0 is not valid UTF-8"),
+    "a character split between strings": (
+        _bad(strings=lambda f: "é".encode() + f["strings"][2:],
+             sizes=lambda f: [1, f["sizes"][1] + 1, *f["sizes"][2:]]), "string 0 is not valid UTF-8"),
+    "NaN logprob": (_bad(logprobs=_at("logprobs", 3, math.nan)), "group 1: completions.logprobs"),
+    "infinite reward": (_bad(rewards=_at("rewards", 5, -math.inf)), "group 2: rewards"),
+    "NaN score": (_bad(scores=_at("scores", 5, math.nan)), "group 1: scores.format"),
 }
 
 
@@ -433,16 +526,42 @@ def test_batch_version_and_size_checks() -> None:
     frame = bytearray(wire.pack(rollouts(2))[0])
     frame[4:6] = (wire.SCHEMA_VERSION + 1).to_bytes(2, "little")
     expect(bytes(frame), wire.REASON_VERSION, "schema version")
-    huge = _batch_of([GOOD]) + bytes(wire.MAX_FRAME_BYTES)
+    assert _write(_layout(rollouts(2)), version=wire.SCHEMA_VERSION - 1)[4:6] != frame[4:6]
+    expect(_write(_layout(rollouts(2)), version=wire.SCHEMA_VERSION - 1), wire.REASON_VERSION, "schema version")
+    huge = _write(_layout(rollouts(2))) + bytes(wire.MAX_FRAME_BYTES)
     expect(huge, wire.REASON_MALFORMED, "exceeds")
     with pytest.raises(wire.WireError, match="BATCH: 0 items"):
         wire.encode(wire.Batch(messages=()))
+    with pytest.raises(wire.WireError, match="ROLLOUT or all SCORED"):
+        wire.encode(wire.Batch(messages=(*rollouts(1), *scored_groups(1))))
+    with pytest.raises(wire.WireError, match="same verifier names"):
+        wire.encode(wire.Batch(messages=(*scored_groups(1), *scored_groups(1, names=("x",)))))
     with pytest.raises(wire.WireError, match="exceeds"):   # encode refuses a batch the decoder would
         n = wire.MAX_TOKENS // 2
         lots = types.Completion(token_ids=np.zeros(n, np.uint32), logprobs=np.zeros(n), text="")
         g = types.RolloutGroup(prompt=types.Prompt(index=0, text="", answer=""), prompt_token_ids=[],
                                completions=[lots] * 6, policy_version=0)
         wire.encode(wire.Batch(messages=(wire.Rollout(group=g), wire.Rollout(group=g))))
+
+
+def test_pack_names_the_group_a_sender_got_wrong() -> None:
+    msgs = scored_groups(4)
+    msgs[2].group.completions[0] = types.Completion(token_ids=[1], logprobs=[math.nan], text="")  # type: ignore
+    with pytest.raises(wire.WireError, match=r"BATCH\[2\]: SCORED: group.completions.logprobs"):
+        wire.pack(msgs)
+    msgs = scored_groups(4)
+    msgs[1].group.rewards = None   # type: ignore[union-attr]
+    with pytest.raises(wire.WireError, match=r"BATCH\[1\]: SCORED: group.rewards"):
+        wire.pack(msgs)
+    msgs = rollouts(3)
+    msgs[2].group.step = -1   # type: ignore[union-attr]
+    with pytest.raises(wire.WireError, match=r"BATCH\[2\]: ROLLOUT: group.step"):
+        wire.pack(msgs)
+    msgs = scored_groups(3)
+    msgs[1].group.scores["answer"][0] = math.nan   # type: ignore[union-attr]
+    frames = wire.pack(msgs, check=False)   # the sender's check skipped: the receiver refuses the whole frame
+    assert len(frames) == 1
+    expect(frames[0], wire.REASON_MALFORMED, "group 1: scores.answer")
 
 
 # ---------------------------------------------------------------- property-based
@@ -505,7 +624,7 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
-MSGPACK_KINDS = sorted(k for k in MESSAGES if k not in ("rollout", "scored", "batch"))
+MSGPACK_KINDS = sorted(k for k in MESSAGES if k not in ("rollout", "scored", "batch", "batch_scored"))
 
 
 @FUZZ
@@ -542,6 +661,20 @@ def test_fuzz_group_header_fields(name: str, data: st.DataObject) -> None:
     _decode_only_wire_errors(bytes(frame))
 
 
+@FUZZ
+@hypothesis.given(st.sampled_from(["batch", "batch_scored"]), st.data())
+def test_fuzz_batch_header_fields(name: str, data: st.DataObject) -> None:
+    """Any value in any field of a batch's header (item kind, flags, counts, reserved): refused or a batch that
+    re-encodes to itself; never another exception."""
+    frame = bytearray(wire.encode(MESSAGES[name]()))
+    fields = list(wire.BATCH_HEAD.unpack_from(frame))
+    for _ in range(data.draw(st.integers(1, 3))):
+        i = data.draw(st.integers(3, len(fields) - 1))
+        fields[i] = data.draw(st.integers(0, 2**(8 if i == 3 else 32) - 1) | st.integers(0, 4))
+    wire.BATCH_HEAD.pack_into(frame, 0, *fields)
+    _decode_only_wire_errors(bytes(frame))
+
+
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 completions = st.integers(0, 20).flatmap(lambda n: st.builds(
     types.Completion, token_ids=st.lists(st.integers(0, 2**32 - 1), min_size=n, max_size=n),
@@ -560,6 +693,23 @@ def test_round_trip_property(comps: list[types.Completion], version: int, text: 
                            completions=comps, policy_version=version, step=version // 3, generator=n,
                            rewards=rewards, scores={k: list(rewards) for k in names})
     assert wire.decode(wire.encode(wire.Scored(group=g))) == wire.Scored(group=g)
+
+
+@FUZZ
+@hypothesis.given(st.lists(st.lists(completions, min_size=1, max_size=4), min_size=1, max_size=6), st.data())
+def test_pack_round_trip_property(groups: list[list[types.Completion]], data: st.DataObject) -> None:
+    """Any groups, packed in any byte bound and number of parts, come back equal and in order."""
+    names = data.draw(st.lists(st.text(min_size=1, max_size=10), max_size=3, unique=True))
+    msgs: list[wire.Message] = []
+    for i, comps in enumerate(groups):
+        n = len(comps)
+        rewards = data.draw(st.lists(finite, min_size=n, max_size=n))
+        msgs.append(wire.Scored(group=types.RolloutGroup(
+            prompt=types.Prompt(index=i, text=data.draw(st.text(max_size=20)), answer=""),
+            prompt_token_ids=data.draw(st.lists(st.integers(0, 2**32 - 1), max_size=5)), completions=comps,
+            policy_version=i, step=2 * i, generator=n, rewards=rewards, scores={k: list(rewards) for k in names})))
+    frames = wire.pack(msgs, parts=data.draw(st.integers(1, 3)), max_bytes=data.draw(st.integers(64, 4096)))
+    assert [m for f in frames for m in _messages(f)] == msgs
 
 
 def test_all_finite_fast_path_is_exact() -> None:

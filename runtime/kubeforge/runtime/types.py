@@ -136,6 +136,16 @@ class CompletionColumns(Sequence[Completion]):
         self._reasons = finish_reasons
         self._items: list[Completion] | None = None
 
+    @classmethod
+    def of_columns(cls, token_ids: TokenArray, logprobs: FloatArray, lengths: tuple[int, ...], texts: Any,
+                   finish_reasons: Any) -> CompletionColumns:
+        """Columns ``wire`` has validated (``lengths`` already a tuple): skips the keyword call (decoding a batch
+        makes one per group)."""
+        c = object.__new__(cls)
+        c.token_ids, c.logprobs, c.lengths, c._texts, c._reasons, c._items = (token_ids, logprobs, lengths, texts,
+                                                                              finish_reasons, None)
+        return c
+
     @property
     def texts(self) -> list[str]:
         if callable(self._texts):

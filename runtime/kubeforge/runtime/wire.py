@@ -25,8 +25,9 @@ Message kinds and directions:
     ROLLOUT  generator -> verifier    one RolloutGroup (rewards unset)
     SCORED   verifier -> trainer      one RolloutGroup with rewards and per-verifier scores
     SYNC     trainer 0 -> generator   new policy version and where to join the weight broadcast
-    BATCH    generator -> verifier,   several whole ROLLOUT or SCORED frames in one frame (``pack``): what a
-             verifier -> trainer      sender has ready at once; the transport unpacks it (never delivered as such)
+    BATCH    generator -> verifier,   many ROLLOUT or SCORED groups column-wise in one frame (``pack``,
+             verifier -> trainer      ``wire_batch``): what a sender has ready at once; the transport unpacks it
+                                      (never delivered as such)
 
 Invariants:
 - ``decode`` returns a fully validated message or raises ``WireError``; it never raises anything else, whatever
@@ -49,20 +50,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import itertools
-import math
 import struct
+from collections.abc import Sequence
 from typing import Any, Callable, Union
 
 import msgpack
-import numpy as np
 
-from kubeforge.runtime import types, wire_budget, wire_group
+from kubeforge.runtime import types, wire_batch, wire_budget, wire_group
 
 MAGIC = b"KFW\x01"
 # 2: SYNC carries the weight-sync group epoch; 3: packed arrays with dtype/shape, columnar groups;
-# 4: ROLLOUT/SCORED in wire_group's fixed binary layout
-SCHEMA_VERSION = 4
+# 4: ROLLOUT/SCORED in wire_group's fixed binary layout; 5: BATCH column-wise (wire_batch)
+SCHEMA_VERSION = 5
 HEADER = struct.Struct("<4sHB")
 
 # Reasons a frame is refused (transport counts drops by these; metrics label them).
@@ -222,7 +221,7 @@ def encode(msg: Message, *, check: bool = True) -> bytes:
     sender's bug (a NaN logprob, mismatched lengths) raises ``WireError`` here instead of a drop at the peer."""
     kind = kind_of(msg)
     if isinstance(msg, Batch):
-        return _batch_frame([encode(m, check=check) for m in msg.messages])
+        return _batch_frame(msg.messages)
     if kind is Kind.ROLLOUT or kind is Kind.SCORED:
         try:
             return wire_group.encode(MAGIC, SCHEMA_VERSION, int(kind), msg.group,  # type: ignore[union-attr]
@@ -438,75 +437,109 @@ _DECODERS: dict[Kind, Callable[[_Reader], Message]] = {
 
 # ---------------------------------------------------------------- batches of groups
 
-# A BATCH frame carries whole ROLLOUT/SCORED frames (each with its own header) back to back::
-#
-#     0   frame header (HEADER: magic, schema version, kind BATCH)                  7 B
-#     7   reserved, 0                                                              u8
-#     8   items k (1..MAX_BATCH_GROUPS), reserved 0                                2 x u32
-#     16  item sizes   u32[k]   bytes of each item frame, before its padding
-#         zero padding to a multiple of 8
-#         item frames  k x (a whole ROLLOUT or SCORED frame, zero-padded to a multiple of 8: its f64 columns stay
-#                      8-byte aligned)
-#
-# The frame is exactly as long as the sizes say, every padding byte is 0, each item is decoded and checked like a
-# frame of its own (same schema version, a group kind only: no nesting), and one bad item refuses the whole batch
-# (one drop, counted once). Decoded groups are views of the batch frame, like a lone group's of its frame.
-BATCH_HEAD = struct.Struct("<4sHBBII")
+# A BATCH frame holds many groups column-wise (``wire_batch``: one header, one set of columns, checked per batch).
 MAX_BATCH_GROUPS = 4096
-BATCH_BYTES = 1 << 20          # pack's bound on a batch frame
-BATCH_ALONE_BYTES = 16 << 10   # a group frame this large or larger goes alone: its per-frame cost is small beside its bytes
-_GROUP_KINDS = (int(Kind.ROLLOUT), int(Kind.SCORED))
-_ZEROS = bytes(8)
+MAX_BATCH_COMPLETIONS = 1 << 16   # bounds the Python objects decoding one batch makes per completion
+BATCH_HEAD = wire_batch.HEAD
+BATCH_BYTES = 1 << 20          # pack's bound on a batch frame: a group larger than that alone goes as a plain frame
 
 
-def pack(msgs: list[Message], *, parts: int = 1, max_bytes: int = BATCH_BYTES, check: bool = True) -> list[bytes]:
-    """The frames that carry ``msgs`` in order: consecutive small groups share BATCH frames of at most
-    ``max_bytes``, spread over up to ``parts`` frames (one per peer, for round robin); a message alone in its
-    frame, a large group, or any other kind goes as its own plain frame. Nothing waits: it packs what it is given."""
-    frames = [encode(m, check=check) for m in msgs]
-    per = max(1, -(-len(frames) // max(1, parts)))
+_BATCH_ITEMS: dict[int, type] = {int(Kind.ROLLOUT): Rollout, int(Kind.SCORED): Scored}
+_NEEDS_REWARDS = frozenset({int(Kind.SCORED)})
+
+
+def pack(msgs: Sequence[Message], *, parts: int = 1, max_bytes: int = BATCH_BYTES, check: bool = True) -> list[bytes]:
+    """The frames that carry ``msgs`` in order: consecutive groups of one kind share BATCH frames of at most
+    ``max_bytes`` (cut where the verifier names or the presence of rewards change), spread over up to ``parts``
+    frames (one per peer, for round robin); a group alone in its frame (one that fills ``max_bytes`` on its own, the
+    last of a run) or any other kind goes as its own plain frame. Nothing waits: it packs what it is given."""
+    per = max(1, -(-len(msgs) // max(1, parts)))
     out: list[bytes] = []
-    cur: list[bytes] = []
-    size = BATCH_HEAD.size + 8
-
-    def flush() -> None:
-        if len(cur) == 1:
-            out.append(cur[0])
-        elif cur:
-            out.append(_batch_frame(cur))
-        cur.clear()
-
-    for f in frames:
-        if len(f) >= BATCH_ALONE_BYTES or f[6] not in _GROUP_KINDS:
-            flush()
-            out.append(f)
+    i = 0
+    while i < len(msgs):
+        cls = type(msgs[i])
+        if cls is not Rollout and cls is not Scored:
+            out.append(encode(msgs[i], check=check))
+            i += 1
             continue
-        cost = len(f) + 4 + 7
-        if cur and (len(cur) >= per or size + cost > max_bytes or len(cur) >= MAX_BATCH_GROUPS):
-            flush()
-            size = BATCH_HEAD.size + 8
-        cur.append(f)
-        size += cost
-    flush()
+        j = i + 1
+        while j < len(msgs) and type(msgs[j]) is cls:
+            j += 1
+        out.extend(_pack_run(msgs[i:j], cls, per, max_bytes, check))   # type: ignore[arg-type]
+        i = j
     return out
 
 
-def _batch_frame(frames: list[bytes]) -> bytes:
-    k = len(frames)
+def _gather(run: Sequence[Rollout | Scored], cls: type, check: bool) -> wire_batch.Run:
+    try:
+        return wire_batch.Run([m.group for m in run], scored=cls is Scored, limits=_GROUP_LIMITS)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise _culprit(run, check, e) from None
+
+
+def _culprit(run: Sequence[Rollout | Scored], check: bool, e: Exception) -> WireError:
+    """The error of the first group that cannot go alone either (its own precise message), else the batch's."""
+    for i, m in enumerate(run):
+        try:
+            encode(m, check=check)
+        except WireError as err:
+            return WireError(REASON_MALFORMED, f"BATCH[{i}]: {err.detail}")
+    return WireError(REASON_MALFORMED, f"BATCH: {e}")
+
+
+def _pack_run(run: Sequence[Rollout | Scored], cls: type, per: int, max_bytes: int, check: bool) -> list[bytes]:
+    if len(run) == 1:
+        return [encode(run[0], check=check)]
+    cols = _gather(run, cls, check)
+    kind = int(KIND_OF[cls])
+    out: list[bytes] = []
+
+    def flush(a: int, b: int) -> None:
+        if b - a == 1:
+            out.append(encode(run[a], check=check))
+        elif b > a:
+            try:
+                out.append(cols.frame(MAGIC, SCHEMA_VERSION, int(Kind.BATCH), kind, a, b, max_frame=MAX_FRAME_BYTES,
+                                      check=check))
+            except (TypeError, ValueError, OverflowError) as e:
+                raise _culprit(run[a:b], check, e) from None
+
+    k = len(run)
+    if (cols.uniform and cols.total <= max_bytes and k <= per and k <= MAX_BATCH_GROUPS
+            and cols.comp_ends[-1] <= MAX_BATCH_COMPLETIONS):   # the common case: the whole run in one frame
+        flush(0, k)
+        return out
+    a, size, comps = 0, 0, 0
+    for i, (nbytes, key, n) in enumerate(zip(cols.group_bytes(), cols.keys, cols.ns)):
+        if i > a and (i - a >= per or key != cols.keys[a] or size + nbytes > max_bytes or i - a >= MAX_BATCH_GROUPS
+                      or comps + n > MAX_BATCH_COMPLETIONS):
+            flush(a, i)
+            a, size, comps = i, 0, 0
+        if i == a:
+            size = BATCH_HEAD.size + sum(4 + 4 * len(name) for name in key[1])   # the names: at most 4 B a character
+        size += nbytes
+        comps += n
+    flush(a, k)
+    return out
+
+
+def _batch_frame(msgs: Sequence[Message]) -> bytes:
+    k = len(msgs)
     if not 0 < k <= MAX_BATCH_GROUPS:
         raise WireError(REASON_MALFORMED, f"BATCH: {k} items, expected 1 to {MAX_BATCH_GROUPS}")
-    sizes = list(map(len, frames))
-    head = BATCH_HEAD.pack(MAGIC, SCHEMA_VERSION, int(Kind.BATCH), 0, k, 0) + struct.pack(f"<{k}I", *sizes)
-    parts = [head, _ZEROS[:-len(head) % 8]]
-    for i, f in enumerate(frames):
-        if f[6] not in _GROUP_KINDS:
-            raise WireError(REASON_MALFORMED, f"BATCH[{i}]: only ROLLOUT and SCORED frames can be batched")
-        parts.append(f)
-        parts.append(_ZEROS[:-len(f) % 8])
-    frame = b"".join(parts)
-    if len(frame) > MAX_FRAME_BYTES:
-        raise WireError(REASON_MALFORMED, f"BATCH: frame of {len(frame)} bytes exceeds {MAX_FRAME_BYTES}")
-    return frame
+    cls = type(msgs[0])
+    if cls not in (Rollout, Scored) or any(type(m) is not cls for m in msgs):
+        raise WireError(REASON_MALFORMED, "BATCH: items must all be ROLLOUT or all SCORED messages")
+    run: Sequence[Rollout | Scored] = msgs   # type: ignore[assignment]
+    cols = _gather(run, cls, True)
+    if len(set(cols.keys)) != 1:
+        raise WireError(REASON_MALFORMED, "BATCH: every group needs the same verifier names, and rewards or none")
+    if sum(cols.ns) > MAX_BATCH_COMPLETIONS:
+        raise WireError(REASON_MALFORMED, f"BATCH: {sum(cols.ns)} completions exceed {MAX_BATCH_COMPLETIONS}")
+    try:
+        return cols.frame(MAGIC, SCHEMA_VERSION, int(Kind.BATCH), int(KIND_OF[cls]), 0, k, max_frame=MAX_FRAME_BYTES)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise _culprit(run, True, e) from None
 
 
 def _group_in(view: memoryview, kind: Kind) -> Rollout | Scored:
@@ -519,41 +552,10 @@ def _group_in(view: memoryview, kind: Kind) -> Rollout | Scored:
 
 
 def _batch_in(view: memoryview) -> Batch:
-    size = len(view)
-    if size < BATCH_HEAD.size:
-        raise WireError(REASON_MALFORMED, f"BATCH: {size} bytes, shorter than its {BATCH_HEAD.size}-byte header")
-    _, _, _, reserved, k, reserved2 = BATCH_HEAD.unpack_from(view)
-    if reserved or reserved2:
-        raise WireError(REASON_MALFORMED, "BATCH: reserved header fields must be 0")
-    if not 0 < k <= MAX_BATCH_GROUPS:
-        raise WireError(REASON_MALFORMED, f"BATCH: {k} items, expected 1 to {MAX_BATCH_GROUPS}")
-    at = BATCH_HEAD.size + 4 * k
-    pad = -at % 8
-    if at + pad > size:
-        raise WireError(REASON_MALFORMED, f"BATCH: {size} bytes, its header says at least {at + pad}")
-    sizes = struct.unpack_from(f"<{k}I", view, BATCH_HEAD.size)
-    want = at + pad + sum(s + (-s % 8) for s in sizes)
-    if want != size:
-        raise WireError(REASON_MALFORMED, f"BATCH: frame of {size} bytes, its item sizes say {want}")
-    if view[at:at + pad] != _ZEROS[:pad]:
-        raise WireError(REASON_MALFORMED, "BATCH: padding must be 0")
-    at += pad
-    msgs: list[Rollout | Scored] = []
-    for i, s in enumerate(sizes):
-        item = view[at:at + s]
-        at += s
-        pad = -s % 8
-        if view[at:at + pad] != _ZEROS[:pad]:
-            raise WireError(REASON_MALFORMED, f"BATCH[{i}]: padding must be 0")
-        at += pad
-        if s < HEADER.size:
-            raise WireError(REASON_MALFORMED, f"BATCH[{i}]: {s} bytes, no frame header")
-        magic, version, kind_num = HEADER.unpack_from(item)
-        if magic != MAGIC or version != SCHEMA_VERSION or kind_num not in _GROUP_KINDS:
-            raise WireError(REASON_MALFORMED, f"BATCH[{i}]: not a ROLLOUT or SCORED frame of schema "
-                            f"{SCHEMA_VERSION} (magic {bytes(magic)!r}, version {version}, kind {kind_num})")
-        try:
-            msgs.append(_group_in(item, _KINDS[kind_num]))
-        except WireError as e:
-            raise WireError(REASON_MALFORMED, f"BATCH[{i}]: {e.detail}") from None
+    try:
+        msgs = wire_batch.decode(view, limits=_GROUP_LIMITS, max_groups=MAX_BATCH_GROUPS,
+                                 max_completions=MAX_BATCH_COMPLETIONS, kinds=_BATCH_ITEMS,
+                                 needs_rewards=_NEEDS_REWARDS)
+    except wire_group.Invalid as e:
+        raise WireError(REASON_MALFORMED, f"BATCH: {e}") from None
     return Batch(messages=tuple(msgs))
