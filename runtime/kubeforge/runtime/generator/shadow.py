@@ -291,12 +291,12 @@ class ShadowModel:
 _MISSING = object()
 
 
-class _CopyCount(TorchDispatchMode):
+class _CopyCount(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts the elements that ``copy_`` writes on this thread while active (a loader's narrowing and fusing
     happen before its copy, so this is what it loaded into its parameter)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.numel = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
