@@ -76,7 +76,8 @@ def weight_sync(tiny_engine: object, tiny_model_dir: pathlib.Path) -> Iterator[S
     import transformers
 
     port = free_port()
-    sender = weightsync.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=60, bucket_mb=1)
+    # small buckets: the tiny model travels in ~12, so the engine tests go through the pipelined build
+    sender = weightsync.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=60, bucket_mb=0.125)
     joiner = threading.Thread(target=sender.connect, daemon=True)
     joiner.start()
     tiny_engine.join_weight_sync(host="127.0.0.1", port=port, world_size=2,  # type: ignore[attr-defined]

@@ -222,6 +222,8 @@ BAD_SYNCS = {
                       "'model.norm.weight' has dtype torch.int64"),
     "missing weight": (lambda named: [(n, t) for n, t in named if n != "model.norm.weight"],
                        "lacks 1 of the model's weights: model.norm.weight"),
+    "sent twice": (lambda named: [*named, (named[1][0], named[1][1].clone())],   # a clone: the sender dedups storage
+                   "'model.layers.0.self_attn.q_proj.weight' is sent twice"),
 }
 
 
@@ -247,6 +249,50 @@ def test_a_sync_that_does_not_fit_is_refused_and_the_engine_keeps_its_weights(
     assert got.swapped
     same, worst = engine_vs_hf(tiny_engine, bad)
     assert same and worst < ATOL, "the next good sync did not load"
+
+
+@pytest.mark.vllm
+def test_the_shadow_builds_each_layer_as_soon_as_its_tensors_are_loaded(
+        weight_sync: object, tiny_engine: object, tiny_model_dir: pathlib.Path) -> None:
+    """The build is pipelined with the wire: each layer's kernel is built once its tensors are loaded, while later
+    tensors are still to come (none is left for after the load but the vocabulary's, whose padding rows are never
+    loaded), from that layer's whole new weights (the fused QKV
+    kernel computes with q, k and v of this sync); the tied lm_head shares the embedding's kernel. The shadow is
+    made after an in-place reload, which leaves vLLM's buffering loaders on the recorded metadata (copied as they
+    were, they dropped every load: the kernels would have been built from stale tensors)."""
+    from kubeforge.runtime.generator import shadow as shadow_mod
+
+    model = trainer_model(tiny_model_dir, noise_seed=12)
+    weight_sync.sync(model.named_parameters(), version=12, refresh_tied=False)  # type: ignore[attr-defined]
+    named = _named(model)
+    sd = dict(named)
+    attn = "model.layers.0.self_attn."
+    qkv_w = torch.cat([sd[attn + "q_proj.weight"], sd[attn + "k_proj.weight"], sd[attn + "v_proj.weight"]])
+    x = torch.randn(3, qkv_w.shape[1], generator=torch.Generator().manual_seed(0))
+
+    def probe(worker: object) -> dict[str, object]:
+        live = worker.model_runner.get_model()  # type: ignore[attr-defined]
+        sh = shadow_mod.ShadowModel(live)       # a shadow of its own: the extension's stays as it is
+        built_before: list[int] = []
+
+        def weights(items: list[tuple[str, torch.Tensor]]) -> object:
+            for n, t in items:
+                built_before.append(len(sh._done))
+                yield n, t
+
+        sh.build(weights(named))
+        qkv = sh._shadows[id(live.model.layers[0].self_attn.qkv_proj)]
+        out = {"built_before": list(built_before), "late": sh.late_layers, "layers": len(sh.processed),
+               "qkv": qkv.quant_method.apply(qkv, x),
+               "shared": sh._shadows[id(live.lm_head)].__dict__["cpu_linear"]
+               is sh._shadows[id(live.model.embed_tokens)].__dict__["cpu_linear"]}
+        return out
+
+    got = tiny_engine.llm.collective_rpc(probe)[0]  # type: ignore[attr-defined]
+    assert set(got["late"]) <= {"VocabParallelEmbedding", "ParallelLMHead"}, got["late"]
+    assert got["built_before"][-1] >= got["layers"] - len(got["late"]) - 4, got["built_before"]
+    assert torch.allclose(got["qkv"], x @ qkv_w.T, atol=1e-4)
+    assert got["shared"], "the tied lm_head packed the embedding's weight again"
 
 
 # ---------------------------------------------------------------- gloo only (no engine)
@@ -333,6 +379,16 @@ PEER = textwrap.dedent("""
             next(it)
             os._exit(3)  # dies mid-broadcast: buckets still to come
         r.receive(load)
+    elif role == "sender-mid":
+        s = ws.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=30, bucket_mb=1)
+        s.connect()
+        tensors = [(f"w{i}", torch.randn(512, 1024)) for i in range(16)]  # 16 buckets of 2 MiB
+        _, _, _, meta = s._plan(ws._ListStream(tensors), 1)
+        ws.announce(s.group)
+        s._header(s.group, 1, meta)
+        s.group.broadcast(tensors[0][1].reshape(-1).view(torch.uint8))
+        time.sleep(1.0)   # bucket 0 has landed: die with 15 still to come
+        os._exit(3)
     else:
         s = ws.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=30, bucket_mb=1)
         s.connect()
@@ -398,6 +454,39 @@ def test_receiver_fails_within_timeout_when_the_sender_dies() -> None:
     finally:
         _reap(peer)
     assert peer.returncode == 3
+    assert elapsed < _bound(timeout), f"took {elapsed:.1f}s"
+
+
+def test_a_sender_dying_mid_sync_fails_the_pipelined_receive_cleanly() -> None:
+    """A prefetch prepares the sync while its buckets land; the sender dies after the first of 16. The preparation
+    sees a ``WeightSyncError`` from the bucket it waits for (not a misfit of the weights), the prefetch fails with
+    it within the timeout, and the staged sync never reaches a load (the engine keeps its weights)."""
+    port, timeout = free_port(), 5.0
+    peer = _peer("sender-mid", port)
+    seen: list[str] = []
+    errors: list[BaseException] = []
+
+    def prepare(staged: weightsync.Staged) -> str:
+        try:
+            seen.extend(name for name, _ in staged.tensors())
+        except BaseException as e:
+            errors.append(e)
+            raise
+        return "built"
+
+    try:
+        receiver = weightsync.WeightReceiver(host="127.0.0.1", port=port, world_size=2, rank=1, timeout=timeout,
+                                             join_timeout=300)
+        start = time.monotonic()
+        receiver.prefetch(prepare)
+        with pytest.raises(weightsync.WeightSyncError, match="receive failed on rank 1 after 1 of 16 buckets"):
+            receiver.take(timeout=_bound(timeout))
+        elapsed = time.monotonic() - start
+        receiver.close()
+    finally:
+        _reap(peer)
+    assert peer.returncode == 3
+    assert seen == ["w0"] and len(errors) == 1 and isinstance(errors[0], weightsync.WeightSyncError)
     assert elapsed < _bound(timeout), f"took {elapsed:.1f}s"
 
 

@@ -11,8 +11,9 @@ API::
     stats = flight.result()                          # join it (WeightSyncError if the broadcast failed)
     receiver = WeightReceiver(host=..., port=..., world_size=..., rank=..., timeout=...)    # a vLLM worker
     stats = receiver.receive(load)   # load(iterator of (name, tensor)) consumes the new weights
-    receiver.prefetch(prepare)       # receive the next sync in the background, into the reusable buffers, then
-                                     # prepare(staged) there too (the engine builds its next kernels off the pause)
+    receiver.prefetch(prepare)       # receive the next sync in the background, into the reusable buffers, and
+                                     # prepare(staged) there too while it arrives (the engine builds its next
+                                     # kernels off the pause, layer by layer as their bytes land)
     staged = receiver.take()         # join it; receiver.load_staged(staged, load) loads it (the pause)
     sender.close(); receiver.close()
 
@@ -117,7 +118,10 @@ class SyncStats:
     tensors: int
     buckets: int
     receive_seconds: float = 0.0
-    prepare_seconds: float = 0.0      # prefetched: the background preparation after the receive (building kernels)
+    prepare_seconds: float = 0.0      # prefetched: the background preparation (building kernels), which starts with
+                                      # the receive and consumes each bucket as it lands (so it overlaps the wire)
+    prepare_wait_seconds: float = 0.0  # the part of prepare_seconds spent waiting for buckets still on the wire
+    ready_seconds: float = 0.0        # prefetched: header to prepared (received whole and built), before the load
     swapped: bool = False             # the engine installed prebuilt kernels (swap reload), not an in-place reload
 
     @property
@@ -150,6 +154,7 @@ class Group(Protocol):
     device: torch.device
 
     def broadcast(self, tensor: torch.Tensor) -> None: ...
+    def broadcast_async(self, tensor: torch.Tensor) -> Callable[[], None]: ...   # returns its wait (bounded)
     def all_reduce_sum(self, tensor: torch.Tensor) -> None: ...
     def close(self) -> None: ...
 
@@ -188,6 +193,14 @@ class TorchGroup:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
         self.pg.broadcast([tensor], opts).wait()
+
+    def broadcast_async(self, tensor: torch.Tensor) -> Callable[[], None]:
+        """Enqueue the broadcast (the backend progresses it in its own threads); the returned wait blocks until
+        it completed, at most the group's timeout."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        work = self.pg.broadcast([tensor], opts)
+        return lambda: work.wait()
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> None:
         opts = dist.AllreduceOptions()
@@ -702,7 +715,8 @@ def announce(group: Group) -> None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Staged:
-    """One sync received into the receiver's buffers and acknowledged, not yet loaded."""
+    """One sync received into the receiver's buffers and acknowledged, not yet loaded (while the prefetch's
+    ``prepare`` runs, still arriving: ``tensors`` then waits for each bucket)."""
 
     version: int
     entries: list[dict[str, Any]]
@@ -712,13 +726,63 @@ class Staged:
     prepared: Any = None      # what the prefetch's ``prepare`` returned (None: none given, or it declined)
     prepare_error: BaseException | None = None   # what it raised (the received bytes are still staged)
     prepare_seconds: float = 0.0
+    prepare_wait_seconds: float = 0.0   # of prepare_seconds: waiting for buckets still on the wire
+    ready_seconds: float = 0.0          # header to received whole and prepared
+    arrivals: _Arrivals | None = dataclasses.field(default=None, repr=False, compare=False)  # while arriving
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, view into the buffers): valid until the receiver's next sync."""
+        """(HF name, view into the buffers): valid until the receiver's next sync. While the sync is still
+        arriving (inside ``prepare``), each bucket's tensors come once that bucket has landed (bounded by the
+        group's timeout; a broken receive raises ``WeightSyncError``)."""
         for e in self.entries:
+            if self.arrivals is not None:
+                self.arrivals.wait(e["bucket"])
             dtype = DTYPES[e["dtype"]]
             n = torch.Size(e["shape"]).numel() * torch.empty((), dtype=dtype).element_size()
             yield e["name"], self.buffers[e["bucket"]][e["offset"]:e["offset"] + n].view(dtype).view(e["shape"])
+
+
+class _Arrivals:
+    """The buckets of one prefetched sync, all enqueued at once as asynchronous broadcasts (the backend receives
+    them in its own threads, in order) so the prefetch thread can prepare the buckets that have landed while the
+    rest is on the wire. ``wait(b)`` returns once buckets 0..b have arrived; the last arrival acks the sync
+    (received whole: the sender is free before the preparation ends). Every wait is bounded by the group's
+    timeout; the first failure is kept and raised by every later wait."""
+
+    def __init__(self, group: Group, buffers: list[torch.Tensor], start: float) -> None:
+        self.group, self.start = group, start
+        self.waits = [group.broadcast_async(buf) for buf in buffers]
+        self.arrived = 0
+        self.acked = False
+        self.seconds = 0.0      # header to the last bucket
+        self.waited = 0.0       # time spent blocked in wait()
+        self.error: WeightSyncError | None = None
+
+    def wait(self, bucket: int) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.arrived > bucket and (self.acked or self.arrived < len(self.waits)):
+            return
+        started = time.perf_counter()
+        try:
+            while self.arrived <= bucket:
+                self.waits[self.arrived]()
+                self.arrived += 1
+            if self.arrived == len(self.waits) and not self.acked:
+                self.seconds = time.perf_counter() - self.start
+                self.group.all_reduce_sum(torch.tensor([0, 1], dtype=torch.int64, device=self.group.device))
+                self.acked = True
+        except (RuntimeError, dist.DistError) as e:
+            self.error = e if isinstance(e, WeightSyncError) else WeightSyncError(
+                f"weight sync receive failed on rank {self.group.rank} after {self.arrived} of {len(self.waits)} "
+                f"buckets: {e}")
+            raise self.error from e
+        finally:
+            self.waited += time.perf_counter() - started
+
+    def finish(self) -> None:
+        """Wait for whatever has not arrived yet and ack (WeightSyncError when the receive failed)."""
+        self.wait(len(self.waits) - 1)
 
 
 class WeightReceiver:
@@ -726,7 +790,7 @@ class WeightReceiver:
 
     Prefetch (``prefetch`` / ``take``): a background thread waits for the next sync (polling the epoch's sync count
     in the store, not in a collective) and receives it whole into the reusable buffers while the engine keeps
-    generating; ``take`` joins it and hands over the staged sync, so loading is all that is left for the pause.
+    generating (its ``prepare`` consuming each bucket as it lands); ``take`` joins it and hands over the staged sync, so loading is all that is left for the pause.
     The staged buffers stay valid until the next ``prefetch``/``receive``: start the next prefetch only after the
     staged tensors are loaded."""
 
@@ -785,9 +849,11 @@ class WeightReceiver:
     # ------------------------------------------------------------ prefetch
 
     def prefetch(self, prepare: Preparer | None = None) -> None:
-        """Start receiving the next sync in the background (no-op while one is prefetching or staged). Once it is
-        received and acked, ``prepare(staged)`` runs in the same thread; its result (or error) travels in the
-        ``Staged`` that ``take`` returns."""
+        """Start receiving the next sync in the background (no-op while one is prefetching or staged). Once its
+        metadata is in, every bucket is enqueued and ``prepare(staged)`` runs in the same thread while they land
+        (``staged.tensors()`` waits for each bucket: the preparation is pipelined with the wire); the last bucket
+        acks the sync. Its result (or error) travels in the ``Staged`` that ``take`` returns; a receive that breaks
+        under it fails the prefetch instead."""
         if self._prefetch is not None:
             return
         self._staged, self._error = None, None
@@ -823,25 +889,29 @@ class WeightReceiver:
             start = time.perf_counter()
             version, entries, buckets = self._begin(group)
             buffers = self.buffers.get(buckets, group.device)
-            for buf in buffers:
-                group.broadcast(buf)
             nbytes = sum(torch.Size(e["shape"]).numel() * torch.empty((), dtype=DTYPES[e["dtype"]]).element_size()
                          for e in entries)
-            seconds = time.perf_counter() - start
-            # received whole: acknowledged now, so the sender is free; a failed load is reported by the role's ACK
-            group.all_reduce_sum(torch.tensor([0, 1], dtype=torch.int64, device=group.device))
-            staged = Staged(version=version, entries=entries, buffers=buffers, bytes=nbytes, seconds=seconds)
+            arrivals = _Arrivals(group, buffers, start)   # every bucket enqueued: the wire runs on its own
+            staged = Staged(version=version, entries=entries, buffers=buffers, bytes=nbytes, seconds=0.0,
+                            arrivals=arrivals)
+            prepared, error, prepare_s = None, None, 0.0
+            if prepare is not None:   # pipelined: it consumes each bucket as it lands
+                started = time.perf_counter()
+                try:
+                    prepared = prepare(staged)
+                except Exception as e:  # noqa: BLE001 - handed to ``take`` with the staged sync
+                    error = e
+                prepare_s = time.perf_counter() - started
+            waited = arrivals.waited
+            # received whole (the rest waited for here) and acked: a failed receive fails the prefetch, whatever
+            # the preparation made of the part it saw; a failed load is reported by the role's ACK
+            arrivals.finish()
+            staged = dataclasses.replace(staged, seconds=arrivals.seconds, prepared=prepared, prepare_error=error,
+                                         prepare_seconds=prepare_s, prepare_wait_seconds=waited,
+                                         ready_seconds=time.perf_counter() - start, arrivals=None)
         except BaseException as e:  # noqa: BLE001 - handed to ``take``
             self._error = e
             return
-        if prepare is not None:
-            started = time.perf_counter()
-            try:
-                prepared, error = prepare(staged), None
-            except Exception as e:  # noqa: BLE001 - handed to ``take`` with the staged sync
-                prepared, error = None, e
-            staged = dataclasses.replace(staged, prepared=prepared, prepare_error=error,
-                                         prepare_seconds=time.perf_counter() - started)
         self._staged = staged
 
     def take(self, timeout: float | None = None) -> Staged:
@@ -874,7 +944,8 @@ class WeightReceiver:
             raise WeightSyncError(f"weight sync v{staged.version}: loading failed: {e}") from e
         return SyncStats(version=staged.version, bytes=staged.bytes, seconds=time.perf_counter() - start,
                          tensors=len(staged.entries), buckets=len(staged.buffers), receive_seconds=staged.seconds,
-                         prepare_seconds=staged.prepare_seconds)
+                         prepare_seconds=staged.prepare_seconds, prepare_wait_seconds=staged.prepare_wait_seconds,
+                         ready_seconds=staged.ready_seconds)
 
     def _count_live(self, delta: int) -> bool:
         store = getattr(self.group, "store", None)

@@ -178,6 +178,8 @@ class Engine:
                                     buckets=int(first["buckets"]),
                                     receive_seconds=float(first.get("receive_seconds", 0.0)),
                                     prepare_seconds=float(first.get("prepare_seconds", 0.0)),
+                                    prepare_wait_seconds=float(first.get("prepare_wait_seconds", 0.0)),
+                                    ready_seconds=float(first.get("ready_seconds", 0.0)),
                                     swapped=bool(first.get("swapped", False)))
 
     def weights_staged(self) -> bool:

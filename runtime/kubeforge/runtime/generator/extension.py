@@ -6,10 +6,10 @@ vLLM mixes :class:`WeightSyncExtension` into its worker class (engine option ``w
 collisions at start-up. Arguments and results are plain values (str/int/float/dict): they may cross a process
 boundary through vLLM's RPC, which never needs pickle for them.
 
-Loading, swap reload (the default; ``shadow.ShadowModel``): once a sync is received in the background, the same
-background thread loads it into a model-format shadow of the model through the model's own ``load_weights`` and
-builds each layer's packed kernel there (``process_weights_after_loading``) while the engine keeps generating with
-the old weights; ``kf_receive_weights`` (between batches) swaps the new kernels in and copies the small tensors
+Loading, swap reload (the default; ``shadow.ShadowModel``): while a sync is received in the background, the same
+background thread loads it, bucket by bucket as they land, into a model-format shadow of the model through the
+model's own ``load_weights`` and builds each layer's packed kernel there (``process_weights_after_loading``) as
+soon as that layer is whole, while the engine keeps generating with the old weights; ``kf_receive_weights`` (between batches) swaps the new kernels in and copies the small tensors
 (norms, embedding, biases) in place: that swap is the generation pause. A sync that does not fit the model (names,
 shapes, dtypes, missing weights) fails its build, ``kf_receive_weights`` raises and the engine keeps the old weights
 whole. A model the shadow does not support (quantized or LoRA-wrapped layers) falls back to the in-place reload.

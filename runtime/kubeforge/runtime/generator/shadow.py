@@ -20,6 +20,12 @@ QKV / gate-up fusion, TP sharding, vocab padding) fills them, and each layer's `
 process_weights_after_loading`` builds its kernel from them, as at start-up. Non-persistent buffers (rotary caches,
 derived from the config) are shared, not loaded.
 
+Layer by layer: the build runs while the sync is still arriving (``weights`` yields each bucket's tensors once it
+has landed). Each packed layer's loaders count the elements they copy (a ``copy_`` counter on the build's thread),
+and a layer is built the moment its tensors are whole, so only the last bucket's layers remain once the wire is
+done. Layers whose count never completes (vocabulary padding) are built after the load. Shadows of the very same
+tensors with the same method (a tied lm_head and the embedding) are twins: one kernel, built once, serves both.
+
 Invariants:
 - Nothing on the serving model changes before :meth:`swap`, which runs on the engine's thread between batches; a
   sync that fails to load (unknown names, wrong shapes, non-float dtypes, missing tensors) raises before the swap and
@@ -39,6 +45,9 @@ from types import MethodType
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kubeforge.runtime import weightsync
 
 SUPPORTED_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
 _MODULE_DICTS = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set")
@@ -69,6 +78,17 @@ class ShadowModel:
         self.root = self._shadow(model)
         self.bytes = sum(t.numel() * t.element_size() for t in self._tensors.values())
         self.built = False
+        self._plan: tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.nn.Module, str, Any]]] = ([], [])
+        # layer by layer: each processed shadow is built as soon as its tensors are loaded (counted per tensor)
+        self._owners: dict[int, list[torch.nn.Module]] = {}   # id(shadow tensor) -> processed shadows holding it
+        self._need: dict[int, int] = {}                        # id(shadow tensor) -> elements a full load copies
+        self._loaded: dict[int, int] = {}                      # ... copied so far in this build
+        self._done: set[int] = set()                           # id(shadow) processed in this build
+        self._twins: dict[int, torch.nn.Module] = {}           # id(shadow) -> earlier shadow of the same tensors
+        self._set_by: dict[int, dict[str, Any]] = {}           # id(shadow) -> attributes its processing set
+        self._counting = False
+        self.late_layers: list[str] = []                       # last build: layers built after the whole load
+        self._layerwise()
 
     # ------------------------------------------------------------ construction
 
@@ -120,11 +140,77 @@ class ShadowModel:
         self.slots.append((shadow, name, known))
         return known
 
+    def _layerwise(self) -> None:
+        """Count the elements each processed shadow's loaders copy (their ``weight_loader`` wrapped), so a layer
+        is built as soon as it is whole, while later layers are still on the wire. Shadows holding the very same
+        tensors with the same method (a tied lm_head and embedding) are twins: the second shares the first's
+        kernel instead of packing the same weight again."""
+        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+        seen: dict[tuple[str, tuple[int, ...]], torch.nn.Module] = {}
+        for shadow in self.processed:
+            tensors = [t for t in shadow._parameters.values() if t is not None]
+            for t in tensors:
+                holders = self._owners.setdefault(id(t), [])
+                holders.append(shadow)
+                if len(holders) == 1:
+                    self._need[id(t)] = int(getattr(t, "weight_loader_numel", t.numel()))
+                    loader = getattr(t, "weight_loader", None) or default_weight_loader
+                    t.weight_loader = self._counted(id(t), loader)  # type: ignore[attr-defined]
+            key = (type(getattr(shadow, "quant_method")).__name__, tuple(id(t) for t in tensors))
+            if key in seen:
+                self._twins[id(shadow)] = seen[key]
+            else:
+                seen[key] = shadow
+
+    def _counted(self, key: int, loader: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if not self._counting:
+                return loader(*args, **kwargs)
+            built = [owner for owner in self._owners[key] if id(owner) in self._done]
+            if built:   # its kernel would not see this load
+                raise LoadError(f"{type(built[0]).__name__} was loaded again after it was built")
+            with _CopyCount() as count:
+                out = loader(*args, **kwargs)
+            self._loaded[key] = self._loaded.get(key, 0) + count.numel
+            if self._loaded[key] >= self._need[key]:
+                for owner in self._owners[key]:
+                    if self._whole(owner):
+                        self._process(owner)
+            return out
+
+        return counted
+
+    def _whole(self, shadow: torch.nn.Module) -> bool:
+        return id(shadow) not in self._done and all(
+            self._loaded.get(id(t), 0) >= self._need[id(t)] for t in shadow._parameters.values() if t is not None)
+
+    def _process(self, shadow: torch.nn.Module) -> None:
+        """Build one layer's kernel from its loaded shadow tensors (a twin takes its twin's, when that one's
+        processing left its tensors in place)."""
+        self._done.add(id(shadow))
+        twin = self._twins.get(id(shadow))
+        if twin is not None and id(twin) not in self._done:
+            self._process(twin)
+        if twin is not None and id(twin) in self._set_by:
+            shadow.__dict__.update(self._set_by[id(twin)])
+            return
+        before = dict(shadow.__dict__)
+        tensors = {k: dict(shadow.__dict__[k]) for k in ("_parameters", "_buffers")}
+        _call(getattr(shadow, "quant_method"), "process_weights_after_loading", shadow)
+        if hasattr(shadow, "update_param_tp_status"):
+            _call(shadow, "update_param_tp_status")
+        if all(shadow.__dict__[k].get(n) is t for k, d in tensors.items() for n, t in d.items()):
+            self._set_by[id(shadow)] = {k: v for k, v in shadow.__dict__.items()
+                                        if k not in _MODULE_DICTS and before.get(k, _MISSING) is not v}
+
     # ------------------------------------------------------------ build (background) and swap (between batches)
 
     def build(self, weights: Iterator[tuple[str, torch.Tensor]]) -> float:
-        """Load ``weights`` (HF names, checkpoint format) into the shadow and build every layer's kernels from it;
-        returns the seconds it took. :class:`LoadError` when the weights do not fit (the serving model untouched)."""
+        """Load ``weights`` (HF names, checkpoint format) into the shadow and build every layer's kernels from it,
+        each layer as soon as its tensors are loaded (``weights`` may still be arriving: layers build while later
+        ones are on the wire); returns the seconds it took. :class:`LoadError` when the weights do not fit (the
+        serving model untouched)."""
         start = time.perf_counter()
         with torch.no_grad():           # grad mode is per thread: this runs in the receiver's thread
             for shadow, name, tensor in self.slots:   # processing emptied the packed weights: put ours back
@@ -134,23 +220,32 @@ class ShadowModel:
                 shadow.__dict__.pop("_already_called_process_weights_after_loading", None)
             before = [dict(shadow.__dict__) for _, shadow in self.pairs]
             self.built = False
+            self._loaded, self._done, self._set_by = {}, set(), {}
             seen: list[str] = []
+            tensors = {name: id(t) for name, t in self.root.named_parameters()}
+            self._counting = True
             try:
                 loaded = _call(self.root, "load_weights", _checked(weights, seen))
-            except LoadError:
+            except (LoadError, weightsync.WeightSyncError):   # a misfit we named, or the wire broke under the build
                 raise
             except Exception as e:      # noqa: BLE001 - vLLM's loaders raise KeyError/AssertionError/ValueError
                 at = f" at {seen[-1]!r}" if seen else ""
                 raise LoadError(f"the weights do not fit the model{at}: {type(e).__name__}: {e}") from e
+            finally:
+                self._counting = False
             if loaded is not None:
                 missing = sorted({n for n, _ in self.root.named_parameters()} - set(loaded))
                 if missing:
                     raise LoadError(f"the sync lacks {len(missing)} of the model's weights: {', '.join(missing[:5])}"
                                     + (" ..." if len(missing) > 5 else ""))
-            for shadow in self.processed:
-                _call(getattr(shadow, "quant_method"), "process_weights_after_loading", shadow)
-                if hasattr(shadow, "update_param_tp_status"):
-                    _call(shadow, "update_param_tp_status")
+                nothing = [n for n in loaded if tensors.get(n) in self._need and not self._loaded.get(tensors[n])]
+                if nothing:     # its loaders wrote elsewhere: a kernel built from this shadow would be stale
+                    raise Unsupported(f"the loaders of {nothing[0]} copied nothing into the shadow")
+            late = [shadow for shadow in self.processed if id(shadow) not in self._done]
+            for shadow in late:     # layers whose loads never reached their count (e.g. padding): built now
+                if id(shadow) not in self._done:
+                    self._process(shadow)
+            self.late_layers = [type(shadow).__name__ for shadow in late]
         self._plan = self._swap_plan(before)
         self.built = True
         return time.perf_counter() - start
@@ -196,6 +291,20 @@ class ShadowModel:
 _MISSING = object()
 
 
+class _CopyCount(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts the elements that ``copy_`` writes on this thread while active (a loader's narrowing and fusing
+    happen before its copy, so this is what it loaded into its parameter)."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.numel = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.copy_.default:
+            self.numel += args[0].numel()
+        return func(*args, **(kwargs or {}))
+
+
 def _call(obj: Any, method: str, *args: Any) -> Any:
     """``obj.method(*args)`` for vLLM's untyped module methods."""
     return getattr(obj, method)(*args)
@@ -203,8 +312,13 @@ def _call(obj: Any, method: str, *args: Any) -> Any:
 
 def _checked(weights: Iterator[tuple[str, torch.Tensor]], seen: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
     """The weights as they are, refusing non-float tensors (the model's weights are floating point; a float of
-    another width is cast by the loaders, as vLLM's own reload does); records each name for error messages."""
+    another width is cast by the loaders, as vLLM's own reload does) and a name sent twice (its layer may be built
+    already); records each name for error messages."""
+    names: set[str] = set()
     for name, tensor in weights:
+        if name in names:
+            raise LoadError(f"weight {name!r} is sent twice")
+        names.add(name)
         seen.append(name)
         if not tensor.is_floating_point():
             raise LoadError(f"weight {name!r} has dtype {tensor.dtype}; the model's weights are floating point")
@@ -213,9 +327,13 @@ def _checked(weights: Iterator[tuple[str, torch.Tensor]], seen: list[str]) -> It
 
 def _rebind(tensor: torch.Tensor, live: torch.nn.Module, shadow: torch.nn.Module) -> None:
     """Point the tensor's bound-method attributes (``weight_loader``) at the shadow module: vLLM binds them to the
-    layer, or (in recorded metadata) to a sentinel that its reload rebinds the same way."""
+    layer, or (in recorded metadata) to a sentinel that its reload rebinds the same way. An in-place reload leaves
+    its own wrapper on the recorded metadata (it buffers loads for the live layer and drops them once that reload
+    is over): unwrapped, or the shadow's loads would go nowhere."""
     from vllm.model_executor.model_loader.reload.sanitize import layer_ref_sentinel
 
-    for key, value in tensor.__dict__.items():
+    for key, value in list(tensor.__dict__.items()):
+        while callable(value) and getattr(value, "__name__", "") == "online_process_loader":
+            value = tensor.__dict__[key] = value.__wrapped__   # vLLM's reload wrapper, left on its metadata
         if isinstance(value, MethodType) and (value.__self__ is live or value.__self__ is layer_ref_sentinel):
             tensor.__dict__[key] = value.__func__.__get__(shadow)
