@@ -40,6 +40,7 @@ would refuse, so a sender's bug is an error at the sender.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import operator
 import struct
@@ -147,13 +148,18 @@ class Run:
         self.ns, self.lengths = ns, lengths
         self.ids, self.lps, self.part_ends = ids, lps, [0, *part_ends]
         self.comp_ends = ce = [0, *itertools.accumulate(ns)]
-        self.tok_ends = te = [0, *itertools.accumulate(lengths)]
+        self.tokens = tokens = sum(lengths)
         n_all = ce[-1]
         v = len(self.keys[0][1])
         self.uniform = len(set(self.keys)) == 1
         # the bytes of the whole run as one frame (uniform keys; the names at most 4 bytes a character)
-        self.total = (HEAD.size + 32 * k + 8 * (te[-1] + n_all * (self.keys[0][0] + v)) + 4 * (
-            4 * k + 3 * n_all + v + sum(plens) + te[-1]) + sum(sz) + sum(4 * len(x) for x in self.keys[0][1]))
+        self.total = (HEAD.size + 32 * k + 8 * (tokens + n_all * (self.keys[0][0] + v)) + 4 * (
+            4 * k + 3 * n_all + v + sum(plens) + tokens) + sum(sz) + sum(4 * len(x) for x in self.keys[0][1]))
+
+    @functools.cached_property
+    def tok_ends(self) -> list[int]:
+        """Where each completion's tokens end (made only when a run is cut into several frames)."""
+        return [0, *itertools.accumulate(self.lengths)]
 
     def group_bytes(self) -> list[int]:
         """Bytes each group adds to a batch frame (the verifier names are the batch's, counted by ``wire.pack``):
@@ -174,7 +180,8 @@ class Run:
         k = b - a
         ca, cb = self.comp_ends[a], self.comp_ends[b]
         pa, pb = self.part_ends[a], self.part_ends[b]
-        n, t = cb - ca, self.tok_ends[cb] - self.tok_ends[ca]
+        n = cb - ca
+        t = self.tokens if a == 0 and b == len(self.ns) else self.tok_ends[cb] - self.tok_ends[ca]
         ns = self.ns[a:b]
         if len(names) > self.limits.verifiers:
             raise Invalid(f"group.scores: {len(names)} verifiers exceed {self.limits.verifiers}")
@@ -360,17 +367,18 @@ def decode(view: memoryview, *, limits: Limits, max_groups: int, max_completions
     out: list[Any] = []
     columns, new = types.CompletionColumns.of_columns, object.__new__
     prompt_cls, group_cls = types.Prompt, types.RolloutGroup
-    k2 = 2 * k
-    for i in range(k):   # per group: slices of the validated columns, nothing checked again
-        c0, c1 = c_lo[i], c_lo[i + 1]
+    k2, kn = 2 * k, 2 * k + n
+    for i, c0, c1, p0, p1, index, version, step, generator in zip(
+            range(k), c_lo, c_lo[1:], p_lo, p_lo[1:], ints[:k], ints[k:k2], ints[k2:3 * k], ints[3 * k:]):
+        # per group: slices of the validated columns, nothing checked again
         t0, t1 = tok_ends[c0], tok_ends[c1]
-        if strings is None:
+        if strings is None:   # texts and finish reasons sliced from the one decoded string when first asked for
             text, answer = blob[ends[i]:ends[i + 1]], blob[ends[k + i]:ends[k + i + 1]]
-            texts: Any = _slicer(blob, ends, k2 + c0, k2 + c1)
-            reasons: Any = _slicer(blob, ends, k2 + n + c0, k2 + n + c1)
+            texts: Any = lambda lo=k2 + c0, hi=k2 + c1: [blob[ends[j]:ends[j + 1]] for j in range(lo, hi)]
+            reasons: Any = lambda lo=kn + c0, hi=kn + c1: [blob[ends[j]:ends[j + 1]] for j in range(lo, hi)]
         else:
             text, answer = strings[i], strings[k + i]
-            texts, reasons = strings[k2 + c0:k2 + c1], strings[k2 + n + c0:k2 + n + c1]
+            texts, reasons = strings[k2 + c0:k2 + c1], strings[kn + c0:kn + c1]
         g_scores: dict[str, list[float]] = {}
         if nv:
             at, g_n = sc_at + nv * c0, c1 - c0
@@ -378,22 +386,17 @@ def decode(view: memoryview, *, limits: Limits, max_groups: int, max_completions
                 g_scores[name] = f64[at + j * g_n:at + (j + 1) * g_n].tolist()
         pr = new(prompt_cls)   # validated fields: skip the dataclasses' __init__ (as Prompt/RolloutGroup.decoded)
         d = pr.__dict__
-        d["index"], d["text"], d["answer"] = ints[i], text, answer
+        d["index"], d["text"], d["answer"] = index, text, answer
         g = new(group_cls)
-        g.__dict__.update(
-            prompt=pr, prompt_token_ids=pids[p_lo[i]:p_lo[i + 1]],
-            completions=columns(ids[t0:t1], lps[t0:t1], lens[c0:c1], texts, reasons),
-            policy_version=ints[k + i], step=ints[2 * k + i], generator=ints[3 * k + i],
-            rewards=None if rewards is None else rewards[c0:c1], scores=g_scores)
+        d = g.__dict__
+        d["prompt"], d["prompt_token_ids"] = pr, pids[p0:p1]
+        d["completions"] = columns(ids[t0:t1], lps[t0:t1], lens[c0:c1], texts, reasons)
+        d["policy_version"], d["step"], d["generator"] = version, step, generator
+        d["rewards"], d["scores"] = None if rewards is None else rewards[c0:c1], g_scores
         m: Any = new(make)
         m.__dict__["group"] = g
         out.append(m)
     return out
-
-
-def _slicer(blob: str, ends: list[int], lo: int, hi: int) -> Callable[[], list[str]]:
-    """Strings ``lo``..``hi`` of the section, sliced from ``blob`` when first asked for."""
-    return lambda: [blob[ends[i]:ends[i + 1]] for i in range(lo, hi)]
 
 
 def _utf8_strings(view: memoryview, ends: list[int]) -> list[str]:
