@@ -557,6 +557,15 @@ def test_pack_names_the_group_a_sender_got_wrong() -> None:
     msgs[2].group.step = -1   # type: ignore[union-attr]
     with pytest.raises(wire.WireError, match=r"BATCH\[2\]: ROLLOUT: group.step"):
         wire.pack(msgs)
+    msgs = rollouts(3)
+    msgs[1].group.prompt = types.Prompt(index=1, text="x" * (wire.MAX_TEXT_CHARS + 1), answer="")  # type: ignore
+    with pytest.raises(wire.WireError, match=r"BATCH\[1\]: ROLLOUT: group: a text exceeds"):
+        wire.pack(msgs)
+    msgs = rollouts(3)
+    msgs[0].group.completions[1] = types.Completion(token_ids=[1], logprobs=[0.0], text="",  # type: ignore
+                                                    finish_reason="r" * (wire.MAX_NAME_CHARS + 1))
+    with pytest.raises(wire.WireError, match=r"BATCH\[0\]: ROLLOUT: group.completions.finish_reason"):
+        wire.pack(msgs)
     msgs = scored_groups(3)
     msgs[1].group.scores["answer"][0] = math.nan   # type: ignore[union-attr]
     frames = wire.pack(msgs, check=False)   # the sender's check skipped: the receiver refuses the whole frame

@@ -97,21 +97,21 @@ class Run:
         ns = list(map(len, seqs))
         if min(ns) < 1 or max(ns) > limits.completions:
             raise Invalid(f"group.completions: expected 1 to {limits.completions} completions")
+        prompts = list(map(_PROMPT, groups))
         if types.CompletionColumns in set(map(type, seqs)):
             ids, lps, lengths, texts, reasons, part_ends = _gather_mixed(seqs)
-        else:
+            strings = [*map(_TEXT, prompts), *map(_ANSWER, prompts), *texts, *reasons]
+        else:   # the strings section's order: prompt texts, answers, texts, finish reasons (one list, no copies)
             flat = list(itertools.chain.from_iterable(seqs))
             ids = list(map(_TOKEN_IDS, flat))
             lps = list(map(_LOGPROBS, flat))
             lengths = list(map(len, ids))
             if list(map(len, lps)) != lengths:
                 raise Invalid("group.completions: logprobs and token_ids of different lengths")
-            texts = list(map(_TEXT, flat))
-            reasons = list(map(_REASON, flat))
+            strings = [*map(_TEXT, prompts), *map(_ANSWER, prompts), *map(_TEXT, flat), *map(_REASON, flat)]
             part_ends = list(itertools.accumulate(ns))
         if max(lengths) > limits.tokens:
             raise Invalid(f"group.completions: a completion exceeds {limits.tokens} tokens")
-        prompts = list(map(_PROMPT, groups))
         self.ints = [list(map(f, prompts if j == 0 else groups)) for j, f in enumerate(_INT_FIELDS)]
         self.every = every = list(itertools.chain.from_iterable(self.ints))
         if set(map(type, every)) != _INT or min(every) < 0 or max(every) > wire_group.MAX_U64_FIELD:
@@ -135,21 +135,21 @@ class Run:
         else:
             self.keys = [(r is not None, tuple(s)) for r, s in zip(rewards, scores)]
         self.rewards, self.scores = rewards, scores
-        self.strings = strings = [*map(_TEXT, prompts), *map(_ANSWER, prompts), *texts, *reasons]
+        self.strings = strings
         self.joined = joined = "".join(strings)   # TypeError for a string that is not one
         chars = list(map(len, strings))
-        if max(chars) > min(limits.text_chars, limits.name_chars):   # else every bound holds at once
-            if max(chars[:2 * k + len(texts)]) > limits.text_chars:
-                raise Invalid(f"group: a text exceeds {limits.text_chars} characters")
-            if max(chars[2 * k + len(texts):]) > limits.name_chars:
-                raise Invalid(f"group.completions.finish_reason: one exceeds {limits.name_chars} characters")
+        n_all = len(lengths)
+        # bounds: no text can exceed text_chars when all of them together do not
+        if len(joined) > limits.text_chars and max(chars[:2 * k + n_all]) > limits.text_chars:
+            raise Invalid(f"group: a text exceeds {limits.text_chars} characters")
+        if max(chars[2 * k + n_all:]) > limits.name_chars:
+            raise Invalid(f"group.completions.finish_reason: one exceeds {limits.name_chars} characters")
         self.ascii = joined.isascii()
         self.sizes = sz = chars if self.ascii else [len(s.encode("utf-8")) for s in strings]   # surrogates: ValueError
         self.ns, self.lengths = ns, lengths
         self.ids, self.lps, self.part_ends = ids, lps, [0, *part_ends]
         self.comp_ends = ce = [0, *itertools.accumulate(ns)]
         self.tokens = tokens = sum(lengths)
-        n_all = ce[-1]
         v = len(self.keys[0][1])
         self.uniform = len(set(self.keys)) == 1
         # the bytes of the whole run as one frame (uniform keys; the names at most 4 bytes a character)
