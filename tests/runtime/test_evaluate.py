@@ -86,6 +86,34 @@ def test_evaluator_scores_greedy_answers_of_held_out_prompts() -> None:
                               chat_template=False).run().accuracy == 0.0
 
 
+def test_evaluation_beats_the_heartbeat_every_decoding_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A long evaluation is progress: the trainer's liveness follows its heartbeat, and one uninterrupted call for the
+    # demo's 256 prompts once outlasted progressDeadlineSeconds on a loaded machine (the run was restarted).
+    path = models.resolve(rljob.ModelSpec(builtin="tiny"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path))
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    prompts = evaluate.held_out(tasks.stream(rljob.TaskSpec.model_validate({"copy": {}, "seed": 0})),
+                                rljob.EvaluationSpec(prompts=5, firstIndex=1000))
+    plain = evaluate.Evaluator(model=model, tokenizer=tok, prompts=prompts, verifier=Always(1.0), max_new_tokens=4,
+                               chat_template=False).answers()
+    monkeypatch.setattr(evaluate, "BATCH", 2)                # three batches
+    beats: list[int] = []
+    steps: list[int] = []
+
+    class Counting(evaluate._Beat):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw: object) -> torch.Tensor:
+            steps.append(int(input_ids.shape[1]))
+            return super().__call__(input_ids, scores, **kw)
+
+    monkeypatch.setattr(evaluate, "_Beat", Counting)
+    e = evaluate.Evaluator(model=model, tokenizer=tok, prompts=prompts, verifier=Always(1.0), max_new_tokens=4,
+                           chat_template=False, progress=lambda: beats.append(len(steps)))
+    assert e.answers() == plain                             # the heartbeat changes no answer
+    assert len(steps) >= 3                                  # at least one decoding step per batch was heard
+    assert len(beats) == len(steps) + 3                     # every decoding step, and the end of each batch
+    assert beats[-1] == len(steps)
+
+
 def test_evaluation_verifier_must_name_a_verifier() -> None:
     base = {"model": {"builtin": "tiny"}, "task": {"copy": {}}, "verifiers": [{"name": "answer", "type": "ExactAnswer"}]}
     ok = rljob.RLJobSpec.model_validate({**base, "evaluation": {"verifier": "answer", "everySteps": 5}})

@@ -71,7 +71,7 @@ def device(cfg: config.RoleConfig) -> str:
 
 
 def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transport.Sender,
-           control: transport.Receiver) -> loop.Rank0:
+           control: transport.Receiver, beat: Callable[[str], None] | None = None) -> loop.Rank0:
     spec = cfg.spec
     me = cfg.peer("trainer", 0)
     world = weightsync.world_size(generators=cfg.replicas("generator"),
@@ -84,7 +84,7 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
                          host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world, backend=be,
                          timeout_s=spec.weight_sync.timeout_seconds)
     ev = spec.evaluation
-    held_out = evaluator(cfg, learner)
+    held_out = evaluator(cfg, learner, beat)
     return loop.Rank0(control=control, pusher=pusher, reporter=reporter(cfg),
                       evaluate=held_out.run if held_out is not None else None,
                       eval_every=ev.every_steps if ev is not None else 0, exports=export_requests(cfg))
@@ -99,9 +99,10 @@ def export_requests(cfg: config.RoleConfig) -> exports.Requests | None:
     return None
 
 
-def evaluator(cfg: config.RoleConfig, learner: step.Trainer) -> evaluate.Evaluator | None:
+def evaluator(cfg: config.RoleConfig, learner: step.Trainer,
+              beat: Callable[[str], None] | None = None) -> evaluate.Evaluator | None:
     """Rank 0's held-out evaluator on the trainer's own model (None with a sharded model: its forward needs every
-    rank, and evaluation runs on rank 0 alone)."""
+    rank, and evaluation runs on rank 0 alone); ``beat`` (the role's heartbeat) hears of every decoding step."""
     spec = cfg.spec
     ev = spec.evaluation
     if ev is None:
@@ -115,7 +116,8 @@ def evaluator(cfg: config.RoleConfig, learner: step.Trainer) -> evaluate.Evaluat
         model=learner.model, tokenizer=tok, prompts=evaluate.held_out(tasks.stream(spec.task), ev),
         verifier=verifier_registry.build_inner(evaluate.verifier_spec(spec)),
         max_new_tokens=ev.max_new_tokens or spec.algorithm.max_new_tokens, chat_template=spec.task.chat_template,
-        compute_dtype=learner.compute_dtype, device=learner.device)
+        compute_dtype=learner.compute_dtype, device=learner.device,
+        progress=(lambda: beat("evaluate")) if beat is not None else None)
 
 
 EXIT_TERMINATED = 143   # 128 + SIGTERM, as if the signal had ended the process
@@ -149,7 +151,8 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                            scale=step.Scale.from_spec(spec.roles.trainer), lora=spec.model.lora)
     generators = transport.open_sender(role_main.data_addresses(cfg, "generator"), role="trainer", index=cfg.index,
                                        send_timeout=role_main.role_deadline(cfg))
-    rank0 = _rank0(cfg, learner=learner, generators=generators, control=control) if control is not None else None
+    rank0 = (_rank0(cfg, learner=learner, generators=generators, control=control, beat=server.heartbeat)
+             if control is not None else None)
     server.set_ready(True)
     stream = tasks.stream(spec.task)
     try:

@@ -4,7 +4,7 @@ API (``roles.start_trainer`` builds one on trainer rank 0 when ``spec.evaluation
 before the first step, every ``evaluation.everySteps`` and after the last)::
 
     ev = Evaluator(model=hf_lm, tokenizer=tok, prompts=held_out(stream, spec.evaluation), verifier=v,
-                   max_new_tokens=10, chat_template=True, compute_dtype=torch.bfloat16)
+                   max_new_tokens=10, chat_template=True, compute_dtype=torch.bfloat16, progress=beat)
     ev.run() -> EvalResult(accuracy, correct, prompts, seconds)
 
 Neighbours: ``tasks`` gives the prompts (``held_out``: indices ``[firstIndex, firstIndex + prompts)`` of the same
@@ -14,16 +14,20 @@ the same autocast as training.
 
 Invariants: the same prompts every time (accuracy curves compare like with like); the model is left in the mode
 it was in; prompts are encoded as the generators encode them (chat template when the task asks and the tokenizer
-has one), left-padded; greedy means ``do_sample=False`` (ties broken by the lowest token id, deterministic).
+has one), left-padded; greedy means ``do_sample=False`` (ties broken by the lowest token id, deterministic);
+``progress`` (the role's heartbeat) is called after every decoding step of every batch, so a long evaluation on a
+busy machine is progress, not a hang (the liveness probe restarts a trainer whose heartbeat is older than
+``progressDeadlineSeconds``: one call for all 256 prompts of the demo once outlasted it at load 5).
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
@@ -57,7 +61,8 @@ def verifier_spec(job: rljob.RLJobSpec) -> rljob.VerifierSpec:
 class Evaluator:
     def __init__(self, *, model: torch.nn.Module, tokenizer: Any, prompts: Sequence[types.Prompt],
                  verifier: verifiers_base.Verifier, max_new_tokens: int, chat_template: bool,
-                 compute_dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> None:
+                 compute_dtype: torch.dtype = torch.float32, device: torch.device | None = None,
+                 progress: Callable[[], None] | None = None) -> None:
         if not prompts:
             raise ValueError("evaluation needs at least one prompt")
         self.model = model
@@ -66,6 +71,7 @@ class Evaluator:
         self.verifier = verifier
         self.max_new_tokens = max_new_tokens
         self.compute_dtype = compute_dtype
+        self.progress = progress
         self.device = device or torch.device("cpu")
         pad = getattr(getattr(model, "config", None), "pad_token_id", None)
         tok_pad = getattr(tokenizer, "pad_token_id", None)
@@ -85,6 +91,8 @@ class Evaluator:
         try:
             for start in range(0, len(self.encoded), BATCH):
                 out.extend(self._batch(self.encoded[start:start + BATCH]))
+                if self.progress is not None:
+                    self.progress()
         finally:
             self.model.train(was_training)
         return out
@@ -102,8 +110,14 @@ class Evaluator:
                 torch.compiler.set_stance("force_eager"):
             seq = gen.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.pad_id,
-                               eos_token_id=self.eos_id)
+                               eos_token_id=self.eos_id, stopping_criteria=self._beats())
         return [str(self.tokenizer.decode(row[width:].tolist(), skip_special_tokens=True)) for row in seq]
+
+    def _beats(self) -> transformers.StoppingCriteriaList | None:
+        """``progress`` after every decoding step, as a stopping criterion that never stops anything."""
+        if self.progress is None:
+            return None
+        return transformers.StoppingCriteriaList([_Beat(self.progress)])
 
     def run(self) -> EvalResult:
         t0 = time.perf_counter()
@@ -113,3 +127,12 @@ class Evaluator:
             correct += int(self.verifier.score(p, [t])[0] >= CORRECT)
         return EvalResult(accuracy=correct / len(self.prompts), correct=correct, prompts=len(self.prompts),
                           seconds=time.perf_counter() - t0)
+
+
+class _Beat(transformers.StoppingCriteria):
+    def __init__(self, progress: Callable[[], None]) -> None:
+        self.progress = progress
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
+        self.progress()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
