@@ -118,10 +118,14 @@ def test_regex_is_time_limited() -> None:
     got = nested.score(prompt(""), ["a" * 5000 + "!", "aaa"])      # main thread: re under an interval timer
     assert (got[0] == 0.0 or math.isnan(got[0])) and got[1] == 1.0
     out: list[list[float]] = []
-    t = threading.Thread(target=lambda: out.append(nested.score(prompt(""), ["a" * 5000 + "!", "aaa"])))
+    # elsewhere: the regex engine, which needs no catastrophic backtracking here; its time grows with the input all
+    # the same (0.2-0.35 s for this one with regex 2026.11.19, idle), so this check gets a wide limit: what it tests
+    # is the answer, not the speed (the 0.2 s limit made it fail under load on a fresh machine)
+    roomy = regex.Regex(pattern=r"^(a+)+$", timeout_s=20.0)
+    t = threading.Thread(target=lambda: out.append(roomy.score(prompt(""), ["a" * 5000 + "!", "aaa"])))
     t.start()
-    t.join(30)
-    assert out == [[0.0, 1.0]]                       # elsewhere: the regex engine, which needs no backtracking here
+    t.join(60)
+    assert out == [[0.0, 1.0]] and roomy.timeouts == 0
     evil = regex.Regex(pattern=r"(x+x+)+y", timeout_s=0.2)
     got = evil.score(prompt(""), ["x" * 5000, "xxy"])
     assert math.isnan(got[0]) and got[1] == 1.0 and evil.timeouts == 1
