@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubeforge.api import contract, failures, load, rljob
-from kubeforge.runtime import affinity, config
+from kubeforge.runtime import affinity, config, hardware
 from kubeforge.runtime.launcher import placement, plot, ports, progress, rundir, summary, supervisor
 
 POLL_SECONDS = 0.5
@@ -206,6 +206,10 @@ def run(*, file: str, run_dir: str | None = None, steps: int | None = None,
     bar = progress.Progress(metrics=run.metrics, total=job.spec.algorithm.steps)
     try:
         _err(f"run directory {run.root}")
+        slow = None if pathlib.Path("/proc/driver/nvidia/version").exists() else \
+            hardware.slow_dtype_warning(str(job.spec.model.dtype))
+        if slow is not None:
+            _err(f"warning: {slow}")
         resolve_model(job)
         tally = Tally(log=run.root / FAILURES)
         status, restarts = supervise(job, run, bar, tally)

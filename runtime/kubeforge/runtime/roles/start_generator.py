@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 
 from kubeforge.api import contract
-from kubeforge.runtime import config, metrics, models, transport, types, weightsync, wire
+from kubeforge.runtime import config, hardware, metrics, models, transport, types, weightsync, wire
 from kubeforge.runtime.roles import generator as loop
 from kubeforge.runtime.roles import main as role_main
 from kubeforge.runtime.roles import observe
@@ -107,6 +107,9 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     # this generator is starting, so its wait for our groups is not a stall (a restart in place at step N)
     beats = loop.StartBeats(index=cfg.index, control=control,
                             every=min(START_BEAT_SECONDS, role_main.role_deadline(cfg) / 4)).start()
+    slow = None if _on_gpu() else hardware.slow_dtype_warning(str(spec.model.dtype))
+    if slow is not None:
+        print(f"{cfg.name}: warning: {slow}", file=sys.stderr, flush=True)
     try:
         engine = engine_mod.Engine(model_dir=models.resolve(spec.model), dtype=spec.model.dtype,
                                    role=spec.roles.generator, seed=spec.task.seed + cfg.index, lora=spec.model.lora)
@@ -130,3 +133,10 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
         inbox.close()
         engine.close()
     return 0
+
+
+def _on_gpu() -> bool:
+    """Whether vLLM serves on a GPU here (vllm's CUDA build with a device), not on the CPU."""
+    import torch
+
+    return bool(torch.cuda.is_available())

@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from kubeforge.api import contract, rljob
-from kubeforge.runtime import config, metrics, models, tasks, transport, weightsync
+from kubeforge.runtime import config, hardware, metrics, models, tasks, transport, weightsync
 from kubeforge.runtime.roles import main as role_main
 from kubeforge.runtime.roles import exports, observe, report, sync
 from kubeforge.runtime.roles import trainer as loop
@@ -151,6 +151,9 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                            scale=step.Scale.from_spec(spec.roles.trainer), lora=spec.model.lora)
     generators = transport.open_sender(role_main.data_addresses(cfg, "generator"), role="trainer", index=cfg.index,
                                        send_timeout=role_main.role_deadline(cfg))
+    slow = hardware.slow_dtype_warning(str(spec.model.dtype)) if learner.device.type == "cpu" else None
+    if slow is not None:
+        print(f"{cfg.name}: warning: {slow}", file=sys.stderr, flush=True)
     rank0 = (_rank0(cfg, learner=learner, generators=generators, control=control, beat=server.heartbeat)
              if control is not None else None)
     server.set_ready(True)
