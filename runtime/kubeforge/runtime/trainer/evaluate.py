@@ -17,7 +17,7 @@ it was in; prompts are encoded as the generators encode them (chat template when
 has one), left-padded; greedy means ``do_sample=False`` (ties broken by the lowest token id, deterministic);
 ``progress`` (the role's heartbeat) is called after every decoding step of every batch, so a long evaluation on a
 busy machine is progress, not a hang (the liveness probe restarts a trainer whose heartbeat is older than
-``progressDeadlineSeconds``: one call for all 256 prompts of the demo once outlasted it at load 5).
+``progressDeadlineSeconds``: one call for the demo's 256 prompts outlasted it in bf16 on a CPU that emulates bf16).
 """
 from __future__ import annotations
 
