@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import pytest
 import torch
@@ -22,6 +22,19 @@ from kubeforge.runtime.trainer import evaluate, schedule
 def sched(**kw: object) -> rljob.LRScheduleSpec:
     return rljob.LRScheduleSpec.model_validate(kw)
 
+
+
+def count_decoding_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sequence length at every decoding step the evaluator's heartbeat criterion hears (filled as it runs)."""
+    steps: list[int] = []
+
+    class Counting(evaluate._Beat):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw: object) -> torch.Tensor:
+            steps.append(int(input_ids.shape[1]))
+            return super().__call__(input_ids, scores, **kw)
+
+    monkeypatch.setattr(evaluate, "_Beat", Counting)
+    return steps
 
 def test_constant_schedule_with_warmup() -> None:
     s = sched(type="Constant", warmupSteps=4)
@@ -98,14 +111,7 @@ def test_evaluation_beats_the_heartbeat_every_decoding_step(monkeypatch: pytest.
                                chat_template=False).answers()
     monkeypatch.setattr(evaluate, "BATCH", 2)                # three batches
     beats: list[int] = []
-    steps: list[int] = []
-
-    class Counting(evaluate._Beat):
-        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kw: object) -> torch.Tensor:
-            steps.append(int(input_ids.shape[1]))
-            return super().__call__(input_ids, scores, **kw)
-
-    monkeypatch.setattr(evaluate, "_Beat", Counting)
+    steps = count_decoding_steps(monkeypatch)
     e = evaluate.Evaluator(model=model, tokenizer=tok, prompts=prompts, verifier=Always(1.0), max_new_tokens=4,
                            chat_template=False, progress=lambda: beats.append(len(steps)))
     assert e.answers() == plain                             # the heartbeat changes no answer
@@ -136,3 +142,99 @@ def test_eval_figures_reach_summary_plot_annotation_and_status(tmp_path: Path) -
     assert "evalAccuracy" not in report.progress_annotation({"step": 1}, done=False)
     parsed = observed.parse_progress(text)
     assert parsed is not None and parsed.eval_accuracy == 0.5
+
+
+SYSTEM = "System: answer in one line. Question: "
+
+
+def tiny_lm() -> tuple[Any, Any]:
+    path = models.resolve(rljob.ModelSpec(builtin="tiny"))
+    return (transformers.AutoModelForCausalLM.from_pretrained(str(path)),
+            transformers.AutoTokenizer.from_pretrained(str(path)))
+
+
+def shared_prompts() -> list[types.Prompt]:
+    # one system text and questions of three lengths, interleaved: the prefix path batches by length
+    qs = ["copy ab", "copy abcd", "copy abcdef", "copy cd", "copy cdef", "copy ef", "copy efgh", "copy ghijkl"]
+    return [types.Prompt(index=i, text=SYSTEM + q, answer="") for i, q in enumerate(qs)]
+
+
+def test_shared_prefix_gives_the_plain_answers_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tok = tiny_lm()
+    prompts = shared_prompts()
+    monkeypatch.setattr(evaluate, "BATCH", 2)                # groups of 3, 3 and 2 rows: several batches each
+    e = evaluate.Evaluator(model=model, tokenizer=tok, prompts=prompts, verifier=Always(1.0), max_new_tokens=6,
+                           chat_template=False)
+    assert e.shared >= evaluate.MIN_SHARED
+    assert len({len(x) for x in e.encoded}) == 3
+    assert all(x[:e.shared] == e.encoded[0][:e.shared] for x in e.encoded)
+    plain = evaluate.Evaluator(model=model, tokenizer=tok, prompts=prompts, verifier=Always(1.0), max_new_tokens=6,
+                               chat_template=False)
+    plain.shared = 0                                         # the padded path, prefix computed in every row
+    assert e.answers() == plain.answers()
+    # and each prompt alone (no batch, no cache) agrees: the order is the prompts' order
+    alone = [evaluate.Evaluator(model=model, tokenizer=tok, prompts=[p], verifier=Always(1.0), max_new_tokens=6,
+                                chat_template=False).answers()[0] for p in prompts]
+    assert e.answers() == alone
+    assert len(set(alone)) > 1                               # different answers, so an order mix-up would show
+
+
+def test_shared_prefix_is_computed_once_per_call() -> None:
+    model, tok = tiny_lm()
+    prompts = shared_prompts()
+    shapes: list[tuple[int, int]] = []
+
+    def seen(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        shapes.append((int(args[0].shape[0]), int(args[0].shape[1])))
+
+    hook = model.get_input_embeddings().register_forward_pre_hook(seen)
+    try:
+        e = evaluate.Evaluator(model=model, tokenizer=tok, prompts=prompts, verifier=Always(1.0), max_new_tokens=4,
+                               chat_template=False)
+        e.answers()
+        with_prefix = list(shapes)
+        shapes.clear()
+        e.shared = 0
+        e.answers()
+        without = list(shapes)
+    finally:
+        hook.remove()
+    lengths = sorted({len(x) for x in e.encoded})
+    groups = {n: sum(len(x) == n for x in e.encoded) for n in lengths}
+    s = evaluate.shared_prefix(e.encoded)
+    assert with_prefix[0] == (1, s)                          # the prefix once, batch 1
+    assert with_prefix.count((1, s)) == 1
+    prefills = [sh for sh in with_prefix[1:] if sh[1] > 1]   # then one prefill per length group: its own tokens only
+    assert sorted(prefills) == sorted((groups[n], n - s) for n in lengths)
+    assert without[0] == (len(prompts), max(lengths))        # the plain path: every row's whole (padded) prompt
+    prefill_tokens = sum(b * n for b, n in with_prefix if n > 1)
+    assert prefill_tokens == s + sum(len(x) - s for x in e.encoded) < len(prompts) * max(lengths)
+
+
+def test_prompts_without_a_common_prefix_take_the_plain_path() -> None:
+    model, tok = tiny_lm()
+    texts = ["copy ab", "say hello there", "what is 3 + 4"]
+    prompts = [types.Prompt(index=i, text=t, answer="") for i, t in enumerate(texts)]
+    e = evaluate.Evaluator(model=model, tokenizer=tok, prompts=prompts, verifier=Always(1.0), max_new_tokens=3,
+                           chat_template=False)
+    assert e.shared == 0
+    assert len(e.answers()) == 3 and e.run().prompts == 3
+    # too short a prefix, or a prompt that is nothing but the prefix: no sharing
+    assert evaluate.shared_prefix([[1, 2, 3, 4], [1, 2, 3, 5]]) == 0
+    assert evaluate.shared_prefix([list(range(10)), list(range(10)) + [11]]) == 0
+    assert evaluate.shared_prefix([list(range(10)) + [11], list(range(10)) + [12, 13]]) == 10
+
+
+def test_shared_prefix_beats_every_decoding_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tok = tiny_lm()
+    prompts = shared_prompts()
+    monkeypatch.setattr(evaluate, "BATCH", 2)                # 2 + 2 batches of the 3-row groups, 1 of the 2-row one
+    beats: list[int] = []
+    steps = count_decoding_steps(monkeypatch)
+    e = evaluate.Evaluator(model=model, tokenizer=tok, prompts=prompts, verifier=Always(1.0), max_new_tokens=4,
+                           chat_template=False, progress=lambda: beats.append(len(steps)))
+    assert e.shared > 0
+    e.answers()
+    assert len(steps) >= 5                                  # at least one decoding step per batch was heard
+    assert len(beats) == len(steps) + 5                     # every decoding step, and the end of each batch
+    assert beats[-1] == len(steps)

@@ -14,14 +14,26 @@ the same autocast as training.
 
 Invariants: the same prompts every time (accuracy curves compare like with like); the model is left in the mode
 it was in; prompts are encoded as the generators encode them (chat template when the task asks and the tokenizer
-has one), left-padded; greedy means ``do_sample=False`` (ties broken by the lowest token id, deterministic);
-``progress`` (the role's heartbeat) is called after every decoding step of every batch, so a long evaluation on a
-busy machine is progress, not a hang (the liveness probe restarts a trainer whose heartbeat is older than
-``progressDeadlineSeconds``: one call for the demo's 256 prompts outlasted it in bf16 on a CPU that emulates bf16).
+has one), left-padded (no padding with a shared prefix, below); greedy means ``do_sample=False`` (ties broken by
+the lowest token id, deterministic); ``progress`` (the role's heartbeat) is called after every decoding step of
+every batch, so a long evaluation on a busy machine is progress, not a hang (the liveness probe restarts a trainer
+whose heartbeat is older than ``progressDeadlineSeconds``: one call for the demo's 256 prompts outlasted it in bf16
+on a CPU that emulates bf16).
+
+Shared prefix: the demo's prompts are the chat template's system prompt and a question, 46 tokens of which the
+first 27 are the same in every prompt, and evaluation on a CPU is bound by FLOPs, so that prefix's prefill was ~40%
+of a call. When the prompts share at least ``MIN_SHARED`` leading tokens and every prompt has a token of its own,
+each call computes the prefix's KV cache once (batch 1) and each batch's ``generate`` starts from a copy of it
+expanded to the batch, computing only the rows' own tokens. Rows are grouped by length (batches of at most
+``BATCH`` rows of equal length: no padding, an all-ones mask) and the answers come back in the prompts' order.
+Measured on the demo model (SmolLM2-135M, float32, 64 held-out prompts, 16 new tokens, 2 cores, load 3-5):
+16.3 s -> 9.5 s per call (1.7x), the same answers.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +50,7 @@ from kubeforge.runtime.verifiers import base as verifiers_base
 
 CORRECT = 0.5
 BATCH = 64
+MIN_SHARED = 8   # a shorter common prefix is not worth its own forward
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,6 +92,7 @@ class Evaluator:
         eos = getattr(tokenizer, "eos_token_id", None)
         self.eos_id = int(eos) if isinstance(eos, int) else None
         self.encoded = [self._encode(p, chat_template) for p in self.prompts]
+        self.shared = shared_prefix(self.encoded)
 
     def _encode(self, prompt: types.Prompt, chat_template: bool) -> list[int]:
         return prompt_ids.encode(self.tokenizer, prompt.text, chat_template=chat_template)
@@ -89,13 +103,56 @@ class Evaluator:
         was_training = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(self.encoded), BATCH):
-                out.extend(self._batch(self.encoded[start:start + BATCH]))
-                if self.progress is not None:
-                    self.progress()
+            if self.shared:
+                out = self._shared_answers()
+            else:
+                for start in range(0, len(self.encoded), BATCH):
+                    out.extend(self._batch(self.encoded[start:start + BATCH]))
+                    if self.progress is not None:
+                        self.progress()
         finally:
             self.model.train(was_training)
         return out
+
+    def _shared_answers(self) -> list[str]:
+        """``answers`` with the common prefix computed once: rows of equal length batched, the prompts' order kept."""
+        prefix = self._prefix_cache()
+        by_length: dict[int, list[int]] = {}
+        for i, e in enumerate(self.encoded):
+            by_length.setdefault(len(e), []).append(i)
+        out = [""] * len(self.encoded)
+        for rows in by_length.values():
+            for start in range(0, len(rows), BATCH):
+                chunk = rows[start:start + BATCH]
+                for i, text in zip(chunk, self._shared_batch([self.encoded[i] for i in chunk], prefix)):
+                    out[i] = text
+                if self.progress is not None:
+                    self.progress()
+        return out
+
+    def _prefix_cache(self) -> transformers.DynamicCache:
+        """The KV cache of the common prefix, batch 1."""
+        ids = torch.tensor([self.encoded[0][:self.shared]], dtype=torch.long, device=self.device)
+        cache = transformers.DynamicCache(config=getattr(self.model, "config", None))
+        with torch.no_grad(), precision.autocast(device=self.device, dtype=self.compute_dtype), \
+                torch.compiler.set_stance("force_eager"):
+            self.model(input_ids=ids, use_cache=True, past_key_values=cache)
+        return cache
+
+    def _shared_batch(self, encoded: list[list[int]], prefix: transformers.DynamicCache) -> list[str]:
+        """Rows of one length that start with the prefix: ``generate`` gets the full ids and a copy of the prefix's
+        cache expanded to the batch, and computes only the uncached tail."""
+        width = len(encoded[0])
+        ids = torch.tensor(encoded, dtype=torch.long, device=self.device)
+        cache = copy.deepcopy(prefix)
+        cache.batch_repeat_interleave(len(encoded))
+        gen: Any = self.model
+        with torch.no_grad(), precision.autocast(device=self.device, dtype=self.compute_dtype), \
+                torch.compiler.set_stance("force_eager"):
+            seq = gen.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                               max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.pad_id,
+                               eos_token_id=self.eos_id, stopping_criteria=self._beats())
+        return [str(self.tokenizer.decode(row[width:].tolist(), skip_special_tokens=True)) for row in seq]
 
     def _batch(self, encoded: list[list[int]]) -> list[str]:
         width = max(len(e) for e in encoded)
@@ -127,6 +184,15 @@ class Evaluator:
             correct += int(self.verifier.score(p, [t])[0] >= CORRECT)
         return EvalResult(accuracy=correct / len(self.prompts), correct=correct, prompts=len(self.prompts),
                           seconds=time.perf_counter() - t0)
+
+
+def shared_prefix(encoded: Sequence[Sequence[int]]) -> int:
+    """Length of the prompts' common token prefix, or 0 when it is shorter than ``MIN_SHARED`` or some prompt is
+    nothing but the prefix (each row needs a token of its own: generate computes at least one)."""
+    common = len(os.path.commonprefix([list(e) for e in encoded]))
+    if common < MIN_SHARED or any(len(e) <= common for e in encoded):
+        return 0
+    return common
 
 
 class _Beat(transformers.StoppingCriteria):

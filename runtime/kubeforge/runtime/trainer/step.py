@@ -128,8 +128,8 @@ class Trainer:
             self.shadow = shadow_mod.Shadow(self.policy, dtype=self.compute_dtype)
             if self.device.type == "cpu" and not self.scale.activation_checkpointing:   # recompute: same kernel
                 self.compute_policy.eager_attention_max_tokens = policy_mod.EAGER_ATTENTION_MAX_TOKENS
-            if self.device.type == "cpu":     # each group's prompt once (logprobs "Shared prompts": packed)
-                self.compute_policy.pack_max_tokens = logprobs.PACK_MAX_TOKENS
+        if not self.sharded and self.device.type == "cpu":     # each group's prompt once, in any compute dtype
+            self.compute_policy.pack_max_tokens = logprobs.PACK_MAX_TOKENS     # (logprobs "Shared prompts")
         # compiled: compiled blocks not yet through a whole step (a failure then falls back to eager, once)
         self.compile_state = ""
         if self.scale.compile and not self.sharded:
