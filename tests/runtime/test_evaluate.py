@@ -23,7 +23,6 @@ def sched(**kw: object) -> rljob.LRScheduleSpec:
     return rljob.LRScheduleSpec.model_validate(kw)
 
 
-
 def count_decoding_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The sequence length at every decoding step the evaluator's heartbeat criterion hears (filled as it runs)."""
     steps: list[int] = []
@@ -35,6 +34,7 @@ def count_decoding_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(evaluate, "_Beat", Counting)
     return steps
+
 
 def test_constant_schedule_with_warmup() -> None:
     s = sched(type="Constant", warmupSteps=4)

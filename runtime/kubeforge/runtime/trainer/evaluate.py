@@ -31,11 +31,12 @@ Measured on the demo model (SmolLM2-135M, float32, 64 held-out prompts, 16 new t
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -134,25 +135,17 @@ class Evaluator:
         """The KV cache of the common prefix, batch 1."""
         ids = torch.tensor([self.encoded[0][:self.shared]], dtype=torch.long, device=self.device)
         cache = transformers.DynamicCache(config=getattr(self.model, "config", None))
-        with torch.no_grad(), precision.autocast(device=self.device, dtype=self.compute_dtype), \
-                torch.compiler.set_stance("force_eager"):
+        with self._inference():
             self.model(input_ids=ids, use_cache=True, past_key_values=cache)
         return cache
 
     def _shared_batch(self, encoded: list[list[int]], prefix: transformers.DynamicCache) -> list[str]:
         """Rows of one length that start with the prefix: ``generate`` gets the full ids and a copy of the prefix's
         cache expanded to the batch, and computes only the uncached tail."""
-        width = len(encoded[0])
-        ids = torch.tensor(encoded, dtype=torch.long, device=self.device)
+        ids = torch.tensor(encoded, dtype=torch.long)
         cache = copy.deepcopy(prefix)
         cache.batch_repeat_interleave(len(encoded))
-        gen: Any = self.model
-        with torch.no_grad(), precision.autocast(device=self.device, dtype=self.compute_dtype), \
-                torch.compiler.set_stance("force_eager"):
-            seq = gen.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
-                               max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.pad_id,
-                               eos_token_id=self.eos_id, stopping_criteria=self._beats())
-        return [str(self.tokenizer.decode(row[width:].tolist(), skip_special_tokens=True)) for row in seq]
+        return self._greedy(ids, torch.ones_like(ids), past_key_values=cache)
 
     def _batch(self, encoded: list[list[int]]) -> list[str]:
         width = max(len(e) for e in encoded)
@@ -161,14 +154,26 @@ class Evaluator:
         for i, e in enumerate(encoded):
             ids[i, width - len(e):] = torch.tensor(e, dtype=torch.long)
             mask[i, width - len(e):] = 1
+        return self._greedy(ids, mask)
+
+    def _greedy(self, ids: torch.Tensor, mask: torch.Tensor, **kw: Any) -> list[str]:
+        """``generate`` greedily from ``ids`` [B, W] (``kw``: e.g. a prefix's ``past_key_values``); the new text of
+        each row."""
         gen: Any = self.model
-        # eager even where the trainer compiled the blocks (compiled.py): generation's shapes would only recompile
-        with torch.no_grad(), precision.autocast(device=self.device, dtype=self.compute_dtype), \
-                torch.compiler.set_stance("force_eager"):
+        with self._inference():
             seq = gen.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.pad_id,
-                               eos_token_id=self.eos_id, stopping_criteria=self._beats())
+                               eos_token_id=self.eos_id, stopping_criteria=self._beats(), **kw)
+        width = ids.shape[1]
         return [str(self.tokenizer.decode(row[width:].tolist(), skip_special_tokens=True)) for row in seq]
+
+    @contextlib.contextmanager
+    def _inference(self) -> Iterator[None]:
+        """No grad, the training autocast, and eager even where the trainer compiled the blocks (compiled.py):
+        generation's shapes would only recompile."""
+        with torch.no_grad(), precision.autocast(device=self.device, dtype=self.compute_dtype), \
+                torch.compiler.set_stance("force_eager"):
+            yield
 
     def _beats(self) -> transformers.StoppingCriteriaList | None:
         """``progress`` after every decoding step, as a stopping criterion that never stops anything."""
