@@ -75,6 +75,43 @@ def test_launcher_writes_each_process_its_cpus(tmp_path: pathlib.Path) -> None:
     assert all(contract.ENV_CPUS not in s.env for s in plain)
 
 
+def test_colocated_gives_the_generator_every_core_unless_the_user_chose(tmp_path: pathlib.Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Colocated: the generator's phase has the cores to itself, so its pool is as wide as the launcher's CPUs
+    (vLLM on CPU would serve with one thread); Overlapped and Disaggregated set no width here; a width in the
+    launcher's environment or the role's env wins."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    run = rundir.create(job_name="sched", explicit=str(tmp_path / "run"))
+
+    def widths(j: rljob.RLJob, cpus: list[int]) -> dict[str, str | None]:
+        specs = launcher.process_specs(job=j, run=run, attempt=0, bases=list(range(5)), cpus=cpus)
+        return {s.name: s.env.get("OMP_NUM_THREADS") for s in specs}
+
+    assert placement.threads(job({"mode": "Colocated"}).spec.schedule, cpus=[0, 1, 2]) == {"generator": 3}
+    got = widths(job({"mode": "Colocated"}), [0, 1, 2])
+    assert got == {"trainer-0": None, "trainer-1": None, "verifier-0": None, "generator-0": "3", "generator-1": "3"}
+    assert set(widths(job(None), [0, 1, 2]).values()) == {None}
+    assert set(widths(job({"mode": "Disaggregated"}), [0, 1, 2, 3]).values()) == {None}   # the role pins itself
+    doc = json.loads(json.dumps(DOC))
+    doc["spec"]["schedule"] = {"mode": "Colocated"}
+    doc["spec"]["roles"]["generator"]["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]
+    assert widths(load.parse(doc), [0, 1, 2])["generator-0"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert widths(job({"mode": "Colocated"}), [0, 1, 2])["generator-0"] == "2"
+
+
+def test_role_env_reaches_the_local_process(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``spec.roles.<role>.env`` applies to local processes as to pods, over the launcher's own environment."""
+    doc = json.loads(json.dumps(DOC))
+    doc["spec"]["roles"]["trainer"]["env"] = [{"name": "KF_TEST_FLAG", "value": "on"}]
+    monkeypatch.setenv("KF_TEST_FLAG", "launcher")
+    run = rundir.create(job_name="sched", explicit=str(tmp_path / "run"))
+    specs = launcher.process_specs(job=load.parse(doc), run=run, attempt=0, bases=list(range(5)), cpus=[0, 1])
+    trainer = next(s for s in specs if s.name == "trainer-0")
+    assert trainer.env["KF_TEST_FLAG"] == "on" and trainer.env[contract.ENV_ROLE] == "trainer"
+    assert {s.env["KF_TEST_FLAG"] for s in specs if s.role != "trainer"} == {"launcher"}
+
+
 def test_parse_render_round_trip_and_bad_lists() -> None:
     assert affinity.parse("0,2-3, 5") == [0, 2, 3, 5]
     assert affinity.render([3, 0, 2, 2]) == "0,2,3"

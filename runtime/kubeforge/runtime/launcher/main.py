@@ -60,9 +60,10 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
                   bases: list[int] | None = None, job_key: bytes | None = None,
                   cpus: list[int] | None = None) -> list[supervisor.ProcSpec]:
     """One ProcSpec per role replica, with the env contract filled in (fresh ports per attempt; a fresh job key
-    per attempt unless one is given: every socket of the attempt uses CURVE with it; each role's CPU list under
-    ``spec.schedule``, from ``cpus``, default the launcher's own)."""
-    pinned = placement.plan(job.spec.schedule, cpus=placement.usable_cpus() if cpus is None else cpus)
+    per attempt unless one is given: every socket of the attempt uses CURVE with it; each role's CPU list and
+    thread-pool width under ``spec.schedule``, from ``cpus``, default the launcher's own) and the role's ``env``."""
+    cpus = placement.usable_cpus() if cpus is None else cpus
+    pinned, pools = placement.plan(job.spec.schedule, cpus=cpus), placement.threads(job.spec.schedule, cpus=cpus)
     job_key = job_key or secrets.token_bytes(32)
     roles = job.spec.roles
     counts = {r: getattr(roles, r).replicas for r in contract.ROLES}
@@ -76,14 +77,20 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
     for role in ("trainer", "verifier", "generator"):
         for i in range(counts[role]):
             env = dict(os.environ)
-            env.update(config.role_env(
+            fixed = config.role_env(
                 job=job, config_path=str(run.manifest), role=role, index=i, peers=peers,
                 run_dir=str(run.root), checkpoint_dir=str(run.checkpoints), attempt=attempt,
-                report=config.REPORT_JSONL, job_key=job_key))
+                report=config.REPORT_JSONL, job_key=job_key)
+            # the role's own env as on a pod (render/env.py): over the launcher's, under the contract (the API
+            # refuses KUBEFORGE_* names in it anyway)
+            env.update({e.name: e.value for e in getattr(roles, role).env})
+            env.update(fixed)
             env["PYTHONUNBUFFERED"] = "1"
             env.pop(contract.ENV_CPUS, None)
             if role in pinned:
                 env[contract.ENV_CPUS] = affinity.render(pinned[role])
+            if role in pools:       # a width the user set (their environment or the role's env) wins
+                env.setdefault(affinity.THREAD_VARS[0], str(pools[role]))
             name = f"{role}-{i}"
             out.append(supervisor.ProcSpec(
                 name=name, role=role, argv=[sys.executable, "-m", "kubeforge.cli", "role", role], env=env,

@@ -4,6 +4,11 @@
   through the trainer's schedule, ``roles.trainer``).
 - Disaggregated: generators and verifiers on the first ``generatorCpus`` CPUs (default half, at least one), the
   trainers on the rest; each process gets its side's list in ``KUBEFORGE_CPUS`` (``runtime.affinity``).
+
+Thread pools (:func:`threads`): under Colocated the generator samples while the trainer waits, so its phase has
+every core; vLLM on CPU serves with one torch thread unless ``OMP_NUM_THREADS`` says otherwise, so the generator is
+told the launcher's CPU count. Overlapped keeps vLLM's single thread (the trainer computes beside it); Disaggregated
+sizes every pool to the pinned list already.
 """
 from __future__ import annotations
 
@@ -45,3 +50,10 @@ def plan(schedule: rljob.ScheduleSpec, *, cpus: Sequence[int]) -> Mapping[str, l
     n = schedule.generator_cpus or max(1, len(ordered) // 2)
     generator_side, trainer_side = ordered[:n], ordered[n:]
     return {**{r: generator_side for r in GENERATOR_SIDE}, "trainer": trainer_side}
+
+
+def threads(schedule: rljob.ScheduleSpec, *, cpus: Sequence[int]) -> Mapping[str, int]:
+    """Role -> the width of its thread pools (``OMP_NUM_THREADS``) where the mode decides one; empty otherwise."""
+    if schedule.mode != rljob.ScheduleMode.COLOCATED:
+        return {}
+    return {"generator": max(1, len(cpus))}
