@@ -27,6 +27,22 @@ def test_engine_settings(tiny_model_dir: pathlib.Path) -> None:
                                 role=rljob.GeneratorRole(max_model_len=64))["max_model_len"] == 64
 
 
+def test_env_defaults_skip_the_aot_cache_on_cpu_only() -> None:
+    role = rljob.GeneratorRole(kv_cache_gib=3)
+    cpu = engine.env_defaults(role, in_process=True, cuda=False)
+    assert cpu == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_AOT_COMPILE": "0"}
+    gpu = engine.env_defaults(role, in_process=False, cuda=True)
+    assert gpu == {"VLLM_CPU_KVCACHE_SPACE": "3"}
+
+
+@pytest.mark.vllm
+def test_the_engine_started_without_the_aot_cache(tiny_engine: engine.Engine) -> None:
+    import os
+
+    import torch
+    assert torch.cuda.is_available() or os.environ["VLLM_USE_AOT_COMPILE"] == "0"
+
+
 def test_request_seeds_never_collide() -> None:
     n = 4
     seeds = {engine.request_seed(7, prompt_index=k, n=n) + i for k in range(100) for i in range(n)}

@@ -3,7 +3,7 @@
 Subcommands:
 - ``kubeforge run FILE [--run-dir DIR] [--steps N]`` → ``kubeforge.runtime.launcher`` (local run of an RLJob)
 - ``kubeforge role generator|verifier|trainer`` → ``kubeforge.runtime.roles`` (the container entrypoint)
-- ``kubeforge operator ...`` → ``kubeforge.operator.main:main`` (argv passed through)
+- ``kubeforge operator ...`` → ``kubeforge.operator.entry:main`` (argv passed through)
 - ``kubeforge crd ...`` → ``kubeforge.api.crd:main`` (argv passed through)
 - ``kubeforge export RUN_DIR [--wait S]`` → ``kubeforge.runtime.roles.exports`` (ask a local run for its current
   policy as an HF folder; prints ``{"request", "export", "step"}`` once trainer 0 wrote it, exit 1 if not in time)
@@ -78,7 +78,7 @@ def validate(file: str) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in and args_in[0] == "operator":
-        raise SystemExit(_dispatch("kubeforge.operator.main:main", args_in[1:]))
+        raise SystemExit(_dispatch("kubeforge.operator.entry:main", args_in[1:]))
     if args_in and args_in[0] == "crd":
         raise SystemExit(_dispatch("kubeforge.api.crd:main", args_in[1:]))
     args = _parser().parse_args(args_in)

@@ -3,12 +3,11 @@
 Role: the "apply" and "write" steps. Server-side apply (field manager ``contract.FIELD_MANAGER``, force) for every
 desired child; deletes (404 is success) for objects that must be absent; one merge patch of ``/status``; events.
 Why raw REST: the API needs a handful of verbs on known paths; a static kind → path table avoids discovery round
-trips, and the ``kubernetes`` package is used only to load credentials (kubeconfig or in-cluster).
+trips; credentials come from ``kubeconfig`` (no Kubernetes client library in the process).
 Concurrency: the client is synchronous and thread-safe (urllib3 pool); the router calls it from worker threads.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import ssl
 import urllib.parse
@@ -18,7 +17,7 @@ from typing import Any
 import urllib3
 
 from kubeforge.api import contract
-from kubeforge.operator import metrics
+from kubeforge.operator import kubeconfig, metrics
 
 Obj = dict[str, Any]
 
@@ -59,31 +58,26 @@ class ApiError(RuntimeError):
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Credentials:
-    server: str
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    verify: bool = True
-    token: str | None = None
+Credentials = kubeconfig.Credentials
 
 
-def load_credentials(kubeconfig: str | None = None) -> Credentials:
-    """Credentials from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account."""
-    import kubernetes.client
-    import kubernetes.config
+def load_credentials(path: str | None = None) -> Credentials:
+    """Credentials from ``path`` (or $KUBECONFIG / ~/.kube/config), else the in-cluster service account."""
+    return kubeconfig.load(path)
 
-    cfg = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=cfg)
-    except (kubernetes.config.ConfigException, FileNotFoundError, TypeError):
-        kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
-    token = header.split(" ", 1)[-1] if header else None
-    return Credentials(server=cfg.host.rstrip("/"), ca_file=cfg.ssl_ca_cert, cert_file=cfg.cert_file,
-                       key_file=cfg.key_file, verify=bool(cfg.verify_ssl), token=token)
+
+def tls_context(creds: Credentials) -> ssl.SSLContext:
+    """One TLS context for every connection of a pool: the CA and client certificate are loaded once, not per
+    connection (urllib3 builds a context per connection unless it is given one)."""
+    if creds.verify:     # the kubeconfig's CA, else the system's
+        ctx = ssl.create_default_context(cafile=creds.ca_file)
+    else:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if creds.cert_file:
+        ctx.load_cert_chain(creds.cert_file, creds.key_file)
+    return ctx
 
 
 def path_of(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -104,9 +98,9 @@ class Cluster:
             self._headers["Authorization"] = f"Bearer {creds.token}"
         kw: dict[str, Any] = {"maxsize": pool_size, "timeout": urllib3.Timeout(total=timeout), "retries": False}
         if self._server.startswith("https"):
-            kw["cert_reqs"] = ssl.CERT_REQUIRED if creds.verify else ssl.CERT_NONE
-            kw.update(ca_certs=creds.ca_file, cert_file=creds.cert_file, key_file=creds.key_file)
+            kw["ssl_context"] = tls_context(creds)
             if not creds.verify:
+                kw["cert_reqs"] = ssl.CERT_NONE
                 urllib3.disable_warnings()
         self._http = urllib3.PoolManager(**kw)
 

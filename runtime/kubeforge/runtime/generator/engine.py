@@ -23,7 +23,8 @@ Invariants:
   ``log_softmax(logits / T)[token]`` in float32 (T = 1 when greedy), after top-p masking when top_p < 1.
   See docs/runtime.md "Logprob convention": the trainer computes the same quantity.
 - KV cache blocks are 32 tokens (a multiple of 32 as CPU attention needs; small enough that a stale prefix cache
-  shows up in tests), KV space is ``role.kv_cache_gib`` (``VLLM_CPU_KVCACHE_SPACE``).
+  shows up in tests), KV space is ``role.kv_cache_gib`` (``VLLM_CPU_KVCACHE_SPACE``); on CPU no AOT compile cache
+  (``env_defaults``).
 - ``receive_weights`` must not overlap ``generate`` (both run on the caller's thread; the roles alternate): the
   swap of new weights happens only there, so a batch in flight always runs on one version's weights.
 - Swap reload (``swap_reload=True``, the default without LoRA): each worker keeps a model-format shadow of the
@@ -91,6 +92,20 @@ def request_seed(seed: int, *, prompt_index: int, n: int) -> int:
     return (seed * SEED_STRIDE + prompt_index * n) % (1 << 62)
 
 
+def env_defaults(role: rljob.GeneratorRole, *, in_process: bool, cuda: bool) -> dict[str, str]:
+    """vLLM's environment unless the caller set it: the KV space, the engine core in this process, and on CPU no
+    AOT compile cache. That cache never loads on the CPU build (vLLM 0.32 with torch 2.13: "'function' object has
+    no attribute 'finalize_loading'"), so every start compiled the model again: the demo's engine came up in
+    ~165 s, ~28 s without it (torch.compile's own caches still hit), and decoding was no slower
+    (docs/benchmarks.md, "vLLM start")."""
+    out = {"VLLM_CPU_KVCACHE_SPACE": str(role.kv_cache_gib)}
+    if in_process:
+        out["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if not cuda:
+        out["VLLM_USE_AOT_COMPILE"] = "0"
+    return out
+
+
 class Engine:
     """A warm vLLM engine plus the glue for prompts, logprobs and weight sync."""
 
@@ -98,9 +113,10 @@ class Engine:
                  role: rljob.GeneratorRole | None = None, seed: int = 0, max_model_len: int | None = None,
                  in_process: bool = True, lora: rljob.LoraSpec | None = None, swap_reload: bool = True) -> None:
         role = role or rljob.GeneratorRole()
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(role.kv_cache_gib))
-        if in_process:
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        import torch
+
+        for key, value in env_defaults(role, in_process=in_process, cuda=torch.cuda.is_available()).items():
+            os.environ.setdefault(key, value)       # the caller's (the role's env) wins
         import vllm  # late: importing vLLM is slow and reads the env set above
 
         self._vllm = vllm
