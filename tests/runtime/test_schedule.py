@@ -77,8 +77,8 @@ def test_launcher_writes_each_process_its_cpus(tmp_path: pathlib.Path) -> None:
 
 def test_colocated_gives_the_generator_every_core_unless_the_user_chose(tmp_path: pathlib.Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Colocated: the generator's phase has the cores to itself, so its pool is as wide as the launcher's CPUs
-    (vLLM on CPU would serve with one thread); Overlapped and Disaggregated set no width here; a width in the
+    """Colocated: the generators' phase has the cores to themselves, so each pool is its share of the launcher's
+    CPUs (vLLM on CPU would serve with one thread); Overlapped and Disaggregated set no width here; a width in the
     launcher's environment or the role's env wins."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     run = rundir.create(job_name="sched", explicit=str(tmp_path / "run"))
@@ -87,17 +87,19 @@ def test_colocated_gives_the_generator_every_core_unless_the_user_chose(tmp_path
         specs = launcher.process_specs(job=j, run=run, attempt=0, bases=list(range(5)), cpus=cpus)
         return {s.name: s.env.get("OMP_NUM_THREADS") for s in specs}
 
-    assert placement.threads(job({"mode": "Colocated"}).spec.schedule, cpus=[0, 1, 2]) == {"generator": 3}
-    got = widths(job({"mode": "Colocated"}), [0, 1, 2])
-    assert got == {"trainer-0": None, "trainer-1": None, "verifier-0": None, "generator-0": "3", "generator-1": "3"}
+    colocated = job({"mode": "Colocated"}).spec.schedule
+    assert placement.threads(colocated, cpus=[0, 1, 2]) == {"generator": 3}
+    assert placement.threads(colocated, cpus=[0, 1, 2], generators=2) == {"generator": 1}   # they sample at once
+    got = widths(job({"mode": "Colocated"}), [0, 1, 2, 3])                                 # DOC: 2 generators
+    assert got == {"trainer-0": None, "trainer-1": None, "verifier-0": None, "generator-0": "2", "generator-1": "2"}
     assert set(widths(job(None), [0, 1, 2]).values()) == {None}
     assert set(widths(job({"mode": "Disaggregated"}), [0, 1, 2, 3]).values()) == {None}   # the role pins itself
     doc = json.loads(json.dumps(DOC))
     doc["spec"]["schedule"] = {"mode": "Colocated"}
     doc["spec"]["roles"]["generator"]["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]
-    assert widths(load.parse(doc), [0, 1, 2])["generator-0"] == "1"
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    assert widths(job({"mode": "Colocated"}), [0, 1, 2])["generator-0"] == "2"
+    assert widths(load.parse(doc), [0, 1, 2, 3])["generator-0"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert widths(job({"mode": "Colocated"}), [0, 1, 2, 3])["generator-0"] == "3"
 
 
 def test_role_env_reaches_the_local_process(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:

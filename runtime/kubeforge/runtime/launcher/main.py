@@ -63,9 +63,10 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
     per attempt unless one is given: every socket of the attempt uses CURVE with it; each role's CPU list and
     thread-pool width under ``spec.schedule``, from ``cpus``, default the launcher's own) and the role's ``env``."""
     cpus = placement.usable_cpus() if cpus is None else cpus
-    pinned, pools = placement.plan(job.spec.schedule, cpus=cpus), placement.threads(job.spec.schedule, cpus=cpus)
-    job_key = job_key or secrets.token_bytes(32)
     roles = job.spec.roles
+    pinned = placement.plan(job.spec.schedule, cpus=cpus)
+    pools = placement.threads(job.spec.schedule, cpus=cpus, generators=roles.generator.replicas)
+    job_key = job_key or secrets.token_bytes(32)
     counts = {r: getattr(roles, r).replicas for r in contract.ROLES}
     # a trainer process stands for a pod: with N ranks per pod it needs N consecutive port blocks (every process
     # gets as many: simpler than two disjoint allocations)

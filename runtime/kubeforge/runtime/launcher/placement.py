@@ -6,8 +6,8 @@
   trainers on the rest; each process gets its side's list in ``KUBEFORGE_CPUS`` (``runtime.affinity``).
 
 Thread pools (:func:`threads`): under Colocated the generator samples while the trainer waits, so its phase has
-every core; vLLM on CPU serves with one torch thread unless ``OMP_NUM_THREADS`` says otherwise, so the generator is
-told the launcher's CPU count. Overlapped keeps vLLM's single thread (the trainer computes beside it); Disaggregated
+every core; vLLM on CPU serves with one torch thread unless ``OMP_NUM_THREADS`` says otherwise, so each generator
+is told its share of the launcher's CPUs (all of them for one generator; generators sample at the same time). Overlapped keeps vLLM's single thread (the trainer computes beside it); Disaggregated
 sizes every pool to the pinned list already.
 """
 from __future__ import annotations
@@ -52,8 +52,9 @@ def plan(schedule: rljob.ScheduleSpec, *, cpus: Sequence[int]) -> Mapping[str, l
     return {**{r: generator_side for r in GENERATOR_SIDE}, "trainer": trainer_side}
 
 
-def threads(schedule: rljob.ScheduleSpec, *, cpus: Sequence[int]) -> Mapping[str, int]:
-    """Role -> the width of its thread pools (``OMP_NUM_THREADS``) where the mode decides one; empty otherwise."""
+def threads(schedule: rljob.ScheduleSpec, *, cpus: Sequence[int], generators: int = 1) -> Mapping[str, int]:
+    """Role -> the width of each of its processes' thread pools (``OMP_NUM_THREADS``) where the mode decides one
+    (``generators``: how many generator processes share ``cpus``); empty otherwise."""
     if schedule.mode != rljob.ScheduleMode.COLOCATED:
         return {}
-    return {"generator": max(1, len(cpus))}
+    return {"generator": max(1, len(cpus) // max(1, generators))}
