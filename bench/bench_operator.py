@@ -49,6 +49,7 @@ from kubeforge.api import contract  # noqa: E402
 from kubeforge.operator import apply  # noqa: E402
 
 #: kwok nodes carry this taint; the bench's pods (operator's and baseline's alike) tolerate it.
+LIST_PAGE = 500          # objects per page of the closing LISTs
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"}
 GPU = "nvidia.com/gpu"
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
@@ -438,10 +439,18 @@ def _cond_time(pod: dict[str, Any], kind: str) -> float | None:
 def start_breakdown(c: apply.Cluster, ns: str, label: str, owners: str | None) -> dict[str, Any]:
     """Per job, from the API objects' own timestamps (1 s resolution): owner created -> first StatefulSet
     (the operator), -> last pod created (controller-manager), -> last pod scheduled (scheduler), -> last pod Ready
-    (kwok playing the kubelet). p50/p99 over jobs of each step, one LIST of each kind."""
+    (kwok playing the kubelet). p50/p99 over jobs of each step, one paged LIST of each kind (one response of
+    ~10,000 pods broke off mid-body on a loaded API server)."""
     def items(api: str, kind: str) -> list[dict[str, Any]]:
-        return list((c.request("GET", apply.path_of(api, kind, ns), query={"labelSelector": label}) or {})
-                    .get("items", []))
+        out: list[dict[str, Any]] = []
+        query = {"labelSelector": label, "limit": str(LIST_PAGE)}
+        while True:
+            page = c.request("GET", apply.path_of(api, kind, ns), query=query) or {}
+            out.extend(page.get("items", []))
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return out
+            query = {**query, "continue": token}
 
     key = label.split("=")[0]
     jobs: dict[str, dict[str, float]] = {}

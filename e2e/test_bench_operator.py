@@ -27,3 +27,4 @@ def test_bench_runs_one_job_through_start_failure_and_recovery(kube_cluster: lif
     assert op["recovery"]["pods_failed"] == 1 and op["recovery"]["job_recovered_s"]["n"] == 1
     assert op["recovery"]["operator_decision_to_ready_s"]["n"] == 1 and op["recovery"]["reconcile_latency_s"]["n"] > 0
     assert op["reconcile_latency_s"]["n"] > 0 and op["peak_rss_mib"] > 0
+    assert op["start_breakdown"]["operator_s"]["n"] == 1, op["start_breakdown"]    # the paged closing LISTs
