@@ -55,6 +55,8 @@ def test_embedded_data_becomes_private_files(tmp_path: pathlib.Path, pki: tuple[
     assert pathlib.Path(creds.key_file).read_bytes() == key.read_bytes()
     assert pathlib.Path(creds.key_file).stat().st_mode & 0o777 == 0o600
     apply.tls_context(creds)        # the client certificate and key load as a pair
+    again = kubeconfig.load(str(cfg))
+    assert again.key_file != creds.key_file and pathlib.Path(creds.key_file).is_file()   # earlier files stay valid
 
 
 def test_paths_are_relative_to_their_file_and_tokens_are_read(tmp_path: pathlib.Path,
@@ -103,6 +105,7 @@ def test_unusable_users_are_refused_naming_the_field(tmp_path: pathlib.Path, use
     ({"clusters": {"c": {}}}, r"clusters\[c\].server: Required value"),
     ({"clusters": {"c": {"server": "https://h:1", "certificate-authority": "nowhere.pem"}}},
      r"clusters\[c\].certificate-authority: Not found"),
+    ({"users": {"u": {"tokenFile": "no-token"}}}, r"users\[u\].tokenFile: Not found"),
 ])
 def test_broken_kubeconfigs_name_what_is_wrong(tmp_path: pathlib.Path, kw: dict[str, Any], message: str) -> None:
     args: dict[str, Any] = {"clusters": {"c": {"server": "https://h:1"}}, "users": {"u": {}},

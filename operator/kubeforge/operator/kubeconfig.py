@@ -6,9 +6,9 @@ Role: ``apply.load_credentials`` (the operator, its leader election, the operato
 What it reads (the forms a cluster admin hands an operator): the current context of ``$KUBECONFIG`` (a
 ``:``-separated list, merged as kubectl does: the first file that names an entry wins) or ``~/.kube/config``; the
 cluster's ``server``, ``certificate-authority[-data]`` and ``insecure-skip-tls-verify``; the user's ``token`` or
-``tokenFile``, ``client-certificate[-data]`` and ``client-key[-data]``. ``*-data`` values (base64) are written once
-to 0600 files in a private directory (removed at exit), because OpenSSL loads client keys from files. Relative
-paths are relative to the file that names them. In a pod: ``KUBERNETES_SERVICE_HOST``/``_PORT`` with the mounted
+``tokenFile``, ``client-certificate[-data]`` and ``client-key[-data]``. ``*-data`` values (base64) are written
+to 0600 files (one per value and load) in a private directory (removed at exit), because OpenSSL loads client
+keys from files. Relative paths are relative to the file that names them. In a pod: ``KUBERNETES_SERVICE_HOST``/``_PORT`` with the mounted
 token and CA. Anything else (``exec`` plugins, ``auth-provider``, basic auth) is refused naming the field, rather
 than connecting unauthenticated.
 
@@ -85,11 +85,10 @@ class _Materialiser:
         if self._dir is None:
             self._dir = pathlib.Path(tempfile.mkdtemp(prefix="kubeforge-kubeconfig-"))
             atexit.register(shutil.rmtree, self._dir, True)
-        path = self._dir / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd, path = tempfile.mkstemp(dir=self._dir, prefix=f"{name}-")    # 0600; a file per value, never reused
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
-        return str(path)
+        return path
 
 
 _FILES = _Materialiser()
@@ -128,7 +127,7 @@ def from_kubeconfig(files: Sequence[str | pathlib.Path]) -> Credentials:
     server = str(cluster.get("server") or "").rstrip("/")
     if not server:
         raise ConfigError(f"{where}: clusters[{cname}].server: Required value")
-    user: Mapping[str, Any] = doc["users"].get(uname) or {} if uname else {}
+    user: Mapping[str, Any] = (doc["users"].get(uname) or {}) if uname else {}
     for key in UNSUPPORTED_USER:
         if user.get(key):
             raise ConfigError(f"{where}: users[{uname}].{key}: Unsupported value: the operator authenticates with "
@@ -137,7 +136,10 @@ def from_kubeconfig(files: Sequence[str | pathlib.Path]) -> Credentials:
     ubase = origin["users"][uname].parent if uname in origin["users"] else cbase
     token = str(user["token"]) if user.get("token") else None
     if token is None and user.get("tokenFile"):
-        token = (ubase / str(user["tokenFile"])).read_text().strip()
+        token_file = ubase / str(user["tokenFile"])
+        if not token_file.is_file():
+            raise ConfigError(f"{where}: users[{uname}].tokenFile: Not found: {token_file}")
+        token = token_file.read_text().strip()
     return Credentials(
         server=server, verify=not cluster.get("insecure-skip-tls-verify", False), token=token,
         ca_file=_file(cluster, "certificate-authority", base=cbase, name="ca.crt", field=f"clusters[{cname}]"),
