@@ -98,9 +98,8 @@ class Cluster:
             self._headers["Authorization"] = f"Bearer {creds.token}"
         kw: dict[str, Any] = {"maxsize": pool_size, "timeout": urllib3.Timeout(total=timeout), "retries": False}
         if self._server.startswith("https"):
-            kw["ssl_context"] = tls_context(creds)
+            kw["ssl_context"] = tls_context(creds)     # urllib3 takes cert_reqs from its verify_mode
             if not creds.verify:
-                kw["cert_reqs"] = ssl.CERT_NONE
                 urllib3.disable_warnings()
         self._http = urllib3.PoolManager(**kw)
 

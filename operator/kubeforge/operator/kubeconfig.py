@@ -72,7 +72,7 @@ def _merged(files: Sequence[pathlib.Path]) -> tuple[dict[str, Any], dict[str, di
 
 
 class _Materialiser:
-    """Writes ``*-data`` values to private files once per process (removed at exit)."""
+    """Writes each ``*-data`` value to a private file of its own, in one directory per process (removed at exit)."""
 
     def __init__(self) -> None:
         self._dir: pathlib.Path | None = None
