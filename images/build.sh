@@ -12,7 +12,8 @@
 # directory packed as one layer (kf_pack_rootfs), rootfs is debootstrap committed, operator and runtime are
 # `buildah bud` of their Containerfile.
 # With KF_IMPORT=1 (`make images` sets it) each archive is also imported into the real node's containerd when
-# that node is up on this machine.
+# that node is up on this machine. Each name keeps its ${KF_IMAGE_KEEP:-3} most recently used archives in the cache
+# (lib/prune.sh); older ones are removed.
 set -euo pipefail
 shopt -s inherit_errexit
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -26,6 +27,9 @@ WHEELS="${WHEELS:-$(cd "$KF_REPO_ROOT/.." && pwd)/shared/wheels}"
 VERSION="$(python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb'))['project']['version'])" \
   "$KF_REPO_ROOT/pyproject.toml")"
 log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+source "$here/lib/prune.sh"
+# handed_out NAME ARCHIVE: mark ARCHIVE as just used, then drop NAME's archives beyond the newest KF_IMAGE_KEEP
+handed_out() { touch -- "$2"; kf_prune_archives "$cache" "$1" "${KF_IMAGE_KEEP:-3}"; }
 
 packed_one() {  # name ref: the real node's images, a directory packed by buildah
   local name="$1" ref="$2" inputs hash out
@@ -38,6 +42,7 @@ packed_one() {  # name ref: the real node's images, a directory packed by builda
     "$here/$name/build.sh" "$out.new" "$ref"
     mv "$out.new" "$out"
   fi
+  handed_out "$name" "$out"
   echo "$ref $out"
 }
 
@@ -69,6 +74,7 @@ ensure_rootfs() {
     kf_buildah tag "$id" "$ROOTFS_REF"
     echo "$ROOTFS_HASH" >"$KF_IMG_CACHE/buildah/rootfs.hash"
   fi
+  handed_out rootfs "$out"
   echo "$ROOTFS_REF $out"
 }
 
@@ -111,6 +117,7 @@ built_one() {
     mv "$out.new" "$out"
     log "$name built in $((SECONDS - t0)) s: $(du -m "$out" | cut -f1) MiB archive"
   fi
+  handed_out "$name" "$out"
   echo "$ref $out"
 }
 
