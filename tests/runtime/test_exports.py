@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import safetensors.torch
@@ -73,24 +74,21 @@ def test_file_requests_are_served_once_and_the_cli_waits_for_the_record(tmp_path
 
 
 def test_pod_annotation_request_and_last_export_on_the_progress_annotation() -> None:
-    class Pod:
-        def __init__(self, annotations: dict[str, str]) -> None:
-            self.metadata = type("M", (), {"annotations": annotations})()
+    class Api:          # a podapi.Pod
+        def __init__(self) -> None:
+            self.current: dict[str, str] = {}
+            self.patches: list[dict[str, str]] = []
 
-    class Api:
-        annotations: dict[str, str] = {}
-        patches: list[dict] = []
+        def annotations(self) -> dict[str, str]:
+            return dict(self.current)
 
-        def read_namespaced_pod(self, *, name: str, namespace: str) -> Pod:
-            return Pod(dict(self.annotations))
-
-        def patch_namespaced_pod(self, *, name: str, namespace: str, body: dict) -> None:
-            self.patches.append(body)
+        def patch_annotations(self, annotations: Mapping[str, str]) -> None:
+            self.patches.append(dict(annotations))
 
     api = Api()
     reqs = exports.PodAnnotationRequests(pod="j-trainer-0", namespace="ns", api=api)
     assert reqs.pending() is None
-    api.annotations = {contract.ANNOTATION_EXPORT_REQUEST: "a"}
+    api.current = {contract.ANNOTATION_EXPORT_REQUEST: "a"}
     assert reqs.pending() == "a"
     reqs.served("a")
     assert reqs.pending() is None
@@ -98,14 +96,13 @@ def test_pod_annotation_request_and_last_export_on_the_progress_annotation() -> 
     rep.step({"step": 3, "mean_reward": 0.5, "policy_version": 3, "export": "/c/export-step-000003",
               "export_request": "a"})
     rep.step({"step": 4, "mean_reward": 0.6, "policy_version": 4})
-    last = json.loads(api.patches[-1]["metadata"]["annotations"][contract.ANNOTATION_PROGRESS])
+    last = json.loads(api.patches[-1][contract.ANNOTATION_PROGRESS])
     assert last["step"] == 4 and last["lastExport"] == {"request": "a", "path": "/c/export-step-000003", "step": 3}
     # a restarted container of the same pod (new process, nothing in memory) does not serve "a" again: its pod's
     # progress annotation says it was served; a newer request still counts
-    api.annotations = {contract.ANNOTATION_EXPORT_REQUEST: "a",
-                       contract.ANNOTATION_PROGRESS: api.patches[-1]["metadata"]["annotations"][
-                           contract.ANNOTATION_PROGRESS]}
+    api.current = {contract.ANNOTATION_EXPORT_REQUEST: "a",
+                   contract.ANNOTATION_PROGRESS: api.patches[-1][contract.ANNOTATION_PROGRESS]}
     again = exports.PodAnnotationRequests(pod="j-trainer-0", namespace="ns", api=api)
     assert again.pending() is None
-    api.annotations = {**api.annotations, contract.ANNOTATION_EXPORT_REQUEST: "b"}
+    api.current = {**api.current, contract.ANNOTATION_EXPORT_REQUEST: "b"}
     assert again.pending() == "b"

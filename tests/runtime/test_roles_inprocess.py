@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -317,38 +317,43 @@ def test_jsonl_reporter_rewrites_to_the_resumed_step(tmp_path: Path) -> None:
 
 
 def test_pod_annotation_reporter_patches_its_pod() -> None:
-    class Api:
+    class Api:          # a podapi.Pod
         def __init__(self) -> None:
-            self.calls: list[dict[str, object]] = []
+            self.calls: list[dict[str, str]] = []
 
-        def patch_namespaced_pod(self, *, name: str, namespace: str, body: dict[str, object]) -> None:
-            self.calls.append({"name": name, "namespace": namespace, "body": body})
+        def annotations(self) -> dict[str, str]:
+            return {}
+
+        def patch_annotations(self, annotations: Mapping[str, str]) -> None:
+            self.calls.append(dict(annotations))
 
     api = Api()
     rep = report.PodAnnotationReporter(pod="tiny-trainer-0", namespace="ns", api=api)
     rep.step({"step": 4, "mean_reward": 0.5, "policy_version": 4})
     rep.done({"step": 5, "policy_version": 5})
     from kubeforge.api import contract
-    values = [json.loads(c["body"]["metadata"]["annotations"][contract.ANNOTATION_PROGRESS])  # type: ignore[index]
-              for c in api.calls]
+    assert all(set(c) == {contract.ANNOTATION_PROGRESS} for c in api.calls)
+    values = [json.loads(c[contract.ANNOTATION_PROGRESS]) for c in api.calls]
     assert values == [{"step": 4, "meanReward": 0.5, "policyVersion": 4, "done": False},
                       {"step": 5, "meanReward": None, "policyVersion": 5, "done": True}]
-    assert {c["name"] for c in api.calls} == {"tiny-trainer-0"} and {c["namespace"] for c in api.calls} == {"ns"}
 
 
 def test_pod_annotation_done_keeps_the_last_steps_reward() -> None:
     """The trainer's done record has no reward: the final annotation (hence status.progress) keeps step N's."""
-    calls: list[dict[str, object]] = []
+    calls: list[dict[str, str]] = []
 
-    class Api:
-        def patch_namespaced_pod(self, *, name: str, namespace: str, body: dict[str, object]) -> None:
-            calls.append(body)
+    class Api:          # a podapi.Pod
+        def annotations(self) -> dict[str, str]:
+            return {}
+
+        def patch_annotations(self, annotations: Mapping[str, str]) -> None:
+            calls.append(dict(annotations))
 
     rep = report.PodAnnotationReporter(pod="tiny-trainer-0", namespace="ns", api=Api())
     rep.step({"step": 40, "mean_reward": 0.75, "policy_version": 40})
     rep.done({"step": 40, "policy_version": 40})
     from kubeforge.api import contract
-    last = json.loads(calls[-1]["metadata"]["annotations"][contract.ANNOTATION_PROGRESS])  # type: ignore[index]
+    last = json.loads(calls[-1][contract.ANNOTATION_PROGRESS])
     assert last == {"step": 40, "meanReward": 0.75, "policyVersion": 40, "done": True}
 
 

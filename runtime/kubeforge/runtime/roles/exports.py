@@ -27,6 +27,7 @@ import uuid
 from typing import Any, Protocol
 
 from kubeforge.api import contract
+from kubeforge.runtime import podapi
 
 REQUEST_FILE = "export-request"
 
@@ -90,22 +91,18 @@ def request(run_dir: pathlib.Path) -> str:
 class PodAnnotationRequests:
     """``contract.ANNOTATION_EXPORT_REQUEST`` on this pod (a GET with the pod's service account per step)."""
 
-    def __init__(self, *, pod: str, namespace: str, api: Any = None) -> None:
+    def __init__(self, *, pod: str, namespace: str, api: podapi.Pod | None = None) -> None:
         self.pod, self.namespace, self._api = pod, namespace, api
         self.last: str | None = None
 
-    def _client(self) -> Any:
+    def _client(self) -> podapi.Pod:
         if self._api is None:
-            import kubernetes
-
-            kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
-            self._api = kubernetes.client.CoreV1Api()
+            self._api = podapi.InClusterPod(pod=self.pod, namespace=self.namespace)
         return self._api
 
     def pending(self) -> str | None:
         try:
-            pod = self._client().read_namespaced_pod(name=self.pod, namespace=self.namespace)
-            annotations = pod.metadata.annotations or {}
+            annotations = self._client().annotations()
             value = annotations.get(contract.ANNOTATION_EXPORT_REQUEST)
         except Exception as exc:  # advisory: the next step asks again
             print(f"export request read failed: {exc}", file=sys.stderr, flush=True)

@@ -3,8 +3,8 @@
 - :class:`JsonlReporter` (local runs): appends one JSON record per optimizer step to ``<run dir>/metrics.jsonl``
   (the launcher tails it for the progress bar and summarises it) and echoes a short line on stdout.
 - :class:`PodAnnotationReporter` (``KUBEFORGE_REPORT=pod-annotation``): patches its own pod's
-  ``contract.ANNOTATION_PROGRESS`` annotation with ``{step, meanReward, policyVersion, done}`` through the
-  in-cluster service-account token; the operator turns it into ``status.progress`` and, once ``done``, success.
+  ``contract.ANNOTATION_PROGRESS`` annotation with ``{step, meanReward, policyVersion, done}`` with the pod's
+  service account (``podapi``); the operator turns it into ``status.progress`` and, once ``done``, success.
 
 Invariant: after a resume from step ``s`` the JSONL file is rewritten to hold only records of steps ``<= s``, so
 the file has exactly one record per step in order, however many times the trainer was restarted.
@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from kubeforge.api import contract
+from kubeforge.runtime import podapi
 
 
 class Reporter(Protocol):
@@ -115,25 +116,21 @@ class PodAnnotationReporter:
     step and policy version), so the RLJob's ``status.progress`` still shows the last step's reward.
     """
 
-    def __init__(self, *, pod: str, namespace: str, api: Any = None) -> None:
+    def __init__(self, *, pod: str, namespace: str, api: podapi.Pod | None = None) -> None:
         self.pod = pod
         self.namespace = namespace
         self._api = api
         self._last: Mapping[str, Any] = {}
         self._export: dict[str, Any] = {}
 
-    def _client(self) -> Any:
+    def _client(self) -> podapi.Pod:
         if self._api is None:
-            import kubernetes
-
-            kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
-            self._api = kubernetes.client.CoreV1Api()
+            self._api = podapi.InClusterPod(pod=self.pod, namespace=self.namespace)
         return self._api
 
     def _patch(self, record: Mapping[str, Any], *, done: bool) -> None:
-        body = {"metadata": {"annotations": {contract.ANNOTATION_PROGRESS: progress_annotation(record, done=done)}}}
         try:
-            self._client().patch_namespaced_pod(name=self.pod, namespace=self.namespace, body=body)
+            self._client().patch_annotations({contract.ANNOTATION_PROGRESS: progress_annotation(record, done=done)})
         except Exception as exc:  # progress is advisory: training goes on; the next step retries
             print(f"progress annotation patch failed: {exc}", file=sys.stderr, flush=True)
             if done:
