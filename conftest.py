@@ -10,3 +10,18 @@ import sys
 _E2E = str(pathlib.Path(__file__).resolve().parent / "e2e")
 if _E2E not in sys.path:
     sys.path.insert(0, _E2E)
+
+# No test waits without bound: every test that does not set its own ``pytest.mark.timeout`` gets this one (setup,
+# call and teardown together; pytest-timeout). The longest items of `make test` take ~3.5 min (a cluster fixture's
+# setup); a cold machine builds the images inside one, so the bound is generous. A hang then fails its test with a
+# stack dump instead of holding CI until its own limit (a fuzzing send once blocked forever after the run it
+# targeted had finished).
+DEFAULT_TIMEOUT_S = 2700
+
+
+def pytest_collection_modifyitems(items: list) -> None:  # type: ignore[type-arg]
+    import pytest
+
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(DEFAULT_TIMEOUT_S))

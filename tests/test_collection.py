@@ -8,6 +8,8 @@ from __future__ import annotations
 import collections
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -18,3 +20,11 @@ def test_no_two_test_modules_share_a_basename() -> None:
             names[path.name].append(str(path.relative_to(ROOT)))
     clashes = {name: paths for name, paths in names.items() if len(paths) > 1}
     assert not clashes, f"test modules with the same basename: {clashes}"
+
+
+def test_every_test_has_a_bound(request: pytest.FixtureRequest) -> None:
+    """The root conftest gives every test without its own ``pytest.mark.timeout`` the default bound."""
+    import conftest
+
+    marker = request.node.get_closest_marker("timeout")
+    assert marker is not None and marker.args == (conftest.DEFAULT_TIMEOUT_S,)

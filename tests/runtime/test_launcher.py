@@ -117,26 +117,34 @@ def job_key(pid: int) -> bytes:
     return bytes.fromhex(env[contract.ENV_JOB_KEY.encode()].decode())
 
 
-def fuzz(port: int, *, key: bytes | None) -> None:
+def fuzz(port: int, *, key: bytes | None, proc: subprocess.Popen[str]) -> None:
     """Malformed frames into a role's ZeroMQ port (once it listens: a role binds after its imports), from a member
-    of the job (CURVE with ``key``) or from a stranger (``key`` None: plain ZeroMQ, refused at the handshake)."""
+    of the job (CURVE with ``key``) or from a stranger (``key`` None: plain ZeroMQ, refused at the handshake).
+    Every send is bounded: a send that cannot go out within 10 s fails the test instead of blocking it forever (it
+    once did, after the run it targeted had already finished)."""
     import socket
 
     def listening() -> bool:
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
-    wait_for(listening, timeout=300)
+    wait_for(listening, timeout=300, proc=proc)
     sock = zmq.Context.instance().socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 10000 if key else 2000)   # a stranger's frames never leave: don't wait long
+    sock.setsockopt(zmq.SNDTIMEO, 10000)
     if key is not None:
         keys = transport.CurveKeys.from_job_key(key)
         sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys.public, keys.public, keys.secret
     sock.connect(f"tcp://127.0.0.1:{port}")
-    for frame in JUNK:
-        sock.send(frame)
-    sock.send_multipart([b"x", b"y"])
-    sock.close()
+    try:
+        for frame in JUNK:
+            sock.send(frame)
+        sock.send_multipart([b"x", b"y"])
+    except zmq.Again:
+        raise AssertionError(f"fuzzing port {port}: a frame could not go out within 10 s "
+                             f"(launcher {'running' if proc.poll() is None else 'exited'})") from None
+    finally:
+        sock.close()
 
 
 def launch(path: Path, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
@@ -147,7 +155,9 @@ def launch(path: Path, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_two_generators_two_trainers_fuzzed_killed_and_resumed(tmp_path: Path) -> None:
-    steps = 40
+    # enough steps that the restarted attempt outlives the fuzzing and the metrics checks below: with vLLM up in
+    # ~30 s instead of ~165 s (its AOT cache off on CPU), 40 steps finished before they were done
+    steps = 80
     path = manifest(tmp_path, **{"algorithm.steps": steps, "algorithm.promptsPerStep": 8,
                                  "algorithm.groupSize": 8, "checkpoint.everySteps": 3,
                                  "roles.generator.replicas": 2, "roles.trainer.replicas": 2,
@@ -172,8 +182,8 @@ def test_two_generators_two_trainers_fuzzed_killed_and_resumed(tmp_path: Path) -
             ports = [p["port_base"] + contract.PORT_DATA] + (
                 [p["port_base"] + contract.PORT_CONTROL] if name == "trainer-0" else [])
             for port in ports:
-                fuzz(port, key=None)
-                fuzz(port, key=key)
+                fuzz(port, key=None, proc=proc)
+                fuzz(port, key=key, proc=proc)
         nports = {n: 2 if n == "trainer-0" else 1 for n in second}
         metrics_port = {n: p["port_base"] + contract.PORT_METRICS for n, p in second.items()}
         wait_for(lambda: all(dropped_frames(http(metrics_port[n], "/metrics")[1], "unauthenticated") >= nports[n]
