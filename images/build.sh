@@ -83,7 +83,7 @@ built_one() {
   local name="$1" ref="$2" hash out ctx t0=$SECONDS wheel_hash=none
   if [ "$name" = runtime ]; then
     [ -d "$WHEELS" ] || { log "missing $WHEELS (the CPU torch wheel)"; exit 1; }
-    wheel_hash="$(kf_hash "$WHEELS")"
+    wheel_hash="$(cd "$WHEELS" && kf_hash .)"   # relative names: the same wheels hash alike from any checkout
   fi
   local uv="$KF_REPO_ROOT/.venv/bin/uv"
   [ -x "$uv" ] || { log "$uv not found (make venv)"; exit 1; }

@@ -59,3 +59,31 @@ def test_build_sh_prunes_every_archive_it_hands_out() -> None:
     text = (PRUNE.parent.parent / "build.sh").read_text()
     assert 'source "$here/lib/prune.sh"' in text
     assert text.count('handed_out "$name" "$out"') == 2 and text.count('handed_out rootfs "$out"') == 1
+
+
+def test_the_wheels_hash_is_the_same_from_any_checkout(tmp_path: pathlib.Path) -> None:
+    """The runtime's cache key covers the wheels dir beside the checkout (``../shared/wheels``), outside the repo
+    root whose prefix kf_hash strips: hashed by absolute path, every clone in another folder missed the cache and
+    rebuilt the 1.1 GB runtime image (two fresh clones, two rebuilds in one session). build.sh hashes it by
+    relative names now."""
+    lib = PRUNE.parent / "buildah.sh"
+    homes = []
+    for where in ("a", "b"):
+        wheels = tmp_path / where / "shared" / "wheels"
+        wheels.mkdir(parents=True)
+        (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"wheel bytes")
+        homes.append(wheels)
+
+    def kf_hash(wheels: pathlib.Path, how: str) -> str:
+        script = f'KF_REPO_ROOT={tmp_path / "repo"}; source "{lib}"; {how}'
+        r = subprocess.run(["bash", "-c", script, "h", str(wheels)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    relative = [kf_hash(w, 'cd "$1" && kf_hash .') for w in homes]
+    absolute = [kf_hash(w, 'kf_hash "$1"') for w in homes]
+    assert relative[0] == relative[1] and absolute[0] != absolute[1]
+    (homes[1] / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"other bytes")
+    assert kf_hash(homes[1], 'cd "$1" && kf_hash .') != relative[0]      # content still counts
+    build = (PRUNE.parent.parent / "build.sh").read_text()
+    assert 'wheel_hash="$(cd "$WHEELS" && kf_hash .)"' in build
