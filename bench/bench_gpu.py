@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -159,12 +158,6 @@ def steps(a: argparse.Namespace, shape: str) -> dict[str, Any]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def nccl_worker(rank: int, port: int) -> None:
     devices = torch.cuda.device_count()
     torch.cuda.set_device(rank % devices)
@@ -177,7 +170,7 @@ def nccl_worker(rank: int, port: int) -> None:
 
 
 def nccl(a: argparse.Namespace) -> dict[str, Any]:
-    port = free_port()
+    port = scale_bench.free_port()
     env = {**os.environ, "NCCL_DEBUG": "WARN"}
     procs = [subprocess.Popen([sys.executable, __file__, "--nccl-worker", str(r), "--port", str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
