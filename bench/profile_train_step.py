@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/profile_train_step.py [--example examples/arithmetic-smollm2.yaml] [--steps 3]
                                                  [--threads N] [--top 15] [--share-prefix] [--ab]
-                                                 [--compare share-prefix|autocast|attention|pack|compile]
+                                                 [--compare share-prefix|autocast|attention|pack|compile|keep-probs]
                                                  [--compile] [--pack]
 
 Builds ``trainer.step.Trainer`` exactly as the trainer role does (the example's model, dtype, algorithm), feeds it
@@ -17,7 +17,8 @@ old name) or ``autocast`` (the trainer's bf16 compute copy, ``trainer/shadow.py`
 masters, the path before it) or ``attention`` (eager attention for short rows vs SDPA on the compute copy,
 ``trainer/logprobs.py`` "Short rows") or ``pack`` (each group packed into one row, its prompt once, vs the full
 forward; logprobs "Shared prompts") or ``compile`` (compiled decoder blocks vs eager: ``trainer/compiled.py``; the
-compile itself happens in the warm-up step, whose seconds are printed as ``warmup_seconds``). ``--compile`` and
+compile itself happens in the warm-up step, whose seconds are printed as ``warmup_seconds``) or ``keep-probs`` (the
+LM head's probabilities kept from forward to backward vs recomputed there: ``trainer/lmhead.py``). ``--compile`` and
 ``--pack`` turn those on for the profile (packing is already the trainer's default for its CPU compute copy;
 ``tokens_computed_per_step`` then counts each prompt once). Nothing else runs in this process; the load average is printed beside the figures.
 """
@@ -168,6 +169,11 @@ def _compiled(trainer: step.Trainer, on: bool) -> None:
         compiled.uncompile_blocks(trainer.compute_policy.lm)
 
 
+def _keep_probs(trainer: step.Trainer, on: bool) -> None:
+    for pol in {id(trainer.policy): trainer.policy, id(trainer.compute_policy): trainer.compute_policy}.values():
+        pol.keep_elements = logprobs.KEEP_ELEMENTS if on else 0
+
+
 # name -> (label when on, label when off, switch)
 VARIANTS: dict[str, tuple[str, str, Callable[[step.Trainer, bool], None]]] = {
     "share-prefix": ("shared", "full", _share_prefix),
@@ -175,6 +181,7 @@ VARIANTS: dict[str, tuple[str, str, Callable[[step.Trainer, bool], None]]] = {
     "attention": ("eager", "sdpa", _eager_attention),
     "pack": ("packed", "full", _pack),
     "compile": ("compiled", "eager", _compiled),
+    "keep-probs": ("kept", "recomputed", _keep_probs),
 }
 
 

@@ -150,3 +150,56 @@ def test_plain_modules_run_when_the_head_is_hooked_or_under_autocast() -> None:
     h.remove()
     tied = lmhead.applies(_lm(tied=False), cpu)
     assert tied is not None and tied.embedding is None
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_kept_probabilities_give_the_recomputed_gradients_with_the_head_run_once(
+        tied: bool, temperature: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``keep_elements`` covering the batch: the backward reuses the forward's probabilities, so the head's logits
+    are computed once per chunk instead of twice, and every logprob, entropy and gradient equals the recomputing
+    path's (to float32 rounding: exp of the log-softmax instead of a second softmax); a bound below the batch's
+    N x vocab recomputes."""
+    batch = _batch(seed=6)
+    n = int(batch["completion_mask"].sum())
+    heads: list[int] = []
+    logits = lmhead._logits
+
+    def counting(hidden: torch.Tensor, weight: torch.Tensor, t: float) -> torch.Tensor:
+        heads.append(int(hidden.shape[0]))
+        return logits(hidden, weight, t)
+    monkeypatch.setattr(lmhead, "_logits", counting)
+    results = {}
+    for keep_elements in (n * 97, n * 97 - 1, 0):
+        lm = _lm(tied=tied)
+        heads.clear()
+        weights = torch.linspace(-1.0, 2.0, batch["completion_mask"].numel()).view_as(batch["completion_mask"])
+        logp, ent = logprobs.forward(lm, **batch, temperature=temperature, chunk_elements=97 * 8,
+                                     keep_elements=keep_elements)
+        (logp * weights).sum().backward()
+        results[keep_elements] = (logp.detach(), ent, {k: p.grad.clone() for k, p in lm.named_parameters()
+                                                       if p.grad is not None}, sum(heads))
+    kept, recomputed, off = results[n * 97], results[n * 97 - 1], results[0]
+    assert kept[3] == n and recomputed[3] == off[3] == 2 * n     # positions through the head: once vs twice
+    for other in (recomputed, off):
+        torch.testing.assert_close(kept[0], other[0], rtol=0, atol=0)
+        torch.testing.assert_close(kept[1], other[1], rtol=1e-6, atol=1e-6)
+        assert kept[2].keys() == other[2].keys()
+        for name in kept[2]:
+            torch.testing.assert_close(kept[2][name], other[2][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_kept_probabilities_survive_a_second_backward() -> None:
+    lm = _lm(tied=True)
+    logp, _ = logprobs.forward(lm, **_batch(seed=7), keep_elements=1 << 20)
+    logp.sum().backward(retain_graph=True)
+    first = lm.get_input_embeddings().weight.grad.clone()
+    lm.zero_grad(set_to_none=True)
+    logp.sum().backward()
+    torch.testing.assert_close(lm.get_input_embeddings().weight.grad, first, rtol=0, atol=0)
+
+
+def test_the_policy_keeps_probabilities_by_default() -> None:
+    from kubeforge.runtime.trainer import policy
+
+    assert policy.Policy(_lm(tied=True)).keep_elements == logprobs.KEEP_ELEMENTS > 0

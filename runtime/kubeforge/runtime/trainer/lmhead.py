@@ -25,6 +25,10 @@ How:
   again in backward (recomputation, as the activation checkpoint did before), with the log-softmax gradient written
   by hand: ``dlogits = (onehot(token) - softmax(logits / T)) * g / T``, in float32, cast to the weight's dtype
   for the two matmuls (as autograd casts a bf16 linear's gradient). Entropy is computed in the forward, detached.
+- Kept probabilities (``keep=True``): the forward keeps every position's ``softmax(logits / T)`` (N x vocab
+  float32, which it computes for the entropy anyway) and the backward starts from it instead of recomputing the
+  logits: one ``N x hidden x vocab`` matmul and a softmax fewer per step, for that much memory between forward and
+  backward. The caller decides (``logprobs.forward``'s ``keep_elements`` bound); the result is the same either way.
 
 When it applies (:func:`applies`): a plain ``nn.Linear`` head without bias and, for the tied path, a plain
 ``nn.Embedding`` (no max_norm, scale_grad_by_freq or sparse), neither with hooks (LoRA on the head, for one, adds
@@ -121,15 +125,22 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, hidden: torch.Tensor, weight: torch.Tensor,
                 ids: torch.Tensor, temperature: float, chunk: int, buffer: WeightGrad,
-                deliver: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                deliver: bool, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
         n = int(hidden.shape[0])
         logp = torch.empty((n,), dtype=torch.float32, device=hidden.device)
         entropy = torch.empty((n,), dtype=torch.float32, device=hidden.device)
+        kept: list[torch.Tensor] = []
         for i in range(0, n, chunk):
             logsm = torch.log_softmax(_logits(hidden[i:i + chunk], weight, temperature), dim=-1)
             logp[i:i + chunk] = logsm.gather(-1, ids[i:i + chunk].unsqueeze(-1)).squeeze(-1)
-            entropy[i:i + chunk] = -(logsm.exp().mul_(logsm)).sum(dim=-1)
-            del logsm
+            probs = logsm.exp()
+            if keep:
+                kept.append(probs)
+                entropy[i:i + chunk] = -(probs * logsm).sum(dim=-1)
+            else:
+                entropy[i:i + chunk] = -(probs.mul_(logsm)).sum(dim=-1)
+            del logsm, probs
+        ctx.kept = kept  # type: ignore[attr-defined]
         ctx.save_for_backward(hidden, weight, ids)
         ctx.temperature, ctx.chunk = temperature, chunk  # type: ignore[attr-defined]
         ctx.buffer, ctx.deliver = buffer, deliver  # type: ignore[attr-defined]
@@ -139,17 +150,21 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx,
                  grad_logp: torch.Tensor, _grad_entropy: torch.Tensor | None
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None, None]:
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None, None, None]:
         hidden, weight, ids = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature: float = ctx.temperature  # type: ignore[attr-defined]
         chunk: int = ctx.chunk  # type: ignore[attr-defined]
         buffer: WeightGrad = ctx.buffer  # type: ignore[attr-defined]
+        kept: list[torch.Tensor] = ctx.kept  # type: ignore[attr-defined]
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_logp = grad_logp.float()
-        for i in range(0, int(hidden.shape[0]), chunk):
+        for k, i in enumerate(range(0, int(hidden.shape[0]), chunk)):
             h, g = hidden[i:i + chunk], grad_logp[i:i + chunk]
-            d = torch.softmax(_logits(h, weight, temperature), dim=-1).mul_(-g.unsqueeze(-1))
+            if kept:     # the forward's probabilities (not in place: a second backward would find them changed)
+                d = kept[k].mul(-g.unsqueeze(-1))
+            else:
+                d = torch.softmax(_logits(h, weight, temperature), dim=-1).mul_(-g.unsqueeze(-1))
             d.scatter_add_(-1, ids[i:i + chunk].unsqueeze(-1), g.unsqueeze(-1))   # onehot(token) * g
             if temperature != 1.0:
                 d.div_(temperature)
@@ -160,7 +175,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 buffer.add_mm(d, h)
             del d
         grad_weight = buffer.take() if need_weight and ctx.deliver else None  # type: ignore[attr-defined]
-        return grad_hidden, grad_weight, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -177,9 +192,11 @@ def embed(tied: Tied, ids: torch.Tensor, buffer: WeightGrad) -> torch.Tensor:
 
 
 def logprobs(tied: Tied, hidden: torch.Tensor, ids: torch.Tensor, *, temperature: float, chunk: int,
-             buffer: WeightGrad) -> tuple[torch.Tensor, torch.Tensor]:
+             buffer: WeightGrad, keep: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp [N] float32, entropy [N] detached) of token ``ids`` [N] at ``hidden`` [N, H] under the head; the
-    head's weight gradient goes into ``buffer``, returned by the embedding's backward when tied."""
+    head's weight gradient goes into ``buffer``, returned by the embedding's backward when tied. ``keep``: the
+    backward reuses the forward's probabilities (N x vocab float32 held in between) instead of recomputing them."""
+    keep = keep and torch.is_grad_enabled() and (hidden.requires_grad or tied.head.weight.requires_grad)
     out: tuple[torch.Tensor, torch.Tensor] = _HeadLogprobs.apply(  # type: ignore[no-untyped-call]
-        hidden, tied.head.weight, ids, temperature, max(1, chunk), buffer, tied.embedding is None)
+        hidden, tied.head.weight, ids, temperature, max(1, chunk), buffer, tied.embedding is None, keep)
     return out

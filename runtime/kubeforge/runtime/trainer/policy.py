@@ -24,7 +24,8 @@ class Policy(torch.nn.Module):
     """``forward(batch) -> (logp [B, T], entropy sum)`` of an HF causal LM at temperature ``temperature``."""
 
     def __init__(self, lm: torch.nn.Module, *, temperature: float = 1.0, share_prefix: bool = False,
-                 eager_attention_max_tokens: int = 0, pack_max_tokens: int = 0) -> None:
+                 eager_attention_max_tokens: int = 0, pack_max_tokens: int = 0,
+                 keep_elements: int = logprobs.KEEP_ELEMENTS) -> None:
         super().__init__()
         self.lm = lm
         self.temperature = temperature
@@ -33,6 +34,8 @@ class Policy(torch.nn.Module):
         self.eager_attention_max_tokens = eager_attention_max_tokens
         # groups packed into one row each up to this many tokens (logprobs: "Shared prompts"; 0: off)
         self.pack_max_tokens = pack_max_tokens
+        # the LM head's probabilities kept from forward to backward up to this many (logprobs; 0: recomputed)
+        self.keep_elements = keep_elements
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
                 completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,7 +44,7 @@ class Policy(torch.nn.Module):
             return logprobs.forward(self.lm, input_ids=input_ids, attention_mask=attention_mask,
                                     position_ids=position_ids, completion_ids=completion_ids,
                                     completion_mask=completion_mask, temperature=self.temperature,
-                                    share_prefix=self.share_prefix, pack_max_tokens=self.pack_max_tokens)
+                                    keep_elements=self.keep_elements, share_prefix=self.share_prefix, pack_max_tokens=self.pack_max_tokens)
 
     def run(self, batch: batch_mod.Batch, *, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` on a collated batch moved to ``device`` (through ``__call__``: FSDP's hooks run)."""
