@@ -11,7 +11,8 @@ tokens); the LM head runs over at most ``chunk_elements / vocab`` positions at a
 at most one chunk of float32 logits exists at any time, in forward and in backward (never the ``[rows, tokens,
 vocab]`` tensor). Exception by choice: when ``N x vocab <= keep_elements`` (the policy passes ``KEEP_ELEMENTS``,
 256 MiB; 0 keeps nothing) the forward's probabilities stay for the backward, which then skips the head's
-recomputation (``lmhead`` "Kept probabilities"; the demo: 21M elements, one 24 GFLOP matmul fewer per step). The entropy of the full next-token distribution comes out of the same chunk (detached). Where
+recomputation (``lmhead`` "Kept probabilities"; the demo: at most 512 x 49,152 elements, one matmul of ~24-29
+GFLOP fewer per step). The entropy of the full next-token distribution comes out of the same chunk (detached). Where
 ``lmhead.applies`` (a plain head, and a plain embedding when tied) the head and the tied embedding are
 ``lmhead``'s autograd functions, which accumulate the weight's gradient in one buffer; otherwise the head module
 runs each chunk under activation checkpointing.

@@ -44,7 +44,8 @@ class Policy(torch.nn.Module):
             return logprobs.forward(self.lm, input_ids=input_ids, attention_mask=attention_mask,
                                     position_ids=position_ids, completion_ids=completion_ids,
                                     completion_mask=completion_mask, temperature=self.temperature,
-                                    keep_elements=self.keep_elements, share_prefix=self.share_prefix, pack_max_tokens=self.pack_max_tokens)
+                                    keep_elements=self.keep_elements, share_prefix=self.share_prefix,
+                                    pack_max_tokens=self.pack_max_tokens)
 
     def run(self, batch: batch_mod.Batch, *, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` on a collated batch moved to ``device`` (through ``__call__``: FSDP's hooks run)."""
