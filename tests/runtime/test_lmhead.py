@@ -43,10 +43,12 @@ def plain(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _run(lm: torch.nn.Module, batch: dict[str, torch.Tensor], *, temperature: float = 1.0,
-         chunk_elements: int = 97 * 4) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+         chunk_elements: int = 97 * 4, keep_elements: int = 0
+         ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     lm.zero_grad(set_to_none=True)
     weights = torch.linspace(-1.0, 2.0, batch["completion_mask"].numel()).view_as(batch["completion_mask"])
-    logp, ent = logprobs.forward(lm, **batch, temperature=temperature, chunk_elements=chunk_elements)
+    logp, ent = logprobs.forward(lm, **batch, temperature=temperature, chunk_elements=chunk_elements,
+                                 keep_elements=keep_elements)
     (logp * weights).sum().backward()
     return logp.detach(), ent, {n: p.grad.clone() for n, p in lm.named_parameters() if p.grad is not None}
 
@@ -171,14 +173,9 @@ def test_kept_probabilities_give_the_recomputed_gradients_with_the_head_run_once
     monkeypatch.setattr(lmhead, "_logits", counting)
     results = {}
     for keep_elements in (n * 97, n * 97 - 1, 0):
-        lm = _lm(tied=tied)
         heads.clear()
-        weights = torch.linspace(-1.0, 2.0, batch["completion_mask"].numel()).view_as(batch["completion_mask"])
-        logp, ent = logprobs.forward(lm, **batch, temperature=temperature, chunk_elements=97 * 8,
-                                     keep_elements=keep_elements)
-        (logp * weights).sum().backward()
-        results[keep_elements] = (logp.detach(), ent, {k: p.grad.clone() for k, p in lm.named_parameters()
-                                                       if p.grad is not None}, sum(heads))
+        run = _run(_lm(tied=tied), batch, temperature=temperature, chunk_elements=97 * 8, keep_elements=keep_elements)
+        results[keep_elements] = (*run, sum(heads))
     kept, recomputed, off = results[n * 97], results[n * 97 - 1], results[0]
     assert kept[3] == n and recomputed[3] == off[3] == 2 * n     # positions through the head: once vs twice
     for other in (recomputed, off):
