@@ -7,7 +7,7 @@ from typing import Any
 
 import opbuilders
 from opbuilders import pod
-from kubeforge.api import contract, rljob
+from kubeforge.api import contract, progress, rljob
 from kubeforge.operator import exports, lifecycle, observed, status
 
 REQ = {contract.ANNOTATION_EXPORT_REQUEST: "r1"}
@@ -69,10 +69,10 @@ def test_last_export_reaches_status_and_stays() -> None:
 
 def test_malformed_last_export_is_ignored_not_the_progress() -> None:
     for bad in ({"path": "/x", "step": 1}, {"request": "", "step": 1}, {"request": "r", "step": "x"}, "r1", 3):
-        report = observed.parse_progress(json.dumps({"step": 4, "lastExport": bad}))
+        report = progress.ProgressReport.decode(json.dumps({"step": 4, "lastExport": bad}))
         assert report is not None and report.step == 4 and report.last_export is None
-    ok = observed.parse_progress(json.dumps({"step": 4, "lastExport": {"request": "r", "step": 4}}))
-    assert ok is not None and ok.last_export == observed.ExportReport(request="r", path=None, step=4)
+    ok = progress.ProgressReport.decode(json.dumps({"step": 4, "lastExport": {"request": "r", "step": 4}}))
+    assert ok is not None and ok.last_export == rljob.ExportInfo(request="r", path=None, step=4)
 
 
 def test_pod_facts_carry_the_pods_export_request() -> None:

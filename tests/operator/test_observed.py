@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import opbuilders
+from kubeforge.api import progress
 from kubeforge.operator import observed
 
 
@@ -22,11 +23,11 @@ def test_clean_exit_and_running_are_not_failures() -> None:
 
 
 def test_malformed_progress_is_ignored() -> None:
-    assert observed.parse_progress("{not json") is None
-    assert observed.parse_progress('["a"]') is None
-    assert observed.parse_progress('{"step": "x"}') is None
-    p = observed.parse_progress('{"step": 3, "meanReward": 0.5, "policyVersion": 3, "done": false}')
-    assert p == observed.ProgressReport(step=3, mean_reward=0.5, policy_version=3, done=False)
+    assert progress.ProgressReport.decode("{not json") is None
+    assert progress.ProgressReport.decode('["a"]') is None
+    assert progress.ProgressReport.decode('{"step": "x"}') is None
+    p = progress.ProgressReport.decode('{"step": 3, "meanReward": 0.5, "policyVersion": 3, "done": false}')
+    assert p == progress.ProgressReport(step=3, mean_reward=0.5, policy_version=3, done=False)
 
 
 def test_unschedulable_message_and_stale_pods() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from kubeforge.api import contract, load
+from kubeforge.api import contract, load, roleenv
 from kubeforge.runtime import config, types, wire
 from kubeforge.runtime.launcher import main as launcher_main
 from kubeforge.runtime.launcher import ports
@@ -110,7 +110,7 @@ def test_running_verifier_survives_fuzzed_frames(tmp_path: Path) -> None:
     job = load.parse(GOOD)
     manifest = write(tmp_path, GOOD)
     bases = ports.allocate(3)
-    peers = {r: [config.Peer(host="127.0.0.1", port_base=b)] for r, b in zip(contract.ROLES, bases)}
+    peers = {r: [roleenv.Peer(host="127.0.0.1", port_base=b)] for r, b in zip(contract.ROLES, bases)}
     env = {**os.environ, **config.role_env(job=job, config_path=str(manifest), role="verifier", index=0, peers=peers)}
     ctx = zmq.Context.instance()
     trainer_in = ctx.socket(zmq.PULL)           # stands in for trainer 0's data port

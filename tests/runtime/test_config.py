@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeforge.api import contract, load
+from kubeforge.api import contract, load, roleenv
 from kubeforge.runtime import config
 
 DOC = {
@@ -18,10 +18,11 @@ DOC = {
 }
 
 
-def peers() -> dict[str, list[config.Peer]]:
-    return {"generator": [config.Peer(host="127.0.0.1", port_base=30000), config.Peer(host="127.0.0.1", port_base=30010)],
-            "verifier": [config.Peer(host="v-0.svc", port_base=29500)],
-            "trainer": [config.Peer(host="t-0", port_base=31000), config.Peer(host="t-1", port_base=31010)]}
+def peers() -> dict[str, list[roleenv.Peer]]:
+    peer = roleenv.Peer
+    return {"generator": [peer(host="127.0.0.1", port_base=30000), peer(host="127.0.0.1", port_base=30010)],
+            "verifier": [peer(host="v-0.svc", port_base=29500)],
+            "trainer": [peer(host="t-0", port_base=31000), peer(host="t-1", port_base=31010)]}
 
 
 @pytest.fixture()
@@ -44,7 +45,7 @@ def test_round_trip(manifest: Path) -> None:
     assert cfg.peer("verifier", 0).address(contract.PORT_DATA) == "tcp://v-0.svc:29501"
     assert cfg.bind_address(contract.PORT_CONTROL) == "tcp://127.0.0.1:31012"
     assert cfg.checkpoint_dir == "/tmp/ck" and str(cfg.run_dir) == "/tmp/run"
-    assert cfg.report == config.REPORT_JSONL and cfg.name == "trainer-1"
+    assert cfg.report == roleenv.REPORT_JSONL and cfg.name == "trainer-1"
     assert cfg.spec.algorithm.prompts_per_step == 4
 
 
@@ -55,7 +56,7 @@ def test_defaults_are_the_pod_defaults(manifest: Path) -> None:
         del env[key]
     cfg = config.from_env(env)
     assert cfg.port_base == contract.DEFAULT_PORT_BASE and cfg.bind_host == "0.0.0.0"
-    assert cfg.checkpoint_dir == "/checkpoints" and cfg.report == config.REPORT_STDOUT and cfg.attempt == 0
+    assert cfg.checkpoint_dir == "/checkpoints" and cfg.report == roleenv.REPORT_STDOUT and cfg.attempt == 0
 
 
 def test_every_problem_named_at_once(manifest: Path) -> None:

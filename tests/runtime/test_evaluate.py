@@ -11,11 +11,9 @@ import pytest
 import torch
 import transformers
 
-from kubeforge.api import rljob
-from kubeforge.operator import observed
+from kubeforge.api import progress, rljob
 from kubeforge.runtime import models, tasks, types
 from kubeforge.runtime.launcher import plot, summary
-from kubeforge.runtime.roles import report
 from kubeforge.runtime.trainer import evaluate, schedule
 
 
@@ -132,15 +130,16 @@ def test_eval_figures_reach_summary_plot_annotation_and_status(tmp_path: Path) -
     recs = [{"step": 1, "mean_reward": 0.1, "completions": 4, "time": 1.0, "eval_accuracy": 0.2,
              "eval_accuracy_base": 0.2},
             {"step": 2, "mean_reward": 0.3, "completions": 4, "time": 2.0, "eval_accuracy": 0.5, "evaluated": True}]
+    recs = [progress.StepRecord(**r) for r in recs]
     s = summary.summarize(recs, wall_seconds=3.0, metrics_path="m")
     assert (s["eval_accuracy_before"], s["eval_accuracy_after"]) == (0.2, 0.5)
-    assert summary.summarize(recs[:1] and [{"step": 1, "mean_reward": 0.1, "time": 1.0}], wall_seconds=1.0,
+    assert summary.summarize(recs[:1] and [progress.StepRecord(step=1, mean_reward=0.1, time=1.0)], wall_seconds=1.0,
                              metrics_path="m")["eval_accuracy_after"] is None
     assert plot.reward_curve(recs, path=tmp_path / "r.png", title="t").stat().st_size > 0
-    text = report.progress_annotation(recs[1], done=False)
+    text = progress.ProgressReport.of_step(recs[1], done=False).encode()
     assert json.loads(text)["evalAccuracy"] == 0.5
-    assert "evalAccuracy" not in report.progress_annotation({"step": 1}, done=False)
-    parsed = observed.parse_progress(text)
+    assert "evalAccuracy" not in progress.ProgressReport.of_step(progress.StepRecord(step=1), done=False).encode()
+    parsed = progress.ProgressReport.decode(text)
     assert parsed is not None and parsed.eval_accuracy == 0.5
 
 

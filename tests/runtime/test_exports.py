@@ -12,7 +12,7 @@ from pathlib import Path
 import safetensors.torch
 
 import test_roles_inprocess as rp
-from kubeforge.api import contract
+from kubeforge.api import contract, progress
 from kubeforge.runtime import transport
 from kubeforge.runtime.roles import exports, report
 
@@ -93,9 +93,9 @@ def test_pod_annotation_request_and_last_export_on_the_progress_annotation() -> 
     reqs.served("a")
     assert reqs.pending() is None
     rep = report.PodAnnotationReporter(pod="j-trainer-0", namespace="ns", api=api)
-    rep.step({"step": 3, "mean_reward": 0.5, "policy_version": 3, "export": "/c/export-step-000003",
-              "export_request": "a"})
-    rep.step({"step": 4, "mean_reward": 0.6, "policy_version": 4})
+    rep.step(progress.StepRecord(**{"step": 3, "mean_reward": 0.5, "policy_version": 3, "export": "/c/export-step-000003",
+              "export_request": "a"}))
+    rep.step(progress.StepRecord(**{"step": 4, "mean_reward": 0.6, "policy_version": 4}))
     last = json.loads(api.patches[-1][contract.ANNOTATION_PROGRESS])
     assert last["step"] == 4 and last["lastExport"] == {"request": "a", "path": "/c/export-step-000003", "step": 3}
     # a restarted container of the same pod (new process, nothing in memory) does not serve "a" again: its pod's

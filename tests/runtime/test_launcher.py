@@ -28,7 +28,7 @@ import pytest
 import yaml
 import zmq
 
-from kubeforge.api import contract, rljob
+from kubeforge.api import contract, progress, rljob
 from kubeforge.runtime import transport, wire
 from kubeforge.runtime.launcher import summary, supervisor
 
@@ -65,7 +65,7 @@ def processes(run_dir: Path) -> dict[tuple[str, int], dict[str, int]]:
 
 
 def steps_done(run_dir: Path) -> list[int]:
-    return [r["step"] for r in summary.read_records(run_dir / "metrics.jsonl")]
+    return [r.step for r in summary.read_records(run_dir / "metrics.jsonl")]
 
 
 def wait_for(pred: Any, *, timeout: float, proc: subprocess.Popen[str] | None = None) -> Any:
@@ -204,10 +204,10 @@ def test_two_generators_two_trainers_fuzzed_killed_and_resumed(tmp_path: Path) -
     assert result["steps"] == steps and result["restarts"] == 1
     assert "trainer trainer-0 failed (exit code 137, reason Error): restarting every role" in err
     records = summary.read_records(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, steps + 1))        # none lost, none repeated
-    assert [r["policy_version"] for r in records] == list(range(1, steps + 1))
-    resumed = [r["step"] for r in records if r["time"] > killed_at]
-    kept = [r["step"] for r in records if r["time"] <= killed_at]
+    assert [r.step for r in records] == list(range(1, steps + 1))        # none lost, none repeated
+    assert [r.policy_version for r in records] == list(range(1, steps + 1))
+    resumed = [r.step for r in records if r.time > killed_at]
+    kept = [r.step for r in records if r.time <= killed_at]
     assert resumed and kept and resumed[0] == kept[-1] + 1 and kept[-1] % 3 == 0   # resumed at a checkpoint
     assert (run_dir / "summary.json").exists() and (run_dir / "reward.png").stat().st_size > 1000
     assert {n for n, a in processes(run_dir) if a == 1} == {"generator-0", "generator-1", "verifier-0",
@@ -276,7 +276,7 @@ def test_summary_figures() -> None:
              "weight_sync_seconds": 0.5 if s < 20 else None, "weight_sync_bytes": 1e9 if s < 20 else None}
             for s in range(1, 21)]
     recs.append({**recs[4], "mean_reward": 9.0})                      # a repeated step: the last record wins
-    out = summary.summarize(recs, wall_seconds=60.0, metrics_path="m.jsonl")
+    out = summary.summarize([progress.StepRecord(**r) for r in recs], wall_seconds=60.0, metrics_path="m.jsonl")
     assert out["steps"] == 20 and out["completions"] == 200
     assert out["completions_per_second"] == pytest.approx(190 / 38)
     assert out["reward_first"] == pytest.approx((sum(s / 20 for s in range(1, 11)) - 5 / 20 + 9.0) / 10)
@@ -307,7 +307,7 @@ def test_watchdog_kills_a_process_whose_heartbeat_is_too_old(tmp_path: Path) -> 
         port = _free_port()
         specs.append(supervisor.ProcSpec(name=name, role=name.split("-")[0],
                                          argv=[sys.executable, "-c", script, str(port), str(deadline), start, ready],
-                                         env={**os.environ, contract.ENV_PORT_BASE: str(port)},
+                                         env=dict(os.environ), port_base=port,
                                          log=tmp_path / f"{name}.log"))
     group = supervisor.Group(specs)
     group.start()

@@ -18,7 +18,7 @@ import pytest
 import torch
 import transformers
 
-from kubeforge.api import load, rljob
+from kubeforge.api import load, progress, rljob
 from kubeforge.runtime import metrics, models, tasks, transport, types, verifiers, wire
 from kubeforge.runtime.roles import generator as generator_role
 from kubeforge.runtime.roles import observe, report
@@ -309,7 +309,7 @@ def test_jsonl_reporter_rewrites_to_the_resumed_step(tmp_path: Path) -> None:
     rep = report.JsonlReporter(path=path, echo=False)
     rep.resumed(step=0)
     for s in range(1, 6):
-        rep.step({"step": s, "mean_reward": 0.1 * s, "policy_version": s})
+        rep.step(progress.StepRecord(**{"step": s, "mean_reward": 0.1 * s, "policy_version": s}))
     with path.open("a") as f:
         f.write('{"step": 6, "mean_rew')                      # a torn line from a killed writer
     rep.resumed(step=3)
@@ -329,8 +329,8 @@ def test_pod_annotation_reporter_patches_its_pod() -> None:
 
     api = Api()
     rep = report.PodAnnotationReporter(pod="tiny-trainer-0", namespace="ns", api=api)
-    rep.step({"step": 4, "mean_reward": 0.5, "policy_version": 4})
-    rep.done({"step": 5, "policy_version": 5})
+    rep.step(progress.StepRecord(**{"step": 4, "mean_reward": 0.5, "policy_version": 4}))
+    rep.done(progress.StepRecord(**{"step": 5, "policy_version": 5}))
     from kubeforge.api import contract
     assert all(set(c) == {contract.ANNOTATION_PROGRESS} for c in api.calls)
     values = [json.loads(c[contract.ANNOTATION_PROGRESS]) for c in api.calls]
@@ -350,8 +350,8 @@ def test_pod_annotation_done_keeps_the_last_steps_reward() -> None:
             calls.append(dict(annotations))
 
     rep = report.PodAnnotationReporter(pod="tiny-trainer-0", namespace="ns", api=Api())
-    rep.step({"step": 40, "mean_reward": 0.75, "policy_version": 40})
-    rep.done({"step": 40, "policy_version": 40})
+    rep.step(progress.StepRecord(**{"step": 40, "mean_reward": 0.75, "policy_version": 40}))
+    rep.done(progress.StepRecord(**{"step": 40, "policy_version": 40}))
     from kubeforge.api import contract
     last = json.loads(calls[-1][contract.ANNOTATION_PROGRESS])
     assert last == {"step": 40, "meanReward": 0.75, "policyVersion": 40, "done": True}

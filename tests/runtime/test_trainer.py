@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import _trainer_util as util
+import test_config as tc
+from kubeforge.runtime import config
 from kubeforge.runtime.trainer import batch as batch_mod
 from kubeforge.runtime.trainer import logprobs, parallel, step
 
@@ -154,13 +156,13 @@ def test_named_tensors_are_hf_names_of_the_live_weights(tiny: Path) -> None:
     assert torch.equal(dict(t.named_tensors())["model.norm.weight"], t.model.model.norm.weight)
 
 
-def test_dist_config_from_env_contract() -> None:
-    env = {"KUBEFORGE_INDEX": "1", "KUBEFORGE_TRAINER_REPLICAS": "2",
-           "KUBEFORGE_PEERS_TRAINER": "tiny-trainer-0.tiny-trainer:29500,tiny-trainer-1.tiny-trainer:29500"}
-    c = parallel.DistConfig.from_env(env=env, backend="gloo")
-    assert (c.rank, c.world_size, c.master_host, c.master_port) == (1, 2, "tiny-trainer-0.tiny-trainer", 29503)
+def test_dist_config_of_the_role_config(tmp_path: Path) -> None:
+    manifest = tmp_path / "job.json"
+    manifest.write_text(json.dumps(tc.DOC))            # two trainer pods at t-0:31000 and t-1:31010
+    c = parallel.DistConfig.of_role(config.from_env(tc.env_for(manifest, role="trainer", index=1)), backend="gloo")
+    assert (c.rank, c.world_size, c.master_host, c.master_port) == (1, 2, "t-0", 31003)
     with pytest.raises(ValueError, match="KUBEFORGE_INDEX"):
-        parallel.DistConfig.from_env(env={**env, "KUBEFORGE_INDEX": "2"})
+        config.from_env({**tc.env_for(manifest, role="trainer", index=1), "KUBEFORGE_INDEX": "2"})
 
 
 @pytest.mark.slow

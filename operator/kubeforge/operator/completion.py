@@ -6,9 +6,8 @@ before the checkpoint is written, and a job marked Succeeded scales its pods to 
 """
 from __future__ import annotations
 
-from kubeforge.api import rljob
-from kubeforge.operator import observed
+from kubeforge.api import progress, rljob
 
 
-def done(job: rljob.RLJob, report: observed.ProgressReport | None) -> bool:
+def done(job: rljob.RLJob, report: progress.ProgressReport | None) -> bool:
     return report is not None and report.done

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from kubeforge.api import failures, rljob
+from kubeforge.api import failures, progress, rljob
 from kubeforge.operator import completion, deadline, failure_policy, names, observed, reasons, timefmt, ttl
 from kubeforge.operator.render import statefulset
 
@@ -51,7 +51,7 @@ class Plan:
     requeue_after: float | None = None
 
 
-def trainer_report(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> observed.ProgressReport | None:
+def trainer_report(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> progress.ProgressReport | None:
     """Progress reported on trainer rank 0's pod of the current attempt."""
     rank0 = names.pod(job.metadata.name, "trainer", 0)
     for p in obs.of_attempt(attempt):
@@ -60,14 +60,8 @@ def trainer_report(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> ob
     return None
 
 
-def _progress(report: observed.ProgressReport | None, prev: rljob.Progress) -> rljob.Progress:
-    if report is None:
-        return prev
-    last = report.last_export
-    export = prev.last_export if last is None else rljob.ExportInfo(request=last.request, path=last.path,
-                                                                      step=last.step)
-    return rljob.Progress(step=report.step, mean_reward=report.mean_reward, policy_version=report.policy_version,
-                          eval_accuracy=report.eval_accuracy, last_export=export)   # lastExport stays once set
+def _progress(report: progress.ProgressReport | None, prev: rljob.Progress) -> rljob.Progress:
+    return prev if report is None else report.status(prev)
 
 
 def _failure_info(f: observed.Failure, action: str, now: dt.datetime) -> rljob.FailureInfo:

@@ -8,11 +8,10 @@ hands over pods it saw fail in watch events (a Failed pod can be replaced before
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kubeforge.api import contract
+from kubeforge.api import contract, progress
 from kubeforge.operator import names
 
 Raw = Mapping[str, Any]
@@ -37,27 +36,6 @@ class Failure:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ProgressReport:
-    """The trainer rank 0's progress annotation, parsed."""
-
-    step: int = 0
-    mean_reward: float | None = None
-    policy_version: int = 0
-    done: bool = False
-    eval_accuracy: float | None = None
-    last_export: ExportReport | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ExportReport:
-    """``lastExport`` of the progress annotation: an export the trainer served on request."""
-
-    request: str
-    path: str | None
-    step: int
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class PodFacts:
     """One pod of the job."""
 
@@ -73,7 +51,7 @@ class PodFacts:
     restarts: int
     unschedulable: str | None        # the scheduler's message while the pod cannot be placed
     failure: Failure | None
-    progress: ProgressReport | None
+    progress: progress.ProgressReport | None
     stuck: tuple[str, str] | None = None   # (reason, message) of a container that cannot start (STUCK_REASONS)
     export_request: str | None = None      # the pod's contract.ANNOTATION_EXPORT_REQUEST (the operator's relay)
 
@@ -111,35 +89,6 @@ def _int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
-
-
-def parse_progress(text: str | None) -> ProgressReport | None:
-    """``contract.ANNOTATION_PROGRESS`` as a report, or None when absent or malformed."""
-    if not text:
-        return None
-    try:
-        doc = json.loads(text)
-        if not isinstance(doc, dict):
-            return None
-        reward, acc = doc.get("meanReward"), doc.get("evalAccuracy")
-        return ProgressReport(
-            step=int(doc.get("step", 0)), policy_version=int(doc.get("policyVersion", 0)),
-            mean_reward=None if reward is None else float(reward), done=bool(doc.get("done", False)),
-            eval_accuracy=None if acc is None else float(acc), last_export=_export_report(doc.get("lastExport")))
-    except (ValueError, TypeError):
-        return None
-
-
-def _export_report(doc: Any) -> ExportReport | None:
-    """``lastExport`` as a report; None when absent or malformed (the rest of the progress still counts)."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("request"), str) or not doc["request"]:
-        return None
-    path = doc.get("path")
-    try:
-        step = int(doc.get("step", 0))
-    except (TypeError, ValueError):
-        return None
-    return ExportReport(request=doc["request"], path=path if isinstance(path, str) else None, step=step)
 
 
 # Pod-level ends and the failure-policy reason they match (kubeforge.api.rljob.FailureReason).
@@ -201,7 +150,7 @@ def pod_facts(pod: Raw) -> PodFacts:
         terminating=md.get("deletionTimestamp") is not None,
         restarts=sum(int(cs.get("restartCount", 0)) for cs in st.get("containerStatuses") or []),
         unschedulable=unsched, failure=pod_failure(pod),
-        progress=parse_progress(ann.get(contract.ANNOTATION_PROGRESS)), stuck=_stuck(st),
+        progress=progress.ProgressReport.decode(ann.get(contract.ANNOTATION_PROGRESS)), stuck=_stuck(st),
         export_request=ann.get(contract.ANNOTATION_EXPORT_REQUEST),
     )
 

@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubeforge.api import contract, failures, load, rljob
+from kubeforge.api import contract, failures, load, rljob, roleenv
 from kubeforge.runtime import affinity, config, hardware
-from kubeforge.runtime.launcher import placement, plot, ports, progress, rundir, summary, supervisor
+from kubeforge.runtime.launcher import placement, plot, ports, progressbar, rundir, summary, supervisor
 
 POLL_SECONDS = 0.5
 FAILURES = "failures.jsonl"      # one line per failure decision (the fault campaign reads it)
@@ -72,7 +72,7 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
     # gets as many: simpler than two disjoint allocations)
     bases = bases or ports.allocate(sum(counts.values()), blocks=roles.trainer.ranks())
     it = iter(bases)
-    peers = {r: [config.Peer(host="127.0.0.1", port_base=next(it)) for _ in range(counts[r])]
+    peers = {r: [roleenv.Peer(host="127.0.0.1", port_base=next(it)) for _ in range(counts[r])]
              for r in contract.ROLES}
     out = []
     for role in ("trainer", "verifier", "generator"):
@@ -81,7 +81,7 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
             fixed = config.role_env(
                 job=job, config_path=str(run.manifest), role=role, index=i, peers=peers,
                 run_dir=str(run.root), checkpoint_dir=str(run.checkpoints), attempt=attempt,
-                report=config.REPORT_JSONL, job_key=job_key)
+                report=roleenv.REPORT_JSONL, job_key=job_key)
             # the role's own env as on a pod (render/env.py): over the launcher's, under the contract (the API
             # refuses KUBEFORGE_* names in it anyway)
             env.update({e.name: e.value for e in getattr(roles, role).env})
@@ -95,7 +95,7 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
             name = f"{role}-{i}"
             out.append(supervisor.ProcSpec(
                 name=name, role=role, argv=[sys.executable, "-m", "kubeforge.cli", "role", role], env=env,
-                log=run.log(name)))
+                log=run.log(name), port_base=peers[role][i].port_base))
     return out
 
 
@@ -123,7 +123,7 @@ class Tally:
                                     "reason": cause.reason if cause else None, "message": decision.message}) + "\n")
 
 
-def _watch(group: supervisor.Group, *, job: rljob.RLJob, tally: Tally, attempt: int, bar: progress.Progress
+def _watch(group: supervisor.Group, *, job: rljob.RLJob, tally: Tally, attempt: int, bar: progressbar.Progress
            ) -> tuple[supervisor.Verdict, failures.Decision | None]:
     """Watch one attempt until it succeeds, fails or must restart whole; restarts in place on the way."""
     policy = job.spec.failure_policy
@@ -146,7 +146,7 @@ def _watch(group: supervisor.Group, *, job: rljob.RLJob, tally: Tally, attempt: 
         time.sleep(POLL_SECONDS)
 
 
-def supervise(job: rljob.RLJob, run: rundir.RunDir, bar: progress.Progress, tally: Tally | None = None
+def supervise(job: rljob.RLJob, run: rundir.RunDir, bar: progressbar.Progress, tally: Tally | None = None
               ) -> tuple[int, int]:
     """Run attempts until success or failure; returns (exit status, restarts used)."""
     tally = tally or Tally(log=run.root / FAILURES)
@@ -211,7 +211,7 @@ def run(*, file: str, run_dir: str | None = None, steps: int | None = None,
     run = rundir.create(job_name=job.metadata.name, explicit=run_dir)
     run.manifest.write_text(json.dumps(load.dump(job), indent=1))
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    bar = progress.Progress(metrics=run.metrics, total=job.spec.algorithm.steps)
+    bar = progressbar.Progress(metrics=run.metrics, total=job.spec.algorithm.steps)
     try:
         _err(f"run directory {run.root}")
         slow = None if pathlib.Path("/proc/driver/nvidia/version").exists() else \

@@ -2,19 +2,20 @@
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+
+from kubeforge.api import progress
 
 
-def reward_curve(records: Sequence[Mapping[str, Any]], *, path: pathlib.Path, title: str) -> pathlib.Path:
+def reward_curve(records: Sequence[progress.StepRecord], *, path: pathlib.Path, title: str) -> pathlib.Path:
     """Plot mean reward per step (and a 10-step moving average), and the held-out greedy accuracy at each
     evaluation when the job has one (same axis: both lie in [0, 1] for the usual verifiers); returns ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [int(r["step"]) for r in records if r.get("mean_reward") is not None]
-    rewards = [float(r["mean_reward"]) for r in records if r.get("mean_reward") is not None]
+    steps = [r.step for r in records if r.mean_reward is not None]
+    rewards = [r.mean_reward for r in records if r.mean_reward is not None]
     avg = [sum(rewards[max(0, i - 9):i + 1]) / len(rewards[max(0, i - 9):i + 1]) for i in range(len(rewards))]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.plot(steps, rewards, alpha=0.4, label="mean reward")
@@ -23,8 +24,8 @@ def reward_curve(records: Sequence[Mapping[str, Any]], *, path: pathlib.Path, ti
     ax.set_ylabel("reward")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    evals = [(0, float(r["eval_accuracy_base"])) for r in records if r.get("eval_accuracy_base") is not None]
-    evals += [(int(r["step"]), float(r["eval_accuracy"])) for r in records if r.get("evaluated")]
+    evals = [(0, r.eval_accuracy_base) for r in records if r.eval_accuracy_base is not None]
+    evals += [(r.step, r.eval_accuracy) for r in records if r.evaluated and r.eval_accuracy is not None]
     if evals:
         ax.plot([s for s, _ in evals], [a for _, a in evals], "o-", color="tab:green",
                 label="held-out greedy accuracy")

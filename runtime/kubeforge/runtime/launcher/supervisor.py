@@ -43,6 +43,7 @@ class ProcSpec:
     argv: Sequence[str]
     env: Mapping[str, str]
     log: pathlib.Path
+    port_base: int = 0        # the process's first port (its /healthz at + contract.PORT_METRICS); 0: none
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -174,8 +175,7 @@ class Watchdog:
         for spec in self.group.specs:
             if spec.name in exited or spec.name in self.killed:
                 continue
-            port = int(spec.env.get(contract.ENV_PORT_BASE, "0")) + contract.PORT_METRICS
-            if port and _health(port) == 503:
+            if spec.port_base and _health(spec.port_base + contract.PORT_METRICS) == 503:
                 self.killed.add(spec.name)
                 self.group.kill(spec.name)
 

@@ -24,9 +24,9 @@ import pathlib
 import sys
 import time
 import uuid
-from typing import Any, Protocol
+from typing import Protocol
 
-from kubeforge.api import contract
+from kubeforge.api import contract, progress
 from kubeforge.runtime import podapi
 
 REQUEST_FILE = "export-request"
@@ -115,28 +115,21 @@ class PodAnnotationRequests:
         self.last = request
 
 
-def _served_on_pod(progress: str | None) -> str | None:
+def _served_on_pod(text: str | None) -> str | None:
     """``lastExport.request`` of a progress annotation (what an earlier process in this pod served), else None."""
-    try:
-        doc = json.loads(progress or "")
-        request = doc["lastExport"]["request"]
-    except (ValueError, TypeError, KeyError):
-        return None
-    return request if isinstance(request, str) else None
+    report = progress.ProgressReport.decode(text)
+    return report.last_export.request if report is not None and report.last_export is not None else None
 
 
-def served_record(run_dir: pathlib.Path, request_id: str) -> dict[str, Any] | None:
+def served_record(run_dir: pathlib.Path, request_id: str) -> progress.StepRecord | None:
     """The step record of ``run_dir/metrics.jsonl`` that served ``request_id``, if any."""
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
         return None
     for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("export_request") == request_id:
+        rec = progress.StepRecord.decode(line)
+        if rec is not None and rec.export_request == request_id:
             return rec
     return None
 
@@ -152,7 +145,7 @@ def cli(*, run_dir: str, wait_s: float, poll_s: float = 1.0) -> int:
     while True:
         rec = served_record(root, rid)
         if rec is not None:
-            print(json.dumps({"request": rid, "export": rec.get("export"), "step": rec.get("step")}), flush=True)
+            print(json.dumps({"request": rid, "export": rec.export, "step": rec.step}), flush=True)
             return 0
         if time.monotonic() >= deadline:
             print(json.dumps({"request": rid, "export": None, "pending": True}), flush=True)

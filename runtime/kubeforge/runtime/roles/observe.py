@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from kubeforge.api import progress
 from kubeforge.runtime import metrics as metrics_mod
 from kubeforge.runtime import types, wire
 from kubeforge.runtime.roles import generator as generator_role
@@ -126,21 +127,21 @@ class VerifierObserver(Base):
 
 
 class TrainerObserver(Base):
-    def trained(self, *, record: Mapping[str, Any]) -> None:
+    def trained(self, *, record: progress.StepRecord) -> None:
         m = self.m
-        m.step.set(record.get("step", 0))
-        m.policy_version.set(record.get("policy_version", 0))
-        for key, gauge in (("loss", m.loss), ("kl", m.kl), ("clip_fraction", m.clip_fraction),
-                           ("grad_norm", m.grad_norm), ("mean_reward", m.reward_mean)):
-            if record.get(key) is not None:
-                gauge.set(record[key])
-        for phase, secs in (record.get("seconds") or {}).items():
+        m.step.set(record.step)
+        m.policy_version.set(record.policy_version)
+        for value, gauge in ((record.loss, m.loss), (record.kl, m.kl), (record.clip_fraction, m.clip_fraction),
+                             (record.grad_norm, m.grad_norm), (record.mean_reward, m.reward_mean)):
+            if value is not None:
+                gauge.set(value)
+        for phase, secs in record.seconds.items():
             if phase in metrics_mod.PHASES:
                 m.phase_seconds.labels(phase=phase).observe(secs)
-        if record.get("weight_sync_seconds") is not None:
-            m.weight_sync_seconds.observe(record["weight_sync_seconds"])
-            m.weight_sync_bytes.inc(record.get("weight_sync_bytes") or 0)
-        m.rollouts_received.inc(record.get("groups", 0))
+        if record.weight_sync_seconds is not None:
+            m.weight_sync_seconds.observe(record.weight_sync_seconds)
+            m.weight_sync_bytes.inc(record.weight_sync_bytes or 0)
+        m.rollouts_received.inc(record.groups)
 
     def dropped(self, *, reason: str) -> None:
         self.m.rollouts_dropped.labels(reason=reason).inc()

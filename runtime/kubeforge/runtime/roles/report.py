@@ -3,7 +3,7 @@
 - :class:`JsonlReporter` (local runs): appends one JSON record per optimizer step to ``<run dir>/metrics.jsonl``
   (the launcher tails it for the progress bar and summarises it) and echoes a short line on stdout.
 - :class:`PodAnnotationReporter` (``KUBEFORGE_REPORT=pod-annotation``): patches its own pod's
-  ``contract.ANNOTATION_PROGRESS`` annotation with ``{step, meanReward, policyVersion, done}`` with the pod's
+  ``contract.ANNOTATION_PROGRESS`` annotation with a :class:`~kubeforge.api.progress.ProgressReport` with the pod's
   service account (``podapi``); the operator turns it into ``status.progress`` and, once ``done``, success.
 
 Invariant: after a resume from step ``s`` the JSONL file is rewritten to hold only records of steps ``<= s``, so
@@ -15,10 +15,9 @@ import json
 import os
 import pathlib
 import sys
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
-from kubeforge.api import contract
+from kubeforge.api import contract, progress, rljob
 from kubeforge.runtime import podapi
 
 
@@ -26,10 +25,10 @@ class Reporter(Protocol):
     def resumed(self, *, step: int) -> None:
         """The trainer (re)starts after ``step`` completed steps (0 on a fresh start)."""
 
-    def step(self, record: Mapping[str, Any]) -> None:
-        """One optimizer step finished; ``record`` has at least step, mean_reward, policy_version."""
+    def step(self, record: progress.StepRecord) -> None:
+        """One optimizer step finished."""
 
-    def done(self, record: Mapping[str, Any]) -> None:
+    def done(self, record: progress.StepRecord) -> None:
         """The last step finished; the job has succeeded."""
 
 
@@ -39,10 +38,10 @@ class NullReporter:
     def resumed(self, *, step: int) -> None:
         pass
 
-    def step(self, record: Mapping[str, Any]) -> None:
+    def step(self, record: progress.StepRecord) -> None:
         pass
 
-    def done(self, record: Mapping[str, Any]) -> None:
+    def done(self, record: progress.StepRecord) -> None:
         pass
 
 
@@ -52,11 +51,11 @@ class StdoutReporter:
     def resumed(self, *, step: int) -> None:
         print(json.dumps({"resumed": step}), flush=True)
 
-    def step(self, record: Mapping[str, Any]) -> None:
-        print(json.dumps(dict(record)), flush=True)
+    def step(self, record: progress.StepRecord) -> None:
+        print(record.encode(), flush=True)
 
-    def done(self, record: Mapping[str, Any]) -> None:
-        print(json.dumps({"done": True, **dict(record)}), flush=True)
+    def done(self, record: progress.StepRecord) -> None:
+        print(json.dumps({"done": True, **record.model_dump(mode="json")}), flush=True)
 
 
 class JsonlReporter:
@@ -71,42 +70,26 @@ class JsonlReporter:
         keep: list[str] = []
         if self.path.exists():
             for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue          # a torn line from a killed writer
-                if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= step:
-                    keep.append(json.dumps(rec))
+                rec = progress.StepRecord.decode(line)     # None: a torn line from a killed writer
+                if rec is not None and rec.step <= step:
+                    keep.append(rec.encode())
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(x + "\n" for x in keep))
         os.replace(tmp, self.path)
 
-    def step(self, record: Mapping[str, Any]) -> None:
+    def step(self, record: progress.StepRecord) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps(dict(record)) + "\n")
+            f.write(record.encode() + "\n")
             f.flush()
             os.fsync(f.fileno())
         if self.echo:
-            reward = record.get("mean_reward")
-            print(f"step {record['step']} reward {reward if reward is None else round(reward, 4)} "
-                  f"policy {record.get('policy_version')}", file=sys.stdout, flush=True)
+            reward = record.mean_reward
+            print(f"step {record.step} reward {reward if reward is None else round(reward, 4)} "
+                  f"policy {record.policy_version}", file=sys.stdout, flush=True)
 
-    def done(self, record: Mapping[str, Any]) -> None:
+    def done(self, record: progress.StepRecord) -> None:
         if self.echo:
-            print(f"done after step {record.get('step')}", flush=True)
-
-
-def progress_annotation(record: Mapping[str, Any], *, done: bool) -> str:
-    """The annotation value: ``{"step", "meanReward", "policyVersion", "done"}`` (plus ``evalAccuracy`` once the
-    job has evaluated) as compact JSON."""
-    doc = {"step": int(record.get("step", 0)), "meanReward": record.get("mean_reward"),
-           "policyVersion": int(record.get("policy_version", 0)), "done": done}
-    if record.get("eval_accuracy") is not None:
-        doc["evalAccuracy"] = record["eval_accuracy"]
-    if record.get("export_request") is not None:
-        doc["lastExport"] = {"request": record["export_request"], "path": record.get("export"),
-                             "step": int(record.get("export_step", record.get("step", 0)))}
-    return json.dumps(doc, separators=(",", ":"))
+            print(f"done after step {record.step}", flush=True)
 
 
 class PodAnnotationReporter:
@@ -120,17 +103,18 @@ class PodAnnotationReporter:
         self.pod = pod
         self.namespace = namespace
         self._api = api
-        self._last: Mapping[str, Any] = {}
-        self._export: dict[str, Any] = {}
+        self._last: progress.StepRecord | None = None
+        self._export: rljob.ExportInfo | None = None
 
     def _client(self) -> podapi.Pod:
         if self._api is None:
             self._api = podapi.InClusterPod(pod=self.pod, namespace=self.namespace)
         return self._api
 
-    def _patch(self, record: Mapping[str, Any], *, done: bool) -> None:
+    def _patch(self, record: progress.StepRecord, *, done: bool) -> None:
+        report = progress.ProgressReport.of_step(record, done=done, last_export=self._export)
         try:
-            self._client().patch_annotations({contract.ANNOTATION_PROGRESS: progress_annotation(record, done=done)})
+            self._client().patch_annotations({contract.ANNOTATION_PROGRESS: report.encode()})
         except Exception as exc:  # progress is advisory: training goes on; the next step retries
             print(f"progress annotation patch failed: {exc}", file=sys.stderr, flush=True)
             if done:
@@ -139,18 +123,17 @@ class PodAnnotationReporter:
     def resumed(self, *, step: int) -> None:
         pass
 
-    def step(self, record: Mapping[str, Any]) -> None:
-        if record.get("export_request") is not None:       # lastExport stays on the annotation once set
-            self._export = {"export": record.get("export"), "export_request": record["export_request"],
-                            "export_step": record.get("step")}
-        record = {**record, **self._export}
+    def step(self, record: progress.StepRecord) -> None:
+        if record.export_request is not None:       # lastExport stays on the annotation once set
+            self._export = rljob.ExportInfo(request=record.export_request, path=record.export, step=record.step)
         self._last = record
         self._patch(record, done=False)
 
-    def done(self, record: Mapping[str, Any]) -> None:
-        same_step = self._last.get("step") == record.get("step")
-        reward = {"mean_reward": self._last.get("mean_reward")} if same_step and "mean_reward" not in record else {}
-        self._patch({**record, **reward}, done=True)
+    def done(self, record: progress.StepRecord) -> None:
+        last = self._last
+        if last is not None and last.step == record.step and record.mean_reward is None:
+            record = record.model_copy(update={"mean_reward": last.mean_reward})
+        self._patch(record, done=True)
 
 
 class Tee:
@@ -163,10 +146,10 @@ class Tee:
         for r in self.reporters:
             r.resumed(step=step)
 
-    def step(self, record: Mapping[str, Any]) -> None:
+    def step(self, record: progress.StepRecord) -> None:
         for r in self.reporters:
             r.step(record)
 
-    def done(self, record: Mapping[str, Any]) -> None:
+    def done(self, record: progress.StepRecord) -> None:
         for r in self.reporters:
             r.done(record)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import transformers
 
-from kubeforge.api import contract, rljob
+from kubeforge.api import contract, rljob, roleenv
 from kubeforge.runtime import config, hardware, metrics, models, tasks, transport, weightsync
 from kubeforge.runtime.roles import main as role_main
 from kubeforge.runtime.roles import exports, observe, report, sync
@@ -42,22 +42,19 @@ def settings(cfg: config.RoleConfig) -> loop.Settings:
 
 
 def reporter(cfg: config.RoleConfig) -> report.Reporter:
-    if cfg.report == config.REPORT_POD_ANNOTATION:
+    if cfg.report == roleenv.REPORT_POD_ANNOTATION:
         if not cfg.pod_name or not cfg.namespace:
             raise config.ConfigError([f"{contract.ENV_POD_NAME}/{contract.ENV_NAMESPACE}: Required value: "
                                       f"{contract.ENV_REPORT}=pod-annotation needs both"])
         return report.Tee(report.StdoutReporter(),
                           report.PodAnnotationReporter(pod=cfg.pod_name, namespace=cfg.namespace))
-    if cfg.report == config.REPORT_JSONL and cfg.run_dir is not None:
+    if cfg.report == roleenv.REPORT_JSONL and cfg.run_dir is not None:
         return report.JsonlReporter(path=pathlib.Path(cfg.run_dir) / "metrics.jsonl")
     return report.StdoutReporter()
 
 
 def _group(cfg: config.RoleConfig) -> parallel.DataParallel:
-    master = cfg.peer("trainer", 0)
-    dist = parallel.DistConfig(
-        rank=cfg.index, world_size=cfg.replicas("trainer"), master_host=master.host,
-        master_port=master.port(contract.PORT_DIST), backend="nccl" if torch.cuda.is_available() else "gloo")
+    dist = parallel.DistConfig.of_role(cfg, backend="nccl" if torch.cuda.is_available() else "gloo")
     return parallel.DataParallel(config=dist, device=device(cfg))
 
 
@@ -92,7 +89,7 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
 
 def export_requests(cfg: config.RoleConfig) -> exports.Requests | None:
     """Where rank 0 sees export requests: its pod's annotation on a cluster, the run directory locally."""
-    if cfg.report == config.REPORT_POD_ANNOTATION and cfg.pod_name and cfg.namespace:
+    if cfg.report == roleenv.REPORT_POD_ANNOTATION and cfg.pod_name and cfg.namespace:
         return exports.PodAnnotationRequests(pod=cfg.pod_name, namespace=cfg.namespace)
     if cfg.run_dir is not None:
         return exports.FileRequests(pathlib.Path(cfg.run_dir))
@@ -127,7 +124,7 @@ def generator_address(cfg: config.RoleConfig) -> Callable[[int], str | None]:
     """Where generator ``i`` listens, for a generator that joins a running job (elastic replicas): its stable DNS
     name on a cluster; locally the launcher's processes are fixed, so none can join."""
     namespace = cfg.namespace
-    if cfg.report != config.REPORT_POD_ANNOTATION or namespace is None:
+    if cfg.report != roleenv.REPORT_POD_ANNOTATION or namespace is None:
         return lambda index: None
     return lambda index: transport.tcp_address(contract.peer_host(cfg.job_name, "generator", index, namespace),
                                                contract.DEFAULT_PORT_BASE + contract.PORT_DATA)

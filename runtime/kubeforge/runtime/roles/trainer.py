@@ -63,6 +63,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from kubeforge.api import progress
 from kubeforge.runtime import transport, types, wire
 from kubeforge.runtime.roles import exports as exports_mod
 from kubeforge.runtime.roles import generator as generator_role
@@ -129,7 +130,7 @@ class WeightPusher(Protocol):
 
 
 class TrainerObserver(Protocol):
-    def trained(self, *, record: Mapping[str, Any]) -> None: ...
+    def trained(self, *, record: progress.StepRecord) -> None: ...
     def dropped(self, *, reason: str) -> None: ...
     def unexpected(self, *, kind: str) -> None: ...
 
@@ -494,7 +495,7 @@ class Loop:
         if (done % self.s.sync_every == 0) and not last:
             sync = self._push_overlapped(step=done)
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
-        record["wait_seconds"] = wait_seconds
+        record.wait_seconds = wait_seconds
         self._evaluate(record, done=done, last=last)
         if not last:          # the last step exports anyway, after the loop
             self._export_on_request(record)
@@ -508,7 +509,7 @@ class Loop:
             self.learner.save_checkpoint(directory=self.s.checkpoint_dir, keep=self.s.checkpoint_keep,
                                          data_cursor=done)
 
-    def _evaluate(self, record: dict[str, Any], *, done: int, last: bool) -> None:
+    def _evaluate(self, record: progress.StepRecord, *, done: int, last: bool) -> None:
         """Rank 0: held-out accuracy every ``eval_every`` steps and after the last; every record carries the latest
         (``eval_accuracy``), the step's own evaluation time, and the first also the base accuracy."""
         r0 = self.rank0
@@ -518,14 +519,14 @@ class Loop:
             self.beat("evaluate")
             result = r0.evaluate()
             self.eval_last = float(result.accuracy)
-            record["eval_seconds"] = float(result.seconds)
-            record["evaluated"] = True
+            record.eval_seconds = float(result.seconds)
+            record.evaluated = True
         if self.eval_last is not None:
-            record["eval_accuracy"] = self.eval_last
+            record.eval_accuracy = self.eval_last
         if done == 1 and self.eval_base is not None:
-            record["eval_accuracy_base"] = self.eval_base
+            record.eval_accuracy_base = self.eval_base
 
-    def _export_on_request(self, record: dict[str, Any]) -> None:
+    def _export_on_request(self, record: progress.StepRecord) -> None:
         """Rank 0's pending export request (if any), agreed by every rank (one broadcast), served by all."""
         r0 = self.rank0
         request = r0.exports.pending() if r0 is not None and r0.exports is not None else None
@@ -538,8 +539,8 @@ class Loop:
         path = self.learner.export(directory=self.s.checkpoint_dir)
         if r0 is not None and r0.exports is not None:
             r0.exports.served(str(request))
-            record["export"] = str(path) if path else None
-            record["export_request"] = str(request)
+            record.export = str(path) if path else None
+            record.export_request = str(request)
             print(f"trainer-0: export request {request}: {path}", flush=True)
 
     def _push_overlapped(self, *, step: int) -> generator_role.SyncResult | None:
@@ -601,20 +602,19 @@ class Loop:
             getattr(self.learner, "complete_sync", lambda: None)()
 
     def _record(self, stats: Any, groups: Sequence[types.RolloutGroup], *,
-                sync: generator_role.SyncResult | None, train_seconds: float) -> dict[str, Any]:
+                sync: generator_role.SyncResult | None, train_seconds: float) -> progress.StepRecord:
         base = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
         drops = sum(self.buffer.drops.values())
-        record = {
+        return progress.StepRecord(
             **base,
-            "time": self.clock(),
-            "step_seconds": train_seconds,
-            "weight_sync_seconds": sync.seconds if sync else None,
-            "weight_sync_bytes": sync.bytes if sync else None,
-            "dropped_stale": self.buffer.drops.get(buffer_mod.STALE, 0),
-            "dropped_total": drops,
-            "policy_lag": {str(k): v for k, v in sorted(self.buffer.lag_counts.items())},
-        }
-        return record
+            time=self.clock(),
+            step_seconds=train_seconds,
+            weight_sync_seconds=sync.seconds if sync else None,
+            weight_sync_bytes=sync.bytes if sync else None,
+            dropped_stale=self.buffer.drops.get(buffer_mod.STALE, 0),
+            dropped_total=drops,
+            policy_lag={str(k): v for k, v in sorted(self.buffer.lag_counts.items())},
+        )
 
     def _finish(self, exported: Any) -> None:
         assert self.rank0 is not None
@@ -624,6 +624,6 @@ class Loop:
                 self.generators.send(wire.Stop(reason="done"), to=g, timeout=5.0)
             except transport.TransportError:
                 pass
-        self.rank0.reporter.done({"step": self.learner.step, "policy_version": self.learner.policy_version,
-                                  "export": str(exported) if exported else None,
-                                  **({"eval_accuracy": self.eval_last} if self.eval_last is not None else {})})
+        self.rank0.reporter.done(progress.StepRecord(
+            step=self.learner.step, policy_version=self.learner.policy_version,
+            export=str(exported) if exported else None, eval_accuracy=self.eval_last))

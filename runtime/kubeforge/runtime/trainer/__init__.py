@@ -11,13 +11,13 @@ Modules:
   sharded (DCP) checkpoint I/O.
 - ``step``       — ``Trainer``: policy (+ frozen reference), AdamW, ``train_step`` (micro-batches),
   ``named_tensors``, ``follow_sync``, ``save_checkpoint``, ``resume``. Design: docs/trainer.md.
-- ``parallel``   — ``DistConfig.from_env`` / ``DataParallel``: torch.distributed group (gloo/NCCL), gradient mean.
+- ``parallel``   — ``DistConfig`` / ``DataParallel``: torch.distributed group (gloo/NCCL), gradient mean.
 - ``checkpoint`` — atomic checkpoints with manifest, checksums and a COMPLETE marker; ``latest``, ``load``.
 - ``metrics``    — ``StepMetrics``.
 
 Typical role loop (rank r of W)::
 
-    group = parallel.DataParallel(config=parallel.DistConfig.from_env())
+    group = parallel.DataParallel(config=parallel.DistConfig(rank=r, world_size=W, master_host=..., master_port=...))
     trainer = step.Trainer(model_path=models.resolve(spec.model), algorithm=spec.algorithm, group=group)
     state = trainer.resume(directory=ckpt_dir)              # None on a fresh start
     buf = buffer.RolloutBuffer(max_policy_lag=lag, capacity=...)

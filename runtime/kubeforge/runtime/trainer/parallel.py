@@ -6,9 +6,9 @@ and the replicas stay bit-identical. Neighbours: ``step.Trainer`` (calls every c
 every rank), ``checkpoint`` (rank 0 loads; the rest receive by broadcast), ``config``/the env contract (where the
 group's rendezvous lives).
 
-Rendezvous (``DistConfig.from_env``): rank = ``KUBEFORGE_INDEX``, world = ``KUBEFORGE_TRAINER_REPLICAS``, master =
-trainer 0's host from ``KUBEFORGE_PEERS_TRAINER`` at port ``portBase + contract.PORT_DIST``. Backend gloo on CPU,
-NCCL on CUDA. World size 1 creates no process group at all.
+Rendezvous (``DistConfig``, built by the trainer's start-up from its ``RoleConfig``): rank = the trainer's global
+rank, world = the trainer ranks, master = trainer 0's host at its port base + ``contract.PORT_DIST``. Backend gloo
+on CPU, NCCL on CUDA. World size 1 creates no process group at all.
 
 Invariants: collectives are issued in the same order on every rank (each ``train_step`` does: all-reduce of the
 loss denominators and step stats, then one all-reduce of the flattened gradients). A rank with no groups still
@@ -19,16 +19,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from kubeforge.api import contract
-
-ROLE = "trainer"
+from kubeforge.runtime import config
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,21 +43,11 @@ class DistConfig:
             raise ValueError(f"{contract.ENV_INDEX}: rank {self.rank} outside trainer world size {self.world_size}")
 
     @classmethod
-    def from_env(cls, *, env: Mapping[str, str] = os.environ, backend: str | None = None,
-                 timeout_s: float = 300.0) -> DistConfig:
-        """The trainer group from the env contract (see module docstring)."""
-        rank = int(env.get(contract.ENV_INDEX, "0"))
-        world = int(env.get(contract.env_replicas(ROLE), "1"))
-        peers = [p for p in env.get(contract.env_peers(ROLE), "").split(",") if p]
-        host, base = "127.0.0.1", contract.DEFAULT_PORT_BASE
-        if peers:
-            host, _, port = peers[0].rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"{contract.env_peers(ROLE)}: expected host:portBase entries, got {peers[0]!r}")
-            base = int(port)
-        chosen = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        return cls(rank=rank, world_size=world, master_host=host, master_port=base + contract.PORT_DIST,
-                   backend=chosen, timeout_s=timeout_s)
+    def of_role(cls, cfg: config.RoleConfig, *, backend: str) -> DistConfig:
+        """The trainer group of a trainer process: its global rank among every trainer rank, trainer 0 the master."""
+        master = cfg.peer("trainer", 0)
+        return cls(rank=cfg.index, world_size=cfg.replicas("trainer"), master_host=master.host,
+                   master_port=master.port(contract.PORT_DIST), backend=backend)
 
 
 class DataParallel:

@@ -5,10 +5,10 @@ the launcher needs no channel of its own to the trainer. stdout stays free for t
 """
 from __future__ import annotations
 
-import json
 import pathlib
 import sys
-from typing import Any
+
+from kubeforge.api import progress
 
 
 class Progress:
@@ -20,7 +20,7 @@ class Progress:
         self._path = metrics
         self._offset = 0
         self._partial = ""
-        self.last: dict[str, Any] | None = None
+        self.last: progress.StepRecord | None = None
         self._first_time: float | None = None
         self._done = 0
         self._bar = tqdm(total=total, file=sys.stderr, disable=not enabled, unit="step", dynamic_ncols=True)
@@ -39,26 +39,23 @@ class Progress:
         lines = (self._partial + chunk).split("\n")
         self._partial = lines.pop()
         for line in lines:
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            rec = progress.StepRecord.decode(line)
+            if rec is not None:
                 self._update(rec)
 
-    def _update(self, rec: dict[str, Any]) -> None:
+    def _update(self, rec: progress.StepRecord) -> None:
         if self._first_time is None:
-            self._first_time = float(rec.get("time", 0.0))
+            self._first_time = rec.time
             self._done = 0
         else:
-            self._done += int(rec.get("completions", 0))
-        dt = float(rec.get("time", 0.0)) - self._first_time
+            self._done += rec.completions
+        dt = rec.time - self._first_time
         rate = self._done / dt if dt > 0 else 0.0
-        self._bar.n = int(rec["step"])
-        reward = rec.get("mean_reward")
+        self._bar.n = rec.step
+        reward = rec.mean_reward
         post = {"reward": f"{reward:.3f}" if reward is not None else "-", "completions_s": f"{rate:.1f}"}
-        if rec.get("eval_accuracy") is not None:
-            post["eval_acc"] = f"{float(rec['eval_accuracy']):.2f}"
+        if rec.eval_accuracy is not None:
+            post["eval_acc"] = f"{rec.eval_accuracy:.2f}"
         self._bar.set_postfix(post, refresh=False)
         self._bar.refresh()
         self.last = rec

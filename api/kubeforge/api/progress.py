@@ -1,0 +1,157 @@
+"""Progress in two typed shapes, one home: what the trainer records per step and what it reports to the cluster.
+
+```
+ trainer rank 0 ── StepRecord ──▶ metrics.jsonl (local)   ──▶ launcher: progress bar, summary, plot
+               │               ─▶ Prometheus observer (gauges, histograms)
+               └─ ProgressReport ─▶ pod annotation kubeforge.dev/progress ──▶ operator ──▶ status.progress
+```
+
+- :class:`StepRecord` is one optimizer step: the trainer's figures (loss, reward, phase seconds, ...), the loop's
+  (wait, weight sync, drops), evaluation and export-on-request. Its JSON is one line of ``metrics.jsonl`` with
+  snake_case keys; the evaluation and export fields only when the step has them, every other field always.
+- :class:`ProgressReport` is ``status.progress`` (:class:`kubeforge.api.rljob.Progress`) plus ``done``: the
+  annotation's JSON in the API's camelCase, absent fields left out.
+
+Invariants:
+- A field of :class:`~kubeforge.api.rljob.Progress` that :class:`StepRecord` also has (same snake_case name) flows
+  from the step to the annotation to the status with no further code: adding a progress field touches this module
+  (the record) and ``rljob.Progress`` (the status), besides the code that computes its value.
+- Decoding never raises: a torn or malformed line or annotation is "unknown" (``None``), because a killed writer
+  or another version of kubeforge may have written it; unknown keys are ignored (a newer trainer may add some).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pydantic
+from pydantic import Field
+
+from kubeforge.api import rljob
+
+
+#: StepRecord fields a line carries only when the step has them (evaluated, exported).
+SPARSE = ("eval_accuracy", "eval_accuracy_base", "eval_seconds", "evaluated", "export", "export_request")
+
+
+class StepRecord(pydantic.BaseModel):
+    """One optimizer step as trainer rank 0 records it (a line of ``metrics.jsonl``)."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    step: int = Field(description="Optimizer steps done after this one (1 after the first).")
+    policy_version: int = Field(0, description="Version of the weights after this step.")
+    # the train step's figures (global over every trainer rank)
+    loss: float | None = None
+    kl: float | None = Field(None, description="Mean k3 KL per token (0 without a reference model).")
+    clip_fraction: float | None = None
+    ratio_mean: float | None = None
+    entropy: float | None = Field(None, description="Mean next-token entropy (nats) over completion tokens.")
+    grad_norm: float | None = Field(None, description="Before clipping.")
+    mean_reward: float | None = None
+    groups: int = 0
+    completions: int = 0
+    tokens: int = Field(0, description="Completion tokens trained on, all ranks (prompt tokens excluded).")
+    zero_signal_groups: int = Field(0, description="Groups whose rewards were all equal (no gradient from them).")
+    seconds: dict[str, float] = Field(default_factory=dict, description="Per train-step phase.")
+    learning_rate: float = 0.0
+    # the loop's figures
+    time: float = Field(0.0, description="Wall clock (seconds since the epoch) when the step's record was made.")
+    step_seconds: float | None = Field(None, description="The train step alone.")
+    wait_seconds: float = Field(0.0, description="Waiting for the step's scored groups.")
+    weight_sync_seconds: float | None = Field(None, description="The push that completed during this step.")
+    weight_sync_bytes: int | None = None
+    dropped_stale: int = 0
+    dropped_total: int = 0
+    policy_lag: dict[str, int] = Field(default_factory=dict, description="Groups trained by their policy lag.")
+    # evaluation (spec.evaluation)
+    eval_accuracy: float | None = Field(None, description="Held-out accuracy at the latest evaluation.")
+    eval_accuracy_base: float | None = Field(None, description="The base policy's (first record only).")
+    eval_seconds: float | None = None
+    evaluated: bool = Field(False, description="This step evaluated.")
+    # export on request
+    export: str | None = Field(None, description="The HF folder this step exported on request.")
+    export_request: str | None = Field(None, description="The request's id this step served.")
+
+    def encode(self) -> str:
+        """One JSONL line (without the newline)."""
+        doc = self.model_dump(mode="json")
+        for key in SPARSE:
+            if doc[key] is None or doc[key] is False:
+                del doc[key]
+        return json.dumps(doc)
+
+    @classmethod
+    def decode(cls, line: str | bytes) -> StepRecord | None:
+        """A line of ``metrics.jsonl``; None when torn, malformed or without an integer ``step``."""
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return None
+        return cls.from_doc(doc)
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> StepRecord | None:
+        if not isinstance(doc, dict) or not isinstance(doc.get("step"), int) or isinstance(doc["step"], bool):
+            return None
+        try:
+            return cls.model_validate(doc)
+        except pydantic.ValidationError:
+            return None
+
+
+class ProgressReport(rljob.Progress):
+    """Trainer rank 0's progress annotation: ``status.progress`` plus whether the job is done."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    done: bool = Field(False, description="The last step finished: the job has succeeded.")
+
+    @classmethod
+    def of_step(cls, record: StepRecord, *, done: bool,
+                last_export: rljob.ExportInfo | None = None) -> ProgressReport:
+        """The report of a step: every ``rljob.Progress`` field the record also has; ``lastExport`` is the one
+        given, else the record's own (when it served a request)."""
+        shared = {name: getattr(record, name) for name in rljob.Progress.model_fields
+                  if name in StepRecord.model_fields}
+        if last_export is None and record.export_request is not None:
+            last_export = rljob.ExportInfo(request=record.export_request, path=record.export, step=record.step)
+        return cls(**shared, last_export=last_export, done=done)
+
+    def encode(self) -> str:
+        """The annotation's value: compact camelCase JSON; ``evalAccuracy`` and ``lastExport`` only once known."""
+        doc = self.model_dump(mode="json", by_alias=True)
+        for key in ("evalAccuracy", "lastExport"):
+            if doc.get(key) is None:
+                doc.pop(key, None)
+        return json.dumps(doc, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str | None) -> ProgressReport | None:
+        """The annotation as a report; None when absent or malformed. A malformed ``lastExport`` alone is dropped
+        (the rest of the progress still counts)."""
+        if not text:
+            return None
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        export = doc.get("lastExport")
+        if export is not None and not (isinstance(export, dict) and isinstance(export.get("request"), str)
+                                       and export["request"]):
+            doc = {k: v for k, v in doc.items() if k != "lastExport"}     # a request needs its id
+        for attempt in (doc, {k: v for k, v in doc.items() if k != "lastExport"}):
+            try:
+                return cls.model_validate(attempt)
+            except pydantic.ValidationError:
+                continue
+        return None
+
+    def status(self, previous: rljob.Progress) -> rljob.Progress:
+        """``status.progress`` from this report; ``lastExport`` stays once set."""
+        doc = self.model_dump(exclude={"done"})
+        if self.last_export is None:
+            doc["last_export"] = previous.last_export
+        return rljob.Progress.model_validate(doc)
