@@ -38,15 +38,18 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import urllib3
+import yaml
+
+from kubeforge.api import contract
+from kubeforge.operator import apply
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "operator"), str(ROOT / "e2e")]
-
-import harness  # noqa: E402
-import urllib3  # noqa: E402
-import yaml  # noqa: E402
-
-from kubeforge.api import contract  # noqa: E402
-from kubeforge.operator import apply  # noqa: E402
+# The test cluster's package (e2e/kfcluster: the control plane that --nodes starts, and the operator harness) is not
+# installed; `make cluster-up` runs it with PYTHONPATH=e2e, and this bench puts the same folder on the path.
+if str(ROOT / "e2e") not in sys.path:
+    sys.path.insert(0, str(ROOT / "e2e"))
+from kfcluster import harness  # noqa: E402
 
 #: kwok nodes carry this taint; the bench's pods (operator's and baseline's alike) tolerate it.
 LIST_PAGE = 500          # objects per page of the closing LISTs
