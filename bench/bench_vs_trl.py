@@ -33,7 +33,9 @@ import tempfile
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import common
+
+ROOT = common.ROOT
 VENV = ROOT / ".venv"
 TRL_VENV = ROOT / ".venv-trl"
 WHEELS = pathlib.Path(os.environ.get("SHARED", str(ROOT.parent / "shared"))) / "wheels"
@@ -179,10 +181,6 @@ def _lr_diff(k: dict[str, Any] | None, t: dict[str, Any] | None) -> float | None
     return max(abs(a - b) / max(abs(a), abs(b), 1e-30) for a, b in pairs)
 
 
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--example", default=str(ROOT / "examples" / "arithmetic-smollm2.yaml"))
@@ -201,14 +199,14 @@ def main() -> None:
     path = manifest(args, tmp)
     model = model_dir(path)
     results: dict[str, dict[str, Any]] = {}
-    loads: dict[str, list[float]] = {"start": load()}
+    loads: dict[str, list[float]] = {"start": common.load_average()}
     if args.only in (None, "kubeforge"):
         results["kubeforge"] = summarise("kubeforge", run_kubeforge(path, tmp), args.warmup)
-        loads["after_kubeforge"] = load()
+        loads["after_kubeforge"] = common.load_average()
         print(json.dumps(results["kubeforge"]), flush=True)
     if args.only in (None, "trl"):
         results["trl"] = summarise("trl", run_trl(path, model, tmp), args.warmup)
-        loads["after_trl"] = load()
+        loads["after_trl"] = common.load_average()
         print(json.dumps(results["trl"]), flush=True)
     doc = json.loads(path.read_text())
     if not args.keep:
