@@ -51,8 +51,8 @@ lint: venv
 	PYTHONPATH=api:operator:runtime $(VENV)/bin/lint-imports
 	$(VENV)/bin/python -m mypy --strict api/kubeforge operator/kubeforge runtime/kubeforge
 
-# Benchmarks (each prints ratios against a baseline measured in the same run). bench_operator needs a cluster:
-# `make cluster-up` first.
+# The local benchmarks (each prints ratios against a baseline measured in the same run; bench/README.md lists every
+# one). Not here: bench_operator needs a cluster (`make cluster-up`, or its --nodes N), bench_gpu a GPU.
 bench: venv
 	$(VENV)/bin/python bench/bench_verifiers.py
 	$(VENV)/bin/python bench/bench_transport.py

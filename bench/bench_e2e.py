@@ -21,7 +21,9 @@ import tempfile
 
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import common
+
+ROOT = common.ROOT
 
 
 def run(example: pathlib.Path, *, steps: int, lag: int | None, tmp: pathlib.Path, label: str) -> dict[str, object]:
@@ -35,7 +37,7 @@ def run(example: pathlib.Path, *, steps: int, lag: int | None, tmp: pathlib.Path
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{label} run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, object] = common.last_json(proc.stdout)
     result["label"] = label
     result["max_policy_lag"] = doc["spec"]["algorithm"]["maxPolicyLag"]
     return result

@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,8 +41,8 @@ import transformers
 
 from kubeforge.runtime.trainer import parallel, step
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_trainer_scale as scale_bench  # noqa: E402  (bench/ is not a package)
+import bench_trainer_scale as scale_bench
+import common
 
 SHAPES: dict[str, tuple[type, dict[str, Any]]] = {
     # SmolLM2-135M-Instruct's config (the demo model), random weights
@@ -69,8 +68,8 @@ def build(shape: str, directory: str, *, layers: int | None = None) -> int:
 
 
 def batch(a: argparse.Namespace, *, vocab: int, seed: int) -> list[Any]:
-    return scale_bench.groups(prompts=a.prompts, group_size=a.group_size, prompt_len=a.prompt_len,
-                              completion_len=a.completion_len, vocab=vocab, seed=seed)
+    return common.random_groups(prompts=a.prompts, group_size=a.group_size, prompt_len=a.prompt_len,
+                                completion_len=a.completion_len, vocab=vocab, seed=seed)
 
 
 def rel(x: float, y: float) -> float:
@@ -170,7 +169,7 @@ def nccl_worker(rank: int, port: int) -> None:
 
 
 def nccl(a: argparse.Namespace) -> dict[str, Any]:
-    port = scale_bench.free_port()
+    port = common.free_port()
     env = {**os.environ, "NCCL_DEBUG": "WARN"}
     procs = [subprocess.Popen([sys.executable, __file__, "--nccl-worker", str(r), "--port", str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

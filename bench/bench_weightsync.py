@@ -31,20 +31,15 @@ import argparse
 import json
 import os
 import pathlib
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
 
+import common
+
 MODELS = ("tiny", "smollm2-135m-instruct")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def model_dir(name: str) -> pathlib.Path:
@@ -122,7 +117,7 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
     from kubeforge.runtime.generator import engine
 
     folder = model_dir(args.model)
-    raw_port, sync_port = free_port(), free_port()
+    raw_port, sync_port = common.free_port(), common.free_port()
     cmd = [sys.executable, __file__, "--role", "sender", "--model", args.model, "--reps", str(args.reps),
            "--dtype", args.dtype,
            "--raw-port", str(raw_port), "--sync-port", str(sync_port)]
@@ -192,7 +187,7 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
         "ratio_sync_vs_raw": round(raw_s / sync_s, 3), "ratio_discard_vs_raw": round(raw_s / wire_s, 3),
         "memcpy_seconds": round(memcpy_s, 4), "memcpy_gb_per_s": round(nbytes / memcpy_s / 1e9, 3),
         "ratio_sync_vs_memcpy": round(memcpy_s / sync_s, 3),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "load_average": common.load_average(),
     }
     eng.close()
     return report

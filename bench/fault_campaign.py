@@ -36,7 +36,9 @@ from typing import Any
 
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import common
+
+ROOT = common.ROOT
 PID_LINE = re.compile(r"^(?P<name>\w+-\d+): pid (?P<pid>\d+) metrics on [\d.]+:(?P<port>\d+) \(attempt (?P<a>\d+)\)",
                       re.M)
 
@@ -163,7 +165,7 @@ def main() -> int:
             os.killpg(proc.pid, signal.SIGINT)
             proc.wait(timeout=120)
     progress()
-    summary = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    summary = common.last_json(out) if out.strip() else {}
     recs = records(run_dir)
     seen = [r["step"] for r in recs]
     versions = [r.get("policy_version") for r in recs]

@@ -18,7 +18,7 @@ container that exits non-zero (once per container, also in the ``E2E-REAL`` line
 pod's cgroup). The command prints a measurement line (``E2E-REAL {...}``) and then, on its LAST line, the
 RLJob's final ``status`` as JSON; it exits 0 only when that status is Succeeded at ``spec.algorithm.steps``.
 
-Neighbours: ``kfcluster`` (cluster), ``node.realnode`` (node status), ``tests/operator/harness.Operator`` (the
+Neighbours: ``kfcluster`` (cluster), ``node.realnode`` (node status), ``kfcluster.harness.Operator`` (the
 operator as a subprocess), ``realjob`` (manifest). Never connects to a pod: only kubectl and the host's /proc.
 """
 
@@ -40,13 +40,12 @@ from typing import Any
 
 _E2E = pathlib.Path(__file__).resolve().parent
 ROOT = _E2E.parent
-for _p in (str(_E2E), str(ROOT / "tests" / "operator")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+if str(_E2E) not in sys.path:
+    sys.path.insert(0, str(_E2E))
 
-import harness  # noqa: E402
 import realjob  # noqa: E402
 from kfcluster import config as cfg  # noqa: E402
+from kfcluster import harness  # noqa: E402
 from kfcluster import kube, lifecycle  # noqa: E402
 from node import realnode  # noqa: E402
 

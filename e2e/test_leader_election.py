@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,9 +19,8 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "operator"))
-import harness  # noqa: E402
-from harness import wait  # noqa: E402
+from kfcluster import harness
+from kfcluster.harness import wait
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 LEASE = "kubeforge-operator-e2e"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import pathlib
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,12 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "operator"))
-import harness  # noqa: E402
-from harness import wait  # noqa: E402
-
-from kfcluster import config as kfconfig  # noqa: E402
-from kfcluster import lifecycle, testing  # noqa: E402
+from kfcluster import config as kfconfig
+from kfcluster import harness, lifecycle, testing
+from kfcluster.harness import wait
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 ROOT = harness.ROOT

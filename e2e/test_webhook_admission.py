@@ -20,11 +20,9 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "operator"))
-import harness  # noqa: E402
-from harness import wait  # noqa: E402
-
-from kubeforge.api import load  # noqa: E402
+from kfcluster import harness
+from kfcluster.harness import wait
+from kubeforge.api import load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 ROOT = pathlib.Path(__file__).resolve().parents[1]

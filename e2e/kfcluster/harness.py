@@ -2,7 +2,8 @@
 
 ``Operator`` runs ``python -m kubeforge.operator`` as a subprocess (so a test can SIGKILL it mid-flight) with its
 logs in a file; ``K`` wraps the cluster's kubectl for the few reads tests need. Used by ``e2e/test_operator.py``
-and ``bench/bench_operator.py``.
+(and the other e2e tests that run the operator) and ``bench/bench_operator.py``: it lives in ``kfcluster`` so that
+both import it the same way (``from kfcluster import harness``). Stdlib only, as the rest of the package.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How fast this CPU multiplies float32 matrices of the train step's shapes: torch.mm alone, 1 and N threads.
 
-    .venv/bin/python bench/gemm_probe.py [--threads 1 2] [--reps 30]
+    .venv/bin/python bench/probes/gemm_probe.py [--threads 1 2] [--reps 30]
 
 Why: ``bench/profile_train_step.py`` reports the step's achieved GFLOP/s and the share of ``aten::mm`` in it; this
 gives the ceiling to read them against (what torch's BLAS reaches on the same shapes with nothing else in the step).

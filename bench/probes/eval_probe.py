@@ -1,6 +1,6 @@
 """Greedy held-out accuracy of a model on arithmetic task variants (what the demo's task choice rests on).
 
-    .venv/bin/python bench/eval_probe.py [--model smollm2-135m-instruct] [--prompts 64] [--max-new-tokens 10] \
+    .venv/bin/python bench/probes/eval_probe.py [--model smollm2-135m-instruct] [--prompts 64] [--max-new-tokens 10] \
         '{"digits": 2, "operations": ["+", "-"]}' '{"digits": 1, "operations": ["+", "-", "*"]}'
 
 Uses the same evaluator the RLJob uses (``trainer.evaluate``: chat template, left-padded greedy HF generate, bf16

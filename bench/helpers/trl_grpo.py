@@ -3,7 +3,7 @@
 Runs inside TRL's venv (``.venv-trl``, made by ``bench_vs_trl.py``; kubeforge is installed there without its
 dependencies only so that both sides draw prompts from the same task stream and score with the same verifiers).
 
-    .venv-trl/bin/python bench/trl_grpo.py MANIFEST MODEL_DIR OUT.jsonl
+    .venv-trl/bin/python bench/helpers/trl_grpo.py MANIFEST MODEL_DIR OUT.jsonl
 
 What is matched to the kubeforge run: model folder (kubeforge's converted SmolLM2), prompts (``tasks.stream``,
 prompts of step s are ``[s*P, (s+1)*P)`` in order, no shuffling), chat template, group size, prompts per step,

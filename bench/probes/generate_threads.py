@@ -1,6 +1,7 @@
 """vLLM generation of the demo's shape with 1 vs N torch threads, each in its own process, one JSON line last.
 
-    .venv/bin/python bench/generate_threads.py [--example examples/arithmetic-smollm2.yaml] [--threads 1 2] [--reps 8]
+    .venv/bin/python bench/probes/generate_threads.py [--example examples/arithmetic-smollm2.yaml] [--threads 1 2]
+                                                      [--reps 8]
 
 Why: vLLM on CPU serves with one torch thread unless ``OMP_NUM_THREADS`` is set before the engine starts. Under
 ``spec.schedule.mode: Colocated`` the generator has the cores to itself during its phase, so a wider pool looked
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def child(example: str, reps: int) -> None:
