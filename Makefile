@@ -46,7 +46,8 @@ CRD_FILES := crds/kubeforge.dev_rljobs.yaml helm/kubeforge/files/crds/kubeforge.
 crd: venv
 	$(VENV)/bin/python -m kubeforge.api.crd --write $(CRD_FILES) --docs docs/api.md
 
-# Static checks: layer contracts (import-linter over the source folders) and strict typing of the packages.
+# Static checks: layer contracts (import-linter over the source folders) and strict typing of the packages; `make
+# test` runs both too (tests/test_layers.py).
 lint: venv
 	PYTHONPATH=api:operator:runtime $(VENV)/bin/lint-imports
 	$(VENV)/bin/python -m mypy --strict api/kubeforge operator/kubeforge runtime/kubeforge
