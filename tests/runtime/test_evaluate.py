@@ -15,7 +15,7 @@ from kubeforge.api import rljob
 from kubeforge.operator import observed
 from kubeforge.runtime import models, tasks, types
 from kubeforge.runtime.launcher import plot, summary
-from kubeforge.runtime.roles import report
+from kubeforge.runtime.trainer import report
 from kubeforge.runtime.trainer import evaluate, schedule
 
 

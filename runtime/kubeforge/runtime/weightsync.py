@@ -18,7 +18,7 @@ API::
     sender.close(); receiver.close()
 
 Neighbours: the trainer's rank 0 owns a ``WeightSender``; ``generator.extension`` owns a ``WeightReceiver`` inside
-each vLLM worker (reached through ``collective_rpc``); ``roles/`` tell generators over ZeroMQ when to call in.
+each vLLM worker (reached through ``collective_rpc``); the role loops tell generators over ZeroMQ when to call in.
 
 The group is private: a ``TCPStore`` served by rank 0 (port ``contract.PORT_WEIGHTS`` of trainer 0) plus a
 ``ProcessGroupGloo`` (``ProcessGroupNCCL`` with GPUs) built directly on it, never through

@@ -1,8 +1,9 @@
 """The wire format of the data plane: typed messages, a versioned schema, strict validation. Never pickle.
 
 Neighbours: ``transport`` moves the bytes this module makes (ZeroMQ or in-process queues) and calls ``decode`` on
-every frame it receives; the role loops (``roles/``) build and consume the message dataclasses below; ``types``
-holds the plain data (Prompt, Completion, RolloutGroup) that WORK, ROLLOUT and SCORED carry.
+every frame it receives; the role loops (``generator/``, ``verifier/``, ``trainer/``) build and consume the message
+dataclasses below; ``types`` holds the plain data (Prompt, Completion, RolloutGroup) that WORK, ROLLOUT and SCORED
+carry.
 
 Frame layout (little-endian)::
 
