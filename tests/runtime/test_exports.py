@@ -1,6 +1,7 @@
-"""Export on request (``roles/exports.py``): a request seen by trainer rank 0 after a step makes every rank export
-the current policy as an HF folder; the step's record names it; a request is served once. The real loop runs in
-process (real HF model, real generator and verifier loops over in-memory transport), as in test_roles_inprocess."""
+"""Export on request (``trainer/export_requests.py``): a request seen by trainer rank 0 after a step makes every
+rank export the current policy as an HF folder; the step's record names it; a request is served once. The real loop
+runs in process (real HF model, real generator and verifier loops over in-memory transport), as in
+test_roles_inprocess."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import safetensors.torch
 import test_roles_inprocess as rp
 from kubeforge.api import contract, progress
 from kubeforge.runtime import transport
-from kubeforge.runtime.roles import exports, report
+from kubeforge.runtime.trainer import export_requests as exports, report
 
 
 def test_a_request_during_the_run_exports_that_step_once(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import threading
 import uuid
 
 from kubeforge.runtime import transport, wire
-from kubeforge.runtime.roles import generator as generator_role
+from kubeforge.runtime.generator import loop as generator_role
 
 TRAINER_WEIGHTS = ("job-trainer-0.job.ns.svc", 29504)
 

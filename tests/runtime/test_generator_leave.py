@@ -2,11 +2,11 @@
 
 The real-pod failure this guards: a generator pod deleted mid-receive never ran its SIGTERM handler (Python handlers
 wait for the main thread, blocked in gloo), so it was SIGKILLed after its grace period without a leave notice and
-trainer 0 kept it as a member. Here a real generator process (``roles.generator.run`` with the signal watcher of
-``roles.main``) joins a real gloo weight-sync group (world 3: this test's sender, a slow receiver thread here, the
+trainer 0 kept it as a member. Here a real generator process (``generator.loop.run`` with the signal watcher of
+``startup``) joins a real gloo weight-sync group (world 3: this test's sender, a slow receiver thread here, the
 generator), blocks in the receive, gets SIGTERM, and must send its leave notice while still blocked; once the
 broadcast completes it acks the sync and exits 0, without a second notice. With the pod's wiring
-(``start_generator.leave_then_exit``) it does not wait for the broadcast: it exits 0 a few seconds after the notice,
+(``generator.start.leave_then_exit``) it does not wait for the broadcast: it exits 0 a few seconds after the notice,
 well inside the kubelet's grace period, and the trainer's push fails at once instead of at its timeout.
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ from kubeforge.runtime import transport, weightsync, wire
 GENERATOR = textwrap.dedent("""
     import sys, threading
     from kubeforge.runtime import transport, weightsync as ws
-    from kubeforge.runtime.roles import generator as loop, main as role_main, start_generator
+    from kubeforge.runtime import startup as role_main
+    from kubeforge.runtime.generator import loop, start as start_generator
 
     inbox_address, control_address, exit_soon = sys.argv[1], sys.argv[2], sys.argv[3] == "exit"
     stop = role_main._stop_flag()

@@ -154,7 +154,7 @@ def test_an_ipv6_service_host_is_bracketed(account: pathlib.Path) -> None:
 
 
 def test_the_runtimes_pod_calls_never_import_a_kubernetes_client() -> None:
-    code = ("import sys; from kubeforge.runtime.roles import exports, report; "
+    code = ("import sys; from kubeforge.runtime.trainer import export_requests as exports, report; "
             "report.PodAnnotationReporter(pod='p', namespace='n'); exports.PodAnnotationRequests(pod='p', namespace='n')"
             "; assert 'kubernetes' not in sys.modules, 'kubernetes imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kubeforge.api import contract
 from kubeforge.runtime import config, metrics, podmetrics
-from kubeforge.runtime.roles import main as role_main
+from kubeforge.runtime import startup as role_main
 
 import test_config as tc
 

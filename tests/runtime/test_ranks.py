@@ -1,5 +1,5 @@
 """Several trainer ranks per pod (``spec.roles.trainer.ranksPerPod``, or one per GPU): the env contract expands the
-trainer pods into ranks (``config.from_env``), and the pod's own process supervises its ranks (``roles/ranks.py``,
+trainer pods into ranks (``config.from_env``), and the pod's own process supervises its ranks (``trainer/ranks.py``,
 real child processes). The ranks training together over real torch.distributed: test_launcher's
 ``test_two_ranks_in_one_trainer_process_learn`` (slow, vllm)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from kubeforge.api import contract, load, rljob
 from kubeforge.runtime import config
-from kubeforge.runtime.roles import ranks
+from kubeforge.runtime.trainer import ranks
 
 import test_config as tc
 

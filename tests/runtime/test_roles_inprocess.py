@@ -19,11 +19,11 @@ import torch
 import transformers
 
 from kubeforge.api import load, progress, rljob
-from kubeforge.runtime import metrics, models, tasks, transport, types, verifiers, wire
-from kubeforge.runtime.roles import generator as generator_role
-from kubeforge.runtime.roles import observe, report
-from kubeforge.runtime.roles import trainer as trainer_role
-from kubeforge.runtime.roles import verifier as verifier_role
+from kubeforge.runtime import metrics, models, observe, tasks, transport, types, verifiers, wire
+from kubeforge.runtime.generator import loop as generator_role
+from kubeforge.runtime.trainer import loop as trainer_role
+from kubeforge.runtime.trainer import report
+from kubeforge.runtime.verifier import loop as verifier_role
 from kubeforge.runtime.trainer import step
 
 _ids = itertools.count()
@@ -236,7 +236,7 @@ def test_colocated_hands_out_a_step_only_after_the_last_is_trained_and_pushed(tm
 
 
 class OverlapPusher(InProcessPusher):
-    """The ``start``/``finish`` protocol of ``roles.sync.Pusher``: SYNC notices at ``start``, the push completes in
+    """The ``start``/``finish`` protocol of ``trainer.pusher.Pusher``: SYNC notices at ``start``, the push completes in
     the background (here: once every generator ACKed; ACKs the trainer's loop reads arrive through ``acked``), and
     ``finish`` joins it. Logs the order of starts and finishes."""
 

@@ -1,4 +1,4 @@
-"""roles.sync.Pusher: a generator's negative ACK (received, then failed to load: with prefetch the collective ack
+"""trainer.pusher.Pusher: a generator's negative ACK (received, then failed to load: with prefetch the collective ack
 went out before the load) fails the push like a failed collective ack, so trainer 0 re-forms the group."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kubeforge.runtime import transport, weightsync, wire
-from kubeforge.runtime.roles import sync
+from kubeforge.runtime.trainer import pusher as sync
 
 
 def _pusher(name: str) -> tuple[sync.Pusher, transport.Sender, transport.Receiver]:
@@ -38,7 +38,7 @@ def test_a_positive_ack_reports_the_generators_figures() -> None:
     p, acks, control = _pusher("pos-ack")
     try:
         acks.send(wire.Ack(role="generator", index=0, of=wire.Kind.SYNC, version=4,
-                           detail=sync.ack_detail(sync.generator_role.SyncResult(seconds=0.25, bytes=10))))
+                           detail=sync.ack_detail(sync.types.SyncResult(seconds=0.25, bytes=10))))
         got = p._acks(4)
         assert [(r.seconds, r.bytes) for r in got] == [(0.25, 10)]
     finally:

@@ -10,7 +10,7 @@ import numpy as np
 
 from kubeforge.api import rljob
 from kubeforge.runtime import metrics, types, verifiers
-from kubeforge.runtime.roles import observe
+from kubeforge.runtime import observe
 
 
 def test_observer_exports_per_verifier_series_and_logs_each_group(tmp_path: pathlib.Path) -> None:

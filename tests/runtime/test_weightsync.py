@@ -383,7 +383,7 @@ PEER = textwrap.dedent("""
         s = ws.WeightSender(host="127.0.0.1", port=port, world_size=2, timeout=30, bucket_mb=1)
         s.connect()
         tensors = [(f"w{i}", torch.randn(512, 1024)) for i in range(16)]  # 16 buckets of 2 MiB
-        _, _, _, meta = s._plan(ws._ListStream(tensors), 1)
+        _, _, _, meta = s._plan(ws.metadata._ListStream(tensors), 1)
         ws.announce(s.group)
         s._header(s.group, 1, meta)
         s.group.broadcast(tensors[0][1].reshape(-1).view(torch.uint8))

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from kubeforge.runtime import types, wire, wire_group
+from kubeforge.runtime import types, wire
+from kubeforge.runtime.wire import group as wire_group
 
 FUZZ = hypothesis.settings(max_examples=300, deadline=None,
                            suppress_health_check=[hypothesis.HealthCheck.too_slow])
@@ -161,7 +162,7 @@ def raw_group(*, kind: wire.Kind = wire.Kind.SCORED, ints: tuple[int, ...] = (7,
               raw_strings: list[bytes] | None = None, reserved: tuple[int, int, int] = (0, 0, 0),
               n: int | None = None, total: int | None = None, flags: int | None = None,
               sbytes: int | None = None, sizes: list[int] | None = None, trailing: bytes = b"") -> bytes:
-    """A ROLLOUT/SCORED frame built from the layout in wire_group's docstring (a second, independent writer), with
+    """A ROLLOUT/SCORED frame built from the layout in wire/group.py's docstring (a second, independent writer), with
     any header field or section overridable to make it lie."""
     scores = {"answer": (1.0, -0.25)} if scores is None else scores
     strings = raw_strings if raw_strings is not None else [
@@ -408,7 +409,7 @@ def _messages(frame: bytes) -> list[wire.Message]:
 
 
 def _layout(msgs: list[wire.Message]) -> dict[str, Any]:
-    """The fields of a BATCH frame, computed independently of the encoder (the layout in wire_batch.py)."""
+    """The fields of a BATCH frame, computed independently of the encoder (the layout in wire/batch.py)."""
     gs = [m.group for m in msgs]   # type: ignore[union-attr]
     names = list(gs[0].scores)
     comps = [c for g in gs for c in g.completions]

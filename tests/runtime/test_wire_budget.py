@@ -1,5 +1,5 @@
 """Decoding memory is bounded by the frame: hostile msgpack payloads are priced from their headers and refused
-before msgpack builds their objects (``runtime/kubeforge/runtime/wire_budget.py``).
+before msgpack builds their objects (``runtime/kubeforge/runtime/wire/budget.py``).
 
 The memory test runs each 64 MiB hostile frame in a fresh interpreter and measures the peak RSS growth while
 ``wire.decode`` runs (the frame is built in place first, so building it adds nothing to the peak that follows)."""
@@ -14,7 +14,8 @@ import sys
 import msgpack
 import pytest
 
-from kubeforge.runtime import types, wire, wire_budget
+from kubeforge.runtime import types, wire
+from kubeforge.runtime.wire import budget as wire_budget
 
 _PROBE = r"""
 import json, resource, struct, sys, time

@@ -38,7 +38,7 @@ ENV_CHECKPOINT_DIR = "KUBEFORGE_CHECKPOINT_DIR"  # overrides spec.checkpoint.pat
 ENV_ATTEMPT = "KUBEFORGE_ATTEMPT"            # restart attempt of the whole job (0 first)
 ENV_JOB_KEY = "KUBEFORGE_JOB_KEY"            # the job's secret (64 hex chars): CURVE keys and weight-sync auth
 ENV_LOCAL_RANK = "KUBEFORGE_LOCAL_RANK"      # a trainer pod with N ranks: which one this process is (0..N-1),
-                                             # set by the pod's own process on the N it starts (roles/ranks.py)
+                                             # set by the pod's own process on the N it starts (trainer/ranks.py)
 ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the trainer reports progress on its pod
 ENV_CPUS = "KUBEFORGE_CPUS"                  # CPU ids ("0,2-3") the process pins itself to and sizes its threads by
 
@@ -75,7 +75,7 @@ ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "polic
 
 # Export on request: a new value of this annotation on the RLJob (the user's) asks for the current policy as an HF
 # folder; the operator copies it onto trainer 0's pod of the current attempt while status.progress.lastExport has not
-# served it, and the trainer reads it there (roles/exports.py). The progress annotation then carries
+# served it, and the trainer reads it there (trainer/export_requests.py). The progress annotation then carries
 # lastExport {request, path, step}, which the operator copies into status.progress.lastExport.
 ANNOTATION_EXPORT_REQUEST = "kubeforge.dev/export-request"
 

@@ -2,11 +2,12 @@
 
 Subcommands:
 - ``kubeforge run FILE [--run-dir DIR] [--steps N]`` → ``kubeforge.runtime.launcher`` (local run of an RLJob)
-- ``kubeforge role generator|verifier|trainer`` → ``kubeforge.runtime.roles`` (the container entrypoint)
+- ``kubeforge role generator|verifier|trainer`` → ``kubeforge.runtime.role`` (the container entrypoint)
 - ``kubeforge operator ...`` → ``kubeforge.operator.entry:main`` (argv passed through)
 - ``kubeforge crd ...`` → ``kubeforge.api.crd:main`` (argv passed through)
-- ``kubeforge export RUN_DIR [--wait S]`` → ``kubeforge.runtime.roles.exports`` (ask a local run for its current
-  policy as an HF folder; prints ``{"request", "export", "step"}`` once trainer 0 wrote it, exit 1 if not in time)
+- ``kubeforge export RUN_DIR [--wait S]`` → ``kubeforge.runtime.trainer.export_requests`` (ask a local run for its
+  current policy as an HF folder; prints ``{"request", "export", "step"}`` once trainer 0 wrote it, exit 1 if not in
+  time)
 - ``kubeforge validate FILE`` → ``kubeforge.api.load`` (offline: the checks of the launcher and of the admission
   webhook; one ``path: message`` line per problem on stdout, exit 1 when there is one)
 
@@ -88,9 +89,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "validate":
         raise SystemExit(validate(args.file))
     if args.command == "export":
-        from kubeforge.runtime.roles import exports
-        raise SystemExit(exports.cli(run_dir=args.run_dir, wait_s=args.wait))
+        from kubeforge.runtime.trainer import export_requests
+        raise SystemExit(export_requests.cli(run_dir=args.run_dir, wait_s=args.wait))
     if args.command == "role":
-        from kubeforge.runtime.roles import main as roles_main
-        raise SystemExit(roles_main.run(role=args.role))
+        from kubeforge.runtime import role
+        raise SystemExit(role.run(role=args.role))
     raise SystemExit(2)

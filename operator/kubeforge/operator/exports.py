@@ -2,8 +2,8 @@
 
 Role: a pure decision (:func:`relay`) the reconcile pass applies with one merge patch of a pod's annotations.
 The user asks on the object they own (``kubectl annotate rljob NAME kubeforge.dev/export-request=<id>
---overwrite``); the trainer reads the request on its own pod (``runtime/roles/exports.py``), serves it after its
-next step, and reports ``lastExport`` in its progress annotation, which ``lifecycle`` copies into
+--overwrite``); the trainer reads the request on its own pod (``runtime/trainer/export_requests.py``), serves it
+after its next step, and reports ``lastExport`` in its progress annotation, which ``lifecycle`` copies into
 ``status.progress.lastExport``.
 
 Invariants:

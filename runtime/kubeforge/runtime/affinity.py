@@ -2,7 +2,7 @@
 
 Role: ``spec.schedule.mode: Disaggregated`` gives each role its own cores. The local launcher writes the CPU list
 of every process into the env contract (``launcher.placement``); the role applies it first thing in
-``roles.main.run``, before torch or vLLM start a thread pool, so every thread they make inherits the mask and the
+``role.run``, before torch or vLLM start a thread pool, so every thread they make inherits the mask and the
 pools are as wide as the cores the role owns (no oversubscription). Without the variable nothing changes.
 """
 from __future__ import annotations

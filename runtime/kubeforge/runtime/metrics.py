@@ -1,7 +1,8 @@
 """Prometheus metrics of one role process, and its HTTP endpoints: ``/metrics``, ``/healthz``, ``/readyz``,
 ``/startz``.
 
-Neighbours: the role loops (``roles/``) create one ``Metrics(role=..., replica=...)`` per process and update it;
+Neighbours: ``role.run`` creates one ``Metrics(role=..., replica=...)`` per process, the role loops' observers
+(``observe``) update it;
 ``transport`` receivers report refused frames through ``Metrics.drop_hook()``; the verifier role feeds
 ``observe_scores``; ``serve`` exposes everything on ``port_base + contract.PORT_METRICS`` (the pod's metrics port,
 scraped by Prometheus; the kubelet probes ``/startz``, ``/healthz`` and ``/readyz``).

@@ -1,9 +1,9 @@
 """This pod's own object on the API server, with the pod's service account: the two calls the runtime makes on a
 cluster (trainer 0 patches its progress annotation every step and reads its export-request annotation).
 
-Role: ``roles.report.PodAnnotationReporter`` and ``roles.exports.PodAnnotationRequests`` talk to a :class:`Pod`
-(two methods); :class:`InClusterPod` is the real one. It uses the standard library only (``urllib`` over one TLS
-context), so neither the runtime nor the operator image carries a Kubernetes client library.
+Role: ``trainer.report.PodAnnotationReporter`` and ``trainer.export_requests.PodAnnotationRequests`` talk to a
+:class:`Pod` (two methods); :class:`InClusterPod` is the real one. It uses the standard library only (``urllib`` over
+one TLS context), so neither the runtime nor the operator image carries a Kubernetes client library.
 
 In-cluster credentials, as every pod gets them: the API server at ``KUBERNETES_SERVICE_HOST`` /
 ``KUBERNETES_SERVICE_PORT``, the CA and the bearer token in ``/var/run/secrets/kubernetes.io/serviceaccount``. The

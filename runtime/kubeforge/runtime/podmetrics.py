@@ -7,8 +7,8 @@ pod's: its own registry plus every sibling rank's ``/metrics`` (each rank still 
 ``port base + 10·l``), read over loopback at scrape time and merged family by family. Every series already
 carries ``replica`` = the rank's *global* rank, so ranks stay apart (``kubeforge_step{role="trainer",replica="3"}``).
 
-Neighbours: ``roles.main`` builds :class:`Siblings` for local rank 0 of a multi-rank trainer pod and hands it to
-``metrics.MetricsServer`` (``siblings``); ``metrics`` renders the own registry.
+Neighbours: ``startup.pod_metrics`` builds :class:`Siblings` for local rank 0 of a multi-rank trainer pod and hands
+it to ``metrics.MetricsServer`` (``siblings``); ``metrics`` renders the own registry.
 
 Invariants:
 - A scrape never waits longer than ``timeout_s`` per sibling, and a sibling that does not answer (still starting,

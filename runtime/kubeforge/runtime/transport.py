@@ -1,8 +1,9 @@
 """Moving wire messages between role processes: two small Protocols, a factory, ZeroMQ and in-process backends.
 
 Neighbours: ``wire`` turns messages into frames and back (every received frame goes through ``wire.decode``);
-the role loops (``roles/``) open one ``Receiver`` on their data port and ``Sender``s towards their peers, chosen
-by address scheme through ``open_sender``/``open_receiver``; ``metrics`` counts drops through ``on_drop``.
+the roles (``generator/``, ``verifier/``, ``trainer/``) open one ``Receiver`` on their data port and ``Sender``s
+towards their peers, chosen by address scheme through ``open_sender``/``open_receiver``; ``metrics`` counts drops
+through ``on_drop``.
 
 Addresses: ``tcp://host:port`` is ZeroMQ (the host may be a DNS name that resolves late: a pod's headless-Service
 name; ZeroMQ resolves and reconnects in the background, every ``RECONNECT_IVL``); ``tcp://127.0.0.1:*`` binds an

@@ -226,3 +226,12 @@ class RolloutGroup:
         return type(other) is RolloutGroup and _fields_equal(self, other)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SyncResult:
+    """What one weight load cost: a generator's receive-and-load (its ACK carries it back), the slowest one's as
+    trainer 0's push reports it."""
+
+    seconds: float
+    bytes: int

@@ -1,6 +1,6 @@
 """The vLLM engine wrapper: one ``vllm.LLM`` per generator process, sampling groups with behaviour logprobs.
 
-API (used by ``roles/generator`` and tests)::
+API (used by ``generator/start`` and tests)::
 
     eng = Engine(model_dir=path, dtype="float32", role=rljob.GeneratorRole(...), seed=0)
     out = eng.generate(prompts, n=4, max_tokens=16, temperature=1.0, top_p=1.0, seed=7, chat_template=True)

@@ -12,7 +12,7 @@ Invariants:
 - A build that leaves no ``config.json`` is an error (nothing is published), and a folder marked complete without
   one is built again: transformers' ``save_pretrained`` silently writes nothing on a torch.distributed rank other
   than 0, so a builder run after a process group exists (trainer rank >= 1 with its own cache, as in a pod) would
-  otherwise publish a folder of tokenizer files only (``roles/start_trainer`` resolves the model before joining).
+  otherwise publish a folder of tokenizer files only (``trainer/start`` resolves the model before joining).
 """
 from __future__ import annotations
 

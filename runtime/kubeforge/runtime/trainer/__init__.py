@@ -1,6 +1,17 @@
-"""The learning side of the trainer role: rollout buffer, GRPO train step, data-parallel group, checkpoints.
+"""The trainer role: its loop and start-up, and the learning side (rollout buffer, GRPO train step, data-parallel
+group, checkpoints).
 
-Modules:
+Role modules:
+- ``loop``       — ``Loop``: one trainer rank's run (collect a step's groups, train, push, report, checkpoint); the
+  transport, learner, weight pusher and reporter are injected.
+- ``start``      — ``kubeforge role trainer``: the data-parallel group, the learner, the sockets and on rank 0 the
+  weight push, reporter and evaluator, wired around the loop.
+- ``ranks``      — a trainer pod with several ranks: the pod's process starts and stands for them.
+- ``pusher``     — rank 0's weight push over the wire: SYNC notices, the ``weightsync`` broadcast, the ACKs.
+- ``report``     — rank 0's progress reporters (JSONL locally, the pod annotation on a cluster).
+- ``export_requests`` — export on request: where rank 0 sees a request (run directory, pod annotation).
+
+Learning modules:
 - ``buffer``     — ``RolloutBuffer``: scored groups by step; drops stale (> maxPolicyLag) ones, counted by reason;
   bounded; says which prompts to re-issue.
 - ``batch``      — ``collate``: groups -> one left/right padded token batch with advantages.

@@ -1,7 +1,7 @@
 """The trainer rank's rollout buffer: scored groups wait here, by step, until their step is trained.
 
 Role: between the trainer's data socket and ``step.Trainer.train_step``. Neighbours: the trainer role loop
-(``roles/trainer.py``) calls :meth:`RolloutBuffer.add` for every scored group it receives,
+(``trainer/loop.py``) calls :meth:`RolloutBuffer.add` for every scored group it receives,
 :meth:`RolloutBuffer.ready` / :meth:`RolloutBuffer.take` to get step ``s``'s share, and
 :meth:`RolloutBuffer.drain_reissue` to learn which prompts the data cursor (trainer rank 0) must hand out again.
 

@@ -1,6 +1,6 @@
 """Held-out evaluation: the policy's greedy answers to prompts it never trains on, scored by one verifier.
 
-API (``roles.start_trainer`` builds one on trainer rank 0 when ``spec.evaluation`` is set; the role loop calls it
+API (``trainer.start`` builds one on trainer rank 0 when ``spec.evaluation`` is set; the role loop calls it
 before the first step, every ``evaluation.everySteps`` and after the last)::
 
     ev = Evaluator(model=hf_lm, tokenizer=tok, prompts=held_out(stream, spec.evaluation), verifier=v,

@@ -1,6 +1,6 @@
 """The learner: one HF policy (plus a frozen reference when ``klCoef > 0``), AdamW, and the GRPO train step.
 
-Role: the trainer role loop (``roles/trainer.py``) builds one ``Trainer`` per trainer rank and, per step, calls
+Role: the trainer role loop (``trainer/loop.py``) builds one ``Trainer`` per trainer rank and, per step, calls
 ``train_step(groups=...)`` with this rank's share of the scored groups (from ``buffer.RolloutBuffer.take``). Rank 0
 then streams ``named_tensors()`` to the generators (``weightsync``; every other rank calls ``follow_sync()`` at the
 same moment, since a sharded tensor is gathered by all ranks) and every rank calls ``save_checkpoint`` every

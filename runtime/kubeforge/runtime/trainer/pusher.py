@@ -6,8 +6,8 @@
  generator g ──ACK(SYNC, v, detail={"seconds", "bytes"})──▶ rank 0 control inbox
 ```
 
-Neighbours: ``weightsync`` (the group and the bucketed broadcast), ``roles.trainer`` (calls :meth:`Pusher.push`
-after a step), ``roles.generator`` (answers SYNC, reports its receive+load time in the ACK).
+Neighbours: ``weightsync`` (the group and the bucketed broadcast), ``trainer.loop`` (calls :meth:`Pusher.push`
+after a step), ``generator.loop`` (answers SYNC, reports its receive+load time in the ACK).
 
 Overlap (``start`` / ``finish``): the trainer's loop calls ``start`` after a step: the SYNC notices go out and the
 weights are snapshotted into the sender's buffers on the loop's thread (so every WORK sent afterwards reaches each
@@ -29,26 +29,25 @@ from typing import Any
 
 import torch
 
-from kubeforge.runtime import transport, weightsync, wire
-from kubeforge.runtime.roles import generator as generator_role
+from kubeforge.runtime import transport, types, weightsync, wire
 
 ACK_TIMEOUT_SECONDS = 30.0
 
 
-def ack_detail(result: generator_role.SyncResult) -> str:
+def ack_detail(result: types.SyncResult) -> str:
     return json.dumps({"seconds": result.seconds, "bytes": result.bytes})
 
 
-def parse_ack_detail(detail: str) -> generator_role.SyncResult | None:
+def parse_ack_detail(detail: str) -> types.SyncResult | None:
     try:
         doc = json.loads(detail)
-        return generator_role.SyncResult(seconds=float(doc["seconds"]), bytes=int(doc["bytes"]))
+        return types.SyncResult(seconds=float(doc["seconds"]), bytes=int(doc["bytes"]))
     except (ValueError, KeyError, TypeError):
         return None
 
 
 class Pusher:
-    """Implements ``roles.trainer.WeightPusher`` over ZeroMQ notices and a ``weightsync.WeightSender``."""
+    """Implements ``trainer.loop.WeightPusher`` over ZeroMQ notices and a ``weightsync.WeightSender``."""
 
     def __init__(self, *, generators: transport.Sender, control: transport.Receiver,
                  sender: weightsync.WeightSender, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
@@ -76,7 +75,7 @@ class Pusher:
                                                               tensor_parallel_size=self.tensor_parallel_size)
         return self.sender.reset(world_size=int(self.notice["world_size"]))
 
-    def push(self, *, version: int, step: int) -> generator_role.SyncResult:
+    def push(self, *, version: int, step: int) -> types.SyncResult:
         self.start(version=version, step=step)
         result = self.finish()
         assert result is not None
@@ -100,7 +99,7 @@ class Pusher:
         if self._flight is not None and msg.of == wire.Kind.SYNC and msg.version == self._flight.version:
             self._acked.append(msg)
 
-    def finish(self) -> generator_role.SyncResult | None:
+    def finish(self) -> types.SyncResult | None:
         """Join the sync in flight (None when there is none); raises ``WeightSyncError`` when it failed."""
         flight, self._flight = self._flight, None
         if flight is None:
@@ -108,7 +107,7 @@ class Pusher:
         stats = flight.result()
         acks = self._acks(flight.version, early=self._acked)
         seconds = max((a.seconds for a in acks), default=stats.seconds)
-        return generator_role.SyncResult(seconds=seconds, bytes=stats.bytes)
+        return types.SyncResult(seconds=seconds, bytes=stats.bytes)
 
     def finish_quietly(self) -> None:
         """Join the sync in flight, ignoring its outcome (a re-form or the end of the run follows)."""
@@ -117,9 +116,9 @@ class Pusher:
         except RuntimeError:
             pass
 
-    def _acks(self, version: int, *, early: Sequence[wire.Ack] = ()) -> list[generator_role.SyncResult]:
+    def _acks(self, version: int, *, early: Sequence[wire.Ack] = ()) -> list[types.SyncResult]:
         want = set(range(self.members))
-        got: list[generator_role.SyncResult] = []
+        got: list[types.SyncResult] = []
 
         failed: list[str] = []
 

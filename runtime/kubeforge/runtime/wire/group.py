@@ -1,12 +1,12 @@
 """The binary layout of a rollout group: the payload of ROLLOUT and SCORED frames (the data plane's hot path).
 
-Neighbours: ``wire`` frames every message and hands ROLLOUT/SCORED payloads here (``encode``/``decode``); the
-other kinds stay msgpack maps there. ``types`` holds what comes out: a ``RolloutGroup`` whose completions are
+Neighbours: ``rollouts`` hands ROLLOUT/SCORED payloads here (``encode``/``decode``); the other kinds stay msgpack
+maps (``payload``). ``types`` holds what comes out: a ``RolloutGroup`` whose completions are
 ``types.CompletionColumns`` (views of the frame's bytes, no per-completion or per-token objects).
 
 Layout (little-endian; offsets from the frame's first byte, so every f64 section is 8-byte aligned in the frame)::
 
-    0   frame header (wire.HEADER: magic, schema version, kind)                    7 B
+    0   frame header (frame.HEADER: magic, schema version, kind)                  7 B
     7   reserved, 0                                                                u8
     8   prompt index, policy version, step, generator                               4 x u64, each <= 2^63 - 1
     40  completions n, prompt tokens P, completion tokens T, verifiers V            4 x u32
@@ -21,7 +21,7 @@ Layout (little-endian; offsets from the frame's first byte, so every f64 section
         strings         S bytes     the strings above, back to back
 
 The frame is exactly as long as its header says; everything is checked before any array is made: counts against
-the bounds of ``wire`` (``MAX_COMPLETIONS``, ``MAX_TOKENS`` per completion and for the prompt, ``MAX_VERIFIERS``),
+the bounds of ``frame`` (``MAX_COMPLETIONS``, ``MAX_TOKENS`` per completion and for the prompt, ``MAX_VERIFIERS``),
 lengths against the counts, every float finite, strings valid UTF-8 within their character bounds, verifier
 names non-empty and distinct, a SCORED group with rewards. The arrays of the decoded group are read-only views of
 the frame (zero copy); an all-ASCII string section (the common case) is decoded once and sliced on demand.
@@ -64,7 +64,7 @@ class Invalid(ValueError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Limits:
-    """The bounds ``wire`` imposes (passed in, so this module does not import ``wire``)."""
+    """The bounds ``frame`` imposes (passed in: ``frame`` imports this module, not the other way)."""
 
     completions: int
     tokens: int

@@ -1,6 +1,6 @@
 """What unpacking a msgpack payload would cost in Python memory, computed before unpacking it.
 
-Neighbours: ``wire.decode`` calls :func:`check` on every payload larger than ``WALK_ABOVE`` bytes before handing it
+Neighbours: ``codec.decode`` calls :func:`check` on every payload larger than ``WALK_ABOVE`` bytes before handing it
 to ``msgpack.unpackb``; small payloads are bounded by ``unpackb``'s own length limits (their worst case, ~72 bytes of
 objects per payload byte, stays a few MB).
 

@@ -1,6 +1,7 @@
 """Wiring of a trainer rank: data-parallel group, learner, sockets, and on rank 0 the weight push and reporter.
 
-Neighbours: ``roles.main`` calls :func:`main`; ``roles.trainer.Loop`` is the loop it runs. The weight-sync store
+Neighbours: ``role.run`` calls :func:`main`; ``trainer.loop.Loop`` is the loop it runs; ``startup`` has the helpers
+every role's start shares. The weight-sync store
 lives on trainer 0 at ``contract.PORT_WEIGHTS``, the data-parallel store at ``contract.PORT_DIST``.
 """
 from __future__ import annotations
@@ -14,11 +15,8 @@ import torch
 import transformers
 
 from kubeforge.api import contract, rljob, roleenv
-from kubeforge.runtime import config, hardware, metrics, models, tasks, transport, weightsync
-from kubeforge.runtime.roles import main as role_main
-from kubeforge.runtime.roles import exports, observe, report, sync
-from kubeforge.runtime.roles import trainer as loop
-from kubeforge.runtime.trainer import evaluate, parallel, step
+from kubeforge.runtime import config, hardware, metrics, models, observe, startup, tasks, transport, weightsync
+from kubeforge.runtime.trainer import evaluate, export_requests, loop, parallel, pusher, report, step
 from kubeforge.runtime.verifiers import registry as verifier_registry
 
 
@@ -77,22 +75,22 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
     sender = weightsync.WeightSender(host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world,
                                      timeout=spec.weight_sync.timeout_seconds, backend=be,
                                      join_timeout=float(spec.failure_policy.progress_deadline_seconds))
-    pusher = sync.Pusher(generators=generators, control=control, sender=sender, tensors=learner.named_tensors,
+    push = pusher.Pusher(generators=generators, control=control, sender=sender, tensors=learner.named_tensors,
                          host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world, backend=be,
                          timeout_s=spec.weight_sync.timeout_seconds)
     ev = spec.evaluation
     held_out = evaluator(cfg, learner, beat)
-    return loop.Rank0(control=control, pusher=pusher, reporter=reporter(cfg),
+    return loop.Rank0(control=control, pusher=push, reporter=reporter(cfg),
                       evaluate=held_out.run if held_out is not None else None,
-                      eval_every=ev.every_steps if ev is not None else 0, exports=export_requests(cfg))
+                      eval_every=ev.every_steps if ev is not None else 0, exports=export_source(cfg))
 
 
-def export_requests(cfg: config.RoleConfig) -> exports.Requests | None:
+def export_source(cfg: config.RoleConfig) -> export_requests.Requests | None:
     """Where rank 0 sees export requests: its pod's annotation on a cluster, the run directory locally."""
     if cfg.report == roleenv.REPORT_POD_ANNOTATION and cfg.pod_name and cfg.namespace:
-        return exports.PodAnnotationRequests(pod=cfg.pod_name, namespace=cfg.namespace)
+        return export_requests.PodAnnotationRequests(pod=cfg.pod_name, namespace=cfg.namespace)
     if cfg.run_dir is not None:
-        return exports.FileRequests(pathlib.Path(cfg.run_dir))
+        return export_requests.FileRequests(pathlib.Path(cfg.run_dir))
     return None
 
 
@@ -134,9 +132,9 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
          stop: threading.Event | None = None) -> int:
     spec = cfg.spec
     s = settings(cfg)
-    inbox = transport.open_receiver(role_main.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook(),
+    inbox = transport.open_receiver(startup.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook(),
                                     hwm=(s.max_policy_lag + 2) * s.prompts_per_step + 64)
-    control = (transport.open_receiver(role_main.bind(cfg, contract.PORT_CONTROL), on_drop=m.drop_hook())
+    control = (transport.open_receiver(startup.bind(cfg, contract.PORT_CONTROL), on_drop=m.drop_hook())
                if cfg.index == 0 else None)     # bound before the slow parts: generators connect to it at start
     # Built-ins are built before joining the group: once a process group exists, transformers' save_pretrained
     # writes nothing on ranks other than 0, and a trainer pod has its own model cache (models/cache.py).
@@ -146,8 +144,8 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                            group=group, device=str(group.device),
                            logit_temperature=spec.algorithm.temperature or 1.0,
                            scale=step.Scale.from_spec(spec.roles.trainer), lora=spec.model.lora)
-    generators = transport.open_sender(role_main.data_addresses(cfg, "generator"), role="trainer", index=cfg.index,
-                                       send_timeout=role_main.role_deadline(cfg))
+    generators = transport.open_sender(startup.data_addresses(cfg, "generator"), role="trainer", index=cfg.index,
+                                       send_timeout=startup.role_deadline(cfg))
     slow = hardware.slow_dtype_warning(str(spec.model.dtype)) if learner.device.type == "cpu" else None
     if slow is not None:
         print(f"{cfg.name}: warning: {slow}", file=sys.stderr, flush=True)

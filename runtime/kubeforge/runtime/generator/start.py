@@ -1,7 +1,8 @@
 """Wiring of a generator: sockets first, then the vLLM engine, then the loop.
 
-Neighbours: ``roles.main`` calls :func:`main`; ``generator.engine.Engine`` is the vLLM wrapper; the adapters below
-turn it into the loop's ``Sampler`` and ``WeightLoader`` (``roles.generator``).
+Neighbours: ``role.run`` calls :func:`main`; ``generator.engine.Engine`` is the vLLM wrapper; the adapters below
+turn it into the loop's ``Sampler`` and ``WeightLoader`` (``generator.loop``); ``startup`` has the helpers every
+role's start shares.
 
 The data port is bound before the engine starts (about a minute on 2 CPU cores), so trainer 0's sender handshakes
 at once and its WORK waits, bounded by the high-water mark, in this process's queue. The weight-sync group is
@@ -15,14 +16,12 @@ import threading
 from collections.abc import Sequence
 
 from kubeforge.api import contract
-from kubeforge.runtime import config, hardware, metrics, models, transport, types, weightsync, wire
-from kubeforge.runtime.roles import generator as loop
-from kubeforge.runtime.roles import main as role_main
-from kubeforge.runtime.roles import observe
+from kubeforge.runtime import config, hardware, metrics, models, observe, startup, transport, types, weightsync, wire
+from kubeforge.runtime.generator import loop
 
 
 class EngineSampler:
-    """``roles.generator.Sampler`` over the vLLM engine: one request per prompt, ``groupSize`` samples each."""
+    """``generator.loop.Sampler`` over the vLLM engine: one request per prompt, ``groupSize`` samples each."""
 
     def __init__(self, engine: object, cfg: config.RoleConfig) -> None:
         self.engine = engine
@@ -42,7 +41,7 @@ class EngineSampler:
 
 
 class EngineWeights:
-    """``roles.generator.WeightLoader``: join the group on the first SYNC, then receive and load in place."""
+    """``generator.loop.WeightLoader``: join the group on the first SYNC, then receive and load in place."""
 
     def __init__(self, engine: object, *, index: int, tensor_parallel_size: int,
                  join_timeout: float = weightsync.DEFAULT_JOIN_TIMEOUT) -> None:
@@ -92,21 +91,21 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     from kubeforge.runtime.generator import engine as engine_mod
 
     spec = cfg.spec
-    inbox = transport.open_receiver(role_main.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
+    inbox = transport.open_receiver(startup.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
     trainer0 = cfg.peer("trainer", 0)
     control_address = transport.tcp_address(trainer0.host, trainer0.port(contract.PORT_CONTROL))
     control = transport.open_sender([control_address], role="generator", index=cfg.index,
-                                    send_timeout=role_main.role_deadline(cfg))
+                                    send_timeout=startup.role_deadline(cfg))
     leave = loop.LeaveNotice(index=cfg.index, open_control=lambda timeout: transport.open_sender(
         [control_address], role="generator", index=cfg.index, ready_timeout=timeout, send_timeout=timeout))
     done = threading.Event()
-    role_main.watch_signals(lambda: leave_then_exit(leave, done))   # at SIGTERM, even mid weight receive
-    to_verifiers = transport.open_sender(role_main.data_addresses(cfg, "verifier"), role="generator", index=cfg.index,
-                                    send_timeout=role_main.role_deadline(cfg))
-    # the engine load makes no heartbeat: /healthz allows it start_deadline (roles.main), and trainer 0 hears that
+    startup.watch_signals(lambda: leave_then_exit(leave, done))   # at SIGTERM, even mid weight receive
+    to_verifiers = transport.open_sender(startup.data_addresses(cfg, "verifier"), role="generator", index=cfg.index,
+                                    send_timeout=startup.role_deadline(cfg))
+    # the engine load makes no heartbeat: /healthz allows it start_deadline (role.run), and trainer 0 hears that
     # this generator is starting, so its wait for our groups is not a stall (a restart in place at step N)
     beats = loop.StartBeats(index=cfg.index, control=control,
-                            every=min(START_BEAT_SECONDS, role_main.role_deadline(cfg) / 4)).start()
+                            every=min(START_BEAT_SECONDS, startup.role_deadline(cfg) / 4)).start()
     slow = None if _on_gpu() else hardware.slow_dtype_warning(str(spec.model.dtype))
     if slow is not None:
         print(f"{cfg.name}: warning: {slow}", file=sys.stderr, flush=True)

@@ -7,8 +7,8 @@
       SYNC ─▶ weights.load(sync): join the broadcast, load in place ─▶ version = v ─▶ ACK ─▶ trainer 0
 ```
 
-Neighbours: the sampler wraps the vLLM engine (``generator.Engine``), ``weights`` wraps its weight receiver
-(``weightsync``); both are injected by ``roles.main`` (unit tests inject in-process ones). ``transport`` gives the
+Neighbours: the sampler wraps the vLLM engine (``generator.engine.Engine``), ``weights`` wraps its weight receiver
+(``weightsync``); both are injected by ``generator.start`` (unit tests inject in-process ones). ``transport`` gives the
 inbox, the sender towards the verifiers (round robin) and the control sender towards trainer 0.
 
 STOP ends the loop and is passed on to every verifier.
@@ -22,15 +22,14 @@ hands it out again after the push, so a restarted generator samples nothing befo
 
 Leaving (scaled down, pod deleted): SIGTERM sends the leave notice (an ACK of kind STOP) to trainer 0 at once, even
 while this loop's thread is blocked inside a weight receive (``LeaveNotice.send`` is called from the signal watcher
-of ``roles.main``, on its own socket); the loop ends at its next turn. The notice is sent once, whichever comes
-first. Trainer 0 shrinks the weight-sync group and re-issues this generator's work (``roles.trainer``).
+of ``generator.start``, on its own socket); the loop ends at its next turn. The notice is sent once, whichever comes
+first. Trainer 0 shrinks the weight-sync group and re-issues this generator's work (``trainer.loop``).
 
 Starting: while the vLLM engine loads, ``StartBeats`` tells trainer 0 every few seconds that this generator is
 starting (an ACK of READY with ``ok=False``), so a restart in place is not taken for a stalled step.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time
@@ -43,12 +42,7 @@ POLL_SECONDS = 0.2
 FORGED_SYNC = "ForgedSync"  # a SYNC naming a weight-sync address other than the env contract's trainer 0
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SyncResult:
-    """What one weight load cost."""
-
-    seconds: float
-    bytes: int
+SyncResult = types.SyncResult   # what one weight load cost (plain data: trainer 0's pushes report it too)
 
 
 class Sampler(Protocol):

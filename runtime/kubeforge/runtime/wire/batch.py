@@ -1,7 +1,7 @@
 """The column-wise layout of a BATCH frame: many rollout groups under one header and one set of columns.
 
 Neighbours: ``wire.pack`` hands runs of consecutive ROLLOUT/SCORED messages here (``Run``) and ``wire.decode``
-hands BATCH frames here (``decode``); ``wire_group`` is the one-group layout (a group sent alone) and holds the
+hands BATCH frames here (``decode``); ``group`` is the one-group layout (a group sent alone) and holds the
 shared finite check. ``types`` holds what comes out: ``RolloutGroup``s whose completions are
 ``types.CompletionColumns`` viewing the batch's columns.
 
@@ -11,7 +11,7 @@ once per batch over whole columns with numpy, and decoding a group is a handful 
 
 Layout (little-endian; offsets from the frame's first byte; f64 sections stay 8-byte aligned)::
 
-    0   frame header (wire.HEADER: magic, schema version, kind BATCH)               7 B
+    0   frame header (frame.HEADER: magic, schema version, kind BATCH)               7 B
     7   item kind (ROLLOUT or SCORED: every group of the batch)                    u8
     8   flags (bit 0: rewards present, for every group), groups k, completions N,
         verifiers V, prompt tokens P, completion tokens T, string bytes S, reserved 0     8 x u32
@@ -44,13 +44,14 @@ import functools
 import itertools
 import operator
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from kubeforge.runtime import types, wire_group
-from kubeforge.runtime.wire_group import Invalid, Limits
+from kubeforge.runtime import types
+from kubeforge.runtime.wire import group
+from kubeforge.runtime.wire.group import Invalid, Limits
 
 HEAD = struct.Struct("<4sHBB8I")
 assert HEAD.size == 40
@@ -114,8 +115,8 @@ class Run:
             raise Invalid(f"group.completions: a completion exceeds {limits.tokens} tokens")
         self.ints = [list(map(f, prompts if j == 0 else groups)) for j, f in enumerate(_INT_FIELDS)]
         self.every = every = list(itertools.chain.from_iterable(self.ints))
-        if set(map(type, every)) != _INT or min(every) < 0 or max(every) > wire_group.MAX_U64_FIELD:
-            raise Invalid(f"group: an integer field is not an integer in [0, {wire_group.MAX_U64_FIELD}]")
+        if set(map(type, every)) != _INT or min(every) < 0 or max(every) > group.MAX_U64_FIELD:
+            raise Invalid(f"group: an integer field is not an integer in [0, {group.MAX_U64_FIELD}]")
         pids = list(map(_PROMPT_IDS, groups))
         if (set(map(type, pids)) != _NDARRAY or set(map(_DTYPE, pids)) != {_U32}
                 or set(map(_NDIM, pids)) != _ONE):   # the types' constructors make them so: else convert
@@ -233,7 +234,7 @@ class Run:
             raise Invalid(f"group: columns of {len(frame)} bytes, the layout wants {want}")
         if len(frame) > max_frame:
             raise Invalid(f"frame of {len(frame)} bytes exceeds {max_frame}")
-        if check and not wire_group.all_finite(np.frombuffer(frame, _F64, nf, HEAD.size + 32 * k)):
+        if check and not group.all_finite(np.frombuffer(frame, _F64, nf, HEAD.size + 32 * k)):
             raise Invalid("group: a logprob, reward or score is not finite")
         return frame
 
@@ -307,9 +308,9 @@ def decode(view: memoryview, *, limits: Limits, max_groups: int, max_completions
     # the counts as Python lists: the builtins' min/max/sum over them beat numpy's per-call cost at these sizes, and
     # decoding the groups needs them as lists anyway (bounded: N <= max_completions)
     ints = np.frombuffer(view, _U64, 4 * k, HEAD.size).tolist()
-    if max(ints) > wire_group.MAX_U64_FIELD:
+    if max(ints) > group.MAX_U64_FIELD:
         raise Invalid(f"an integer field (prompt.index, policy_version, step, generator) exceeds "
-                      f"{wire_group.MAX_U64_FIELD}")
+                      f"{group.MAX_U64_FIELD}")
     counts = np.frombuffer(view, _U32, 2 * k + n + nstr, u32_at).tolist()
     ns, plens, lengths, sizes = counts[:k], counts[k:2 * k], counts[2 * k:2 * k + n], counts[2 * k + n:]
     if min(ns) < 1 or max(ns) > limits.completions:
@@ -351,7 +352,7 @@ def decode(view: memoryview, *, limits: Limits, max_groups: int, max_completions
     if len(set(names)) != len(names):
         raise Invalid("scores: a verifier name appears twice")
     f64 = np.frombuffer(view, _F64, nf, f64_at)
-    if not wire_group.all_finite(f64):
+    if not group.all_finite(f64):
         raise Invalid(_nonfinite(f64, t, n, r, names, ns, tok_ends))
     tokens = np.frombuffer(view, _U32, p + t, ids_at)
     if tokens.flags.writeable:   # a bytearray's frame: the views stay read-only like a bytes frame's

@@ -1,11 +1,11 @@
 """A trainer pod with several ranks (one per GPU): the pod's process starts them and stands for them.
 
-Role: ``roles.main.run`` calls :func:`supervise` instead of the trainer loop when ``RoleConfig.supervises``
+Role: ``role.run`` calls :func:`supervise` instead of the trainer loop when ``RoleConfig.supervises``
 (``spec.roles.trainer`` has more than one rank per pod and this process is not a rank yet). It starts the pod's N
 ranks as child processes of the same command (``kubeforge role trainer``) with ``KUBEFORGE_LOCAL_RANK`` = 0..N-1
 added to the same env; ``config.from_env`` turns that into the global rank ``pod*N + l`` and the port block
 ``base + l*PORTS_PER_PROCESS`` (rank 0 of the pod serves the pod's metrics and probes on the pod's own ports).
-With CUDA, local rank ``l`` uses ``cuda:l`` (``start_trainer``).
+With CUDA, local rank ``l`` uses ``cuda:l`` (``trainer.start``).
 
 Invariants:
 - The pod lives and dies with its ranks: the first rank to exit non-zero makes the supervisor stop the others

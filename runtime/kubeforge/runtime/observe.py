@@ -1,7 +1,8 @@
 """Role observers backed by ``metrics.Metrics``: the loops report events, these turn them into Prometheus series.
 
-Neighbours: ``roles.generator``/``verifier``/``trainer`` call the observer Protocols they declare; ``roles.main``
-builds these with the process's ``Metrics``; unit tests pass the same classes with a private registry.
+Neighbours: the role loops (``generator.loop``, ``verifier.loop``, ``trainer.loop``) call the observer Protocols they
+declare; each role's ``start`` builds these with the process's ``Metrics``; unit tests pass the same classes with a
+private registry.
 """
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from typing import Any, Protocol
 from kubeforge.api import progress
 from kubeforge.runtime import metrics as metrics_mod
 from kubeforge.runtime import types, wire
-from kubeforge.runtime.roles import generator as generator_role
 
 
 class Base:
@@ -47,7 +47,7 @@ class GeneratorObserver(Base):
         """WORK expecting a policy this generator does not have yet (it just restarted): the trainer re-issues it."""
         self.m.rollouts_dropped.labels(reason="stale").inc(len(work.prompts))
 
-    def synced(self, *, version: int, result: generator_role.SyncResult) -> None:
+    def synced(self, *, version: int, result: types.SyncResult) -> None:
         self.m.policy_version.set(version)
         self.m.weight_sync_seconds.observe(result.seconds)
         self.m.weight_sync_bytes.inc(result.bytes)

@@ -14,12 +14,12 @@
    rank 0: report the step (JSONL locally, pod annotation on a cluster)
    checkpoint every checkpoint.everySteps and after the last step (with the data cursor)
  every rank: export the policy as an HF folder next to the checkpoints (rank 0 writes); also after any step on
-   request (roles/exports.py: rank 0 sees it, every rank agrees, the step's record names the folder)
+   request (trainer/export_requests.py: rank 0 sees it, every rank agrees, the step's record names the folder)
  rank 0: STOP every generator, report done
 ```
 
 Neighbours: ``trainer.step.Trainer`` (learner, checkpoints), ``trainer.buffer.RolloutBuffer`` (staleness),
-``tasks`` (``prompt_at(k)``, injected), ``roles.report`` (Reporter), the weight pusher (``roles.sync``), the
+``tasks`` (``prompt_at(k)``, injected), ``trainer.report`` (Reporter), the weight pusher (``trainer.pusher``), the
 transport (inbox and a sender to every generator; rank 0 also a control inbox for READY/ACK).
 
 Invariants:
@@ -65,10 +65,8 @@ from typing import Any, Protocol
 
 from kubeforge.api import progress
 from kubeforge.runtime import transport, types, wire
-from kubeforge.runtime.roles import exports as exports_mod
-from kubeforge.runtime.roles import generator as generator_role
-from kubeforge.runtime.roles import report
 from kubeforge.runtime.trainer import buffer as buffer_mod
+from kubeforge.runtime.trainer import export_requests, report
 
 POLL_SECONDS = 0.05
 
@@ -120,7 +118,7 @@ class Learner(Protocol):
 
 
 class WeightPusher(Protocol):
-    def push(self, *, version: int, step: int) -> generator_role.SyncResult:
+    def push(self, *, version: int, step: int) -> types.SyncResult:
         """Announce SYNC to every generator, broadcast the weights, wait for every ACK; raises
         ``weightsync.WeightSyncError`` (or any RuntimeError) when the group broke."""
 
@@ -144,7 +142,7 @@ class Rank0:
     reporter: report.Reporter
     evaluate: Evaluate | None = None      # held-out accuracy (spec.evaluation); None: no evaluation
     eval_every: int = 0
-    exports: exports_mod.Requests | None = None   # export on request (roles/exports.py); None: only at the end
+    exports: export_requests.Requests | None = None   # export on request; None: only at the end
 
 
 class Evaluate(Protocol):
@@ -491,7 +489,7 @@ class Loop:
                     wait_seconds: float = 0.0) -> None:
         done = s + 1
         last = done == self.s.steps
-        sync: generator_role.SyncResult | None = None
+        sync: types.SyncResult | None = None
         if (done % self.s.sync_every == 0) and not last:
             sync = self._push_overlapped(step=done)
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
@@ -543,7 +541,7 @@ class Loop:
             record.export_request = str(request)
             print(f"trainer-0: export request {request}: {path}", flush=True)
 
-    def _push_overlapped(self, *, step: int) -> generator_role.SyncResult | None:
+    def _push_overlapped(self, *, step: int) -> types.SyncResult | None:
         """Rank 0: finish the push still in flight (started after the previous due step; its figures go in this
         step's record), then start this one: SYNC notices and the snapshot now, the broadcast in the background
         while the next step is collected and trained. A pusher without ``start`` pushes synchronously."""
@@ -562,12 +560,12 @@ class Loop:
             getattr(self.learner, "complete_sync", lambda: None)()
         return previous
 
-    def _finish_push(self) -> generator_role.SyncResult | None:
+    def _finish_push(self) -> types.SyncResult | None:
         """Rank 0: join the push in flight, if any; a failed one abandons the epoch (as a failed ``_push``)."""
         if self.rank0 is None or not getattr(self.rank0.pusher, "in_flight", False):
             return None
         try:
-            result: generator_role.SyncResult | None = getattr(self.rank0.pusher, "finish")()
+            result: types.SyncResult | None = getattr(self.rank0.pusher, "finish")()
             return result
         except RuntimeError as exc:
             self._push_failed(exc)
@@ -582,7 +580,7 @@ class Loop:
         print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
               f"{self.epochs} forms when the generators are back", flush=True)
 
-    def _push(self, *, step: int) -> generator_role.SyncResult | None:
+    def _push(self, *, step: int) -> types.SyncResult | None:
         """Push the current policy (other ranks take part in the gathers a sharded model needs); a broken group (a
         generator died mid-sync) abandons the epoch and returns None: training goes on and the generator's return
         (its READY) triggers the next push."""
@@ -602,7 +600,7 @@ class Loop:
             getattr(self.learner, "complete_sync", lambda: None)()
 
     def _record(self, stats: Any, groups: Sequence[types.RolloutGroup], *,
-                sync: generator_role.SyncResult | None, train_seconds: float) -> progress.StepRecord:
+                sync: types.SyncResult | None, train_seconds: float) -> progress.StepRecord:
         base = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
         drops = sum(self.buffer.drops.values())
         return progress.StepRecord(

@@ -1,6 +1,6 @@
 """Export on request: a user asks a running job for its current policy as an HF folder; trainer rank 0 sees it.
 
-Role: ``roles.trainer.Loop`` asks rank 0's :class:`Requests` after every step; a pending request is agreed by every
+Role: ``trainer.loop.Loop`` asks rank 0's :class:`Requests` after every step; a pending request is agreed by every
 rank (one broadcast: under FSDP every rank gathers), every rank calls ``Trainer.export`` (rank 0 writes
 ``<checkpoint dir>/export-step-N``, atomically; an existing one is kept), and the step's record carries
 ``export`` (the folder) and ``export_request`` (the id served): ``metrics.jsonl`` locally, the progress annotation

@@ -8,7 +8,7 @@ Groups that arrived together (one BATCH frame: ``inbox.pending``) are scored one
 BATCH per trainer rank (``wire.pack``). Nothing waits for more groups than were already there.
 
 Neighbours: ``verifiers.score_group`` does the scoring (injected as ``score``); ``transport`` gives the inbox and
-the sender towards the trainer ranks; ``roles.main`` wires the real parts.
+the sender towards the trainer ranks; ``verifier.start`` wires the real parts.
 
 Invariants: malformed frames never reach this loop (the transport refuses and counts them); a message of a kind
 the verifier does not expect is counted and skipped; a group whose scoring raises is counted and skipped (its

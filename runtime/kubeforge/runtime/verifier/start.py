@@ -1,0 +1,32 @@
+"""Wiring of a verifier: the scorer, its data port, a sender to every trainer rank, then the loop.
+
+Neighbours: ``role.run`` calls :func:`main`; ``verifiers.Scorer`` scores (the library of scorers); ``verifier.loop``
+is the loop it runs; ``observe.VerifierObserver`` turns its events into Prometheus series (and, in a local run,
+``verifier-<i>.jsonl`` in the run directory).
+"""
+from __future__ import annotations
+
+import threading
+
+from kubeforge.api import contract
+from kubeforge.runtime import config, metrics, observe, startup, transport, verifiers
+from kubeforge.runtime.verifier import loop
+
+
+def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer, stop: threading.Event) -> int:
+    scorer = verifiers.Scorer(cfg.spec.verifiers, reward=cfg.spec.reward)
+    inbox = transport.open_receiver(startup.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
+    trainers = transport.open_sender(startup.data_addresses(cfg, "trainer"), role="verifier", index=cfg.index,
+                                    send_timeout=startup.role_deadline(cfg))
+    log = cfg.run_dir / f"verifier-{cfg.index}.jsonl" if cfg.run_dir is not None else None
+    observer = observe.VerifierObserver(m, scorer.errors, scorer=scorer, log_path=log)
+    server.set_ready(True)
+    try:
+        loop.run(inbox=inbox, trainers=trainers, score=scorer.apply, observer=observer,
+                 should_stop=stop.is_set, beat=server.heartbeat, deadline=startup.role_deadline(cfg))
+    finally:
+        observer.close()
+        scorer.close()
+        trainers.close()
+        inbox.close()
+    return 0
