@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 
-from kubeforge.operator import leader
+import pytest
+import urllib3
+
+from kubeforge.operator import kubeconfig, leader
 
 T0 = dt.datetime(2026, 11, 23, 12, 0, 0, tzinfo=dt.timezone.utc)
 
@@ -118,3 +122,37 @@ def test_release_leaves_another_holders_lease_alone() -> None:
     assert not e._try()
     e.release()
     assert leases.lease is not None and leases.lease["spec"]["holderIdentity"] == "other"
+
+
+class Unreachable(FakeLeases):
+    """The API server gone after the Lease was taken, failing as the real client fails: not with an OSError."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error, self.down = error, False
+
+    def get_lease(self, namespace: str, name: str) -> dict | None:
+        if self.down:
+            raise self.error
+        return super().get_lease(namespace, name)
+
+
+@pytest.mark.parametrize("error", [
+    urllib3.exceptions.NewConnectionError(None, "Failed to establish a new connection: [Errno 111] refused"),
+    urllib3.exceptions.ReadTimeoutError(None, "/", "Read timed out."),
+    kubeconfig.ConfigError("users[u].exec: 'aws' did not answer within 30 s"),
+])
+def test_a_leader_that_cannot_renew_leaves_whatever_the_error(error: Exception) -> None:
+    """The bug this fixes: only ApiError and OSError counted as a failed try; urllib3's errors (connection refused,
+    timeouts) and credential errors ended the renew thread instead, so ``on_lost`` never ran and the old leader
+    kept reconciling beside the standby that took its expired Lease."""
+    leases = Unreachable(error)
+    e = leader.Elector(leases, namespace="ns", name="l", identity="me", duration_s=1,  # type: ignore[arg-type]
+                       renew_s=0.01)
+    assert e.acquire()
+    lost = threading.Event()
+    leases.down = True
+    thread = e.keep(lost.set)
+    assert lost.wait(5), "the leader never noticed it lost its Lease"
+    thread.join(5)
+    assert not e._try()

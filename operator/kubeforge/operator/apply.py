@@ -3,13 +3,15 @@
 Role: the "apply" and "write" steps. Server-side apply (field manager ``contract.FIELD_MANAGER``, force) for every
 desired child; deletes (404 is success) for objects that must be absent; one merge patch of ``/status``; events.
 Why raw REST: the API needs a handful of verbs on known paths; a static kind → path table avoids discovery round
-trips; credentials come from ``kubeconfig`` (no Kubernetes client library in the process).
+trips; credentials come from ``kubeconfig`` (no Kubernetes client library in the process), asked for on every
+request (a rotated token file, an exec plugin's renewed token or certificate), and once more after a 401.
 Concurrency: the client is synchronous and thread-safe (urllib3 pool); the router calls it from worker threads.
 """
 from __future__ import annotations
 
 import json
 import ssl
+import threading
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -66,17 +68,19 @@ def load_credentials(path: str | None = None) -> Credentials:
     return kubeconfig.load(path)
 
 
-def tls_context(creds: Credentials) -> ssl.SSLContext:
+def tls_context(creds: Credentials, auth: kubeconfig.Auth | None = None) -> ssl.SSLContext:
     """One TLS context for every connection of a pool: the CA and client certificate are loaded once, not per
-    connection (urllib3 builds a context per connection unless it is given one)."""
+    connection (urllib3 builds a context per connection unless it is given one). The client certificate is
+    ``auth``'s when given (an exec plugin's), else the kubeconfig's."""
     if creds.verify:     # the kubeconfig's CA, else the system's
         ctx = ssl.create_default_context(cafile=creds.ca_file)
     else:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
-    if creds.cert_file:
-        ctx.load_cert_chain(creds.cert_file, creds.key_file)
+    cert, key = (auth.cert_file, auth.key_file) if auth is not None else (creds.cert_file, creds.key_file)
+    if cert:
+        ctx.load_cert_chain(cert, key)
     return ctx
 
 
@@ -93,33 +97,79 @@ class Cluster:
 
     def __init__(self, creds: Credentials, *, pool_size: int = 16, timeout: float = 30.0) -> None:
         self._server = creds.server
-        self._headers = {"Accept": "application/json"}
-        if creds.token:
-            self._headers["Authorization"] = f"Bearer {creds.token}"
-        kw: dict[str, Any] = {"maxsize": pool_size, "timeout": urllib3.Timeout(total=timeout), "retries": False}
-        if self._server.startswith("https"):
-            kw["ssl_context"] = tls_context(creds)     # urllib3 takes cert_reqs from its verify_mode
-            if not creds.verify:
-                urllib3.disable_warnings()
-        self._http = urllib3.PoolManager(**kw)
+        self._creds = creds
+        self._kw: dict[str, Any] = {"maxsize": pool_size, "timeout": urllib3.Timeout(total=timeout), "retries": False}
+        self._tls = self._server.startswith("https")
+        if self._tls and not creds.verify:
+            urllib3.disable_warnings()
+        self._lock = threading.Lock()
+        self._pool_cert: tuple[str | None, str | None] = (None, None)
+        self._pool: urllib3.PoolManager | None = None
+        self._session()
 
     # ---- transport ----
+    def _session(self, rejected: kubeconfig.Auth | None = None) -> tuple[kubeconfig.Auth | None, urllib3.PoolManager]:
+        """The credentials to present now (after a 401 to ``rejected``: fresh ones, None when there are none) and
+        the pool for their client certificate. The pool is replaced when an exec plugin hands out another
+        certificate (the old one's connections close as they come back); under the lock, so concurrent callers
+        never swap an older certificate back in."""
+        with self._lock:
+            auth = self._creds.auth() if rejected is None else self._creds.reauth(rejected)
+            cert = (auth.cert_file, auth.key_file) if auth is not None and self._tls else self._pool_cert
+            if self._pool is None or cert != self._pool_cert:
+                kw = dict(self._kw)
+                if self._tls:     # urllib3 takes cert_reqs from the context's verify_mode
+                    kw["ssl_context"] = tls_context(self._creds, auth)
+                old, self._pool, self._pool_cert = self._pool, urllib3.PoolManager(**kw), cert
+                if old is not None:
+                    old.clear()
+            return auth, self._pool
+
+    @staticmethod
+    def _authorised(headers: Mapping[str, str], auth: kubeconfig.Auth | None) -> dict[str, str]:
+        out = {"Accept": "application/json", **headers}
+        if auth is not None and auth.token:
+            out["Authorization"] = f"Bearer {auth.token}"
+        return out
+
+    @property
+    def _http(self) -> urllib3.PoolManager:
+        """The current pool (``bench_operator`` streams a watch through it with ``_headers``)."""
+        return self._session()[1]
+
+    @property
+    def _headers(self) -> dict[str, str]:
+        """Accept and the current Authorization header."""
+        return self._authorised({}, self._session()[0])
+
     def request(self, method: str, path: str, *, body: Any = None, query: Mapping[str, str] | None = None,
                 content_type: str = "application/json") -> Obj | None:
-        """One call; returns the decoded body, None on 404 for GET/DELETE; raises ApiError otherwise."""
+        """One call; returns the decoded body, None on 404 for GET/DELETE; raises ApiError otherwise. A 401 is
+        tried once more with fresh credentials when there are any (exec plugin run again, token file re-read)."""
         url = self._server + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        headers = dict(self._headers)
+        headers: dict[str, str] = {}
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body).encode()
-        metrics.API_REQUESTS.labels(*verb_resource(method, path, content_type)).inc()
-        resp = self._http.request(method, url, body=data, headers=headers)
+        labels = verb_resource(method, path, content_type)
+        metrics.API_REQUESTS.labels(*labels).inc()
+        auth, http = self._session()
+        resp = http.request(method, url, body=data, headers=self._authorised(headers, auth))
+        note = ""
+        if resp.status == 401 and auth is not None:
+            fresh, http = self._session(rejected=auth)
+            if fresh is not None:
+                metrics.API_REQUESTS.labels(*labels).inc()
+                resp = http.request(method, url, body=data, headers=self._authorised(headers, fresh))
+                note = f"fresh credentials from {self._creds.origin} refused too: "
+            elif self._creds.plugin is not None or self._creds.token_file is not None:
+                note = f"{self._creds.origin} gave no other credentials: "
         text = resp.data.decode("utf-8", "replace")
         if resp.status == 404 and method in ("GET", "DELETE"):
             return None
         if resp.status >= 300:
-            raise ApiError(resp.status, method, path, text)
+            raise ApiError(resp.status, method, path, (note if resp.status == 401 else "") + text)
         return json.loads(text) if text else {}
 
     # ---- verbs ----

@@ -8,13 +8,14 @@ handlers are used, so kopf writes nothing to an RLJob and adds no finalizer.
 """
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from typing import Any
 
 import kopf
 
 from kubeforge.api import contract
-from kubeforge.operator import admission, apply, metrics, observed, router as router_mod, watchcache
+from kubeforge.operator import admission, apply, kubeconfig, metrics, observed, router as router_mod, watchcache
 from kubeforge.operator import webhook as webhook_mod
 
 ANNOTATION_PREFIX = "kopf.kubeforge.dev"
@@ -70,11 +71,21 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
             if problems:
                 raise kopf.AdmissionError(admission.message(problems), code=422)
 
+    handed: list[kubeconfig.Auth] = []
+
     @kopf.on.login(registry=reg)
     def _login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf asks at start, when the credentials it has expire (``expiration``: when an exec plugin's are due)
+        # and after a 401. Asked again while the ones it has are still current, they were refused: fresh ones
+        # (plugin run again, token file re-read), or the same, which kopf then knows as refused and gives up.
+        auth = creds.auth()
+        if handed and auth == handed[0]:
+            auth = creds.reauth(auth) or auth
+        handed[:] = [auth]
         return kopf.ConnectionInfo(
-            server=creds.server, ca_path=creds.ca_file, insecure=not creds.verify, scheme="Bearer" if creds.token
-            else None, token=creds.token, certificate_path=creds.cert_file, private_key_path=creds.key_file)
+            server=creds.server, ca_path=creds.ca_file, insecure=not creds.verify, scheme="Bearer" if auth.token
+            else None, token=auth.token, certificate_path=auth.cert_file, private_key_path=auth.key_file,
+            expiration=None if auth.refresh_at is None else dt.datetime.fromtimestamp(auth.refresh_at, dt.timezone.utc))
 
     @kopf.on.probe(id="reconciles", registry=reg)
     def _probe(**_: Any) -> float:

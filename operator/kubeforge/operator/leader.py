@@ -127,7 +127,9 @@ class Elector:
             if action is not Action.RENEW:
                 log.info("leader: %s holds lease %s/%s", self.identity, self.namespace, self.name)
             return True
-        except (apply.ApiError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failed try is one: an escaped error ended the renew thread
+            # (urllib3's connection errors are no OSError, nor is a failed exec plugin), and the leader then never
+            # noticed losing its Lease while a standby took it over
             log.warning("leader: lease %s/%s: %s", self.namespace, self.name, exc)
             return False
 
