@@ -30,9 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "operator"))
-import harness  # noqa: E402
-from harness import wait  # noqa: E402
+from kfcluster import harness
+from kfcluster.harness import wait
 
 from kubeforge.operator import apply, kubeconfig  # noqa: E402
 
