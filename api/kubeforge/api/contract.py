@@ -71,7 +71,7 @@ MANAGED_BY = "kubeforge"
 FIELD_MANAGER = "kubeforge-operator"
 
 # The trainer (rank 0) reports progress on its own pod as a JSON annotation; the operator watches it.
-ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # {"step", "meanReward", "policyVersion", "done", "evalAccuracy"?}
+ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # a progress.ProgressReport (status.progress plus "done")
 
 # Export on request: a new value of this annotation on the RLJob (the user's) asks for the current policy as an HF
 # folder; the operator copies it onto trainer 0's pod of the current attempt while status.progress.lastExport has not
