@@ -28,7 +28,9 @@ Learning modules:
   ``named_tensors``, ``follow_sync``, ``save_checkpoint``, ``resume``. Design: docs/trainer.md.
 - ``parallel``   — ``DistConfig.from_env`` / ``DataParallel``: torch.distributed group (gloo/NCCL), gradient mean.
 - ``checkpoint`` — atomic checkpoints with manifest, checksums and a COMPLETE marker; ``latest``, ``load``.
-- ``metrics``    — ``StepMetrics``.
+- ``step_metrics`` — ``StepMetrics``: what one optimizer step reports.
+- ``compute_copy`` — the bf16/fp16 compute copy of an unsharded policy, cast once per optimizer step.
+- ``hf_export``  — the policy written as a Hugging Face folder next to the checkpoints.
 
 Typical role loop (rank r of W)::
 
