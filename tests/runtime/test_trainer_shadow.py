@@ -1,5 +1,5 @@
-"""The trainer's bf16 compute copy (trainer/shadow.py): same numerics as autocast over the float32 masters within a
-stated bf16 tolerance, refreshed once per optimizer step, gradients accumulated in float32 in the masters."""
+"""The trainer's bf16 compute copy (trainer/compute_copy.py): same numerics as autocast over the float32 masters
+within a stated bf16 tolerance, refreshed once per optimizer step, gradients accumulated in float32 in the masters."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -260,7 +260,7 @@ def test_the_shadow_builds_each_layer_as_soon_as_its_tensors_are_loaded(
     kernel computes with q, k and v of this sync); the tied lm_head shares the embedding's kernel. The shadow is
     made after an in-place reload, which leaves vLLM's buffering loaders on the recorded metadata (copied as they
     were, they dropped every load: the kernels would have been built from stale tensors)."""
-    from kubeforge.runtime.generator import shadow as shadow_mod
+    from kubeforge.runtime.generator import swap_reload as shadow_mod
 
     model = trainer_model(tiny_model_dir, noise_seed=12)
     weight_sync.sync(model.named_parameters(), version=12, refresh_tied=False)  # type: ignore[attr-defined]

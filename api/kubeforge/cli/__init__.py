@@ -84,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(_dispatch("kubeforge.api.crd:main", args_in[1:]))
     args = _parser().parse_args(args_in)
     if args.command == "run":
-        from kubeforge.runtime.launcher import main as launcher_main
-        raise SystemExit(launcher_main.run(file=args.file, run_dir=args.run_dir, steps=args.steps))
+        import kubeforge.runtime.launcher.main
+        raise SystemExit(kubeforge.runtime.launcher.main.run(file=args.file, run_dir=args.run_dir, steps=args.steps))
     if args.command == "validate":
         raise SystemExit(validate(args.file))
     if args.command == "export":

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubeforge.api import contract
-from kubeforge.runtime import config, transport
+from kubeforge.runtime import config, podmetrics, transport
 
 EXIT_CONFIG = 2
 
@@ -69,7 +69,6 @@ def pod_metrics(cfg: config.RoleConfig) -> Any:
     n = cfg.spec.roles.trainer.ranks()
     if cfg.role != "trainer" or cfg.local_rank != 0 or n < 2:
         return None
-    from kubeforge.runtime import podmetrics
     return podmetrics.Siblings(podmetrics.sibling_urls(host=_loopback(cfg.bind_host), pod_port_base=cfg.port_base,
                                                        ranks=n))
 

@@ -6,7 +6,7 @@ vLLM mixes :class:`WeightSyncExtension` into its worker class (engine option ``w
 collisions at start-up. Arguments and results are plain values (str/int/float/dict): they may cross a process
 boundary through vLLM's RPC, which never needs pickle for them.
 
-Loading, swap reload (the default; ``shadow.ShadowModel``): while a sync is received in the background, the same
+Loading, swap reload (the default; ``swap_reload.ShadowModel``): while a sync is received in the background, the same
 background thread loads it, bucket by bucket as they land, into a model-format shadow of the model through the
 model's own ``load_weights`` and builds each layer's packed kernel there (``process_weights_after_loading``) as
 soon as that layer is whole, while the engine keeps generating with the old weights; ``kf_receive_weights`` (between batches) swaps the new kernels in and copies the small tensors
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from kubeforge.runtime import weightsync
-from kubeforge.runtime.generator import shadow as shadow_mod
+from kubeforge.runtime.generator import swap_reload
 from kubeforge.runtime.trainer import lora
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class WeightSyncExtension:
     """Mixed into vLLM's worker: ``self`` is the worker (``self.model_runner``, ``self.reload_weights``)."""
 
     _kf_receiver: weightsync.WeightReceiver | None = None
-    _kf_shadow: shadow_mod.ShadowModel | None = None
+    _kf_shadow: swap_reload.ShadowModel | None = None
     _kf_swap: bool = True          # swap reload wanted (and supported, as far as known)
 
     def kf_join_weight_sync(self, host: str, port: int, world_size: int, rank_base: int, timeout: float,
@@ -80,20 +80,20 @@ class WeightSyncExtension:
         for the wire nor repack)."""
         return self._kf_receiver is not None and self._kf_receiver.staged
 
-    def _kf_prepare(self, staged: weightsync.Staged) -> shadow_mod.ShadowModel | None:
+    def _kf_prepare(self, staged: weightsync.Staged) -> swap_reload.ShadowModel | None:
         """In the receiver's background thread: build the staged weights into the shadow (None: in-place reload)."""
         if not self._kf_swap:
             return None
         if self._kf_shadow is None:
             try:
-                self._kf_shadow = shadow_mod.ShadowModel(self.model_runner.get_model())  # type: ignore[attr-defined]
-            except shadow_mod.Unsupported as e:
+                self._kf_shadow = swap_reload.ShadowModel(self.model_runner.get_model())  # type: ignore[attr-defined]
+            except swap_reload.Unsupported as e:
                 log.warning("weight sync: swap reload not supported for this model (%s); reloading in place", e)
                 self._kf_swap = False
                 return None
         try:
             self._kf_shadow.build(staged.tensors())
-        except shadow_mod.Unsupported as e:
+        except swap_reload.Unsupported as e:
             log.warning("weight sync: swap reload not supported for this model (%s); reloading in place", e)
             self._kf_swap, self._kf_shadow = False, None
             return None
@@ -125,7 +125,7 @@ class WeightSyncExtension:
                     raise weightsync.WeightSyncError(f"weight sync v{staged.version}: refused, the engine keeps "
                                                      f"its weights: {staged.prepare_error}") from staged.prepare_error
                 built = staged.prepared
-                if isinstance(built, shadow_mod.ShadowModel) and built.built:
+                if isinstance(built, swap_reload.ShadowModel) and built.built:
                     stats = receiver.load_staged(staged, lambda _: self._kf_install(built))
                     return dataclasses.replace(stats, swapped=True).as_dict()
                 return receiver.load_staged(staged, reload).as_dict()
@@ -133,7 +133,7 @@ class WeightSyncExtension:
         finally:
             receiver.prefetch(self._kf_prepare)   # the buffers are free again: the next sync lands while generating
 
-    def _kf_install(self, built: shadow_mod.ShadowModel) -> None:
+    def _kf_install(self, built: swap_reload.ShadowModel) -> None:
         """The swap (engine thread, between batches), then what vLLM's own reload resets after loading."""
         built.swap()
         runner = self.model_runner  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ hands it out again after the push, so a restarted generator samples nothing befo
 Leaving (scaled down, pod deleted): SIGTERM sends the leave notice (an ACK of kind STOP) to trainer 0 at once, even
 while this loop's thread is blocked inside a weight receive (``LeaveNotice.send`` is called from the signal watcher
 of ``generator.start``, on its own socket); the loop ends at its next turn. The notice is sent once, whichever comes
-first. Trainer 0 shrinks the weight-sync group and re-issues this generator's work (``trainer.loop``).
+first. Trainer 0 shrinks the weight-sync group and re-issues this generator's work (``trainer.membership``).
 
 Starting: while the vLLM engine loads, ``StartBeats`` tells trainer 0 every few seconds that this generator is
 starting (an ACK of READY with ``ok=False``), so a restart in place is not taken for a stalled step.

@@ -88,7 +88,8 @@ def leave_then_exit(leave: loop.LeaveNotice, done: threading.Event, *, grace: fl
 
 
 def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer, stop: threading.Event) -> int:
-    from kubeforge.runtime.generator import engine as engine_mod
+    # vLLM: imported by the generator's process alone (tests import this module where vLLM is not installed)
+    from kubeforge.runtime.generator import engine
 
     spec = cfg.spec
     inbox = transport.open_receiver(startup.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
@@ -110,16 +111,16 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     if slow is not None:
         print(f"{cfg.name}: warning: {slow}", file=sys.stderr, flush=True)
     try:
-        engine = engine_mod.Engine(model_dir=models.resolve(spec.model), dtype=spec.model.dtype,
+        llm = engine.Engine(model_dir=models.resolve(spec.model), dtype=spec.model.dtype,
                                    role=spec.roles.generator, seed=spec.task.seed + cfg.index, lora=spec.model.lora)
     finally:
         beats.stop()
-    print(f"{cfg.name}: vLLM engine up in {engine.start_seconds:.1f}s", flush=True)
+    print(f"{cfg.name}: vLLM engine up in {llm.start_seconds:.1f}s", flush=True)
     server.set_ready(True)
     try:
         loop.run(index=cfg.index, inbox=inbox, verifiers=to_verifiers, control=control,
-                 sampler=EngineSampler(engine, cfg),
-                 weights=EngineWeights(engine, index=cfg.index,
+                 sampler=EngineSampler(llm, cfg),
+                 weights=EngineWeights(llm, index=cfg.index,
                                        tensor_parallel_size=spec.roles.generator.tensor_parallel_size,
                                        join_timeout=float(spec.failure_policy.progress_deadline_seconds)),
                  observer=observe.GeneratorObserver(m), should_stop=stop.is_set,
@@ -130,7 +131,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
         to_verifiers.close()
         control.close()
         inbox.close()
-        engine.close()
+        llm.close()
     return 0
 
 

@@ -190,7 +190,7 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 def _resolve_model(job: rljob.RLJob) -> None:
     """Build/cache the model folder once, before roles race to do it (and fail early if it cannot be)."""
-    from kubeforge.runtime import models
+    from kubeforge.runtime import models   # transformers: loaded only when a run builds its model (tests inject one)
 
     models.resolve(job.spec.model)
 

@@ -3,13 +3,17 @@ group, checkpoints).
 
 Role modules:
 - ``loop``       — ``Loop``: one trainer rank's run (collect a step's groups, train, push, report, checkpoint); the
-  transport, learner, weight pusher and reporter are injected.
+  transport, learner, weight pusher and reporter are injected. It owns one part per concern:
+- ``membership`` — rank 0's elastic generators: join, leave, restart, silence after a failed push; epochs follow.
+- ``pushes``     — when the loop pushes its weights, the push that overlaps the next step, a failed push.
+- ``accuracy``   — rank 0's held-out accuracy through the run, in the step records.
 - ``start``      — ``kubeforge role trainer``: the data-parallel group, the learner, the sockets and on rank 0 the
   weight push, reporter and evaluator, wired around the loop.
 - ``ranks``      — a trainer pod with several ranks: the pod's process starts and stands for them.
 - ``pusher``     — rank 0's weight push over the wire: SYNC notices, the ``weightsync`` broadcast, the ACKs.
 - ``report``     — rank 0's progress reporters (JSONL locally, the pod annotation on a cluster).
-- ``export_requests`` — export on request: where rank 0 sees a request (run directory, pod annotation).
+- ``export_requests`` — export on request: where rank 0 sees a request (run directory, pod annotation), and
+  serving it after a step.
 
 Learning modules:
 - ``buffer``     — ``RolloutBuffer``: scored groups by step; drops stale (> maxPolicyLag) ones, counted by reason;
@@ -24,7 +28,9 @@ Learning modules:
   ``named_tensors``, ``follow_sync``, ``save_checkpoint``, ``resume``. Design: docs/trainer.md.
 - ``parallel``   — ``DistConfig`` / ``DataParallel``: torch.distributed group (gloo/NCCL), gradient mean.
 - ``checkpoint`` — atomic checkpoints with manifest, checksums and a COMPLETE marker; ``latest``, ``load``.
-- ``metrics``    — ``StepMetrics``.
+- ``step_metrics`` — ``StepMetrics``: what one optimizer step reports.
+- ``compute_copy`` — the bf16/fp16 compute copy of an unsharded policy, cast once per optimizer step.
+- ``hf_export``  — the policy written as a Hugging Face folder next to the checkpoints.
 
 Typical role loop (rank r of W)::
 

@@ -1,7 +1,8 @@
 """Export on request: a user asks a running job for its current policy as an HF folder; trainer rank 0 sees it.
 
-Role: ``trainer.loop.Loop`` asks rank 0's :class:`Requests` after every step; a pending request is agreed by every
-rank (one broadcast: under FSDP every rank gathers), every rank calls ``Trainer.export`` (rank 0 writes
+Role: after every step ``trainer.loop.Loop`` hands rank 0's :class:`Requests` to :meth:`OnRequest.after_step`: a
+pending request is agreed by every rank (one broadcast: under FSDP every rank gathers), every rank calls
+``Trainer.export`` (rank 0 writes
 ``<checkpoint dir>/export-step-N``, atomically; an existing one is kept), and the step's record carries
 ``export`` (the folder) and ``export_request`` (the id served): ``metrics.jsonl`` locally, the progress annotation
 (``lastExport``) on a cluster.
@@ -24,7 +25,8 @@ import pathlib
 import sys
 import time
 import uuid
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from kubeforge.api import contract, progress
 from kubeforge.runtime import podapi
@@ -38,6 +40,36 @@ class Requests(Protocol):
 
     def served(self, request: str) -> None:
         """Mark ``request`` served (after its export was written)."""
+
+
+class Exporter(Protocol):
+    def export(self, *, directory: str) -> Any:
+        """Write the policy as an HF folder under ``directory`` (every rank calls it; rank 0 writes)."""
+
+
+class OnRequest:
+    """Serving export requests after a step, on every rank (``learner`` is ``step.Trainer``)."""
+
+    def __init__(self, *, learner: Exporter, beat: Callable[[str], None] = lambda activity: None) -> None:
+        self.learner = learner
+        self.beat = beat
+
+    def after_step(self, record: progress.StepRecord, *, requests: Requests | None, directory: str) -> None:
+        """Rank 0's pending export request (if any; ``requests`` is None on the other ranks), agreed by every rank
+        (one broadcast), served by all into ``directory``; rank 0's ``record`` names the folder and the request."""
+        request = requests.pending() if requests is not None else None
+        agree = getattr(self.learner, "agree", None)
+        if agree is not None:
+            request = agree(request)
+        if request is None:
+            return
+        self.beat("export")
+        path = self.learner.export(directory=directory)
+        if requests is not None:
+            requests.served(str(request))
+            record.export = str(path) if path else None
+            record.export_request = str(request)
+            print(f"trainer-0: export request {request}: {path}", flush=True)
 
 
 class ListRequests:

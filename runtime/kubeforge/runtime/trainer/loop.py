@@ -19,8 +19,11 @@
 ```
 
 Neighbours: ``trainer.step.Trainer`` (learner, checkpoints), ``trainer.buffer.RolloutBuffer`` (staleness),
-``tasks`` (``prompt_at(k)``, injected), ``trainer.report`` (Reporter), the weight pusher (``trainer.pusher``), the
-transport (inbox and a sender to every generator; rank 0 also a control inbox for READY/ACK).
+``tasks`` (``prompt_at(k)``, injected), ``trainer.report`` (Reporter), the transport (inbox and a sender to every
+generator; rank 0 also a control inbox for READY/ACK). The loop owns one part per concern: ``trainer.membership``
+(rank 0's elastic generators: join, leave, restart, silence), ``trainer.pushes`` (when to push, the push that
+overlaps the next step; the weight pusher itself is ``trainer.pusher``), ``trainer.accuracy`` (held-out evaluation
+in the records) and ``trainer.export_requests`` (export on request).
 
 Invariants:
 - The cursor is the step: prompts of step s are ``[s*P, (s+1)*P)``, a pure function of the task and seed. A
@@ -45,16 +48,9 @@ Invariants:
 - SIGTERM (``should_stop``) ends the loop only at a safe point: while collecting, or after a step whose checkpoint
   (if due) is complete; a checkpoint write in progress always finishes (the write itself is atomic: temp folder,
   fsync, rename, COMPLETE marker), so a pod deleted mid-write leaves the new checkpoint or the previous one.
-- Elastic generators (rank 0): a READY from a generator seen before means it restarted. Rank 0 then re-forms the
-  weight-sync group (a new epoch, ``WeightPusher.reform``), pushes the current policy (the new generator gets it
-  before any WORK it samples) and re-issues the work it had handed that generator for steps not yet trained;
-  the buffer drops any duplicate. A push that fails (a generator died mid-sync) abandons the epoch and training
-  goes on; the generator's return triggers the next push.
-- Scale-down (rank 0): a generator's leave notice (sent at its SIGTERM, even from inside a weight receive) marks it
-  as left; the membership shrinks past every left generator at the top (StatefulSet ordinals go from the top), a
-  new epoch forms over the rest, and the leavers' work is re-issued. If the notice is lost (SIGKILL before it
-  went out), a failed push finds it: every member that does not answer that SYNC (ACK or NACK) within
-  ``answer_within`` and is at the top is dropped the same way; one that answers later, or says READY, joins again.
+- Elastic generators (rank 0): a generator that restarts, joins, leaves or goes silent after a failed push
+  changes the membership, and with it the weight-sync epoch; its outstanding work is re-issued
+  (``trainer.membership``). A push that fails abandons the epoch and training goes on.
 """
 from __future__ import annotations
 
@@ -65,8 +61,7 @@ from typing import Any, Protocol
 
 from kubeforge.api import progress
 from kubeforge.runtime import transport, types, wire
-from kubeforge.runtime.trainer import buffer as buffer_mod
-from kubeforge.runtime.trainer import export_requests, report
+from kubeforge.runtime.trainer import accuracy, buffer, export_requests, membership, pushes, report
 
 POLL_SECONDS = 0.05
 
@@ -117,16 +112,6 @@ class Learner(Protocol):
         """Write the policy as an HF folder under ``directory`` (every rank calls it; rank 0 writes)."""
 
 
-class WeightPusher(Protocol):
-    def push(self, *, version: int, step: int) -> types.SyncResult:
-        """Announce SYNC to every generator, broadcast the weights, wait for every ACK; raises
-        ``weightsync.WeightSyncError`` (or any RuntimeError) when the group broke."""
-
-    def reform(self, *, members: int | None = None) -> int:
-        """Abandon the current weight-sync epoch; the next push forms a new one (over ``members`` generators when
-        given). Returns the new epoch."""
-
-
 class TrainerObserver(Protocol):
     def trained(self, *, record: progress.StepRecord) -> None: ...
     def dropped(self, *, reason: str) -> None: ...
@@ -138,7 +123,7 @@ class Rank0:
     """The parts only trainer rank 0 has."""
 
     control: transport.Receiver           # READY/ACK from generators
-    pusher: WeightPusher
+    pusher: pushes.WeightPusher
     reporter: report.Reporter
     evaluate: Evaluate | None = None      # held-out accuracy (spec.evaluation); None: no evaluation
     eval_every: int = 0
@@ -177,7 +162,7 @@ class Loop:
                  generator_address: Callable[[int], str | None] = lambda index: None) -> None:
         if (rank0 is None) == (settings.rank == 0):
             raise ValueError("rank 0, and only rank 0, needs the Rank0 parts")
-        self.s = settings
+        self._settings = settings
         self.inbox = inbox
         self.learner = learner
         self.prompt_at = prompt_at
@@ -187,34 +172,42 @@ class Loop:
         self.clock = clock
         self.beat = beat                  # heartbeat: the role's liveness (``/healthz``) follows it
         self.should_stop = should_stop    # SIGTERM: stop at the next safe point (a write in progress finishes)
-        self.ready_seen: set[int] = set()     # rank 0: generators that announced themselves
-        self.members = generators.peers       # generators taking work now: indexes 0..members-1 (elastic)
-        self.joining: set[int] = set()        # rank 0: generators beyond ``members`` that said READY
-        self.left: set[int] = set()           # rank 0: generators whose leave notice came (until their READY)
-        self.dropped: set[int] = set()        # rank 0: generators dropped for silence after a failed push
-        self.silent: set[int] = set()         # rank 0: members yet to answer the SYNC of a failed push
-        self.silent_version = 0
-        self.silent_since = 0.0
-        self.generator_address = generator_address   # data address of generator i (None: cannot grow)
-        self._deferred: list[wire.Message] = []      # control messages a push read past (READY, leave)
-        self.starting: dict[int, float] = {}  # rank 0: generator -> its first "starting" beat (until its READY)
-        self.start_beat_at = 0.0              # rank 0: the last "starting" beat within its start deadline
-        if rank0 is not None and hasattr(rank0.pusher, "on_other"):
-            rank0.pusher.on_other = self._deferred.append
-        self.outstanding: dict[int, list[wire.Work]] = {}   # rank 0: work handed to each generator
-        self.epochs = 0                   # rank 0: weight-sync re-formations
         self.reissued = 0                 # groups re-issued because they did not arrive in time
         capacity = (settings.max_policy_lag + 2) * settings.prompts_per_step + 16
-        self.buffer = buffer_mod.RolloutBuffer(max_policy_lag=settings.max_policy_lag, capacity=capacity)
+        self.buffer = buffer.RolloutBuffer(max_policy_lag=settings.max_policy_lag, capacity=capacity)
         self.issued = 0                   # rank 0: next step whose work has not been handed out
         self._next_generator = settings.rank
-        self.eval_base: float | None = None   # rank 0: held-out accuracy before the first step (fresh start)
-        self.eval_last: float | None = None   # rank 0: the latest held-out accuracy (carried in every record)
+        self.membership = (membership.Membership(
+            settings=settings, generators=generators, control=rank0.control, pusher=rank0.pusher, learner=learner,
+            rollouts=self.buffer, observer=observer, generator_address=generator_address,
+            push=lambda step: self.pushes.push(step=step), send_work=self._send_work, work=self._work)
+            if rank0 is not None else None)   # rank 0: the generators taking work, elastic
+        self.pushes = pushes.Pushes(learner=learner, pusher=rank0.pusher if rank0 is not None else None,
+                                    membership=self.membership, beat=beat)
+        self.accuracy = accuracy.HeldOutAccuracy(evaluate=rank0.evaluate if rank0 is not None else None,
+                                                 every=rank0.eval_every if rank0 is not None else 0, beat=beat)
+        self.exports = export_requests.OnRequest(learner=learner, beat=beat)
         self.ahead = settings.max_policy_lag - (settings.sync_every - 1)
         if self.ahead < 0:
             raise ValueError("spec.algorithm.maxPolicyLag must be >= spec.weightSync.everySteps - 1")
         if settings.colocated:
             self.ahead = 0
+
+    @property
+    def s(self) -> Settings:
+        return self._settings
+
+    @s.setter
+    def s(self, settings: Settings) -> None:
+        """New settings reach the membership too (its deadlines)."""
+        self._settings = settings
+        if self.membership is not None:
+            self.membership.s = settings
+
+    @property
+    def members(self) -> int:
+        """Generators taking work now (indexes ``0..members-1``): elastic on rank 0, every generator elsewhere."""
+        return self.membership.members if self.membership is not None else self.generators.peers
 
     # ------------------------------------------------------------ the loop
 
@@ -223,10 +216,9 @@ class Loop:
         if self.rank0 is not None and start < self.s.steps:
             self._wait_for_generators()
         if 0 < start < self.s.steps:
-            self._push(step=start)
-        if start == 0 and self.rank0 is not None and self.rank0.evaluate is not None:
-            self.beat("evaluate")
-            self.eval_base = self.eval_last = float(self.rank0.evaluate().accuracy)
+            self.pushes.push(step=start)
+        if start == 0:
+            self.accuracy.before_first_step()
         for s in range(start, self.s.steps):
             self._issue_window(current=s)
             waited = self.clock()
@@ -252,7 +244,7 @@ class Loop:
         return start
 
     def _wait_for_generators(self) -> None:
-        assert self.rank0 is not None
+        assert self.rank0 is not None and self.membership is not None
         waiting = set(range(self.members))
         until = time.monotonic() + self.s.start_deadline      # their vLLM engines load: a start, not a hang
         while waiting:
@@ -263,10 +255,9 @@ class Loop:
             msg = self.rank0.control.recv(timeout=1.0)
             if isinstance(msg, wire.Ready) and msg.role == "generator":
                 waiting.discard(msg.index)
-                self.ready_seen.add(msg.index)
-                self.starting.pop(msg.index, None)
+                self.membership.ready(msg.index)
             elif msg is not None:
-                self._control(msg)
+                self.membership.on_control(msg)
 
     # ------------------------------------------------------------ work out (rank 0)
 
@@ -287,141 +278,18 @@ class Loop:
         deleted, its notice lost) must not hold the trainer. Rank 0 then counts it as silent (dropped at the top
         after ``answer_within``, its outstanding work, this one included, re-issued); for any rank the stall timer
         re-issues what did not go out."""
-        if self.rank0 is not None:
-            self.outstanding.setdefault(g, []).append(work)
+        if self.membership is not None:
+            self.membership.handed(g, work)
         try:
             self.generators.send(work, to=g, timeout=min(self.s.deadline, self.s.answer_within))
         except transport.TransportError as exc:
             print(f"trainer-{self.s.rank}: work of step {work.step} not delivered to generator-{g} ({exc})",
                   flush=True)
-            if self.rank0 is not None:
-                if not self.silent:
-                    self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
-                self.silent.add(g)
+            if self.membership is not None:
+                self.membership.undelivered(g)
 
     def _work(self, step: int, prompts: Sequence[types.Prompt]) -> wire.Work:
         return wire.Work(step=step, policy_version=self.learner.policy_version, prompts=tuple(prompts))
-
-    def _control(self, msg: wire.Message) -> None:
-        if isinstance(msg, wire.Ready) and msg.role == "generator" and self.rank0 is not None:
-            g = msg.index
-            self.starting.pop(g, None)
-            back = g in self.ready_seen or g in self.left or g in self.dropped
-            self.left.discard(g)
-            self.dropped.discard(g)
-            if back and 0 <= g < self.members:
-                self._rejoin(g)
-            elif g >= self.members:
-                self.joining.add(g)
-                self._grow()
-            self.ready_seen.add(g)
-        elif (isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.READY and not msg.ok
-              and self.rank0 is not None):
-            self._starting(msg.index)
-        elif (isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.STOP
-              and self.rank0 is not None):
-            self._leave(msg.index)
-        elif (isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.SYNC
-              and self.rank0 is not None):
-            self._answered(msg)
-            getattr(self.rank0.pusher, "acked", lambda m: None)(msg)   # an ACK of the push in flight
-        elif not isinstance(msg, (wire.Ready, wire.Ack)):
-            self.observer.unexpected(kind=type(msg).__name__)
-
-    def _starting(self, g: int) -> None:
-        """Generator ``g`` is loading its engine. A member's (restarted in place) beat counts as progress of the step
-        being collected, for at most ``start_deadline`` from its first beat (a start that never ends is a hang too);
-        a joining generator's does not (no step waits for it)."""
-        now = time.monotonic()
-        if now - self.starting.setdefault(g, now) <= self.s.start_deadline and g < self.members:
-            self.start_beat_at = now
-
-    def _answered(self, ack: wire.Ack) -> None:
-        """An answer (ACK or NACK) to a SYNC outside a push: the generator is alive. One dropped for silence joins
-        again (it was slow, not gone)."""
-        g = ack.index
-        if ack.version >= self.silent_version:
-            self.silent.discard(g)
-        if g in self.dropped and g not in self.left and g >= self.members:
-            self.dropped.discard(g)
-            self.joining.add(g)
-            self._grow()
-
-    def _grow(self) -> None:
-        """Generators that said READY beyond the membership join it, lowest index first (StatefulSet ordinals are
-        contiguous): connect, new epoch over the larger group, current policy pushed before they get WORK."""
-        assert self.rank0 is not None
-        grown = self.members
-        while grown in self.joining:
-            address = self.generator_address(grown)
-            if address is None:
-                break
-            while self.generators.peers <= grown:
-                self.generators.add_peer(address)
-            self.joining.discard(grown)
-            grown += 1
-        if grown == self.members:
-            return
-        before, self.members = self.members, grown
-        self.epochs = self.rank0.pusher.reform(members=self.members)
-        if not getattr(self.learner, "sharded", False):
-            self._push(step=self.learner.step)
-        print(f"trainer-0: generators {before} -> {self.members} (joined); weight-sync epoch {self.epochs}",
-              flush=True)
-
-    def _leave(self, g: int) -> None:
-        """Generator ``g`` sent its leave notice. At the top of the membership it is a scale-down: shrink past it.
-        Below the top it restarts (a pod replaced), and its READY re-forms the group."""
-        assert self.rank0 is not None
-        self.ready_seen.discard(g)
-        self.joining.discard(g)
-        self.left.add(g)
-        self._shrink(gone=self.left, why="left")
-
-    def _check_silent(self) -> None:
-        """After a failed push: top members that did not answer its SYNC within ``answer_within`` are gone (their
-        leave notice, if any, was lost)."""
-        if self.silent and time.monotonic() - self.silent_since > self.s.answer_within:
-            gone, self.silent = set(self.silent), set()
-            self.dropped |= self._shrink(gone=gone, why=f"silent {self.s.answer_within:.0f}s after a failed sync")
-
-    def _shrink(self, *, gone: set[int], why: str) -> set[int]:
-        """Drop the members at the top that are in ``gone`` (at least one stays): a smaller epoch, the current
-        policy to the rest, and the leavers' outstanding work to them. Returns the dropped indexes."""
-        assert self.rank0 is not None
-        top = self.members
-        while top > 1 and (top - 1) in gone:
-            top -= 1
-        if top == self.members:
-            return set()
-        leavers = set(range(top, self.members))
-        before, self.members = self.members, top
-        self.silent -= leavers
-        self.epochs = self.rank0.pusher.reform(members=self.members)
-        pending = [w for g in sorted(leavers) for w in self.outstanding.pop(g, []) if w.step >= self.buffer.next_step]
-        if not getattr(self.learner, "sharded", False):
-            self._push(step=self.learner.step)
-        for i, w in enumerate(pending):
-            self._send_work(i % self.members, self._work(w.step, w.prompts))
-        print(f"trainer-0: generators {before} -> {self.members} (generator-{'/'.join(map(str, sorted(leavers)))} "
-              f"{why}); weight-sync epoch {self.epochs}, {sum(len(w.prompts) for w in pending)} prompts re-issued",
-              flush=True)
-        return leavers
-
-    def _rejoin(self, g: int) -> None:
-        """Generator ``g`` restarted: new weight-sync epoch, current policy to everyone, its work again."""
-        assert self.rank0 is not None
-        self.epochs = self.rank0.pusher.reform(members=self.members)
-        if not getattr(self.learner, "sharded", False):
-            # a sharded (FSDP) model's push needs every rank's gathers: it waits for the next step boundary, and
-            # the work below is skipped by the generator until then and re-issued by the stall timer
-            self._push(step=self.learner.step)
-        pending = [w for w in self.outstanding.pop(g, []) if w.step >= self.buffer.next_step]
-        for w in pending:
-            self._send_work(g, self._work(w.step, w.prompts))
-        print(f"trainer-0: generator-{g} restarted: weight-sync epoch {self.epochs}, policy v"
-              f"{self.learner.policy_version} pushed, {sum(len(w.prompts) for w in pending)} prompts re-issued",
-              flush=True)
 
     # ------------------------------------------------------------ groups in (every rank)
 
@@ -440,10 +308,10 @@ class Loop:
                     self.observer.dropped(reason=reason)
             elif msg is not None:
                 self.observer.unexpected(kind=type(msg).__name__)
-            self._drain_control()
-            if self.rank0 is not None:
-                self._check_silent()
-                started = max(started, self.start_beat_at)   # a generator is starting: not a stall
+            if self.membership is not None:
+                self.membership.drain()
+                self.membership.check_silent()
+                started = max(started, self.membership.start_beat_at)   # a generator is starting: not a stall
             self._forward_reissues()
             now = time.monotonic()
             if self.buffer.count(step=step) != have:
@@ -468,14 +336,6 @@ class Loop:
         print(f"trainer-{self.s.rank}: step {step}: {len(missing)} groups did not arrive within "
               f"{self.s.reissue_after:.0f}s; re-issued", flush=True)
 
-    def _drain_control(self) -> None:
-        if self.rank0 is None:
-            return
-        while self._deferred:
-            self._control(self._deferred.pop(0))
-        while (msg := self.rank0.control.recv(timeout=0)) is not None:
-            self._control(msg)
-
     def _forward_reissues(self) -> None:
         """Hand dropped-but-needed prompts out again, round robin over generators."""
         for r in self.buffer.drain_reissue():
@@ -491,113 +351,22 @@ class Loop:
         last = done == self.s.steps
         sync: types.SyncResult | None = None
         if (done % self.s.sync_every == 0) and not last:
-            sync = self._push_overlapped(step=done)
+            sync = self.pushes.push_overlapped(step=done)
         record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
         record.wait_seconds = wait_seconds
-        self._evaluate(record, done=done, last=last)
+        self.accuracy.after_step(record, done=done, last=last)
         if not last:          # the last step exports anyway, after the loop
-            self._export_on_request(record)
+            self.exports.after_step(record, requests=self.rank0.exports if self.rank0 is not None else None,
+                                    directory=self.s.checkpoint_dir)
         self.observer.trained(record=record)
         if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
             self.rank0.reporter.step(record)
-        for g in list(self.outstanding):       # forget work of trained steps
-            self.outstanding[g] = [w for w in self.outstanding[g] if w.step > s]
+        if self.membership is not None:       # forget work of trained steps
+            self.membership.forget(trained=s)
         if done % self.s.checkpoint_every == 0 or last:
             self.beat("checkpoint")
             self.learner.save_checkpoint(directory=self.s.checkpoint_dir, keep=self.s.checkpoint_keep,
                                          data_cursor=done)
-
-    def _evaluate(self, record: progress.StepRecord, *, done: int, last: bool) -> None:
-        """Rank 0: held-out accuracy every ``eval_every`` steps and after the last; every record carries the latest
-        (``eval_accuracy``), the step's own evaluation time, and the first also the base accuracy."""
-        r0 = self.rank0
-        if r0 is None or r0.evaluate is None:
-            return
-        if done % max(r0.eval_every, 1) == 0 or last:
-            self.beat("evaluate")
-            result = r0.evaluate()
-            self.eval_last = float(result.accuracy)
-            record.eval_seconds = float(result.seconds)
-            record.evaluated = True
-        if self.eval_last is not None:
-            record.eval_accuracy = self.eval_last
-        if done == 1 and self.eval_base is not None:
-            record.eval_accuracy_base = self.eval_base
-
-    def _export_on_request(self, record: progress.StepRecord) -> None:
-        """Rank 0's pending export request (if any), agreed by every rank (one broadcast), served by all."""
-        r0 = self.rank0
-        request = r0.exports.pending() if r0 is not None and r0.exports is not None else None
-        agree = getattr(self.learner, "agree", None)
-        if agree is not None:
-            request = agree(request)
-        if request is None:
-            return
-        self.beat("export")
-        path = self.learner.export(directory=self.s.checkpoint_dir)
-        if r0 is not None and r0.exports is not None:
-            r0.exports.served(str(request))
-            record.export = str(path) if path else None
-            record.export_request = str(request)
-            print(f"trainer-0: export request {request}: {path}", flush=True)
-
-    def _push_overlapped(self, *, step: int) -> types.SyncResult | None:
-        """Rank 0: finish the push still in flight (started after the previous due step; its figures go in this
-        step's record), then start this one: SYNC notices and the snapshot now, the broadcast in the background
-        while the next step is collected and trained. A pusher without ``start`` pushes synchronously."""
-        if self.rank0 is None or not hasattr(self.rank0.pusher, "start") or getattr(self.learner, "sharded", False):
-            return self._push(step=step)   # sharded: the streaming push keeps rank 0's memory at one bucket
-        pusher: Any = self.rank0.pusher
-        previous = self._finish_push()
-        self._drain_control()   # as in _push: leave notices and silent members shrink the group first
-        self._check_silent()
-        self.beat("sync")
-        try:
-            pusher.start(version=self.learner.policy_version, step=step)
-        except RuntimeError as exc:
-            self._push_failed(exc)
-        finally:
-            getattr(self.learner, "complete_sync", lambda: None)()
-        return previous
-
-    def _finish_push(self) -> types.SyncResult | None:
-        """Rank 0: join the push in flight, if any; a failed one abandons the epoch (as a failed ``_push``)."""
-        if self.rank0 is None or not getattr(self.rank0.pusher, "in_flight", False):
-            return None
-        try:
-            result: types.SyncResult | None = getattr(self.rank0.pusher, "finish")()
-            return result
-        except RuntimeError as exc:
-            self._push_failed(exc)
-            return None
-
-    def _push_failed(self, exc: BaseException) -> None:
-        assert self.rank0 is not None
-        self.epochs = self.rank0.pusher.reform(members=self.members)
-        if not self.silent:     # members still silent since an earlier failed push keep their clock
-            self.silent = set(range(self.members)) - self.left
-            self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
-        print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
-              f"{self.epochs} forms when the generators are back", flush=True)
-
-    def _push(self, *, step: int) -> types.SyncResult | None:
-        """Push the current policy (other ranks take part in the gathers a sharded model needs); a broken group (a
-        generator died mid-sync) abandons the epoch and returns None: training goes on and the generator's return
-        (its READY) triggers the next push."""
-        if self.rank0 is None:
-            self.learner.follow_sync()
-            return None
-        self._finish_push()
-        self._drain_control()   # a leave notice that came meanwhile shrinks the group before any SYNC goes out
-        self._check_silent()    # so does a member silent since the last failed push
-        self.beat("sync")
-        try:
-            return self.rank0.pusher.push(version=self.learner.policy_version, step=step)
-        except RuntimeError as exc:
-            self._push_failed(exc)
-            return None
-        finally:    # the other ranks' follow_sync gathers complete even when the push did not
-            getattr(self.learner, "complete_sync", lambda: None)()
 
     def _record(self, stats: Any, groups: Sequence[types.RolloutGroup], *,
                 sync: types.SyncResult | None, train_seconds: float) -> progress.StepRecord:
@@ -609,14 +378,14 @@ class Loop:
             step_seconds=train_seconds,
             weight_sync_seconds=sync.seconds if sync else None,
             weight_sync_bytes=sync.bytes if sync else None,
-            dropped_stale=self.buffer.drops.get(buffer_mod.STALE, 0),
+            dropped_stale=self.buffer.drops.get(buffer.STALE, 0),
             dropped_total=drops,
             policy_lag={str(k): v for k, v in sorted(self.buffer.lag_counts.items())},
         )
 
     def _finish(self, exported: Any) -> None:
         assert self.rank0 is not None
-        self._finish_push()
+        self.pushes.finish()
         for g in range(self.members):
             try:
                 self.generators.send(wire.Stop(reason="done"), to=g, timeout=5.0)
@@ -624,4 +393,30 @@ class Loop:
                 pass
         self.rank0.reporter.done(progress.StepRecord(
             step=self.learner.step, policy_version=self.learner.policy_version,
-            export=str(exported) if exported else None, eval_accuracy=self.eval_last))
+            export=str(exported) if exported else None, eval_accuracy=self.accuracy.last))
+
+    # ------------------------------------------------------------ rank 0's membership, as seen on the loop
+
+    @property
+    def left(self) -> set[int]:
+        return self.membership.left if self.membership is not None else set()
+
+    @property
+    def dropped(self) -> set[int]:
+        return self.membership.dropped if self.membership is not None else set()
+
+    @property
+    def epochs(self) -> int:
+        return self.membership.epochs if self.membership is not None else 0
+
+    @property
+    def starting(self) -> dict[int, float]:
+        return self.membership.starting if self.membership is not None else {}
+
+    @property
+    def start_beat_at(self) -> float:
+        return self.membership.start_beat_at if self.membership is not None else 0.0
+
+    def _starting(self, g: int) -> None:
+        assert self.membership is not None
+        self.membership.on_starting(g)

@@ -6,8 +6,9 @@
  generator g ──ACK(SYNC, v, detail={"seconds", "bytes"})──▶ rank 0 control inbox
 ```
 
-Neighbours: ``weightsync`` (the group and the bucketed broadcast), ``trainer.loop`` (calls :meth:`Pusher.push`
-after a step), ``generator.loop`` (answers SYNC, reports its receive+load time in the ACK).
+Neighbours: ``weightsync`` (the group and the bucketed broadcast), ``trainer.pushes`` (calls :meth:`Pusher.push`,
+or :meth:`Pusher.start` and :meth:`Pusher.finish` when a push overlaps the next step), ``generator.loop`` (answers
+SYNC, reports its receive+load time in the ACK).
 
 Overlap (``start`` / ``finish``): the trainer's loop calls ``start`` after a step: the SYNC notices go out and the
 weights are snapshotted into the sender's buffers on the loop's thread (so every WORK sent afterwards reaches each
@@ -47,7 +48,7 @@ def parse_ack_detail(detail: str) -> types.SyncResult | None:
 
 
 class Pusher:
-    """Implements ``trainer.loop.WeightPusher`` over ZeroMQ notices and a ``weightsync.WeightSender``."""
+    """Implements ``trainer.pushes.WeightPusher`` over ZeroMQ notices and a ``weightsync.WeightSender``."""
 
     def __init__(self, *, generators: transport.Sender, control: transport.Receiver,
                  sender: weightsync.WeightSender, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],

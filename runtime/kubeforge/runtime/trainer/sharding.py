@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from kubeforge.runtime.trainer import precision
+
 FSDP = "FSDP"
 DDP = "DDP"
 
@@ -46,8 +48,6 @@ def shard(root: torch.nn.Module, *, lm: torch.nn.Module, world_size: int, device
     """FSDP2: every decoder block of ``lm`` is its own unit, then ``root`` (the rest: embeddings, norm, head)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-
-    from kubeforge.runtime.trainer import precision
 
     mesh = init_device_mesh(device.type, (world_size,))
     mp = precision.fsdp_policy(compute_dtype)

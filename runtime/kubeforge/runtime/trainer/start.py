@@ -17,7 +17,7 @@ import transformers
 from kubeforge.api import contract, rljob, roleenv
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, tasks, transport, weightsync
 from kubeforge.runtime.trainer import evaluate, export_requests, loop, parallel, pusher, report, step
-from kubeforge.runtime.verifiers import registry as verifier_registry
+from kubeforge.runtime.verifiers import registry
 
 
 def backend(spec: rljob.WeightSyncSpec) -> str:
@@ -109,7 +109,7 @@ def evaluator(cfg: config.RoleConfig, learner: step.Trainer,
     tok = transformers.AutoTokenizer.from_pretrained(str(learner.model_path))
     return evaluate.Evaluator(
         model=learner.model, tokenizer=tok, prompts=evaluate.held_out(tasks.stream(spec.task), ev),
-        verifier=verifier_registry.build_inner(evaluate.verifier_spec(spec)),
+        verifier=registry.build_inner(evaluate.verifier_spec(spec)),
         max_new_tokens=ev.max_new_tokens or spec.algorithm.max_new_tokens, chat_template=spec.task.chat_template,
         compute_dtype=learner.compute_dtype, device=learner.device,
         progress=(lambda: beat("evaluate")) if beat is not None else None)

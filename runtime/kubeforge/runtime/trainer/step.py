@@ -21,7 +21,7 @@ Invariants:
   same number of micro-batches (a rank with fewer runs zero-weighted ones), so all ranks take the same number of
   optimizer steps. DDP replicas stay bit-identical (same start weights: rank 0's are broadcast at construction).
 - Parameters and AdamW state are float32 whatever ``dtype`` (the compute dtype) is: see ``precision``. Unsharded
-  with a bf16/fp16 ``dtype``, micro-batches run on ``shadow.Shadow`` (a compute-dtype copy refreshed after each
+  with a bf16/fp16 ``dtype``, micro-batches run on ``compute_copy.Shadow`` (a compute-dtype copy refreshed after each
   ``optimizer.step()`` and after a resume; gradients land in the float32 masters).
 - ``policy_version`` counts optimizer steps since the base model (0 = base weights); it is stamped on the weights
   pushed to the generators and saved in checkpoints together with ``step`` and the caller's data cursor.
@@ -44,15 +44,9 @@ import transformers
 from kubeforge.api import rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, registry
-from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import checkpoint, compiled, logprobs, materialise, metrics, parallel, precision
-from kubeforge.runtime.trainer import schedule
-from kubeforge.runtime.trainer import shadow as shadow_mod
-from kubeforge.runtime.trainer import sharding
-from kubeforge.runtime.trainer import export as export_mod
-from kubeforge.runtime.trainer import malloc
-from kubeforge.runtime.trainer import lora as lora_mod
-from kubeforge.runtime.trainer import policy as policy_mod
+from kubeforge.runtime.trainer import batch, checkpoint, compiled, compute_copy, hf_export, logprobs, malloc
+from kubeforge.runtime.trainer import materialise, parallel, policy, precision, schedule, sharding, step_metrics
+from kubeforge.runtime.trainer import lora as lora_mod   # ``lora`` is a parameter of Trainer (the spec)
 
 DTYPES = precision.DTYPES
 ADAPTER = "adapter"     # the LoRA adapter's folder inside an export
@@ -112,7 +106,7 @@ class Trainer:
         if self.settings.kl_coef > 0:
             self.reference = load_model(path=model_path, dtype=dtype, device=self.device).eval()
             self.reference.requires_grad_(False)
-        self.policy = policy_mod.Policy(self.model, temperature=logit_temperature)
+        self.policy = policy.Policy(self.model, temperature=logit_temperature)
         if self.sharded:
             sharding.shard(self.policy, lm=self.model, world_size=self.group.world_size, device=self.device,
                            compute_dtype=self.compute_dtype)
@@ -122,12 +116,12 @@ class Trainer:
         else:
             self.group.broadcast_tensors([p for p in self.model.parameters()])
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
-        # bf16/fp16 compute on a replicated policy: a compute-dtype copy cast once per optimizer step (shadow.py)
-        self.shadow: shadow_mod.Shadow | None = None
+        # bf16/fp16 compute on a replicated policy: a compute-dtype copy cast once per optimizer step (compute_copy.py)
+        self.shadow: compute_copy.Shadow | None = None
         if not self.sharded and self.compute_dtype != precision.MASTER:
-            self.shadow = shadow_mod.Shadow(self.policy, dtype=self.compute_dtype)
+            self.shadow = compute_copy.Shadow(self.policy, dtype=self.compute_dtype)
             if self.device.type == "cpu" and not self.scale.activation_checkpointing:   # recompute: same kernel
-                self.compute_policy.eager_attention_max_tokens = policy_mod.EAGER_ATTENTION_MAX_TOKENS
+                self.compute_policy.eager_attention_max_tokens = policy.EAGER_ATTENTION_MAX_TOKENS
         if not self.sharded and self.device.type == "cpu":     # each group's prompt once, in any compute dtype
             self.compute_policy.pack_max_tokens = logprobs.PACK_MAX_TOKENS     # (logprobs "Shared prompts")
         # compiled: compiled blocks not yet through a whole step (a failure then falls back to eager, once)
@@ -148,14 +142,14 @@ class Trainer:
 
     # ------------------------------------------------------------ training
 
-    def train_step(self, *, groups: Sequence[types.RolloutGroup]) -> metrics.StepMetrics:
+    def train_step(self, *, groups: Sequence[types.RolloutGroup]) -> step_metrics.StepMetrics:
         """One optimizer step on this rank's ``groups`` (possibly none), averaged with every other rank."""
         clock = _Clock()
-        rows = batch_mod.rows_of(groups=groups, scale_by_std=self.variant.scale_advantages_by_std)
-        whole = batch_mod.collate(groups=groups, pad_id=self.pad_id,
+        rows = batch.rows_of(groups=groups, scale_by_std=self.variant.scale_advantages_by_std)
+        whole = batch.collate(groups=groups, pad_id=self.pad_id,
                                   scale_by_std=self.variant.scale_advantages_by_std)
         local_den = self.variant.denominator(mask=whole.completion_mask) if rows else 0.0
-        micro = batch_mod.micro_batches(rows=rows, pad_id=self.pad_id, max_tokens=self.scale.micro_batch_tokens)
+        micro = batch.micro_batches(rows=rows, pad_id=self.pad_id, max_tokens=self.scale.micro_batch_tokens)
         clock.lap("collate")
         denominator = self.group.all_reduce_sum([local_den])[0]
         runs = len(micro)
@@ -195,13 +189,13 @@ class Trainer:
         self.policy_version += 1
         clock.lap("optimizer")
         tok = max(g[1], 1.0)
-        return metrics.StepMetrics(
+        return step_metrics.StepMetrics(
             step=self.step, policy_version=self.policy_version, loss=g[0] / denominator, kl=g[4] / tok,
             clip_fraction=g[2] / tok, ratio_mean=g[3] / tok, entropy=g[5] / tok, grad_norm=float(grad_norm),
             mean_reward=g[6] / max(g[7], 1.0), groups=int(g[9]), completions=int(g[7]), tokens=int(g[1]),
             zero_signal_groups=int(g[8]), seconds=clock.totals(), learning_rate=lr)
 
-    def _accumulate(self, micro: list[batch_mod.Batch], *, runs: int, scale: float,
+    def _accumulate(self, micro: list[batch.Batch], *, runs: int, scale: float,
                     clock: _Clock) -> list[float]:
         """Forward and backward of every micro-batch (gradients into the masters); the summed loss statistics."""
         acc = [0.0] * 6          # loss total, tokens, clip*tokens, ratio*tokens, kl*tokens, entropy sum
@@ -230,13 +224,13 @@ class Trainer:
         self.compute_policy.zero_grad(set_to_none=True)
 
     @property
-    def compute_policy(self) -> policy_mod.Policy:
+    def compute_policy(self) -> policy.Policy:
         """The module each micro-batch runs: the compute-dtype copy when there is one, else the policy."""
         if self.shadow is not None:
             return self.shadow.module  # type: ignore[return-value]
         return self.policy
 
-    def _micro_loss(self, mb: batch_mod.Batch) -> tuple[inputs.LossOutput, float]:
+    def _micro_loss(self, mb: batch.Batch) -> tuple[inputs.LossOutput, float]:
         # FSDP casts through its own policy, the shadow is already in the compute dtype: autocast only otherwise
         autocast = torch.float32 if self.sharded or self.shadow is not None else self.compute_dtype
         with precision.autocast(device=self.device, dtype=autocast):
@@ -282,7 +276,7 @@ class Trainer:
         """Write the policy as an HF folder ``<directory>/export-step-N`` (every rank calls it: sharded tensors are
         gathered by all; rank 0 writes). With LoRA the folder holds the merged model and ``adapter/`` the adapter
         (PEFT layout). Returns the folder on rank 0, None elsewhere; an existing one is kept."""
-        target = Path(directory) / export_mod.dir_name(self.step)
+        target = Path(directory) / hf_export.dir_name(self.step)
         if self.group.broadcast_json(target.is_dir() if self.group.is_main else None):
             return target if self.group.is_main else None
         self._stream = None
@@ -309,7 +303,7 @@ class Trainer:
             if spec is not None:
                 lora_mod.save_adapter(tmp / ADAPTER, adapter_tensors,
                                       config=lora_mod.adapter_config(spec, base=str(self.model_path)))
-        return export_mod.write(target=target, tensors=tensors, sizes=sizes, config=self.model.config,
+        return hf_export.write(target=target, tensors=tensors, sizes=sizes, config=self.model.config,
                                 source=self.model_path, dtype=self.compute_dtype, side=side)
 
     # ------------------------------------------------------------ checkpoints
@@ -385,11 +379,11 @@ class Trainer:
         return out
 
 
-def _filler(pad_id: int) -> batch_mod.Batch:
+def _filler(pad_id: int) -> batch.Batch:
     """A one-row, one-token batch whose loss is weighted 0: keeps a rank's FSDP collectives in step."""
     filler = types.Completion(token_ids=types.token_array([pad_id]), logprobs=types.logprob_array([0.0]), text="")
-    row = batch_mod.Row(prompt=[pad_id], completion=filler, advantage=0.0, reward=0.0)
-    return batch_mod.collate_rows(rows=[row], pad_id=pad_id)
+    row = batch.Row(prompt=[pad_id], completion=filler, advantage=0.0, reward=0.0)
+    return batch.collate_rows(rows=[row], pad_id=pad_id)
 
 
 class _Clock:

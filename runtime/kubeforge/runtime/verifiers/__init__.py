@@ -2,7 +2,7 @@
 
 Modules (design: docs/verifiers.md): ``base`` (the ``Verifier`` Protocol), one file per verifier (``exact``,
 ``math_equivalence``, ``regex``, ``length``, ``code`` + ``sandbox``, ``python_fn``, ``reward_model``),
-``registry`` (VerifierType -> constructor), ``pool`` (concurrent, time-limited calls; process workers), ``cache``,
+``registry`` (VerifierType -> constructor), ``pool`` (concurrent, time-limited calls; process workers), ``score_cache``,
 ``aggregate`` (WeightedSum, MajorityVote, WeakSupervision), ``weak`` (the label model), ``score`` (``Scorer``).
 
 Neighbours: the verifier role loop receives ``wire.Rollout``, calls ``Scorer.apply`` and sends ``wire.Scored``;

@@ -17,7 +17,9 @@ Invariants:
   number of threads, so a verifier that hangs for ever must be ``isolation: Process``: ``ProcessVerifier`` kills its
   worker on overrun and starts a fresh one for the next call. The pool's threads are daemon threads, so a hung
   call never holds up the process's exit (``concurrent.futures``' own pool joins its threads at exit).
-- Nothing here pickles: a process worker receives its spec as JSON and exchanges JSON frames over a pipe.
+- Nothing here pickles data: a process worker receives its spec as JSON and exchanges JSON frames over a pipe; the
+  function that builds its verifier (``registry.build_inner``) travels by reference, so this module needs no
+  ``registry`` (which needs this one for ``ProcessVerifier``).
 """
 from __future__ import annotations
 
@@ -30,13 +32,16 @@ import multiprocessing.connection
 import queue
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from kubeforge.api import rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.verifiers import base
 
 GRACE_S = 0.5          # a process worker's own deadline fires first; the pool waits this much longer
 START_TIMEOUT_S = 120  # a process worker must build its verifier within this
+
+Builder = Callable[[rljob.VerifierSpec], base.Verifier]   # a spec -> the verifier itself, in this process
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,11 +167,9 @@ class Pool:
 # ---------------------------------------------------------------- process workers
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, spec_json: str) -> None:
-    from kubeforge.api import rljob
-    from kubeforge.runtime.verifiers import registry
+def _worker_main(conn: multiprocessing.connection.Connection, spec_json: str, build: Builder) -> None:
     try:
-        verifier = registry.build_inner(rljob.VerifierSpec.model_validate_json(spec_json))
+        verifier = build(rljob.VerifierSpec.model_validate_json(spec_json))
     except Exception as e:
         conn.send_bytes(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
         return
@@ -185,12 +188,14 @@ def _worker_main(conn: multiprocessing.connection.Connection, spec_json: str) ->
 class ProcessVerifier:
     """A verifier living in a worker process (spawned, so no state leaks in); killed on overrun and replaced at
     the next call. The time limit counts from the request reaching the worker: starting a worker does not use up
-    a call's time (the pool waits ``pool_grace_s`` longer for it)."""
+    a call's time (the pool waits ``pool_grace_s`` longer for it). ``build`` makes the verifier in the worker: a
+    module-level function (``registry.build_inner``), which the spawned worker imports by name."""
 
     pool_grace_s = START_TIMEOUT_S + GRACE_S
 
-    def __init__(self, spec_json: str, *, timeout_s: float) -> None:
+    def __init__(self, spec_json: str, *, timeout_s: float, build: Builder) -> None:
         self._spec_json = spec_json
+        self._build = build
         self.timeout_s = timeout_s
         self.restarts = 0
         self._ctx = multiprocessing.get_context("spawn")
@@ -200,7 +205,8 @@ class ProcessVerifier:
 
     def _start(self) -> multiprocessing.connection.Connection:
         parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=_worker_main, args=(child, self._spec_json), daemon=True)
+        proc = self._ctx.Process(target=_worker_main, args=(child, self._spec_json, self._build),
+                                 daemon=True)
         proc.start()
         child.close()
         if not parent.poll(START_TIMEOUT_S):

@@ -1,8 +1,9 @@
 """VerifierType -> verifier constructor: the only place that looks at ``VerifierSpec.type``.
 
 Neighbours: ``score.Scorer`` builds one verifier per spec at start-up (configuration errors surface then, naming the
-field, not while scoring); ``pool.ProcessVerifier`` rebuilds the inner verifier in its worker with ``build_inner``.
-Heavy dependencies (torch for RewardModel) are imported by their constructor only.
+field, not while scoring); ``pool.ProcessVerifier`` rebuilds the inner verifier in its worker with ``build_inner``
+(handed to it, so ``pool`` imports nothing of this module). Heavy dependencies (torch for RewardModel) are imported
+by their constructor only.
 """
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def build(spec: rljob.VerifierSpec) -> base.Verifier:
     if spec.isolation == rljob.Isolation.PROCESS.value:
         if spec.type != rljob.VerifierType.REWARD_MODEL.value:  # a model is loaded by the worker only
             build_inner(spec)  # configuration errors surface here, at start-up, not in the worker
-        return pool.ProcessVerifier(spec.model_dump_json(by_alias=True), timeout_s=spec.timeout_seconds)
+        return pool.ProcessVerifier(spec.model_dump_json(by_alias=True), timeout_s=spec.timeout_seconds,
+                                    build=build_inner)
     return build_inner(spec)
 
 

@@ -2,7 +2,7 @@
 
 Neighbours: the verifier role owns one ``Scorer`` for the process and calls ``apply`` per received group (it fills
 ``group.rewards``/``group.scores`` before the group goes on as ``wire.Scored``); ``pool`` runs the calls;
-``cache`` keeps scores; ``aggregate`` turns the score matrix into rewards; the role's observer reads ``errors``,
+``score_cache`` keeps scores; ``aggregate`` turns the score matrix into rewards; the role's observer reads ``errors``,
 ``fallbacks``, ``cache`` and ``state()`` for metrics.
 
 Invariants:
@@ -27,7 +27,7 @@ import numpy as np
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.verifiers import aggregate, base, cache, pool, registry
+from kubeforge.runtime.verifiers import aggregate, base, pool, registry, score_cache
 
 
 class Scorer:
@@ -44,7 +44,7 @@ class Scorer:
         self.pool = pool.Pool(built, timeouts={s.name: s.timeout_seconds for s in specs},
                               inline={s.name for s in specs if registry.is_inline(s)})
         self.aggregator = aggregate.build(self.reward, specs)
-        self.cache = cache.ScoreCache(self.reward.cache_size if cache_size is None else cache_size)
+        self.cache = score_cache.ScoreCache(self.reward.cache_size if cache_size is None else cache_size)
         self.errors: collections.Counter[str] = collections.Counter()
         self.fallbacks: collections.Counter[str] = collections.Counter()
         self.timeouts: collections.Counter[str] = collections.Counter()
@@ -65,7 +65,7 @@ class Scorer:
     def score_matrix(self, group: types.RolloutGroup) -> np.ndarray:
         """``[completions, verifiers]`` scores after fallback (NaN = abstained), verifiers in spec order."""
         texts = types.texts_of(group.completions)   # no Completion objects for a decoded group
-        keys = [cache.key(group.prompt, t) for t in texts]
+        keys = [score_cache.key(group.prompt, t) for t in texts]
         uniq: dict[bytes, str] = dict(zip(keys, texts))     # identical completions are scored once
         ukeys = list(uniq)
         pos = {k: i for i, k in enumerate(ukeys)}

@@ -421,7 +421,7 @@ def _nonfinite(f64: Any, t: int, n: int, r: int, names: list[str], ns: list[int]
         field, comp = "rewards", bad - t
     else:
         at = bad - t - n * r
-        group = bisect.bisect_right([c * len(names) for c in c_ends], at)
-        lo = c_ends[group] - ns[group]
-        return f"group {group}: scores.{names[(at - lo * len(names)) // ns[group]]}: contains a non-finite value"
+        which = bisect.bisect_right([c * len(names) for c in c_ends], at)
+        lo = c_ends[which] - ns[which]
+        return f"group {which}: scores.{names[(at - lo * len(names)) // ns[which]]}: contains a non-finite value"
     return f"group {bisect.bisect_right(c_ends, comp)}: {field}: contains a non-finite value"

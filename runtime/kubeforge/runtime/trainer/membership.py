@@ -1,0 +1,260 @@
+"""Trainer rank 0's elastic view of the generators: which take work, which joined, left, went silent or are starting.
+
+```
+ control inbox ──READY──────────▶ seen before: rejoin (new epoch, current policy, its work again)
+                                  beyond the members: join, lowest index first (grow)
+               ──ACK STOP───────▶ leave notice: shrink past every left generator at the top
+               ──ACK READY !ok──▶ starting (engine loading): the step being collected is not stalled
+               ──ACK SYNC───────▶ answered: alive (a silent one joins again); the push in flight hears of it
+ failed push ──▶ members silent; still silent after ``answer_within`` at the top: dropped (shrink)
+```
+
+Neighbours: ``trainer.loop`` owns one on rank 0, hands every control message here (:meth:`Membership.drain`) and
+records each WORK it hands out (:meth:`Membership.handed`); ``trainer.pushes`` asks it to settle before a push
+(``drain``, ``check_silent``) and reports a failed one (:meth:`Membership.push_failed`); the weight pusher re-forms
+the weight-sync group (a new epoch) for every change of membership.
+
+Invariants:
+- Elastic generators: a READY from a generator seen before means it restarted. A new epoch forms, the current policy
+  is pushed (the new generator gets it before any WORK it samples) and the work handed to that generator for steps
+  not yet trained goes to it again; the buffer drops any duplicate. A push that fails (a generator died mid-sync)
+  abandons the epoch and training goes on; the generator's return triggers the next push.
+- Scale-down: a generator's leave notice (sent at its SIGTERM, even from inside a weight receive) marks it as left;
+  the membership shrinks past every left generator at the top (StatefulSet ordinals go from the top), a new epoch
+  forms over the rest, and the leavers' work is re-issued. If the notice is lost (SIGKILL before it went out), a
+  failed push finds it: every member that does not answer that SYNC (ACK or NACK) within ``answer_within`` and is at
+  the top is dropped the same way; one that answers later, or says READY, joins again.
+- At least one member stays; members are always the indexes ``0..members-1`` (StatefulSet ordinals are contiguous).
+- A sharded (FSDP) model's push needs every rank's gathers: after a change of membership it waits for the next step
+  boundary, and the work sent meanwhile is skipped by the generator and re-issued by the stall timer.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from kubeforge.runtime import transport, types, wire
+from kubeforge.runtime.trainer import buffer
+
+
+class Deadlines(Protocol):
+    """The loop's settings this needs (``trainer.loop.Settings``)."""
+
+    @property
+    def answer_within(self) -> float: ...
+    @property
+    def start_deadline(self) -> float: ...
+
+
+class Versioned(Protocol):
+    """The learner's position (``step.Trainer``)."""
+
+    step: int
+    policy_version: int
+
+
+class Reformer(Protocol):
+    def reform(self, *, members: int | None = None) -> int:
+        """Abandon the current weight-sync epoch; the next push forms a new one. Returns the new epoch."""
+
+
+class Unexpected(Protocol):
+    def unexpected(self, *, kind: str) -> None: ...
+
+
+class Membership:
+    """Rank 0's generators (see the module docstring). ``push`` pushes the current policy (``Pushes.push``);
+    ``send_work`` hands a WORK to generator ``g`` and ``work`` makes one (the loop's)."""
+
+    def __init__(self, *, settings: Deadlines, generators: transport.Sender, control: transport.Receiver,
+                 pusher: Reformer, learner: Versioned, rollouts: buffer.RolloutBuffer, observer: Unexpected,
+                 generator_address: Callable[[int], str | None], push: Callable[..., object],
+                 send_work: Callable[[int, wire.Work], None],
+                 work: Callable[[int, Sequence[types.Prompt]], wire.Work]) -> None:
+        self.s = settings
+        self.generators = generators
+        self.control = control                # READY/ACK from generators
+        self.pusher = pusher
+        self.learner = learner
+        self.rollouts = rollouts              # its next step: work of earlier steps is not handed out again
+        self.observer = observer
+        self.generator_address = generator_address   # data address of generator i (None: cannot grow)
+        self.push = push
+        self.send_work = send_work
+        self.work = work
+        self.ready_seen: set[int] = set()     # generators that announced themselves
+        self.members = generators.peers       # generators taking work now: indexes 0..members-1 (elastic)
+        self.joining: set[int] = set()        # generators beyond ``members`` that said READY
+        self.left: set[int] = set()           # generators whose leave notice came (until their READY)
+        self.dropped: set[int] = set()        # generators dropped for silence after a failed push
+        self.silent: set[int] = set()         # members yet to answer the SYNC of a failed push
+        self.silent_version = 0
+        self.silent_since = 0.0
+        self._deferred: list[wire.Message] = []      # control messages a push read past (READY, leave)
+        self.starting: dict[int, float] = {}  # generator -> its first "starting" beat (until its READY)
+        self.start_beat_at = 0.0              # the last "starting" beat within its start deadline
+        if hasattr(pusher, "on_other"):
+            pusher.on_other = self._deferred.append
+        self.outstanding: dict[int, list[wire.Work]] = {}   # work handed to each generator
+        self.epochs = 0                       # weight-sync re-formations
+
+    # ------------------------------------------------------------ what the loop tells it
+
+    def ready(self, g: int) -> None:
+        """Generator ``g`` said READY while the loop waited for every generator's first."""
+        self.ready_seen.add(g)
+        self.starting.pop(g, None)
+
+    def handed(self, g: int, work: wire.Work) -> None:
+        """``work`` went (or is going) to generator ``g``: it is re-issued if ``g`` leaves or restarts."""
+        self.outstanding.setdefault(g, []).append(work)
+
+    def undelivered(self, g: int) -> None:
+        """A WORK could not reach generator ``g`` in time: it counts as silent (dropped at the top after
+        ``answer_within``, its outstanding work re-issued)."""
+        if not self.silent:
+            self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
+        self.silent.add(g)
+
+    def forget(self, *, trained: int) -> None:
+        """Forget the work of steps up to ``trained`` (trained now)."""
+        for g in list(self.outstanding):
+            self.outstanding[g] = [w for w in self.outstanding[g] if w.step > trained]
+
+    def push_failed(self, exc: BaseException) -> None:
+        """A push failed (a generator died mid-sync): abandon the epoch; the members that do not answer its SYNC
+        are silent from now."""
+        self.epochs = self.pusher.reform(members=self.members)
+        if not self.silent:     # members still silent since an earlier failed push keep their clock
+            self.silent = set(range(self.members)) - self.left
+            self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
+        print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
+              f"{self.epochs} forms when the generators are back", flush=True)
+
+    # ------------------------------------------------------------ control messages
+
+    def drain(self) -> None:
+        """Every control message waiting (those a push read past first)."""
+        while self._deferred:
+            self.on_control(self._deferred.pop(0))
+        while (msg := self.control.recv(timeout=0)) is not None:
+            self.on_control(msg)
+
+    def on_control(self, msg: wire.Message) -> None:
+        if isinstance(msg, wire.Ready) and msg.role == "generator":
+            g = msg.index
+            self.starting.pop(g, None)
+            back = g in self.ready_seen or g in self.left or g in self.dropped
+            self.left.discard(g)
+            self.dropped.discard(g)
+            if back and 0 <= g < self.members:
+                self._rejoin(g)
+            elif g >= self.members:
+                self.joining.add(g)
+                self._grow()
+            self.ready_seen.add(g)
+        elif isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.READY and not msg.ok:
+            self.on_starting(msg.index)
+        elif isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.STOP:
+            self._leave(msg.index)
+        elif isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.SYNC:
+            self._answered(msg)
+            getattr(self.pusher, "acked", lambda m: None)(msg)   # an ACK of the push in flight
+        elif not isinstance(msg, (wire.Ready, wire.Ack)):
+            self.observer.unexpected(kind=type(msg).__name__)
+
+    def on_starting(self, g: int) -> None:
+        """Generator ``g`` is loading its engine. A member's (restarted in place) beat counts as progress of the step
+        being collected, for at most ``start_deadline`` from its first beat (a start that never ends is a hang too);
+        a joining generator's does not (no step waits for it)."""
+        now = time.monotonic()
+        if now - self.starting.setdefault(g, now) <= self.s.start_deadline and g < self.members:
+            self.start_beat_at = now
+
+    def _answered(self, ack: wire.Ack) -> None:
+        """An answer (ACK or NACK) to a SYNC outside a push: the generator is alive. One dropped for silence joins
+        again (it was slow, not gone)."""
+        g = ack.index
+        if ack.version >= self.silent_version:
+            self.silent.discard(g)
+        if g in self.dropped and g not in self.left and g >= self.members:
+            self.dropped.discard(g)
+            self.joining.add(g)
+            self._grow()
+
+    # ------------------------------------------------------------ changes of membership
+
+    def _grow(self) -> None:
+        """Generators that said READY beyond the membership join it, lowest index first (StatefulSet ordinals are
+        contiguous): connect, new epoch over the larger group, current policy pushed before they get WORK."""
+        grown = self.members
+        while grown in self.joining:
+            address = self.generator_address(grown)
+            if address is None:
+                break
+            while self.generators.peers <= grown:
+                self.generators.add_peer(address)
+            self.joining.discard(grown)
+            grown += 1
+        if grown == self.members:
+            return
+        before, self.members = self.members, grown
+        self.epochs = self.pusher.reform(members=self.members)
+        if not getattr(self.learner, "sharded", False):
+            self.push(step=self.learner.step)
+        print(f"trainer-0: generators {before} -> {self.members} (joined); weight-sync epoch {self.epochs}",
+              flush=True)
+
+    def _leave(self, g: int) -> None:
+        """Generator ``g`` sent its leave notice. At the top of the membership it is a scale-down: shrink past it.
+        Below the top it restarts (a pod replaced), and its READY re-forms the group."""
+        self.ready_seen.discard(g)
+        self.joining.discard(g)
+        self.left.add(g)
+        self._shrink(gone=self.left, why="left")
+
+    def check_silent(self) -> None:
+        """After a failed push: top members that did not answer its SYNC within ``answer_within`` are gone (their
+        leave notice, if any, was lost)."""
+        if self.silent and time.monotonic() - self.silent_since > self.s.answer_within:
+            gone, self.silent = set(self.silent), set()
+            self.dropped |= self._shrink(gone=gone, why=f"silent {self.s.answer_within:.0f}s after a failed sync")
+
+    def _shrink(self, *, gone: set[int], why: str) -> set[int]:
+        """Drop the members at the top that are in ``gone`` (at least one stays): a smaller epoch, the current
+        policy to the rest, and the leavers' outstanding work to them. Returns the dropped indexes."""
+        top = self.members
+        while top > 1 and (top - 1) in gone:
+            top -= 1
+        if top == self.members:
+            return set()
+        leavers = set(range(top, self.members))
+        before, self.members = self.members, top
+        self.silent -= leavers
+        self.epochs = self.pusher.reform(members=self.members)
+        pending = [w for g in sorted(leavers) for w in self.outstanding.pop(g, [])
+                   if w.step >= self.rollouts.next_step]
+        if not getattr(self.learner, "sharded", False):
+            self.push(step=self.learner.step)
+        for i, w in enumerate(pending):
+            self.send_work(i % self.members, self.work(w.step, w.prompts))
+        print(f"trainer-0: generators {before} -> {self.members} (generator-{'/'.join(map(str, sorted(leavers)))} "
+              f"{why}); weight-sync epoch {self.epochs}, {sum(len(w.prompts) for w in pending)} prompts re-issued",
+              flush=True)
+        return leavers
+
+    def _rejoin(self, g: int) -> None:
+        """Generator ``g`` restarted: new weight-sync epoch, current policy to everyone, its work again."""
+        self.epochs = self.pusher.reform(members=self.members)
+        if not getattr(self.learner, "sharded", False):
+            # a sharded (FSDP) model's push needs every rank's gathers: it waits for the next step boundary, and
+            # the work below is skipped by the generator until then and re-issued by the stall timer
+            self.push(step=self.learner.step)
+        pending = [w for w in self.outstanding.pop(g, []) if w.step >= self.rollouts.next_step]
+        for w in pending:
+            self.send_work(g, self.work(w.step, w.prompts))
+        print(f"trainer-0: generator-{g} restarted: weight-sync epoch {self.epochs}, policy v"
+              f"{self.learner.policy_version} pushed, {sum(len(w.prompts) for w in pending)} prompts re-issued",
+              flush=True)
+
