@@ -14,7 +14,7 @@ having the last group (CLOCK_MONOTONIC is shared by processes). The three sides 
   validation: what the batched bytes cost to move (``kf_over_raw_batched``, ``kf_over_raw_batched_cpu``).
 - kubeforge: ``Sender.send_many`` of ``--queued`` groups at a time (what a generator hands over after sampling a
   batch: the groups are all there at once, nothing waits for more), so ``wire.pack`` packs them into column-wise
-  BATCH frames (``wire_batch``: one header and one set of columns per frame, at most 1 MiB), gathering and checking
+  BATCH frames (``wire/batch.py``: one header and one set of columns per frame, at most 1 MiB), gathering and checking
   the groups' columns per batch; the receiver's ``recv`` validates and decodes every frame and delivers the groups
   one by one (``wire.decode``, zero-copy views).
 - kubeforge_single: ``Sender.send`` of one group per frame, the path without batching.

@@ -13,7 +13,7 @@ estimate, plus the LM head on completion tokens only; with shared prompts each g
 achieved GFLOP/s, and the top operators by self CPU time under ``torch.profiler``. ``--compare`` instead alternates
 two variants of the step on the same batches and prints wall and process CPU seconds of each (CPU time is what a
 loaded machine distorts least): ``share-prefix`` (each distinct prompt once vs the full forward; ``--ab`` is its
-old name) or ``autocast`` (the trainer's bf16 compute copy, ``trainer/shadow.py``, vs autocast over the float32
+old name) or ``autocast`` (the trainer's bf16 compute copy, ``trainer/compute_copy.py``, vs autocast over the float32
 masters, the path before it) or ``attention`` (eager attention for short rows vs SDPA on the compute copy,
 ``trainer/logprobs.py`` "Short rows") or ``pack`` (each group packed into one row, its prompt once, vs the full
 forward; logprobs "Shared prompts") or ``compile`` (compiled decoder blocks vs eager: ``trainer/compiled.py``; the

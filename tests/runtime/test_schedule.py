@@ -125,7 +125,7 @@ def test_parse_render_round_trip_and_bad_lists() -> None:
 def test_a_process_pins_itself_and_sizes_torch_threads_from_the_env() -> None:
     """In a fresh interpreter (torch imported after, as in a role): affinity, OMP_NUM_THREADS and torch's pool."""
     cpu = min(os.sched_getaffinity(0))
-    code = ("import os, sys; from kubeforge.runtime import affinity; got = affinity.apply_from_env(os.environ); "
+    code = ("import os, sys; from kubeforge.runtime import affinity; got = affinity.apply_text(os.environ['KUBEFORGE_CPUS']); "
             "import torch; print(got, sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'], "
             "torch.get_num_threads())")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, contract.ENV_CPUS: str(cpu)},

@@ -93,6 +93,7 @@ class RoleEnv:
     peers: Mapping[str, tuple[Peer, ...]]
     job_key: bytes | None
     local_rank: int | None
+    cpus: str | None = None      # ENV_CPUS as written ("0,2-3"); the runtime's affinity parses and applies it
 
 
 def render(*, role: str, index: int | FieldRef, config_path: str, job_name: str,
@@ -153,6 +154,7 @@ def read(env: Mapping[str, str]) -> tuple[RoleEnv, list[str]]:
         port_base=port_base, bind_host=env.get(contract.ENV_BIND_HOST) or "0.0.0.0",
         run_dir=env.get(contract.ENV_RUN_DIR) or None, checkpoint_dir=env.get(contract.ENV_CHECKPOINT_DIR) or None,
         attempt=attempt, report=report, peers=peers, job_key=key, local_rank=local_rank,
+        cpus=env.get(contract.ENV_CPUS) or None,
     ), problems
 
 

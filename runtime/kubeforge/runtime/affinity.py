@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from kubeforge.api import contract
 
@@ -47,9 +47,10 @@ def apply(cpus: Sequence[int], *, environ: dict[str, str] | None = None) -> None
         torch.set_num_threads(len(cpus))
 
 
-def apply_from_env(environ: Mapping[str, str]) -> list[int] | None:
-    """:func:`apply` the contract's CPU list when it is set; returns it (None: not set, nothing changed)."""
-    text = environ.get(contract.ENV_CPUS, "").strip()
+def apply_text(text: str | None) -> list[int] | None:
+    """:func:`apply` the contract's CPU list (``RoleConfig.cpus``) when it is set; returns it (None: not set,
+    nothing changed)."""
+    text = (text or "").strip()
     if not text:
         return None
     cpus = parse(text)

@@ -48,10 +48,11 @@ class RoleConfig:
     job_key: bytes | None = None   # ENV_JOB_KEY: CURVE on every socket and weight-sync auth (None: unauthenticated)
     pod_index: int = 0             # ENV_INDEX: the replica (pod) index
     local_rank: int | None = None  # ENV_LOCAL_RANK: trainer rank within its pod (None: not set)
+    cpus: str | None = None        # ENV_CPUS: the CPU ids to pin to (affinity.apply_text); None: not pinned
 
     @property
     def supervises(self) -> bool:
-        """A trainer pod's own process that must start the pod's N > 1 ranks (``roles/ranks.py``)."""
+        """A trainer pod's own process that must start the pod's N > 1 ranks (``trainer/ranks.py``)."""
         return self.role == "trainer" and self.local_rank is None and self.spec.roles.trainer.ranks() > 1
 
     @property
@@ -129,7 +130,7 @@ def from_env(env: Mapping[str, str]) -> RoleConfig:
         run_dir=pathlib.Path(e.run_dir) if e.run_dir else None,
         checkpoint_dir=e.checkpoint_dir or job.spec.checkpoint.path, attempt=e.attempt, report=e.report,
         peers={**e.peers, "trainer": rank_peers(e.peers["trainer"], n)}, job_key=e.job_key, pod_index=e.index,
-        local_rank=local_rank,
+        local_rank=local_rank, cpus=e.cpus,
     )
 
 

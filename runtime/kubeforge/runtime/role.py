@@ -40,7 +40,7 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         return ranks.supervise(ranks=cfg.spec.roles.trainer.ranks(),
                                environ=os.environ if environ is None else environ, name=cfg.name)
     try:    # first: torch's and vLLM's thread pools inherit the mask (spec.schedule: Disaggregated)
-        pinned = affinity.apply_from_env(os.environ if environ is None else environ)
+        pinned = affinity.apply_text(cfg.cpus)
     except (ValueError, OSError) as exc:
         print(f"kubeforge role {role}: {exc}", file=sys.stderr, flush=True)
         return startup.EXIT_CONFIG
