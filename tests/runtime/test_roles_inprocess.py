@@ -832,3 +832,14 @@ def test_a_generator_restarting_in_place_is_not_a_stalled_step(tmp_path: Path) -
     assert loop.start_beat_at == first
     for r in (trn_in, ctl_in, ver_in, gen_in):
         r.close()
+
+
+def test_stdout_done_line_carries_only_what_the_done_record_has(capsys: pytest.CaptureFixture[str]) -> None:
+    """A pod's log is read back by step records (lines with ``mean_reward``, e2e/run_real.py): the closing ``done``
+    line must not look like one (it did, with ``mean_reward: null``, when the typed record was dumped whole)."""
+    rep = report.StdoutReporter()
+    rep.step(progress.StepRecord(step=40, mean_reward=0.75, policy_version=40))
+    rep.done(progress.StepRecord(step=40, policy_version=40, export=None, eval_accuracy=None))
+    step_line, done_line = (json.loads(x) for x in capsys.readouterr().out.splitlines())
+    assert step_line["mean_reward"] == 0.75 and "done" not in step_line
+    assert done_line == {"done": True, "step": 40, "policy_version": 40}
