@@ -73,14 +73,18 @@ class StepRecord(pydantic.BaseModel):
     export: str | None = Field(None, description="The HF folder this step exported on request.")
     export_request: str | None = Field(None, description="The request's id this step served.")
 
-    def encode(self, *, only_set: bool = False) -> str:
-        """One JSONL line (without the newline); ``only_set``: just the fields the record was made with (the
-        trainer's closing ``done`` record carries step, policy version, export and accuracy, no step figures)."""
+    def doc(self, *, only_set: bool = False) -> dict[str, Any]:
+        """The line's JSON object; ``only_set``: just the fields the record was made with (the trainer's closing
+        ``done`` record carries step, policy version, export and accuracy, no step figures)."""
         doc = self.model_dump(mode="json", exclude_unset=only_set)
         for key in SPARSE:
             if doc.get(key) is None or doc.get(key) is False:
                 doc.pop(key, None)
-        return json.dumps(doc)
+        return doc
+
+    def encode(self) -> str:
+        """One JSONL line (without the newline)."""
+        return json.dumps(self.doc())
 
     @classmethod
     def decode(cls, line: str | bytes) -> StepRecord | None:

@@ -55,7 +55,7 @@ class StdoutReporter:
         print(record.encode(), flush=True)
 
     def done(self, record: progress.StepRecord) -> None:
-        print(json.dumps({"done": True, **json.loads(record.encode(only_set=True))}), flush=True)
+        print(json.dumps({"done": True, **record.doc(only_set=True)}), flush=True)
 
 
 class JsonlReporter:
