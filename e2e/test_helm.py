@@ -92,6 +92,42 @@ def test_chart_installs_the_generated_crd() -> None:
     assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the CRD lives in files/crds and a template"
 
 
+def notes(tmp_path: pathlib.Path, *sets: str) -> str:
+    """The chart's NOTES.txt as `helm install` prints it (helm template renders it only as a template file)."""
+    import shutil
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "NOTES.txt").rename(chart / "notes.txt")
+    (chart / "templates" / "notes.yaml").write_text('notes: {{ tpl (.Files.Get "notes.txt") . | quote }}\n')
+    args = ["template", RELEASE, str(chart), "--namespace", RELEASE_NS, "--kube-version", KUBE_VERSION,
+            "--show-only", "templates/notes.yaml"]
+    run = helm(*args, *(a for s in sets for a in ("--set", s)))
+    assert run.returncode == 0, run.stderr
+    return str(yaml.safe_load(run.stdout)["notes"])
+
+
+def test_notes_lead_to_a_job_that_runs_on_a_plain_cluster_in_a_watched_namespace(tmp_path: pathlib.Path) -> None:
+    text = notes(tmp_path, "watchNamespaces={rl-jobs,other}")
+    assert "kubectl apply -n rl-jobs -f examples/quickstart.yaml" in text
+    job = load.load_file(ROOT / "examples" / "quickstart.yaml")
+    assert job.spec.gang.backend == "None" and job.spec.checkpoint.claim_name is None   # nothing to install first
+    assert job.spec.checkpoint.volume_claim_template is None and job.spec.model.builtin is not None
+    assert "make images" in text                              # the default image names are `make images`' names
+    wide = notes(tmp_path / "2", "runtimeImage=registry.example/kubeforge/runtime:0.1.0-cpu")
+    assert "kubectl apply -n default -f examples/quickstart.yaml" in wide and "make images" not in wide
+
+
+def test_default_images_are_the_names_make_images_gives() -> None:
+    objs = render()
+    dep = one(objs, "Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert container["image"] == f"kubeforge.local/operator:{version}"
+    assert f"--runtime-image=kubeforge.local/runtime:{version}-cpu" in container["args"]
+    build = (ROOT / "images" / "build.sh").read_text()
+    assert 'ref="kubeforge.local/$name:$VERSION"' in build and 'ref="$ref-cpu"' in build
+
+
 def test_operator_deployment() -> None:
     deploy = one(render(), "Deployment")
     spec = deploy["spec"]
@@ -99,8 +135,8 @@ def test_operator_deployment() -> None:
     (container,) = spec["template"]["spec"]["containers"]
     args = container["args"]
     assert args[0] == "operator" and "--all-namespaces" in args
-    assert "--runtime-image=kubeforge/runtime:0.1.0" in args and "--metrics-port=8080" in args
-    assert container["image"] == "kubeforge/operator:0.1.0"
+    assert "--runtime-image=kubeforge.local/runtime:0.1.0-cpu" in args and "--metrics-port=8080" in args
+    assert container["image"] == "kubeforge.local/operator:0.1.0"
     assert {p["name"] for p in container["ports"]} == {"metrics", "health", "webhook"}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert spec["template"]["spec"]["serviceAccountName"] == one(render(), "ServiceAccount")["metadata"]["name"]

@@ -375,8 +375,9 @@ def local_volume(env: Env) -> pathlib.Path:
 
 
 def tiny_job() -> dict[str, Any]:
-    """examples/tiny.yaml as a user would run it here: on the real node, checkpoints on a claim per trainer."""
-    doc = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
+    """examples/quickstart.yaml (the first job the chart's NOTES.txt and docs/install.md give) as a user would run
+    it here: on the real node, checkpoints on a claim per trainer."""
+    doc = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
     doc["metadata"] = {"name": "tiny", "namespace": JOBS_NS}
     spec = doc["spec"]
     spec["algorithm"]["steps"] = STEPS

@@ -14,6 +14,10 @@
 # With KF_IMPORT=1 (`make images` sets it) each archive is also imported into the real node's containerd when
 # that node is up on this machine. Each name keeps its ${KF_IMAGE_KEEP:-3} most recently used archives in the cache
 # (lib/prune.sh); older ones are removed.
+# With KF_REGISTRY=<host>[:port]/<path> (`make images REGISTRY=...`) the operator and runtime images are also pushed
+# there by buildah, as <registry>/operator:<version> and <registry>/runtime:<version>-cpu, and their lines print
+# the pushed refs (the archive beside them is what was pushed). Credentials: `buildah login` / REGISTRY_AUTH_FILE;
+# KF_REGISTRY_TLS_VERIFY=false for a registry served over plain HTTP.
 set -euo pipefail
 shopt -s inherit_errexit
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -131,6 +135,19 @@ import_into_node() {
   log "imported $1 into the real node's containerd ($w)"
 }
 
+# push_to_registry NAME REF ARCHIVE: push REF (refilled from ARCHIVE when buildah's storage lost it) to
+# $KF_REGISTRY/NAME:<REF's tag>; prints the pushed ref.
+push_to_registry() {
+  local name="$1" ref="$2" archive="$3" dest
+  dest="${KF_REGISTRY%/}/$name:${ref##*:}"
+  if ! kf_buildah inspect --type image "$ref" >/dev/null 2>&1; then
+    kf_buildah tag "$(kf_buildah pull --quiet "oci-archive:$archive:$ref")" "$ref"
+  fi
+  log "$name: push $ref -> $dest"
+  kf_buildah push --quiet --tls-verify="${KF_REGISTRY_TLS_VERIFY:-true}" "$ref" "docker://$dest" >&2
+  echo "$dest"
+}
+
 names=("${@:-pause base}")
 for name in ${names[@]}; do
   case "$name" in
@@ -141,8 +158,17 @@ for name in ${names[@]}; do
       buildah_ready; ensure_rootfs >/dev/null
       ref="kubeforge.local/$name:$VERSION"
       if [ "$name" = runtime ]; then ref="$ref-cpu"; fi
-      line="$(built_one "$name" "$ref")"; echo "$line"
-      if [ "${KF_IMPORT:-0}" = 1 ]; then import_into_node $line; fi ;;
+      line="$(built_one "$name" "$ref")"
+      if [ "${KF_IMPORT:-0}" = 1 ]; then import_into_node $line; fi
+      if [ -n "${KF_REGISTRY:-}" ]; then
+        pushed="$(push_to_registry "$name" $line)"; line="$pushed ${line#* }"
+        if [ "$name" = operator ]; then
+          log "chart: --set image.repository=${pushed%:*} --set image.tag=${pushed##*:}"
+        else
+          log "chart: --set runtimeImage=$pushed"
+        fi
+      fi
+      echo "$line" ;;
     *) echo "unknown image: $name" >&2; exit 2 ;;
   esac
 done

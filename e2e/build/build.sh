@@ -3,8 +3,9 @@
 #
 # Usage: e2e/build/build.sh [--print-bin-dir] [component|group ...]
 #   components: etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl
-#               helm kubelet kube-proxy coredns
+#               helm kubelet kube-proxy coredns registry
 #   groups:     control-plane (first seven), node (kubelet kube-proxy coredns), all (default)
+#   (registry: the OCI distribution registry that `make images REGISTRY=...` is tested against)
 #
 # Each upstream piece is built through its own wrapper module in e2e/build/mod/<wrapper>
 # (copied to the cache, so the repo is never modified). Binaries land in
@@ -25,7 +26,7 @@ STAMPS="$BIN/.stamp"
 SRC="$CACHE/src"
 SHARE="$CACHE/share"
 
-ALL=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl helm kubelet kube-proxy coredns)
+ALL=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl helm kubelet kube-proxy coredns registry)
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl)
 NODE=(kubelet kube-proxy coredns)
 
@@ -46,6 +47,7 @@ spec() {
     kwokctl)                 echo "kwok|sigs.k8s.io/kwok/cmd/kwokctl|$KWOK_VERSION" ;;
     helm)                    echo "helm|helm.sh/helm/v3/cmd/helm|$HELM_VERSION" ;;
     coredns)                 echo "coredns|github.com/coredns/coredns|$COREDNS_VERSION" ;;
+    registry)                echo "registry|github.com/distribution/distribution/v3/cmd/registry|$REGISTRY_VERSION" ;;
     *) return 1 ;;
   esac
 }

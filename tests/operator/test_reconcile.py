@@ -122,6 +122,41 @@ def test_an_apply_the_api_server_refuses_reaches_the_status_and_an_event() -> No
     assert "ApplyFailed" in cluster.events
 
 
+def test_a_gang_backend_the_cluster_does_not_serve_is_named_with_what_to_install() -> None:
+    """Coscheduling on a plain cluster: the PodGroup apply gets a 404 (no such API); the condition says what is
+    missing and how to run without it, instead of only the API server's 404."""
+    import pytest
+
+    from kubeforge.operator import apply
+
+    class NoPodGroups(FakeCluster):
+        def apply(self, obj: dict[str, Any]) -> None:
+            if obj["kind"] == "PodGroup":
+                raise apply.ApiError(404, "PATCH", "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ns/podgroups/tiny",
+                                     "404 page not found")
+            super().apply(obj)
+
+    cluster = NoPodGroups(raw_job())
+    with pytest.raises(apply.ApiError):
+        reconcile.reconcile(cluster, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache())  # type: ignore[arg-type]
+    cond = {c["type"]: c for c in cluster.job["status"]["conditions"]}["ChildrenApplied"]
+    assert cond["status"] == "False" and cond["reason"] == "ApplyFailed"
+    assert cond["message"].startswith("spec.gang.backend Coscheduling: this cluster does not serve the "
+                                      "scheduling.x-k8s.io API; install scheduler-plugins")
+    assert "spec.gang.backend: None" in cond["message"] and "404 page not found" in cond["message"]
+
+
+def test_a_404_of_another_api_is_left_as_the_api_server_said() -> None:
+    from kubeforge.api import load as api_load
+    from kubeforge.operator.render import gang
+
+    job = api_load.parse(raw_job())
+    msg = "PATCH /apis/monitoring.coreos.com/v1/namespaces/ns/podmonitors/x: HTTP 404: not found"
+    assert gang.explain_refusal(job, 404, msg) == msg
+    pg = "PATCH /apis/scheduling.x-k8s.io/v1alpha1/namespaces/ns/podgroups/tiny: HTTP 404: x"
+    assert gang.explain_refusal(job, 422, pg) == pg       # only a 404 means "not served"
+
+
 def test_an_image_that_cannot_be_pulled_shows_in_the_ready_condition_and_an_event() -> None:
     cluster = FakeCluster(raw_job())
     cache = reconcile.ApplyCache()

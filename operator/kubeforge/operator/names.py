@@ -22,8 +22,9 @@ CONFIG_FILE = "rljob.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 CONFIG_VOLUME = f"{contract.RESERVED_NAME_PREFIX}config"
 
-#: Image of the role containers when the role sets none (overridable by the operator's --runtime-image flag).
-DEFAULT_RUNTIME_IMAGE = "kubeforge/runtime:0.1.0"
+#: Image of the role containers when the role sets none (overridable by the operator's --runtime-image flag): the
+#: CPU runtime image as `make images` names it (`make images REGISTRY=...` pushes it under the registry's name).
+DEFAULT_RUNTIME_IMAGE = "kubeforge.local/runtime:0.1.0-cpu"
 
 # ---- named ports (offsets from contract.DEFAULT_PORT_BASE) ----
 PORT_NAMES = {

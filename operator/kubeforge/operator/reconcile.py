@@ -26,7 +26,7 @@ from typing import Any
 
 from kubeforge.api import failures, load, rljob
 from kubeforge.operator import apply, exports, lifecycle, metrics, observed, reasons, render, status, timefmt, watchcache
-from kubeforge.operator.render import context, meta, secret
+from kubeforge.operator.render import context, gang, meta, secret
 
 log = logging.getLogger("kubeforge.operator")
 Key = tuple[str, str]
@@ -295,10 +295,12 @@ def _apply_children(cluster: apply.Cluster, key: Key, job: rljob.RLJob, ctx: con
     except apply.ApiError as exc:
         if exc.status in (409, 429) or exc.status >= 500:
             raise                                   # transient: the router retries with backoff
-        # refused for good (invalid, forbidden): say so on the job, not only in the operator's log; then retry later
-        failed = status.apply_failed(job, str(exc), generation=raw["metadata"].get("generation"), now=now)
+        # refused for good (invalid, forbidden, an API not served): say so on the job, not only in the operator's
+        # log, naming what is missing when it is the gang backend's API; then retry later
+        why = gang.explain_refusal(job, exc.status, str(exc))
+        failed = status.apply_failed(job, why, generation=raw["metadata"].get("generation"), now=now)
         _write_status(cluster, key, _status_doc(failed) or {}, jobs)
-        cluster.post_event(raw, type="Warning", reason=reasons.APPLY_FAILED, message=str(exc)[:1000],
+        cluster.post_event(raw, type="Warning", reason=reasons.APPLY_FAILED, message=why[:1000],
                            now=timefmt.fmt(now))
         raise
     for obj in rendered.absent:

@@ -17,6 +17,26 @@ REGISTRY: dict[str, base.Backend] = {
 }
 
 
+#: What each backend that creates objects needs installed: (API group of its objects, what provides it).
+REQUIRES: dict[str, tuple[str, str]] = {
+    rljob.GangBackend.COSCHEDULING.value: (
+        coscheduling.API_VERSION.split("/")[0],
+        "scheduler-plugins (its PodGroup CRD and a scheduler with the Coscheduling plugin)"),
+    rljob.GangBackend.VOLCANO.value: (volcano.API_VERSION.split("/")[0], "Volcano (its CRDs and scheduler)"),
+    rljob.GangBackend.KAI.value: (kai.API_VERSION.split("/")[0], "the KAI scheduler (its CRDs and scheduler)"),
+}
+
+
 def render(job: rljob.RLJob, ctx: context.RenderContext) -> base.GangParts:
     """The gang parts of ``job`` from its backend."""
     return REGISTRY[str(job.spec.gang.backend)](job, ctx)
+
+
+def explain_refusal(job: rljob.RLJob, status: int, message: str) -> str:
+    """``message`` (an API server's refusal of an apply) with what is missing when it is a 404 for the gang
+    backend's API group: the cluster does not serve the backend's objects, so the job can never start."""
+    need = REQUIRES.get(str(job.spec.gang.backend))
+    if status != 404 or need is None or f"/apis/{need[0]}/" not in message:
+        return message
+    return (f"spec.gang.backend {job.spec.gang.backend}: this cluster does not serve the {need[0]} API; install "
+            f"{need[1]}, or set spec.gang.backend: None (no gang scheduling). API server: {message}")
