@@ -438,7 +438,11 @@ def field_problem(path: str, root_model: type[pydantic.BaseModel] | None = None)
             if tp is Any or (origin is dict and typing.get_args(tp)[1:] in ((Any,), ())):
                 return None                                 # free form: any key below
             if origin is dict:
-                nxt += _unwrap(typing.get_args(tp)[1])
+                values = _unwrap(typing.get_args(tp)[1])
+                if not any(typing.get_origin(v) in (dict, list) or (isinstance(v, type) and issubclass(
+                        v, pydantic.BaseModel)) for v in values):
+                    return None                             # a map of scalars: its keys may hold dots
+                nxt += values
             elif isinstance(tp, type) and issubclass(tp, pydantic.BaseModel):
                 if wild:
                     nxt += [t for f in tp.model_fields.values() for t in _unwrap(f.annotation)]
@@ -585,6 +589,7 @@ def test_an_invented_token_fails(text: str, kind: str, token: str) -> None:
     "`spec.roles.generator.resources.limits`, `status.roles.*.ready`, `.status.progress.step`, "
     "`spec.verifiers[].regex.pattern`, `kubectl explain rljob.spec.algorithm`, `metadata.name`, "
     "`status.PLACEMENT_REASONS`, `spec.roles.trainer.env[].name`, `operator/status.py:substance`",
+    "`spec.roles.trainer.resources.limits.nvidia.com/gpu`, `spec.task.jsonl.path`, `spec.model.path`",
     "`/checkpoints`, `~/.cache/kubeforge/`, `https://example.com/docs/x.md`, `docs/*.md`, `runs/<name>/`",
 ])
 def test_what_exists_passes(text: str) -> None:
