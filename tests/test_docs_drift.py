@@ -92,7 +92,8 @@ def _split_comment(line: str) -> tuple[str, bool, str]:
 def snippets(name: str, text: str) -> Iterator[Snippet]:
     """The code of one document, by its kind (Markdown, plain text, YAML comments)."""
     if name.endswith(".md"):
-        in_fence, prose, prose_start = False, [], 1
+        in_fence, prose_start = False, 1
+        prose: list[str] = []
         for n, line in enumerate(text.splitlines(), 1):
             if _FENCE.match(line):
                 if not in_fence:
@@ -202,7 +203,7 @@ def _capturing_parsers() -> Iterator[None]:
     def capture(self: argparse.ArgumentParser, *a: Any, **k: Any) -> Any:
         raise _Captured(self)
 
-    argparse.ArgumentParser.parse_args = capture  # type: ignore[method-assign,assignment]
+    argparse.ArgumentParser.parse_args = capture  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -580,7 +581,8 @@ def test_an_invented_token_fails(text: str, kind: str, token: str) -> None:
 
 @pytest.mark.parametrize("text", [
     "`kubeforge run examples/tiny.yaml --run-dir runs/x --steps 3`",
-    "```bash\neval \"$(make -s cluster-up)\"\nmake images REGISTRY=registry.example/x  # push\nmake venv EXTRA=gpu\n```",
+    "```bash\neval \"$(make -s cluster-up)\"\nmake images REGISTRY=registry.example/x  # push\n"
+    "make venv EXTRA=gpu\n```",
     "`kubeforge operator -n team-a --leader-elect --webhook-port=9443`, `kubeforge crd --table`",
     "`python -m kubeforge.cli validate -`",
     "`helm install kubeforge helm/kubeforge --set 'watchNamespaces={a,b}' --set podAnnotations.x=y`",
@@ -598,7 +600,7 @@ def test_what_exists_passes(text: str) -> None:
 
 
 def test_a_wrapped_span_is_one_token_at_its_first_line() -> None:
-    problems, counts = check_text("docs/probe.md", "a\nb `--set\nmetrics.noSuch=true` c\n")
+    problems, _ = check_text("docs/probe.md", "a\nb `--set\nmetrics.noSuch=true` c\n")
     assert [(p.line, p.kind) for p in problems] == [(2, "set")]
 
 
