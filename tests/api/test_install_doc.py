@@ -19,12 +19,13 @@ VALUES = yaml.safe_load((ROOT / "helm" / "kubeforge" / "values.yaml").read_text(
 
 
 def test_the_documented_rljob_is_valid() -> None:
-    m = re.search(r"cat <<'EOF' \| kubectl apply -n (\S+) -f -\n(.*?)\nEOF\n", DOC, re.S)
-    assert m, "no RLJob heredoc in docs/install.md"
-    doc = yaml.safe_load(m.group(2))
+    m = re.search(r"^kubectl apply -n (\S+) -f (examples/\S+\.yaml)$", DOC, re.M)
+    assert m, "no `kubectl apply -n NS -f examples/...` of the first job in docs/install.md"
+    doc = yaml.safe_load((ROOT / m.group(2)).read_text())
     doc["metadata"]["namespace"] = m.group(1)
     job = load.parse(doc)
-    assert job.metadata.name == "tiny"
+    assert job.metadata.name == "tiny" and f"kubectl -n {m.group(1)} get rljob tiny -w" in DOC
+    assert job.spec.gang.backend == "None"        # runs on a plain cluster: no gang scheduler to install first
 
 
 def test_every_documented_set_names_a_chart_value() -> None:
