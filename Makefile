@@ -39,11 +39,11 @@ $(STAMP): pyproject.toml images/overrides.txt
 	touch $(STAMP)
 
 # A dry run of the install's resolver for EXTRA (e.g. `make venv-resolve EXTRA=gpu` on a machine without a GPU):
-# prints the pinned set that `make venv EXTRA=...` would install; installs nothing.
+# prints the pinned set that `make venv EXTRA=...` would install; installs nothing (but uv into $(VENV)).
 venv-resolve:
 	@[ "$(EXTRA)" != cpu ] || test -d $(WHEELS) || { echo "missing $(WHEELS): the CPU torch wheel (see README)"; exit 1; }
-	@uv=$$(command -v uv || echo $(VENV)/bin/uv); test -x "$$uv" || { echo "venv-resolve needs uv (make venv, or pip install uv)"; exit 1; }; \
-	  "$$uv" pip compile pyproject.toml --extra $(EXTRA) --extra dev --python-version 3.11 \
+	@test -x $(VENV)/bin/uv || { test -x $(VENV)/bin/python || $(PY) -m venv $(VENV); $(VENV)/bin/python -m pip install -q uv; }
+	@$(VENV)/bin/uv pip compile pyproject.toml --extra $(EXTRA) --extra dev --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 $(UV_SOURCES) --no-header --no-annotate -q
 
 demo: venv
