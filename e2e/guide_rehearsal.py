@@ -114,6 +114,35 @@ def differences(a: Any, b: Any, path: tuple[str, ...] = ()) -> list[tuple[str, .
     return [] if a == b else [path]
 
 
+def read_paths(doc: dict[str, Any]) -> dict[str, list[str]]:
+    """Per role, the paths of the manifest ``doc`` that role's pods read or write: the files of
+    ``kubeforge.runtime.config.READS`` (checked by each role at its start) and the trainer's checkpoint directory."""
+    from kubeforge.runtime import config
+
+    spec = doc["spec"]
+    files = {"model": spec["model"].get("path"), "task": (spec["task"].get("jsonl") or {}).get("path")}
+    out = {role: [files[f] for f in sorted(reads) if files[f]] for role, reads in config.READS.items()}
+    out["trainer"].append(spec.get("checkpoint", {}).get("path", "/checkpoints"))
+    return out
+
+
+def serving_claims(pod_spec: dict[str, Any], paths: list[str], *,
+                   claim_templates: tuple[str, ...] = ()) -> dict[str, str | None]:
+    """For each path, the PersistentVolumeClaim whose mount in the pod's first container holds it (the deepest
+    mount wins), or None. ``claim_templates``: names of a StatefulSet's volumeClaimTemplates (a rendered pod
+    template lists them as mounts without volumes)."""
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod_spec.get("volumes", [])
+              if "persistentVolumeClaim" in v}
+    claims.update({t: f"<template {t}>" for t in claim_templates})
+    mounts = sorted(((str(m["mountPath"]).rstrip("/") or "/", m["name"])
+                     for m in pod_spec["containers"][0].get("volumeMounts", [])), key=lambda x: -len(x[0]))
+    out: dict[str, str | None] = {}
+    for path in paths:
+        hit = next((name for mp, name in mounts if path == mp or path.startswith(mp.rstrip("/") + "/")), None)
+        out[path] = claims.get(hit) if hit is not None else None
+    return out
+
+
 def prepare(workdir: pathlib.Path, *, n_records: int = 256) -> pathlib.Path:
     """The model folder, the JSONL file and the local manifest under ``workdir``; returns the manifest's path."""
     t0 = time.monotonic()
