@@ -127,3 +127,12 @@ e2e-real: venv host-deps
 	out=$$(mktemp -d)/status.json; \
 	KUBEFORGE_REAL_NODE=1 KF_E2E_REAL_OUT=$$out $(PYTEST) -p no:cacheprovider -m realnode e2e/test_e2e_real.py; rc=$$?; \
 	cat $${out%.json}.figures.json 2>/dev/null; cat $$out 2>/dev/null || echo '{}'; rm -rf $$(dirname $$out); exit $$rc
+
+# --- docs/guide.md's local rehearsal (issue 29) ---
+# Makes an HF folder (the built-in tiny model's builder) and a JSONL file of copy records, then runs the guide's
+# manifest, examples/own-model.yaml, with `kubeforge run` (spec.model.path and spec.task.jsonl.path set to those
+# local paths, nothing else changed); prints the summary JSON (reward_first -> reward_last) as the LAST line.
+# WORKDIR=DIR keeps the files there (default: a new temp dir).
+.PHONY: guide-rehearsal
+guide-rehearsal: venv
+	$(VENV)/bin/python e2e/guide_rehearsal.py $(if $(WORKDIR),--workdir "$(WORKDIR)")

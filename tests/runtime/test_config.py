@@ -112,6 +112,31 @@ def test_runtime_local_problems(patch: dict[str, object], field: str) -> None:
     assert len(problems) == 1 and problems[0].startswith(field + ":"), problems
 
 
+@pytest.mark.parametrize("role,expected", [
+    ("generator", ["spec.model.path"]),
+    ("trainer", ["spec.model.path", "spec.task.jsonl.path"]),
+    ("verifier", []),
+    (None, ["spec.model.path", "spec.task.jsonl.path"]),      # the local launcher checks every file
+])
+def test_each_role_checks_only_the_files_it_reads(role: str | None, expected: list[str]) -> None:
+    """A pod mounts only its role's volumes (docs/guide.md): a verifier pod has neither the model nor the JSONL."""
+    doc = json.loads(json.dumps(DOC))
+    doc["spec"].update({"model": {"path": "/nonexistent/model"}, "task": {"jsonl": {"path": "/nonexistent.jsonl"}}})
+    problems = config.local_problems(load.parse(doc).spec, role=role)
+    assert [p.split(":")[0] for p in problems] == expected, problems
+
+
+def test_a_verifier_pod_starts_without_the_model_and_data_volumes(tmp_path: Path) -> None:
+    doc = json.loads(json.dumps(DOC))
+    doc["spec"].update({"model": {"path": "/nonexistent/model"}, "task": {"jsonl": {"path": "/nonexistent.jsonl"}}})
+    manifest = tmp_path / "job.json"
+    manifest.write_text(json.dumps(doc))
+    assert config.from_env(env_for_raw(manifest)).role == "verifier"
+    with pytest.raises(config.ConfigError) as err:
+        config.from_env(env_for(manifest, role="generator", index=0))
+    assert [p.split(":")[0] for p in err.value.problems] == ["spec.model.path"], err.value.problems
+
+
 @pytest.mark.parametrize("patch,field", [
     ({"algorithm": {"promptsPerStep": 1}}, "spec.algorithm.promptsPerStep"),
     ({"algorithm": {"maxPolicyLag": 0}, "weightSync": {"everySteps": 3}}, "spec.algorithm.maxPolicyLag"),

@@ -80,7 +80,7 @@ class RoleConfig:
         return f"{self.role}-{self.index}"
 
 
-def _job(path: str, problems: list[str]) -> rljob.RLJob | None:
+def _job(path: str, problems: list[str], *, role: str) -> rljob.RLJob | None:
     if not path:
         return None        # roleenv.read reported it
     try:
@@ -91,18 +91,29 @@ def _job(path: str, problems: list[str]) -> rljob.RLJob | None:
     except load.InvalidRLJob as exc:
         problems.extend(exc.problems)
         return None
-    problems.extend(local_problems(job.spec))
+    problems.extend(local_problems(job.spec, role=role or None))
     return job
 
 
-def local_problems(spec: rljob.RLJobSpec) -> list[str]:
+#: The files of a spec each role reads itself (generators and trainers load the model; trainer rank 0 reads the
+#: prompts; verifiers neither), so a pod needs only its own role's volumes (docs/guide.md, "Volumes per role").
+READS: dict[str, frozenset[str]] = {
+    "generator": frozenset({"model"}),
+    "trainer": frozenset({"model", "task"}),
+    "verifier": frozenset(),
+}
+
+
+def local_problems(spec: rljob.RLJobSpec, *, role: str | None = None) -> list[str]:
     """What only this machine can check: the files a spec names exist here. (Every rule about the spec itself is
     ``kubeforge.api.validate``'s, run by ``load.parse``: on a cluster these paths are volumes, checked by no
-    admission.) One message per problem."""
+    admission.) ``role``: only the files that role reads (:data:`READS`); None (the local launcher): every one.
+    One message per problem."""
+    reads = READS.get(role, frozenset()) if role is not None else frozenset({"model", "task"})
     problems: list[str] = []
-    if spec.model.path is not None and not pathlib.Path(spec.model.path).is_dir():
+    if "model" in reads and spec.model.path is not None and not pathlib.Path(spec.model.path).is_dir():
         problems.append(f"spec.model.path: Not found: {spec.model.path!r} is not a directory")
-    if spec.task.jsonl is not None and not pathlib.Path(spec.task.jsonl.path).is_file():
+    if "task" in reads and spec.task.jsonl is not None and not pathlib.Path(spec.task.jsonl.path).is_file():
         problems.append(f"spec.task.jsonl.path: Not found: {spec.task.jsonl.path!r} is not a file")
     return problems
 
@@ -110,7 +121,7 @@ def local_problems(spec: rljob.RLJobSpec) -> list[str]:
 def from_env(env: Mapping[str, str]) -> RoleConfig:
     """Parse and validate the env contract (plus the manifest it names) or raise :class:`ConfigError`."""
     e, problems = roleenv.read(env)
-    job = _job(e.config_path, problems)
+    job = _job(e.config_path, problems, role=e.role)
     if job is not None:
         problems.extend(_replica_problems(job, e.peers))
     if problems or job is None:
