@@ -2,7 +2,7 @@
 its model folder and JSONL on PersistentVolumeClaims, run by the operator to Succeeded.
 
 What differs from the local rehearsal (``e2e/guide_rehearsal.py``) is only what serves the two paths: here the claims
-of ``examples/own-model-storage.yaml`` (bound to local PersistentVolumes on the real node that hold the HF folder of
+of ``examples/storage/own-model-storage.yaml`` (bound to local PersistentVolumes on the real node that hold the HF folder of
 the tiny model and the JSONL file the rehearsal writes) are mounted at ``/models`` and ``/data``, and
 ``spec.checkpoint.claimName`` at ``/checkpoints``. The manifest keeps its paths, claims, sizes and steps; per role it
 gets only what any pod on the real node needs (``realjob.role_template``: the host's Python and the project's venv
@@ -39,7 +39,7 @@ from node import realnode
 REAL = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 ASKED = os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes")
 ID = uuid.uuid4().hex[:5]
-STORAGE = guide_rehearsal.ROOT / "examples" / "own-model-storage.yaml"
+STORAGE = guide_rehearsal.ROOT / "examples" / "storage" / "own-model-storage.yaml"
 #: The claims of the guide and the host directory (under the test's workdir) each local volume serves.
 CLAIM_DIRS = {"kubeforge-models": "models", "kubeforge-data": "data", "own-model-checkpoints": "checkpoints"}
 ROLE_EXTRAS = ("image", "command", "env", "volumes", "volumeMounts", "nodeSelector", "tolerations", "enforceEager")

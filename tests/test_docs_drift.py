@@ -389,6 +389,8 @@ def field_paths(span: str) -> list[str]:
     out = []
     for m in _FIELD.finditer(span):
         path = m.group(1).rstrip(".")
+        while path.endswith(">") and path.count(">") > path.count("<"):
+            path = path[:-1]                                # `<spec.checkpoint.path>/...`: the placeholder's end
         if re.match(r"status\.(?:[a-z]+_\w*|[A-Z_]+)\b", path) or path.endswith((".py", ".md", ".yaml")):
             continue
         todo = [path]
@@ -521,6 +523,11 @@ def scan(paths: Sequence[pathlib.Path] | None = None) -> tuple[list[Problem], Co
 
 
 # ------------------------------------------------------------------------------------------------ tests
+
+
+def test_a_placeholder_around_a_field_is_read_as_the_field() -> None:
+    assert field_paths("`<spec.checkpoint.path>/export-step-<step>/`") == ["spec.checkpoint.path"]
+    assert field_paths("`status.roles.<role>.ready`") == ["status.roles.<role>.ready"]
 
 
 def test_docs_name_only_what_exists() -> None:

@@ -121,3 +121,24 @@ def test_startup_probe_holds_liveness_off_for_a_start_sized_from_the_progress_de
             allowance = probe["periodSeconds"] * probe["failureThreshold"]
             assert 3 * deadline <= allowance < 3 * deadline + probe["periodSeconds"]
             assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_image_pull_secrets_reach_the_role_pods_that_name_them() -> None:
+    """A private registry (docs/guide.md): the role's image and the Secrets to pull it with, per role."""
+    job = opbuilders.job("tiny", spec__roles__trainer__image="registry.example/team/runtime:1",
+                         spec__roles__trainer__imagePullSecrets=[{"name": "regcred"}])
+    out = render.render(job, CTX)
+    pods = {s["metadata"]["name"]: s["spec"]["template"]["spec"] for s in _by_kind(out, "StatefulSet")}
+    assert pods["tiny-trainer"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pods["tiny-trainer"]["containers"][0]["image"] == "registry.example/team/runtime:1"
+    assert "imagePullSecrets" not in pods["tiny-generator"] and "imagePullSecrets" not in pods["tiny-verifier"]
+
+
+def test_an_image_pull_secret_name_must_be_a_secret_name() -> None:
+    import pytest
+
+    from kubeforge.api import load
+    doc = load.dump(opbuilders.job("tiny"))
+    doc["spec"]["roles"]["trainer"]["imagePullSecrets"] = [{"name": "Reg_Cred"}]
+    with pytest.raises(load.InvalidRLJob, match=r"spec\.roles\.trainer\.imagePullSecrets\[0\]\.name"):
+        load.parse(doc)

@@ -578,6 +578,12 @@ class CheckpointSpec(Model):
 # ---------------------------------------------------------------- roles
 
 
+class SecretReference(Model):
+    """A Secret of the job's namespace, by name (a Kubernetes LocalObjectReference)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=NAME_PATTERN_DNS1123, description="The Secret's name.")
+
+
 class EnvVar(Model):
     """An environment variable for a role's container."""
 
@@ -620,6 +626,9 @@ class RoleSpec(Model):
     replicas: int = Field(1, ge=1, le=4096, description="Pods (processes) of this role.")
     image: str | None = Field(None, min_length=1, description="Container image; defaults to the operator's "
                               "runtime image.")
+    image_pull_secrets: list[SecretReference] = Field(
+        default_factory=list, max_length=16, description="Secrets (kubernetes.io/dockerconfigjson, in the job's "
+        "namespace) the kubelet uses to pull the role's image from a private registry.")
     command: list[str] | None = Field(None, description="Container command override (e.g. a host Python for "
                                       "tests); the role entrypoint `kubeforge role <role>` is appended as args.")
     env: list[EnvVar] = Field(

@@ -125,6 +125,8 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
         pod["schedulerName"] = gang.scheduler_name
     if spec.priority_class_name:
         pod["priorityClassName"] = spec.priority_class_name
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
 
 
