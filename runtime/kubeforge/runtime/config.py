@@ -22,6 +22,7 @@ import pathlib
 from collections.abc import Mapping
 
 from kubeforge.api import contract, load, rljob, roleenv
+from kubeforge.runtime import modelfolder
 
 class ConfigError(roleenv.EnvError):
     """The environment does not describe a valid role process; ``problems`` holds one message per problem."""
@@ -96,12 +97,16 @@ def _job(path: str, problems: list[str]) -> rljob.RLJob | None:
 
 
 def local_problems(spec: rljob.RLJobSpec) -> list[str]:
-    """What only this machine can check: the files a spec names exist here. (Every rule about the spec itself is
+    """What only this machine can check: the files a spec names exist here, and a LoRA adapter's layers are in the
+    model folder. (Every rule about the spec itself is
     ``kubeforge.api.validate``'s, run by ``load.parse``: on a cluster these paths are volumes, checked by no
     admission.) One message per problem."""
     problems: list[str] = []
     if spec.model.path is not None and not pathlib.Path(spec.model.path).is_dir():
         problems.append(f"spec.model.path: Not found: {spec.model.path!r} is not a directory")
+    # LoRA targets against the folder's weight names (safetensors headers, no torch): refused here, before any
+    # model or vLLM engine loads, not by the trainer after its start (a built-in's layers: kubeforge.api.validate)
+    problems.extend(modelfolder.lora_problems(spec.model))
     if spec.task.jsonl is not None and not pathlib.Path(spec.task.jsonl.path).is_file():
         problems.append(f"spec.task.jsonl.path: Not found: {spec.task.jsonl.path!r} is not a file")
     return problems
