@@ -341,7 +341,7 @@ def _builtin_model(spec: rljob.RLJobSpec) -> Problems:
 def distinct_prompts(task: rljob.TaskSpec) -> int | None:
     """How many different prompts a procedural task can draw (None: unknown or too many to matter)."""
     if task.copy_ is not None:
-        return len(set(task.copy_.alphabet)) ** task.copy_.length
+        return int(len(set(task.copy_.alphabet)) ** task.copy_.length)
     if task.arithmetic is not None:
         d = task.arithmetic.digits
         numbers = 10 if d == 1 else 9 * 10 ** (d - 1)
