@@ -29,6 +29,7 @@ def test_defaults_keep_the_weighted_sum_and_document_every_setting() -> None:
 
 def test_the_api_notes_examples_parse() -> None:
     doc = invalid_manifests.valid()
+    doc["spec"]["task"] = {"jsonl": {"path": "/data/train.jsonl"}}   # CodeExecution needs answers that are tests
     doc["spec"]["verifiers"] = [
         {"name": "answer", "type": "MathEquivalence"},
         {"name": "tests", "type": "CodeExecution", "codeExecution": {"timeoutSeconds": 5, "memoryMiB": 256}},

@@ -26,6 +26,23 @@ def test_create_reviews_every_rule_and_names_the_field() -> None:
         assert case.message.lower() in admission.message(problems).lower()
 
 
+@pytest.mark.parametrize("case", invalid_manifests.ALL_CASES, ids=lambda c: c.id)
+def test_kubeforge_validate_and_the_review_refuse_with_the_same_lines(
+        case: invalid_manifests.Case, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One refusal, two doors: ``kubeforge validate FILE`` prints exactly the problems the webhook denies with, each
+    naming the case's field (the schema's rules and the cross-field rules alike; docs/validation.md)."""
+    from kubeforge import cli
+
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(case.manifest()))
+    assert cli.validate(str(path)) == cli.EXIT_INVALID
+    printed = capsys.readouterr().out.splitlines()
+    reviewed = admission.review("CREATE", case.manifest())
+    assert printed == reviewed and reviewed, (case.id, printed, reviewed)
+    assert all(p.startswith(case.path) for p in reviewed), (case.id, reviewed)
+    assert case.message.lower() in admission.message(reviewed).lower(), (case.id, reviewed)
+
+
 def test_update_is_reviewed_only_when_the_spec_changes() -> None:
     bad = invalid_manifests.SEMANTIC_CASES[0].manifest()
     annotated = {**bad, "metadata": {**bad["metadata"], "annotations": {"a": "b"}}}

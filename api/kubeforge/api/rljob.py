@@ -356,13 +356,16 @@ class Aggregation(str, enum.Enum):
 
 
 MSG_POSITIVE_RATES = "maxPositiveRate must be greater than minPositiveRate"
+MSG_MIN_ITEMS_WINDOW = ("minItems must be less than or equal to window: the window holds at most window completions, "
+                        "so the label model would never be fitted")
 
 
 class WeakSupervisionSpec(Model):
     """Weaver-style weak supervision: binarised verifier votes -> a label model -> P(correct) as the reward."""
 
     model_config = pydantic.ConfigDict(
-        json_schema_extra=_schema_extra(_cel("self.maxPositiveRate > self.minPositiveRate", MSG_POSITIVE_RATES)))
+        json_schema_extra=_schema_extra(_cel("self.maxPositiveRate > self.minPositiveRate", MSG_POSITIVE_RATES),
+                                        _cel("self.minItems <= self.window", MSG_MIN_ITEMS_WINDOW)))
 
     class_balance: float | None = Field(None, gt=0, lt=1, description="Prior share of correct completions; "
                                         "estimated from the votes when unset.")
@@ -383,6 +386,12 @@ class WeakSupervisionSpec(Model):
     def _rates(self) -> WeakSupervisionSpec:
         if self.max_positive_rate <= self.min_positive_rate:
             raise ValueError(MSG_POSITIVE_RATES)
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _min_items(self) -> WeakSupervisionSpec:
+        if self.min_items > self.window:
+            raise ValueError(MSG_MIN_ITEMS_WINDOW)
         return self
 
 
@@ -657,8 +666,15 @@ class RoleSpec(Model):
         return v
 
 
+MSG_MIN_REPLICAS = "minReplicas must be less than or equal to replicas"
+
+
 class GeneratorRole(RoleSpec):
     """The generator role: a vLLM engine per replica."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(_cel("!has(self.minReplicas) || self.minReplicas <= self.replicas",
+                                             MSG_MIN_REPLICAS)))
 
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM tensor parallelism inside one replica.")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vLLM GPU memory share (GPU only).")
@@ -670,6 +686,12 @@ class GeneratorRole(RoleSpec):
                                      "starts with what fits and grows. spec.roles.generator.replicas may change "
                                      "while the job runs (kubectl scale): the trainer keeps running and re-forms "
                                      "the weight-sync group.")
+
+    @pydantic.model_validator(mode="after")
+    def _min_replicas(self) -> GeneratorRole:
+        if self.min_replicas is not None and self.min_replicas > self.replicas:
+            raise ValueError(MSG_MIN_REPLICAS)
+        return self
 
 
 class VerifierRole(RoleSpec):

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubeforge.api import contract, rljob
+from kubeforge.api import builtins, contract, rljob
 
 Problems = Iterator[str]
 
@@ -309,6 +309,139 @@ def _roles(spec: rljob.RLJobSpec) -> Problems:
             yield from check(path, role)
 
 
+# ---------------------------------------------------------------- fields added since the admission work
+# (docs/validation.md lists every pair examined, with the verdict of each)
+
+
+def _builtin_model(spec: rljob.RLJobSpec) -> Problems:
+    """What a built-in model cannot honour: an adapter on a layer it does not have, a length beyond its context."""
+    found = builtins.of(spec.model)
+    if found is None:
+        return      # a path model: its folder is a volume, checked by the roles before any engine starts
+    name, facts = found
+    if spec.model.lora is not None:
+        for i, layer in enumerate(spec.model.lora.target_modules):
+            if layer not in facts.lora_layers:
+                yield (f"spec.model.lora.targetModules[{i}]: Unsupported value: {layer!r}: the built-in model {name} "
+                       f"has no such layer; supported values: {', '.join(facts.lora_layers)}")
+    if spec.algorithm.max_new_tokens >= facts.context:
+        yield (f"spec.algorithm.maxNewTokens: Invalid value: {spec.algorithm.max_new_tokens}: should be less than "
+               f"the context length of the built-in model {name} ({facts.context}): the prompt and the completion "
+               "must both fit")
+    ev = spec.evaluation
+    if ev is not None and ev.max_new_tokens is not None and ev.max_new_tokens >= facts.context:
+        yield (f"spec.evaluation.maxNewTokens: Invalid value: {ev.max_new_tokens}: should be less than the context "
+               f"length of the built-in model {name} ({facts.context}): the prompt and the answer must both fit")
+    gen = spec.roles.generator
+    if gen.max_model_len is not None and gen.max_model_len > facts.context:
+        yield (f"spec.roles.generator.maxModelLen: Invalid value: {gen.max_model_len}: should be at most the context "
+               f"length of the built-in model {name} ({facts.context}): vLLM refuses a longer one at start")
+
+
+def distinct_prompts(task: rljob.TaskSpec) -> int | None:
+    """How many different prompts a procedural task can draw (None: unknown or too many to matter)."""
+    if task.copy_ is not None:
+        return int(len(set(task.copy_.alphabet)) ** task.copy_.length)
+    if task.arithmetic is not None:
+        d = task.arithmetic.digits
+        numbers = 10 if d == 1 else 9 * 10 ** (d - 1)
+        return numbers * numbers * len(set(task.arithmetic.operations))
+    return None
+
+
+def _evaluation(spec: rljob.RLJobSpec) -> Problems:
+    ev, algo = spec.evaluation, spec.algorithm
+    if ev is None:
+        return
+    trained = algo.prompts_per_step * algo.steps
+    if ev.first_index < trained:
+        yield (f"spec.evaluation.firstIndex: Invalid value: {ev.first_index}: should be at least "
+               f"spec.algorithm.promptsPerStep x spec.algorithm.steps ({trained}): training uses the prompts below "
+               "it, so the held-out prompts would be trained on (leave it unset for the default)")
+        return
+    n = distinct_prompts(spec.task)
+    if n is not None and n <= trained:
+        kind = "copy" if spec.task.copy_ is not None else "arithmetic"
+        yield (f"spec.evaluation: Invalid value: the {kind} task has only {n} distinct prompts and training draws "
+               f"{trained} (spec.algorithm.promptsPerStep x steps): nearly every held-out prompt is a training prompt, "
+               f"so the accuracy measures nothing held out; widen spec.task.{kind} or remove spec.evaluation")
+
+
+def _lr_schedule(spec: rljob.RLJobSpec) -> Problems:
+    sched, steps = spec.algorithm.learning_rate_schedule, spec.algorithm.steps
+    if sched.warmup_steps > steps:
+        yield (f"spec.algorithm.learningRateSchedule.warmupSteps: Invalid value: {sched.warmup_steps}: should be at "
+               f"most spec.algorithm.steps ({steps}): the warm-up would outlast the run, so no step would train at "
+               "learningRate")
+    if sched.type == rljob.LRScheduleType.CONSTANT.value and sched.min_ratio != 0:
+        yield (f"spec.algorithm.learningRateSchedule.minRatio: Forbidden: applies only to type Cosine (type is "
+               "Constant): remove it or set type: Cosine")
+
+
+NEEDS_ALL_WEIGHTS = rljob.Aggregation.WEIGHTED_SUM.value
+MIN_WEAK_VERIFIERS = 3
+
+
+def _reward(spec: rljob.RLJobSpec) -> Problems:
+    agg = spec.reward.aggregation
+    if agg != rljob.Aggregation.WEAK_SUPERVISION.value and spec.reward.weak_supervision != rljob.WeakSupervisionSpec():
+        yield (f"spec.reward.weakSupervision: Forbidden: may only be set when spec.reward.aggregation is "
+               f"WeakSupervision (aggregation is {agg}): its settings would be ignored")
+    if agg != NEEDS_ALL_WEIGHTS:
+        for i, v in enumerate(spec.verifiers):
+            if v.weight != 1.0:
+                yield (f"spec.verifiers[{i}].weight: Forbidden: {v.weight}: {agg} ignores verifier weights (only "
+                       "WeightedSum weighs verifiers): remove it or use aggregation WeightedSum")
+    if agg == rljob.Aggregation.WEAK_SUPERVISION.value and len(spec.verifiers) < MIN_WEAK_VERIFIERS:
+        yield (f"spec.reward.aggregation: Invalid value: 'WeakSupervision': needs at least {MIN_WEAK_VERIFIERS} "
+               f"verifiers ({len(spec.verifiers)} given): its label model estimates each verifier's accuracy from "
+               "the agreements of three or more; add verifiers or use WeightedSum or MajorityVote")
+
+
+# Verifiers that compare the completion with the reference answer as text (a code task's reference is its tests).
+_COMPARES_ANSWER = (rljob.VerifierType.EXACT_ANSWER.value, rljob.VerifierType.MATH_EQUIVALENCE.value)
+
+
+def _verifiers_and_task(spec: rljob.RLJobSpec) -> Problems:
+    task = spec.task
+    kind = "arithmetic" if task.arithmetic is not None else "copy" if task.copy_ is not None else None
+    deadline = spec.failure_policy.progress_deadline_seconds
+    for i, v in enumerate(spec.verifiers):
+        if v.type == rljob.VerifierType.CODE_EXECUTION.value and kind is not None:
+            yield (f"spec.verifiers[{i}].type: Invalid value: 'CodeExecution': runs the reference answer as tests, "
+                   f"but the {kind} task's answers are not tests; use it with a code or jsonl task")
+        if v.type in _COMPARES_ANSWER and task.code is not None:
+            yield (f"spec.verifiers[{i}].type: Invalid value: {v.type!r}: compares the completion with the reference "
+                   "answer, which for the code task is its tests, so it never matches; use CodeExecution")
+        ce = v.code_execution
+        if ce is not None and ce.timeout_seconds > v.timeout_seconds:
+            yield (f"spec.verifiers[{i}].codeExecution.timeoutSeconds: Invalid value: {ce.timeout_seconds:g}: should "
+                   f"be at most spec.verifiers[{i}].timeoutSeconds ({v.timeout_seconds:g}): the group's limit ends "
+                   "every run first")
+        if v.timeout_seconds > deadline:
+            yield (f"spec.verifiers[{i}].timeoutSeconds: Invalid value: {v.timeout_seconds:g}: should be at most "
+                   f"spec.failurePolicy.progressDeadlineSeconds ({deadline}): a verifier busy that long on one group "
+                   "makes no progress and is restarted as hung first")
+
+
+GANG_MINIMUM_BACKENDS = (rljob.GangBackend.COSCHEDULING.value, rljob.GangBackend.VOLCANO.value,
+                         rljob.GangBackend.KAI.value)
+
+
+def _trainer_and_elastic(spec: rljob.RLJobSpec) -> Problems:
+    trainer = spec.roles.trainer
+    if trainer.compile and trainer.sharding == rljob.Sharding.FSDP.value:
+        yield ("spec.roles.trainer.compile: Forbidden: not applied with spec.roles.trainer.sharding FSDP (the trainer "
+               "compiles DDP replicas only): remove it or use sharding DDP")
+    gen = spec.roles.generator
+    if gen.min_replicas is not None and spec.gang.backend not in GANG_MINIMUM_BACKENDS:
+        why = "Kueue admits the exact pod count" if spec.gang.backend == rljob.GangBackend.KUEUE.value else \
+            "there is no gang to hold"
+        yield (f"spec.roles.generator.minReplicas: Forbidden: may only be set when spec.gang.backend is one of "
+               f"{', '.join(GANG_MINIMUM_BACKENDS)} (backend is {spec.gang.backend}: {why}); remove it")
+
+
 RULES: tuple[Callable[[rljob.RLJobSpec], Problems], ...] = (
     _algorithm, _sync, _generator, _task, _verifiers, _gang, _roles,
+    _builtin_model, _evaluation, _lr_schedule, _reward, _verifiers_and_task, _trainer_and_elastic,
 )

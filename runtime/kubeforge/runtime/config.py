@@ -22,6 +22,7 @@ import pathlib
 from collections.abc import Mapping
 
 from kubeforge.api import contract, load, rljob, roleenv
+from kubeforge.runtime import modelfolder
 
 class ConfigError(roleenv.EnvError):
     """The environment does not describe a valid role process; ``problems`` holds one message per problem."""
@@ -105,7 +106,8 @@ READS: dict[str, frozenset[str]] = {
 
 
 def local_problems(spec: rljob.RLJobSpec, *, role: str | None = None) -> list[str]:
-    """What only this machine can check: the files a spec names exist here. (Every rule about the spec itself is
+    """What only this machine can check: the files a spec names exist here, and a LoRA adapter's layers are in the
+    model folder. (Every rule about the spec itself is
     ``kubeforge.api.validate``'s, run by ``load.parse``: on a cluster these paths are volumes, checked by no
     admission.) ``role``: only the files that role reads (:data:`READS`); None (the local launcher): every one.
     One message per problem."""
@@ -113,6 +115,10 @@ def local_problems(spec: rljob.RLJobSpec, *, role: str | None = None) -> list[st
     problems: list[str] = []
     if "model" in reads and spec.model.path is not None and not pathlib.Path(spec.model.path).is_dir():
         problems.append(f"spec.model.path: Not found: {spec.model.path!r} is not a directory")
+    if "model" in reads:
+        # LoRA targets against the folder's weight names (safetensors headers, no torch): refused here, before any
+        # model or vLLM engine loads, not by the trainer after its start (a built-in's layers: kubeforge.api.validate)
+        problems.extend(modelfolder.lora_problems(spec.model))
     if "task" in reads and spec.task.jsonl is not None and not pathlib.Path(spec.task.jsonl.path).is_file():
         problems.append(f"spec.task.jsonl.path: Not found: {spec.task.jsonl.path!r} is not a file")
     return problems
