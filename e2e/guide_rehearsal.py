@@ -62,6 +62,10 @@ def make_model_folder(target: pathlib.Path) -> pathlib.Path:
 
     target.mkdir(parents=True, exist_ok=True)
     tiny.build(target)
+    # readable by every user, as the guide asks of a model folder (role pods run as UID 1000): the safetensors
+    # writer leaves its file 0600, which a pod of another UID cannot open (found by e2e/test_guide_real.py)
+    for f in target.iterdir():
+        f.chmod(f.stat().st_mode | 0o444)
     return target
 
 
