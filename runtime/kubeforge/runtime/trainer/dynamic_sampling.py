@@ -132,8 +132,8 @@ class Resampler:
         c = self._counts.pop(step, StepCounts())
         for key in [key for key in self._round if key[0] <= step]:
             del self._round[key]
-        for key in [s for s in self._counts if s < step]:
-            del self._counts[key]
+        for old in [s for s in self._counts if s < step]:
+            del self._counts[old]
         signal = [g for g in groups if has_signal(g)]
         unfilled = [g for g in groups if not has_signal(g)]
         c.unfilled = len(unfilled)
