@@ -19,6 +19,11 @@ from kubeforge.runtime.trainer import batch, dynamic_sampling
 from kubeforge.runtime.trainer import loop as trainer_role
 
 
+def algo(**fields: Any) -> rljob.AlgorithmSpec:
+    """``spec.algorithm`` from its wire (camelCase) fields."""
+    return rljob.AlgorithmSpec.model_validate(fields)
+
+
 # ---------------------------------------------------------------- GSPO
 #
 # Two sequences, T = 3 columns.
@@ -129,7 +134,7 @@ def _completion(n: int, reason: str = "stop") -> types.Completion:
 def _group(rewards: Sequence[float], *, index: int = 0, step: int = 0, lengths: Sequence[int] | None = None,
            reasons: Sequence[str] | None = None) -> types.RolloutGroup:
     lengths = lengths or [1] * len(rewards)
-    reasons = reasons or ["stop"] * len(rewards)
+    reasons = list(reasons or ["stop"] * len(rewards))
     return types.RolloutGroup(prompt=types.Prompt(index=index, text="p", answer="a"), prompt_token_ids=[1, 2],
                               completions=[_completion(n, r) for n, r in zip(lengths, reasons)],
                               policy_version=0, step=step, rewards=list(rewards))
@@ -151,20 +156,20 @@ def test_overlong_shaping_changes_advantages_not_rewards() -> None:
 
 
 def test_overlong_from_spec_and_its_validation() -> None:
-    a = rljob.AlgorithmSpec(loss="DAPO", maxNewTokens=20, overlongBuffer={"length": 4})
+    a = algo(loss="DAPO", maxNewTokens=20, overlongBuffer={"length": 4})
     assert overlong.Overlong.from_spec(a) == overlong.Overlong(max_tokens=20, buffer=4, penalty=1.0)
-    assert overlong.Overlong.from_spec(rljob.AlgorithmSpec()) is None
+    assert overlong.Overlong.from_spec(algo()) is None
     with pytest.raises(ValueError, match="overlongBuffer.length must be less than maxNewTokens"):
-        rljob.AlgorithmSpec(maxNewTokens=4, overlongBuffer={"length": 4})
+        algo(maxNewTokens=4, overlongBuffer={"length": 4})
 
 
 # ---------------------------------------------------------------- DAPO: dynamic sampling, the pieces
 
 def test_dynamic_sampling_defaults_on_for_dapo_only() -> None:
-    assert rljob.AlgorithmSpec(loss="DAPO").refill_rounds() == 3
-    assert rljob.AlgorithmSpec(loss="DAPO", dynamicSampling={"enabled": False}).refill_rounds() == 0
-    assert rljob.AlgorithmSpec(loss="GRPO").refill_rounds() == 0
-    assert rljob.AlgorithmSpec(loss="GSPO", dynamicSampling={"maxRounds": 5}).refill_rounds() == 5
+    assert algo(loss="DAPO").refill_rounds() == 3
+    assert algo(loss="DAPO", dynamicSampling={"enabled": False}).refill_rounds() == 0
+    assert algo(loss="GRPO").refill_rounds() == 0
+    assert algo(loss="GSPO", dynamicSampling={"maxRounds": 5}).refill_rounds() == 5
 
 
 def test_refill_indices_never_collide_and_keep_the_rank() -> None:
@@ -336,3 +341,19 @@ def test_loop_all_zero_signal_rank_still_steps() -> None:
     assert len(gens.asked) == 4 and len(learner.trained) == 2                 # 2 slots x 1 refill per step
     for trained, c in learner.trained:
         assert len(trained) == 2 and c is not None and (c.resampled, c.unfilled, c.rounds) == (2, 2, 1)
+
+
+def test_train_step_counts_screened_groups_in_the_reward_and_the_record() -> None:
+    from kubeforge.runtime import models
+    from kubeforge.runtime.trainer import step
+
+    spec = algo(loss="DAPO", maxNewTokens=4, learningRate=1e-3)
+    learner = step.Trainer(model_path=models.resolve(rljob.ModelSpec(builtin="tiny")), algorithm=spec)
+    g = _group([1.0, 0.0, 0.0, 0.0], lengths=[2, 3, 1, 2])                      # trained: reward sum 1 of 4
+    counts = dynamic_sampling.StepCounts(resampled=2, unfilled=1, rounds=3, screened_reward=4.0,
+                                         screened_completions=6)               # dropped: reward sum 4 of 6
+    m = learner.train_step(groups=[g], sampling=counts)
+    assert m.mean_reward == pytest.approx(5 / 10) and m.completions == 4 and m.groups == 1
+    assert (m.resampled_groups, m.unfilled_groups, m.resample_rounds) == (2, 1, 3)
+    plain = learner.train_step(groups=[g])
+    assert plain.mean_reward == pytest.approx(0.25) and plain.resampled_groups == 0
