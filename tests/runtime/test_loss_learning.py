@@ -1,7 +1,7 @@
 """DAPO (dynamic sampling on) and GSPO (the paper's clip range) learn the tiny example end to end: ``kubeforge run``
-of ``examples/tiny.yaml`` with the loss changed, real vLLM, verifier and trainer processes. Each run takes
-2 (GSPO) to 8 (DAPO) minutes on 2 busy vCPUs (DAPO generates up to 4x as many groups once the reward saturates: every group is then
-all-correct and refilled maxRounds times)."""
+of ``examples/tiny.yaml`` with the loss changed, real vLLM, verifier and trainer processes. Each run takes 2 (GSPO)
+to 8 (DAPO) minutes on 2 busy vCPUs (DAPO generates up to 4x as many groups once the reward saturates: every group
+is then all-correct and refilled maxRounds times)."""
 from __future__ import annotations
 
 import json
