@@ -55,6 +55,11 @@ class StepRecord(pydantic.BaseModel):
     zero_signal_groups: int = Field(0, description="Groups whose rewards were all equal (no gradient from them).")
     seconds: dict[str, float] = Field(default_factory=dict, description="Per train-step phase.")
     learning_rate: float = 0.0
+    resampled_groups: int = Field(0, description="Dynamic sampling: groups whose rewards were all equal, dropped "
+                                  "and replaced by a new prompt's group.")
+    unfilled_groups: int = Field(0, description="Dynamic sampling: prompt slots still without signal after "
+                                 "maxRounds refills (kept out of the loss when the rank has groups with signal).")
+    resample_rounds: int = Field(0, description="Dynamic sampling: the most refills one slot of the step needed.")
     # the loop's figures
     time: float = Field(0.0, description="Wall clock (seconds since the epoch) when the step's record was made.")
     step_seconds: float | None = Field(None, description="The train step alone.")

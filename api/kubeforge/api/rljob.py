@@ -413,9 +413,31 @@ class LossType(str, enum.Enum):
     GRPO = "GRPO"
     DR_GRPO = "DrGRPO"
     DAPO = "DAPO"
+    GSPO = "GSPO"
 
 
 MSG_CLIP_HIGH = "clipEpsilonHigh must be greater than or equal to clipEpsilon"
+MSG_OVERLONG_LENGTH = "overlongBuffer.length must be less than maxNewTokens (the length budget L_max)"
+
+
+class DynamicSamplingSpec(Model):
+    """DAPO's dynamic sampling: a group whose rewards are all equal (every completion right, or every one wrong)
+    has advantage 0 everywhere and gives no gradient; it is dropped and a new prompt is sampled in its place
+    (docs/runtime.md, "Loss variants")."""
+
+    enabled: bool = Field(True, description="Drop groups whose rewards are all equal and refill the step.")
+    max_rounds: int = Field(3, ge=1, le=100, description="Refills per prompt slot of a step at most; a slot still "
+                            "without signal after them is not trained on (counted as unfilledGroups).")
+
+
+class OverlongBufferSpec(Model):
+    """DAPO's soft overlong punishment: completions within ``length`` tokens of maxNewTokens get a reward
+    penalty growing linearly to ``penalty`` at maxNewTokens (docs/runtime.md, "Loss variants")."""
+
+    length: int = Field(ge=1, le=131072, description="L_cache: the punishment interval, the last this many "
+                        "tokens of maxNewTokens; less than maxNewTokens.")
+    penalty: float = Field(1.0, gt=0, le=100, description="The penalty at maxNewTokens (and for truncated "
+                           "completions); the paper's is 1.")
 
 
 class LRScheduleType(str, enum.Enum):
@@ -439,11 +461,13 @@ class AlgorithmSpec(Model):
     model_config = pydantic.ConfigDict(
         json_schema_extra=_schema_extra(
             _cel("!has(self.clipEpsilonHigh) || self.clipEpsilonHigh >= self.clipEpsilon", MSG_CLIP_HIGH),
+            _cel("!has(self.overlongBuffer) || self.overlongBuffer.length < self.maxNewTokens", MSG_OVERLONG_LENGTH),
             _cel("self == oldSelf", f"spec.algorithm {IMMUTABLE}"),
         )
     )
 
-    loss: LossType = Field(LossType.GRPO, description="GRPO | DrGRPO | DAPO.")
+    loss: LossType = Field(LossType.GRPO, description="GRPO | DrGRPO | DAPO | GSPO (docs/runtime.md, \"Loss "
+                           "variants\").")
     group_size: int = Field(4, ge=2, le=1024, description="Completions sampled per prompt (a GRPO group).")
     prompts_per_step: int = Field(8, ge=1, le=100000, description="Prompts (groups) per optimizer step.")
     steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps; the job succeeds after the last.")
@@ -462,12 +486,26 @@ class AlgorithmSpec(Model):
     kl_coef: float = Field(0.0, ge=0, le=100, description="> 0 adds a k3 KL penalty to a frozen reference model.")
     max_policy_lag: int = Field(1, ge=0, le=1000, description="Rollouts sampled more than this many policy versions "
                                 "ago are dropped (and counted).")
+    dynamic_sampling: DynamicSamplingSpec | None = Field(
+        None, description="Drop groups whose rewards are all equal and sample new prompts in their place; default: "
+        "on (maxRounds 3) with loss DAPO, off otherwise.")
+    overlong_buffer: OverlongBufferSpec | None = Field(
+        None, description="DAPO's soft overlong punishment added to each completion's reward; unset: none.")
 
     @pydantic.model_validator(mode="after")
     def _clip_high(self) -> AlgorithmSpec:
         if self.clip_epsilon_high is not None and self.clip_epsilon_high < self.clip_epsilon:
             raise ValueError(MSG_CLIP_HIGH)
+        if self.overlong_buffer is not None and self.overlong_buffer.length >= self.max_new_tokens:
+            raise ValueError(MSG_OVERLONG_LENGTH)
         return self
+
+    def refill_rounds(self) -> int:
+        """Dynamic sampling's refills per prompt slot: 0 when it is off (``dynamicSampling`` unset: on for DAPO)."""
+        ds = self.dynamic_sampling
+        if ds is None:
+            return DynamicSamplingSpec().max_rounds if self.loss == LossType.DAPO else 0
+        return ds.max_rounds if ds.enabled else 0
 
 
 class WeightSyncBackend(str, enum.Enum):

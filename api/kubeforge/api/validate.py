@@ -77,6 +77,22 @@ def _algorithm(spec: rljob.RLJobSpec) -> Problems:
                f"spec.algorithm.steps ({algo.steps}): the generators would never receive new weights")
 
 
+def _dynamic_sampling(spec: rljob.RLJobSpec) -> Problems:
+    """Refill prompts (runtime ``trainer/dynamic_sampling.py``) are drawn at ``slot + round * stride`` of the task
+    stream, ``stride`` = promptsPerStep * steps rounded up to the trainer ranks: evaluation prompts must lie above."""
+    algo, ev = spec.algorithm, spec.evaluation
+    rounds = algo.refill_rounds()
+    if rounds == 0 or ev is None:
+        return
+    ranks = spec.roles.trainer.world()
+    n = algo.prompts_per_step * algo.steps
+    last = n - 1 + rounds * (-(-n // ranks) * ranks)
+    if ev.first_index <= last:
+        yield (f"spec.evaluation.firstIndex: Invalid value: {ev.first_index}: should be above {last}, the last prompt "
+               f"index spec.algorithm.dynamicSampling may draw (maxRounds {rounds} refills of promptsPerStep x steps "
+               "prompts): evaluation prompts must not be trained on")
+
+
 def _gpus(role: rljob.RoleSpec) -> int:
     raw = role.resources.limits.get(GPU, role.resources.requests.get(GPU, 0))
     try:
@@ -442,6 +458,6 @@ def _trainer_and_elastic(spec: rljob.RLJobSpec) -> Problems:
 
 
 RULES: tuple[Callable[[rljob.RLJobSpec], Problems], ...] = (
-    _algorithm, _sync, _generator, _task, _verifiers, _gang, _roles,
+    _algorithm, _sync, _generator, _task, _verifiers, _gang, _roles, _dynamic_sampling,
     _builtin_model, _evaluation, _lr_schedule, _reward, _verifiers_and_task, _trainer_and_elastic,
 )

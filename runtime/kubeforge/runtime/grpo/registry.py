@@ -11,7 +11,7 @@ from typing import Protocol
 import torch
 
 from kubeforge.api import rljob
-from kubeforge.runtime.grpo import dapo, drgrpo, grpo, inputs
+from kubeforge.runtime.grpo import dapo, drgrpo, grpo, gspo, inputs
 
 
 class LossFn(Protocol):
@@ -36,6 +36,7 @@ VARIANTS: dict[rljob.LossType, Variant] = {
     rljob.LossType.GRPO: Variant(loss=grpo.loss, denominator=grpo.denominator, scale_advantages_by_std=True),
     rljob.LossType.DR_GRPO: Variant(loss=drgrpo.loss, denominator=drgrpo.denominator, scale_advantages_by_std=False),
     rljob.LossType.DAPO: Variant(loss=dapo.loss, denominator=dapo.denominator, scale_advantages_by_std=True),
+    rljob.LossType.GSPO: Variant(loss=gspo.loss, denominator=gspo.denominator, scale_advantages_by_std=True),
 }
 
 

@@ -28,6 +28,7 @@ import torch
 
 from kubeforge.runtime import types
 from kubeforge.runtime.grpo import advantages as adv
+from kubeforge.runtime.grpo import overlong as overlong_mod
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,10 +78,12 @@ class Row:
         return len(self.prompt) + max(len(self.completion.token_ids), 1)
 
 
-def rows_of(*, groups: Sequence[types.RolloutGroup], scale_by_std: bool) -> list[Row]:
-    """Every completion of ``groups`` as a row, group after group, with its group-normalised advantage."""
+def rows_of(*, groups: Sequence[types.RolloutGroup], scale_by_std: bool,
+            overlong: overlong_mod.Overlong | None = None) -> list[Row]:
+    """Every completion of ``groups`` as a row, group after group, with its group-normalised advantage (of the
+    rewards plus DAPO's overlong penalty when ``overlong`` is given; ``Row.reward`` stays the verifiers')."""
     _check(groups)
-    rewards = [list(g.rewards or []) for g in groups]
+    rewards = [overlong_mod.shaped_rewards(g, overlong) for g in groups]
     advantages = adv.group_advantages(rewards=rewards, scale_by_std=scale_by_std).tolist()
     pairs = [(g.prompt_token_ids, c, r) for g in groups for c, r in zip(g.completions, g.rewards or [])]
     return [Row(prompt=p, completion=c, advantage=float(a), reward=float(r))

@@ -61,7 +61,8 @@ from typing import Any, Protocol
 
 from kubeforge.api import progress
 from kubeforge.runtime import transport, types, wire
-from kubeforge.runtime.trainer import accuracy, buffer, export_requests, membership, pushes, report
+from kubeforge.runtime.trainer import accuracy, buffer, dynamic_sampling, export_requests, membership, pushes
+from kubeforge.runtime.trainer import report
 
 POLL_SECONDS = 0.05
 
@@ -86,6 +87,7 @@ class Settings:
                                       # and a step's wait while a generator says it is starting
     colocated: bool = False           # spec.schedule.mode Colocated: a step's work goes out only after the last
                                       # step is trained and pushed (phases take turns on the same cores)
+    refill_rounds: int = 0            # dynamic sampling (spec.algorithm.refill_rounds()): refills per slot; 0 off
 
 
 class Stalled(RuntimeError):
@@ -175,6 +177,10 @@ class Loop:
         self.reissued = 0                 # groups re-issued because they did not arrive in time
         capacity = (settings.max_policy_lag + 2) * settings.prompts_per_step + 16
         self.buffer = buffer.RolloutBuffer(max_policy_lag=settings.max_policy_lag, capacity=capacity)
+        self.resampler = (dynamic_sampling.Resampler(   # DAPO's dynamic sampling (trainer/dynamic_sampling.py)
+            layout=dynamic_sampling.Layout(prompts_per_step=settings.prompts_per_step, steps=settings.steps,
+                                           ranks=settings.world), max_rounds=settings.refill_rounds)
+            if settings.refill_rounds > 0 else None)
         self.issued = 0                   # rank 0: next step whose work has not been handed out
         self._next_generator = settings.rank
         self.membership = (membership.Membership(
@@ -225,7 +231,11 @@ class Loop:
             groups = self._collect(s)
             self.beat("train")
             t0 = self.clock()
-            stats = self.learner.train_step(groups=groups)
+            if self.resampler is not None:
+                groups, counts = self.resampler.finish(step=s, groups=groups)
+                stats = self.learner.train_step(groups=groups, sampling=counts)    # type: ignore[call-arg]
+            else:
+                stats = self.learner.train_step(groups=groups)
             self._after_step(s, stats, groups, train_seconds=self.clock() - t0, wait_seconds=t0 - waited)
             self.beat("step")
             if self.should_stop() and s + 1 < self.s.steps:
@@ -302,7 +312,9 @@ class Loop:
             if self.should_stop():
                 raise Terminated(f"SIGTERM while collecting step {step} (nothing was being written)")
             msg = self.inbox.recv(timeout=POLL_SECONDS)
-            if isinstance(msg, wire.Scored):
+            if isinstance(msg, wire.Scored) and self._screened_out(msg.group):
+                pass
+            elif isinstance(msg, wire.Scored):
                 reason = self.buffer.add(group=msg.group, policy_version=self.learner.policy_version)
                 if reason is not None:
                     self.observer.dropped(reason=reason)
@@ -324,10 +336,31 @@ class Loop:
                 last_progress = now
         return self.buffer.take(step=step, policy_version=self.learner.policy_version)
 
+    def _screened_out(self, group: types.RolloutGroup) -> bool:
+        """Dynamic sampling: True when ``group`` has no signal and is dropped here, a new prompt sent in its place.
+        Groups the buffer refuses anyway (malformed, late, duplicate) are left to it."""
+        if (self.resampler is None or group.step < self.buffer.next_step or group.rewards is None
+                or len(group.rewards) != len(group.completions)
+                or self.buffer.holds(step=group.step, index=group.prompt.index)):
+            return False
+        decision = self.resampler.screen(group)
+        if decision.keep:
+            return False
+        if decision.refill is not None:
+            g = self._next_generator % self.members
+            self._next_generator = g + 1
+            self._send_work(g, self._work(group.step, [self.prompt_at(decision.refill)]))
+        return True
+
+    def _slot_index(self, step: int, k: int) -> int:
+        """The prompt index slot ``k`` of ``step`` waits for: ``k``, or its refill under dynamic sampling."""
+        return k if self.resampler is None else self.resampler.current(step=step, slot=k)
+
     def _reissue_missing(self, step: int) -> None:
         """This rank's prompts of ``step`` that have not arrived: hand them out again (a lost frame, a dead peer)."""
-        missing = [k for k in prompt_indices(step=step, prompts_per_step=self.s.prompts_per_step)
-                   if k % self.s.world == self.s.rank and not self.buffer.holds(step=step, index=k)]
+        mine = [self._slot_index(step, k) for k in prompt_indices(step=step, prompts_per_step=self.s.prompts_per_step)
+                if k % self.s.world == self.s.rank]
+        missing = [k for k in mine if not self.buffer.holds(step=step, index=k)]
         for k in missing:
             g = self._next_generator % self.members
             self._next_generator = g + 1

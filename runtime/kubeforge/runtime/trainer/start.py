@@ -36,7 +36,8 @@ def settings(cfg: config.RoleConfig) -> loop.Settings:
         deadline=float(spec.failure_policy.progress_deadline_seconds),
         reissue_after=max(1.0, spec.failure_policy.progress_deadline_seconds / 4),
         start_deadline=float(spec.failure_policy.start_deadline_seconds()),
-        colocated=spec.schedule.mode == rljob.ScheduleMode.COLOCATED)
+        colocated=spec.schedule.mode == rljob.ScheduleMode.COLOCATED,
+        refill_rounds=spec.algorithm.refill_rounds())
 
 
 def reporter(cfg: config.RoleConfig) -> report.Reporter:

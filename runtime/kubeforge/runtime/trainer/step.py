@@ -43,8 +43,9 @@ import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.grpo import inputs, registry
-from kubeforge.runtime.trainer import batch, checkpoint, compiled, compute_copy, hf_export, logprobs, malloc
+from kubeforge.runtime.grpo import inputs, overlong, registry
+from kubeforge.runtime.trainer import batch, checkpoint, compiled, compute_copy, dynamic_sampling, hf_export, logprobs
+from kubeforge.runtime.trainer import malloc
 from kubeforge.runtime.trainer import materialise, parallel, policy, precision, schedule, sharding, step_metrics
 from kubeforge.runtime.trainer import lora as lora_mod   # ``lora`` is a parameter of Trainer (the spec)
 
@@ -87,6 +88,7 @@ class Trainer:
         self.scale = scale or Scale()
         self.variant = registry.variant_for(algorithm.loss)
         self.settings = inputs.LossSettings.from_spec(algorithm)
+        self.overlong = overlong.Overlong.from_spec(algorithm)     # DAPO's overlong punishment, or None
         self.max_grad_norm = algorithm.max_grad_norm
         self.logit_temperature = logit_temperature
         self.model_path = Path(model_path)
@@ -142,10 +144,13 @@ class Trainer:
 
     # ------------------------------------------------------------ training
 
-    def train_step(self, *, groups: Sequence[types.RolloutGroup]) -> step_metrics.StepMetrics:
-        """One optimizer step on this rank's ``groups`` (possibly none), averaged with every other rank."""
+    def train_step(self, *, groups: Sequence[types.RolloutGroup],
+                   sampling: dynamic_sampling.StepCounts | None = None) -> step_metrics.StepMetrics:
+        """One optimizer step on this rank's ``groups`` (possibly none), averaged with every other rank.
+        ``sampling``: dynamic sampling's counts of this rank's step (every rank passes them, or none does)."""
         clock = _Clock()
-        rows = batch.rows_of(groups=groups, scale_by_std=self.variant.scale_advantages_by_std)
+        rows = batch.rows_of(groups=groups, scale_by_std=self.variant.scale_advantages_by_std,
+                             overlong=self.overlong)
         whole = batch.collate(groups=groups, pad_id=self.pad_id,
                                   scale_by_std=self.variant.scale_advantages_by_std)
         local_den = self.variant.denominator(mask=whole.completion_mask) if rows else 0.0
@@ -171,7 +176,15 @@ class Trainer:
             self.compile_state = "compiled"
         local = [*acc, float(whole.rewards.sum()), float(whole.rows), float(whole.zero_signal_groups),
                  float(len(groups))]
+        ds = sampling or dynamic_sampling.StepCounts()
+        if sampling is not None:    # the groups screened out count in mean_reward; the counts sum over ranks
+            local += [ds.screened_reward, float(ds.screened_completions), float(ds.resampled), float(ds.unfilled)]
+            ds.rounds = int(self.group.all_reduce_max([float(ds.rounds)])[0])
         g = self.group.all_reduce_sum(local)
+        reward_sum, completions = g[6], g[7]
+        if sampling is not None:
+            reward_sum, completions = g[6] + g[10], g[7] + g[11]
+            ds.resampled, ds.unfilled = int(g[12]), int(g[13])
         if not self.sharded:
             self.group.average_gradients(self.params)
         clock.lap("allreduce")
@@ -192,8 +205,9 @@ class Trainer:
         return step_metrics.StepMetrics(
             step=self.step, policy_version=self.policy_version, loss=g[0] / denominator, kl=g[4] / tok,
             clip_fraction=g[2] / tok, ratio_mean=g[3] / tok, entropy=g[5] / tok, grad_norm=float(grad_norm),
-            mean_reward=g[6] / max(g[7], 1.0), groups=int(g[9]), completions=int(g[7]), tokens=int(g[1]),
-            zero_signal_groups=int(g[8]), seconds=clock.totals(), learning_rate=lr)
+            mean_reward=reward_sum / max(completions, 1.0), groups=int(g[9]), completions=int(g[7]),
+            tokens=int(g[1]), zero_signal_groups=int(g[8]), seconds=clock.totals(), learning_rate=lr,
+            resampled_groups=ds.resampled, unfilled_groups=ds.unfilled, resample_rounds=ds.rounds)
 
     def _accumulate(self, micro: list[batch.Batch], *, runs: int, scale: float,
                     clock: _Clock) -> list[float]:

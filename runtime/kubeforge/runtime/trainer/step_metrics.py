@@ -26,6 +26,9 @@ class StepMetrics:
     zero_signal_groups: int         # groups whose rewards were all equal (no gradient from them)
     seconds: dict[str, float]       # per phase: collate, forward, backward, allreduce, optimizer, total
     learning_rate: float = 0.0      # the rate this step used (spec.algorithm.learningRateSchedule)
+    resampled_groups: int = 0       # dynamic sampling: zero-signal groups dropped and replaced, all ranks
+    unfilled_groups: int = 0        # dynamic sampling: slots still without signal after maxRounds, all ranks
+    resample_rounds: int = 0        # dynamic sampling: the most refills a slot of the step needed
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
