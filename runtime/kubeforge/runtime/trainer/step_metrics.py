@@ -26,6 +26,13 @@ class StepMetrics:
     zero_signal_groups: int         # groups whose rewards were all equal (no gradient from them)
     seconds: dict[str, float]       # per phase: collate, forward, backward, allreduce, optimizer, total
     learning_rate: float = 0.0      # the rate this step used (spec.algorithm.learningRateSchedule)
+    # trainer–sampler mismatch before the update (grpo/mismatch.py): k3 KL(behaviour || trainer) per token, the
+    # largest token ratio trainer / behaviour, completions masked (mismatchMask), sampled tokens outside the
+    # trainer's own top-k/top-p set (trainer/truncation.py)
+    logprob_mismatch_kl: float = 0.0
+    logprob_mismatch_max_ratio: float = 0.0
+    mismatch_masked_fraction: float = 0.0
+    truncation_outside_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
