@@ -57,8 +57,8 @@ class LossSettings:
         mask = algorithm.mismatch_mask
         return cls(clip_low=algorithm.clip_epsilon, clip_high=high, kl_coef=algorithm.kl_coef,
                    max_tokens=algorithm.max_new_tokens, importance_cap=algorithm.importance_cap,
-                   mismatch_mask_level=str(mask.level.value) if mask is not None else None,
-                   mismatch_mask_threshold=mask.threshold if mask is not None else None)
+                   mismatch_mask_level=str(getattr(mask.level, "value", mask.level)) if mask else None,
+                   mismatch_mask_threshold=mask.threshold if mask else None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
