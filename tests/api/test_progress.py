@@ -27,13 +27,15 @@ def test_step_record_decode_never_raises() -> None:
 
 def test_progress_report_of_a_step_encodes_the_annotation() -> None:
     rec = progress.StepRecord(step=4, policy_version=4, mean_reward=0.5, export="/c/export-step-4",
-                              export_request="r1")
+                              export_request="r1", logprob_mismatch_kl=2e-4)
     report = progress.ProgressReport.of_step(rec, done=False)
     assert json.loads(report.encode()) == {"step": 4, "meanReward": 0.5, "policyVersion": 4, "done": False,
+                                           "logprobMismatchKl": 2e-4,
                                            "lastExport": {"request": "r1", "path": "/c/export-step-4", "step": 4}}
     assert progress.ProgressReport.decode(report.encode()) == report
     plain = progress.ProgressReport.of_step(progress.StepRecord(step=1), done=True)
-    assert json.loads(plain.encode()) == {"step": 1, "meanReward": None, "policyVersion": 0, "done": True}
+    assert json.loads(plain.encode()) == {"step": 1, "meanReward": None, "policyVersion": 0, "done": True,
+                                          "logprobMismatchKl": None}
 
 
 def test_progress_report_decode_keeps_the_progress_of_a_malformed_export() -> None:

@@ -334,8 +334,8 @@ def test_pod_annotation_reporter_patches_its_pod() -> None:
     from kubeforge.api import contract
     assert all(set(c) == {contract.ANNOTATION_PROGRESS} for c in api.calls)
     values = [json.loads(c[contract.ANNOTATION_PROGRESS]) for c in api.calls]
-    assert values == [{"step": 4, "meanReward": 0.5, "policyVersion": 4, "done": False},
-                      {"step": 5, "meanReward": None, "policyVersion": 5, "done": True}]
+    assert values == [{"step": 4, "meanReward": 0.5, "policyVersion": 4, "logprobMismatchKl": None, "done": False},
+                      {"step": 5, "meanReward": None, "policyVersion": 5, "logprobMismatchKl": None, "done": True}]
 
 
 def test_pod_annotation_done_keeps_the_last_steps_reward() -> None:
@@ -350,11 +350,12 @@ def test_pod_annotation_done_keeps_the_last_steps_reward() -> None:
             calls.append(dict(annotations))
 
     rep = report.PodAnnotationReporter(pod="tiny-trainer-0", namespace="ns", api=Api())
-    rep.step(progress.StepRecord(**{"step": 40, "mean_reward": 0.75, "policy_version": 40}))
+    rep.step(progress.StepRecord(**{"step": 40, "mean_reward": 0.75, "policy_version": 40,
+                                    "logprob_mismatch_kl": 1e-5}))
     rep.done(progress.StepRecord(**{"step": 40, "policy_version": 40}))
     from kubeforge.api import contract
     last = json.loads(calls[-1][contract.ANNOTATION_PROGRESS])
-    assert last == {"step": 40, "meanReward": 0.75, "policyVersion": 40, "done": True}
+    assert last == {"step": 40, "meanReward": 0.75, "policyVersion": 40, "logprobMismatchKl": 1e-5, "done": True}
 
 
 def test_verifier_stops_on_sigterm_while_its_send_to_a_dead_trainer_blocks() -> None:

@@ -60,6 +60,14 @@ class StepRecord(pydantic.BaseModel):
     unfilled_groups: int = Field(0, description="Dynamic sampling: prompt slots still without signal after "
                                  "maxRounds refills (kept out of the loss when the rank has groups with signal).")
     resample_rounds: int = Field(0, description="Dynamic sampling: the most refills one slot of the step needed.")
+    logprob_mismatch_kl: float | None = Field(None, description="Trainer–sampler mismatch before the update: k3 "
+                                              "estimate of KL(behaviour || trainer) per token.")
+    logprob_mismatch_max_ratio: float | None = Field(None, description="Largest token ratio trainer / behaviour "
+                                                     "probability before the update.")
+    mismatch_masked_fraction: float | None = Field(None, description="Completions masked by "
+                                                   "spec.algorithm.mismatchMask (0 when off).")
+    truncation_outside_tokens: int = Field(0, description="Sampled tokens outside the trainer's own topK/topP set "
+                                           "(kept: trainer/truncation.py).")
     # the loop's figures
     time: float = Field(0.0, description="Wall clock (seconds since the epoch) when the step's record was made.")
     step_seconds: float | None = Field(None, description="The train step alone.")

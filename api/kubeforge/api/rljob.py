@@ -455,6 +455,21 @@ class LRScheduleSpec(Model):
                              "learningRate.")
 
 
+class MismatchLevel(str, enum.Enum):
+    MEAN = "Mean"
+    MAX = "Max"
+
+
+class MismatchMaskSpec(Model):
+    """Masks a completion whose trainer–sampler logprob mismatch is extreme (docs/runtime.md, "Logprob
+    mismatch")."""
+
+    level: MismatchLevel = Field(MismatchLevel.MAX, description="Mean: the completion's mean token |log ratio| "
+                                 "(trainer over behaviour logprob); Max: its largest.")
+    threshold: float = Field(2.0, gt=0, le=100, description="A completion whose |log ratio| (at level) exceeds "
+                             "this contributes nothing to the loss.")
+
+
 class AlgorithmSpec(Model):
     """GRPO and its variants. Immutable while the job exists."""
 
@@ -473,7 +488,10 @@ class AlgorithmSpec(Model):
     steps: int = Field(100, ge=1, le=10_000_000, description="Optimizer steps; the job succeeds after the last.")
     max_new_tokens: int = Field(16, ge=1, le=131072, description="Tokens sampled per completion at most.")
     temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (the trainer truncates its "
+                         "logprobs to the same nucleus).")
+    top_k: int = Field(0, ge=-1, le=1_000_000, description="Sample from the k most likely tokens only; 0 (or -1) "
+                       "= off, as in vLLM (the trainer truncates its logprobs the same way).")
     learning_rate: float = Field(1.0e-6, gt=0, le=1, description="AdamW learning rate.")
     learning_rate_schedule: LRScheduleSpec = Field(default_factory=LRScheduleSpec,
                                                    description="Warm-up and decay of the learning rate.")
@@ -491,6 +509,12 @@ class AlgorithmSpec(Model):
         "on (maxRounds 3) with loss DAPO, off otherwise.")
     overlong_buffer: OverlongBufferSpec | None = Field(
         None, description="DAPO's soft overlong punishment added to each completion's reward; unset: none.")
+    importance_cap: float | None = Field(None, ge=1, le=1000, description="Truncated importance sampling (TIS): "
+                                         "the ratio is taken against the trainer's own logprobs and each token's "
+                                         "loss weighted by min(trainer / behaviour probability, this cap). Unset: "
+                                         "off (the ratio is against the behaviour logprobs, clipped).")
+    mismatch_mask: MismatchMaskSpec | None = Field(None, description="Mask completions whose trainer–sampler "
+                                                   "logprob mismatch is extreme; unset: off.")
 
     @pydantic.model_validator(mode="after")
     def _clip_high(self) -> AlgorithmSpec:
@@ -1011,6 +1035,9 @@ class Progress(Model):
     step: int = Field(0, description="Last completed optimizer step.")
     mean_reward: float | None = Field(None, description="Mean reward of the last step.")
     policy_version: int = Field(0, description="Policy version the generators were last synced to.")
+    logprob_mismatch_kl: float | None = Field(None, description="Trainer–sampler logprob mismatch of the last step "
+                                              "before its update: k3 estimate of KL(behaviour || trainer) per "
+                                              "token.")
     eval_accuracy: float | None = Field(None, description="Held-out greedy accuracy at the last evaluation "
                                         "(spec.evaluation).")
     last_export: ExportInfo | None = Field(None, description="The last export served on request (set the "

@@ -93,6 +93,22 @@ def _dynamic_sampling(spec: rljob.RLJobSpec) -> Problems:
                "prompts): evaluation prompts must not be trained on")
 
 
+#: The losses built on the per-token surrogate (runtime ``grpo/surrogate.py``), where TIS and the mismatch mask apply.
+TOKEN_SURROGATE_LOSSES = ("GRPO", "DAPO", "DrGRPO")
+
+
+def _mismatch_corrections(spec: rljob.RLJobSpec) -> Problems:
+    """TIS and the sequence mask act on the token surrogate; GSPO takes one clipped ratio per sequence instead."""
+    algo = spec.algorithm
+    loss = str(getattr(algo.loss, "value", algo.loss))
+    if loss in TOKEN_SURROGATE_LOSSES:
+        return
+    for field, value in (("importanceCap", algo.importance_cap), ("mismatchMask", algo.mismatch_mask)):
+        if value is not None:
+            yield (f"spec.algorithm.{field}: Forbidden: not applied with spec.algorithm.loss {loss} (its sequence "
+                   f"ratio is clipped per sequence); it applies to {', '.join(TOKEN_SURROGATE_LOSSES)}")
+
+
 def _gpus(role: rljob.RoleSpec) -> int:
     raw = role.resources.limits.get(GPU, role.resources.requests.get(GPU, 0))
     try:
@@ -460,4 +476,5 @@ def _trainer_and_elastic(spec: rljob.RLJobSpec) -> Problems:
 RULES: tuple[Callable[[rljob.RLJobSpec], Problems], ...] = (
     _algorithm, _sync, _generator, _task, _verifiers, _gang, _roles, _dynamic_sampling,
     _builtin_model, _evaluation, _lr_schedule, _reward, _verifiers_and_task, _trainer_and_elastic,
+    _mismatch_corrections,
 )

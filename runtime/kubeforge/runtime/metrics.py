@@ -105,6 +105,12 @@ class Metrics:
         self.kl = g("kl", "Mean k3 KL to the reference model at the last step.")
         self.clip_fraction = g("clip_fraction", "Fraction of tokens whose importance ratio was clipped (last step).")
         self.grad_norm = g("grad_norm", "Gradient norm before clipping (last step).")
+        self.logprob_mismatch_kl = g("logprob_mismatch_kl", "Trainer-sampler logprob mismatch before the update: "
+                                     "k3 KL(behaviour || trainer) per token (last step).")
+        self.logprob_mismatch_max_ratio = g("logprob_mismatch_max_ratio", "Largest token ratio trainer / behaviour "
+                                            "probability before the update (last step).")
+        self.mismatch_masked_fraction = g("mismatch_masked_fraction", "Completions masked by "
+                                          "spec.algorithm.mismatchMask (last step).")
         self.policy_version = g("policy_version", "Policy version of this process's weights.")
         self.policy_lag = h("policy_lag", "Trainer version minus the version a consumed group was sampled with.",
                             _LAG)

@@ -132,7 +132,10 @@ class TrainerObserver(Base):
         m.step.set(record.step)
         m.policy_version.set(record.policy_version)
         for value, gauge in ((record.loss, m.loss), (record.kl, m.kl), (record.clip_fraction, m.clip_fraction),
-                             (record.grad_norm, m.grad_norm), (record.mean_reward, m.reward_mean)):
+                             (record.grad_norm, m.grad_norm), (record.mean_reward, m.reward_mean),
+                             (record.logprob_mismatch_kl, m.logprob_mismatch_kl),
+                             (record.logprob_mismatch_max_ratio, m.logprob_mismatch_max_ratio),
+                             (record.mismatch_masked_fraction, m.mismatch_masked_fraction)):
             if value is not None:
                 gauge.set(value)
         for phase, secs in record.seconds.items():

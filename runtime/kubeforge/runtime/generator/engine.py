@@ -3,7 +3,8 @@
 API (used by ``generator/start`` and tests)::
 
     eng = Engine(model_dir=path, dtype="float32", role=rljob.GeneratorRole(...), seed=0)
-    out = eng.generate(prompts, n=4, max_tokens=16, temperature=1.0, top_p=1.0, seed=7, chat_template=True)
+    out = eng.generate(prompts, n=4, max_tokens=16, temperature=1.0, top_p=1.0, top_k=0, seed=7,
+                       chat_template=True)
           # -> [(prompt_token_ids, [types.Completion x n]) per prompt], in prompt order
     eng.greedy(prompts, max_tokens=8)                      # -> [types.Completion] (temperature 0)
     eng.join_weight_sync(host=..., port=..., world_size=..., rank_base=..., timeout=...)   # once
@@ -20,8 +21,9 @@ worker processes (spawned: their caller needs the guard).
 
 Invariants:
 - Logprobs: ``logprobs_mode="processed_logprobs"``; each completion token carries
-  ``log_softmax(logits / T)[token]`` in float32 (T = 1 when greedy), after top-p masking when top_p < 1.
-  See docs/runtime.md "Logprob convention": the trainer computes the same quantity.
+  ``log_softmax(logits / T)[token]`` in float32 (T = 1 when greedy), after vLLM's top-k and top-p masking
+  (top_k > 0, top_p < 1; none when greedy). See docs/runtime.md "Logprob convention": the trainer computes the
+  same quantity (``trainer/truncation`` reproduces the masking).
 - KV cache blocks are 32 tokens (a multiple of 32 as CPU attention needs; small enough that a stale prefix cache
   shows up in tests), KV space is ``role.kv_cache_gib`` (``VLLM_CPU_KVCACHE_SPACE``); on CPU no AOT compile cache
   (``env_defaults``).
@@ -140,13 +142,13 @@ class Engine:
         return prompt_ids.encode(self.tokenizer, prompt.text, chat_template=chat_template)
 
     def generate(self, prompts: list[types.Prompt], *, n: int, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int | None = None,
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
                  chat_template: bool = True) -> list[tuple[list[int], list[types.Completion]]]:
         """Sample ``n`` completions of every prompt; each token comes with its behaviour logprob."""
         vllm = self._vllm
         encoded = [self.encode(p, chat_template=chat_template) for p in prompts]
         params = [vllm.SamplingParams(
-            n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=0,
+            n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, logprobs=0,
             seed=None if seed is None else request_seed(seed, prompt_index=p.index, n=n))
             for p in prompts]
         inputs: Any = [{"prompt_token_ids": ids} for ids in encoded]

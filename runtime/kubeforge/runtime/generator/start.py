@@ -34,7 +34,8 @@ class EngineSampler:
         self.calls += 1
         out = self.engine.generate(  # type: ignore[attr-defined]
             list(prompts), n=self.algo.group_size, max_tokens=self.algo.max_new_tokens,
-            temperature=self.algo.temperature, top_p=self.algo.top_p, seed=self.seed + self.calls * 31,
+            temperature=self.algo.temperature, top_p=self.algo.top_p, top_k=self.algo.top_k,
+            seed=self.seed + self.calls * 31,
             chat_template=self.chat_template)
         return [types.RolloutGroup(prompt=p, prompt_token_ids=ids, completions=comps, policy_version=0)
                 for p, (ids, comps) in zip(prompts, out)]

@@ -34,6 +34,9 @@ class LossSettings:
     clip_high: float = 0.2
     kl_coef: float = 0.0
     max_tokens: int = 1             # DrGRPO's constant normaliser: the generation budget (maxNewTokens)
+    importance_cap: float | None = None          # TIS cap C (grpo/mismatch.py); None: off
+    mismatch_mask_level: str | None = None       # "Mean" | "Max" (grpo/mismatch.py); None: off
+    mismatch_mask_threshold: float | None = None  # |log ratio| above which a completion is masked; None: off
 
     def __post_init__(self) -> None:
         if self.clip_low <= 0 or self.clip_high <= 0:
@@ -42,13 +45,20 @@ class LossSettings:
             raise ValueError("kl_coef must be >= 0")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if self.importance_cap is not None and self.importance_cap < 1:
+            raise ValueError("importance_cap must be >= 1")
+        if self.mismatch_mask_threshold is not None and self.mismatch_mask_threshold <= 0:
+            raise ValueError("mismatch_mask_threshold must be > 0")
 
     @classmethod
     def from_spec(cls, algorithm: rljob.AlgorithmSpec) -> LossSettings:
         """Settings from ``spec.algorithm``; ``clipEpsilonHigh`` defaults to ``clipEpsilon`` (symmetric clip)."""
         high = algorithm.clip_epsilon_high if algorithm.clip_epsilon_high is not None else algorithm.clip_epsilon
+        mask = algorithm.mismatch_mask
         return cls(clip_low=algorithm.clip_epsilon, clip_high=high, kl_coef=algorithm.kl_coef,
-                   max_tokens=algorithm.max_new_tokens)
+                   max_tokens=algorithm.max_new_tokens, importance_cap=algorithm.importance_cap,
+                   mismatch_mask_level=str(getattr(mask.level, "value", mask.level)) if mask else None,
+                   mismatch_mask_threshold=mask.threshold if mask else None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

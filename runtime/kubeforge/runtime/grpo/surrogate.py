@@ -5,6 +5,9 @@ actually sampled with (its logprobs travel with each completion). It is not ``ex
 no off-policy correction: torchforge's bug), so stale or off-policy rollouts are corrected and clipped.
 
 Per token: ``loss = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A) + kl_coef * k3``.
+With ``importance_cap`` C (TIS, ``mismatch``): ``ratio = exp(logp - logp.detach())`` (against the trainer's own
+pre-update logprobs) and the first term is weighted by ``min(exp(logp_old - behaviour_logp), C)``. With the
+sequence mask (``mismatch``), a masked completion's tokens have loss 0.
 Neighbours: ``grpo``, ``drgrpo`` and ``dapo`` reduce :class:`TokenTerms.loss` differently.
 """
 from __future__ import annotations
@@ -13,7 +16,7 @@ import dataclasses
 
 import torch
 
-from kubeforge.runtime.grpo import inputs, kl
+from kubeforge.runtime.grpo import inputs, kl, mismatch
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,11 +34,17 @@ def token_terms(*, batch: inputs.LossInputs, settings: inputs.LossSettings) -> T
     """Per-token clipped surrogate (+ k3 KL when ``settings.kl_coef > 0``)."""
     mask = batch.mask.to(batch.logp.dtype)
     adv = batch.advantages.to(batch.logp.dtype).unsqueeze(-1)
-    ratio = torch.exp(batch.logp - batch.behaviour_logp.detach())
+    lr = mismatch.log_ratio(logp=batch.logp, behaviour_logp=batch.behaviour_logp, mask=mask)
+    if settings.importance_cap is None:
+        ratio = torch.exp(batch.logp - batch.behaviour_logp.detach())
+    else:       # TIS: the proximal policy is the trainer's own (value 1, gradient of logp)
+        ratio = torch.exp(batch.logp - batch.logp.detach())
     clipped = torch.clamp(ratio, 1.0 - settings.clip_low, 1.0 + settings.clip_high)
     unclipped_obj = ratio * adv
     clipped_obj = clipped * adv
     loss = -torch.minimum(unclipped_obj, clipped_obj)
+    if settings.importance_cap is not None:
+        loss = loss * mismatch.tis_weight(log_ratio=lr, cap=settings.importance_cap)
     kl_mean = 0.0
     n = float(mask.sum().item())
     if settings.kl_coef > 0:
@@ -48,5 +57,9 @@ def token_terms(*, batch: inputs.LossInputs, settings: inputs.LossSettings) -> T
         was_clipped = (clipped_obj < unclipped_obj).to(mask.dtype)
         clip_fraction = float((was_clipped * mask).sum().item()) / max(n, 1.0)
         ratio_mean = float((ratio * mask).sum().item()) / max(n, 1.0)
+    keep = mismatch.keep_of(log_ratio=lr, mask=mask, level=settings.mismatch_mask_level,
+                            threshold=settings.mismatch_mask_threshold)
+    if keep is not None:
+        loss = loss * keep.unsqueeze(-1)
     return TokenTerms(loss=loss * mask, clip_fraction=clip_fraction, ratio_mean=ratio_mean, kl=kl_mean,
                       tokens=int(n))

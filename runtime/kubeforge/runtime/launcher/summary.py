@@ -9,6 +9,8 @@ Definitions (what each figure means, so bench/ and tests compare like with like)
 - ``reward_first`` / ``reward_last``: mean of the per-step mean reward over the first / last 10 steps.
 - ``eval_accuracy_before`` / ``eval_accuracy_after``: held-out greedy accuracy (``spec.evaluation``) before the
   first step and at the last evaluation (null without evaluation).
+- ``logprob_mismatch_kl``: mean over the run's steps of the per-step trainer–sampler k3 KL per token (before
+  each update; ``grpo/mismatch``); ``logprob_mismatch_max_ratio``: the largest token ratio of the run.
 - ``weight_sync_seconds``: mean wall time of one trainer → generators weight push (send, load, ack);
   ``weight_sync_gb_per_second``: total bytes pushed / total push time (GB = 1e9 bytes).
 """
@@ -56,6 +58,8 @@ def summarize(records: Iterable[progress.StepRecord], *, wall_seconds: float, me
     """The summary dict printed as JSON on the last line of ``kubeforge run``."""
     recs = by_step(records)
     rewards = [r.mean_reward for r in recs if r.mean_reward is not None]
+    mismatch = [r.logprob_mismatch_kl for r in recs if r.logprob_mismatch_kl is not None]
+    max_ratios = [r.logprob_mismatch_max_ratio for r in recs if r.logprob_mismatch_max_ratio is not None]
     sync_s = [r.weight_sync_seconds for r in recs if r.weight_sync_seconds is not None]
     sync_bytes = sum(float(r.weight_sync_bytes or 0) for r in recs if r.weight_sync_seconds is not None)
     out: dict[str, Any] = {
@@ -66,6 +70,8 @@ def summarize(records: Iterable[progress.StepRecord], *, wall_seconds: float, me
         "completions_per_second": _round(_throughput(recs)),
         "reward_first": _round(_mean(rewards[:WINDOW])),
         "reward_last": _round(_mean(rewards[-WINDOW:])),
+        "logprob_mismatch_kl": _round(_mean(mismatch), 8),
+        "logprob_mismatch_max_ratio": _round(max(max_ratios) if max_ratios else None, 6),
         "weight_sync_seconds": _round(_mean(sync_s), 4),
         "weight_sync_gb_per_second": _round(sync_bytes / 1e9 / sum(sync_s) if sum(sync_s) > 0 else None, 4),
         "weight_syncs": len(sync_s),

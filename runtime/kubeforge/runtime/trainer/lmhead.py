@@ -25,6 +25,9 @@ How:
   again in backward (recomputation, as the activation checkpoint did before), with the log-softmax gradient written
   by hand: ``dlogits = (onehot(token) - softmax(logits / T)) * g / T``, in float32, cast to the weight's dtype
   for the two matmuls (as autograd casts a bf16 linear's gradient). Entropy is computed in the forward, detached.
+- Truncation (the sampler's top-k/top-p, ``truncation``): ``logits / T`` outside the kept set are -inf before the
+  softmax, in forward and in the backward's recomputation (the same set: a pure function of the same logits and
+  tokens), so ``softmax`` above is the truncated distribution's (0 outside the set) and so is the entropy.
 - Kept probabilities (``keep=True``): the forward keeps every position's ``softmax(logits / T)`` (N x vocab
   float32, which it computes for the entropy anyway) and the backward starts from it instead of recomputing the
   logits: one ``N x hidden x vocab`` matmul and a softmax fewer per step, for that much memory between forward and
@@ -40,6 +43,8 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+
+from kubeforge.runtime.trainer import truncation as trunc_mod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,24 +130,33 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, hidden: torch.Tensor, weight: torch.Tensor,
                 ids: torch.Tensor, temperature: float, chunk: int, buffer: WeightGrad,
-                deliver: bool, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                deliver: bool, keep: bool, truncation: trunc_mod.Truncation | None,
+                outside: trunc_mod.Outside | None) -> tuple[torch.Tensor, torch.Tensor]:
         n = int(hidden.shape[0])
         logp = torch.empty((n,), dtype=torch.float32, device=hidden.device)
         entropy = torch.empty((n,), dtype=torch.float32, device=hidden.device)
         kept: list[torch.Tensor] = []
         for i in range(0, n, chunk):
-            logsm = torch.log_softmax(_logits(hidden[i:i + chunk], weight, temperature), dim=-1)
+            z = trunc_mod.apply(_logits(hidden[i:i + chunk], weight, temperature), ids[i:i + chunk], truncation,
+                                outside)
+            logsm = torch.log_softmax(z, dim=-1)
+            del z
             logp[i:i + chunk] = logsm.gather(-1, ids[i:i + chunk].unsqueeze(-1)).squeeze(-1)
             probs = logsm.exp()
             if keep:
                 kept.append(probs)
-                entropy[i:i + chunk] = -(probs * logsm).sum(dim=-1)
+                plogp = probs * logsm
             else:
-                entropy[i:i + chunk] = -(probs.mul_(logsm)).sum(dim=-1)
+                plogp = probs.mul_(logsm)
+            if truncation is not None:     # 0 * -inf outside the kept set
+                plogp.nan_to_num_(nan=0.0)
+            entropy[i:i + chunk] = -plogp.sum(dim=-1)
+            del plogp
             del logsm, probs
         ctx.kept = kept  # type: ignore[attr-defined]
         ctx.save_for_backward(hidden, weight, ids)
         ctx.temperature, ctx.chunk = temperature, chunk  # type: ignore[attr-defined]
+        ctx.truncation = truncation  # type: ignore[attr-defined]
         ctx.buffer, ctx.deliver = buffer, deliver  # type: ignore[attr-defined]
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -150,12 +164,14 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx,
                  grad_logp: torch.Tensor, _grad_entropy: torch.Tensor | None
-                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None, None, None]:
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None, None, None, None,
+                            None]:
         hidden, weight, ids = ctx.saved_tensors  # type: ignore[attr-defined]
         temperature: float = ctx.temperature  # type: ignore[attr-defined]
         chunk: int = ctx.chunk  # type: ignore[attr-defined]
         buffer: WeightGrad = ctx.buffer  # type: ignore[attr-defined]
         kept: list[torch.Tensor] = ctx.kept  # type: ignore[attr-defined]
+        truncation: trunc_mod.Truncation | None = ctx.truncation  # type: ignore[attr-defined]
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]  # type: ignore[attr-defined]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_logp = grad_logp.float()
@@ -164,7 +180,9 @@ class _HeadLogprobs(torch.autograd.Function):
             if kept:     # the forward's probabilities (not in place: a second backward would find them changed)
                 d = kept[k].mul(-g.unsqueeze(-1))
             else:
-                d = torch.softmax(_logits(h, weight, temperature), dim=-1).mul_(-g.unsqueeze(-1))
+                z = trunc_mod.apply(_logits(h, weight, temperature), ids[i:i + chunk], truncation)
+                d = torch.softmax(z, dim=-1).mul_(-g.unsqueeze(-1))
+                del z
             d.scatter_add_(-1, ids[i:i + chunk].unsqueeze(-1), g.unsqueeze(-1))   # onehot(token) * g
             if temperature != 1.0:
                 d.div_(temperature)
@@ -175,7 +193,7 @@ class _HeadLogprobs(torch.autograd.Function):
                 buffer.add_mm(d, h)
             del d
         grad_weight = buffer.take() if need_weight and ctx.deliver else None  # type: ignore[attr-defined]
-        return grad_hidden, grad_weight, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -192,11 +210,15 @@ def embed(tied: Tied, ids: torch.Tensor, buffer: WeightGrad) -> torch.Tensor:
 
 
 def logprobs(tied: Tied, hidden: torch.Tensor, ids: torch.Tensor, *, temperature: float, chunk: int,
-             buffer: WeightGrad, keep: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+             buffer: WeightGrad, keep: bool = False, truncation: trunc_mod.Truncation | None = None,
+             outside: trunc_mod.Outside | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp [N] float32, entropy [N] detached) of token ``ids`` [N] at ``hidden`` [N, H] under the head; the
     head's weight gradient goes into ``buffer``, returned by the embedding's backward when tied. ``keep``: the
-    backward reuses the forward's probabilities (N x vocab float32 held in between) instead of recomputing them."""
+    backward reuses the forward's probabilities (N x vocab float32 held in between) instead of recomputing them.
+    ``truncation``: the sampler's top-k/top-p (``truncation``), applied to ``logits / T`` before the softmax in
+    forward and backward (the kept set recomputed identically); ``outside`` counts sampled tokens it keeps anyway."""
     keep = keep and torch.is_grad_enabled() and (hidden.requires_grad or tied.head.weight.requires_grad)
     out: tuple[torch.Tensor, torch.Tensor] = _HeadLogprobs.apply(  # type: ignore[no-untyped-call]
-        hidden, tied.head.weight, ids, temperature, max(1, chunk), buffer, tied.embedding is None, keep)
+        hidden, tied.head.weight, ids, temperature, max(1, chunk), buffer, tied.embedding is None, keep,
+        truncation if truncation is not None and truncation.active else None, outside)
     return out

@@ -2,9 +2,12 @@
 
 Logprob convention (agreed with the generator, ``generator/engine.py``, vLLM ``logprobs_mode="processed_logprobs"``;
 docs/runtime.md "Logprob convention"): each completion token's logprob is ``log_softmax(logits / T)[token]`` in
-float32 with T the sampling temperature; the role wiring passes ``logit_temperature=spec.algorithm.temperature``
-(1.0 when greedy). Known gap: with ``topP < 1`` vLLM renormalises over the nucleus while this computes the
-untruncated distribution, so ratios are then approximate (default ``topP = 1`` is exact).
+float32 with T the sampling temperature, after the sampler's top-k/top-p truncation: the role wiring passes
+``logit_temperature=spec.algorithm.temperature`` (1.0 when greedy) and ``truncation`` (``truncation.Truncation.of``
+``spec.algorithm``'s temperature, topK, topP), and tokens outside the kept set (computed from these logits as vLLM
+computes it: ``truncation``) are -inf before the ``log_softmax``, so the logprob is renormalised over the same set
+vLLM sampled from (tested against vLLM for topP 0.9 and topK 20: ``tests/runtime/test_sampling_logprobs.py``). A
+sampled token outside the trainer's own set (numerics at the boundary) is kept in it and counted (``outside``).
 
 Memory: the decoder's hidden states are kept only at real completion positions ([N, hidden], N = completion
 tokens); the LM head runs over at most ``chunk_elements / vocab`` positions at a time, recomputed in backward, so
@@ -58,6 +61,7 @@ from torch.utils import checkpoint
 
 from kubeforge.runtime.trainer import batch as batch_mod
 from kubeforge.runtime.trainer import lmhead
+from kubeforge.runtime.trainer import truncation as trunc_mod
 
 CHUNK_ELEMENTS = 1 << 24     # float32 logits per chunk: 64 MiB
 KEEP_ELEMENTS = 1 << 26      # the forward's probabilities kept for backward up to this many (256 MiB float32)
@@ -87,15 +91,20 @@ def attention(lm: torch.nn.Module, implementation: str | None) -> Iterator[None]
         config._attn_implementation = before
 
 
-def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, ids: torch.Tensor,
-                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, ids: torch.Tensor, temperature: float,
+                truncation: trunc_mod.Truncation | None = None,
+                outside: trunc_mod.Outside | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
+    logits = trunc_mod.apply(logits, ids, truncation, outside)
     logsm = torch.log_softmax(logits, dim=-1)
     logp = logsm.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
-        entropy = -(logsm.exp() * logsm).sum(dim=-1)
+        plogp = logsm.exp() * logsm
+        if truncation is not None:      # 0 * -inf outside the kept set
+            plogp = plogp.nan_to_num(nan=0.0)
+        entropy = -plogp.sum(dim=-1)
     return logp, entropy
 
 
@@ -201,10 +210,12 @@ def _packed_hidden(lm: torch.nn.Module, decoder: torch.nn.Module, *, input_ids: 
 def forward(lm: torch.nn.Module, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             position_ids: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor,
             temperature: float = 1.0, chunk_elements: int = CHUNK_ELEMENTS, keep_elements: int = 0,
-            share_prefix: bool = False, pack_max_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+            share_prefix: bool = False, pack_max_tokens: int = 0, truncation: trunc_mod.Truncation | None = None,
+            outside: trunc_mod.Outside | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(logp [B, T] float32, zero on padding; entropy summed over completion tokens, detached scalar) of
     ``completion_ids`` under the HF causal LM ``lm`` (see the module docstring for the memory bound and for
-    ``share_prefix``)."""
+    ``share_prefix``), of the distribution truncated as the sampler's ``truncation`` (None: untruncated);
+    ``outside`` counts sampled tokens outside the trainer's own kept set."""
     rows, t = completion_ids.shape
     decoder = lm.get_decoder()  # type: ignore[operator]
     head = lm.get_output_embeddings()  # type: ignore[operator]
@@ -239,10 +250,11 @@ def forward(lm: torch.nn.Module, *, input_ids: torch.Tensor, attention_mask: tor
     if fused is not None:
         keep = int(picked.shape[0]) * vocab <= keep_elements      # backward reuses the forward's probabilities
         lp, ent = lmhead.logprobs(fused, picked, ids, temperature=temperature, chunk=step, buffer=buffer,
-                                  keep=keep)
+                                  keep=keep, truncation=truncation, outside=outside)
         parts, entropy = [lp], ent.sum()
     else:
-        parts, entropy = _head_chunks(head, picked, ids, temperature=temperature, step=step)
+        parts, entropy = _head_chunks(head, picked, ids, temperature=temperature, step=step,
+                                      truncation=truncation, outside=outside)
     logp = torch.zeros((rows, t), dtype=torch.float32, device=hidden.device)
     if parts:
         logp = logp.index_put(tuple(where.nonzero().t()), torch.cat(parts))
@@ -250,26 +262,31 @@ def forward(lm: torch.nn.Module, *, input_ids: torch.Tensor, attention_mask: tor
 
 
 def _head_chunks(head: torch.nn.Module, picked: torch.Tensor, ids: torch.Tensor, *, temperature: float,
-                 step: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+                 step: int, truncation: trunc_mod.Truncation | None = None,
+                 outside: trunc_mod.Outside | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The plain path: the head module over ``step`` positions at a time, each chunk checkpointed."""
     parts: list[torch.Tensor] = []
     entropy = torch.zeros((), dtype=torch.float32, device=picked.device)
     for i in range(0, int(picked.shape[0]), step):
         if torch.is_grad_enabled():
+            once = trunc_mod.Outside() if outside is not None else None    # the recomputation counts into it again
             lp, ent = checkpoint.checkpoint(_head_chunk, head, picked[i:i + step], ids[i:i + step], temperature,
-                                            use_reentrant=False)
+                                            truncation, once, use_reentrant=False)
+            if outside is not None and once is not None:
+                outside.tokens += once.tokens
         else:
-            lp, ent = _head_chunk(head, picked[i:i + step], ids[i:i + step], temperature)
+            lp, ent = _head_chunk(head, picked[i:i + step], ids[i:i + step], temperature, truncation, outside)
         parts.append(lp)
         entropy = entropy + ent.detach().sum()
     return parts, entropy
 
 
 def completion_logprobs(*, model: torch.nn.Module, batch: batch_mod.Batch, temperature: float = 1.0,
-                        device: torch.device | str = "cpu") -> TokenLogprobs:
-    """Logprobs of ``batch.completion_ids`` under ``model`` (an HF causal LM)."""
+                        device: torch.device | str = "cpu",
+                        truncation: trunc_mod.Truncation | None = None) -> TokenLogprobs:
+    """Logprobs of ``batch.completion_ids`` under ``model`` (an HF causal LM), truncated as ``truncation``."""
     mask = batch.completion_mask.to(device)
     logp, ent = forward(model, input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
                         position_ids=batch.position_ids.to(device), completion_ids=batch.completion_ids.to(device),
-                        completion_mask=mask, temperature=temperature)
+                        completion_mask=mask, temperature=temperature, truncation=truncation)
     return TokenLogprobs(logp=logp, entropy=float(ent) / max(float(mask.sum().item()), 1.0))

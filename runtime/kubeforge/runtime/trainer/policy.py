@@ -14,6 +14,7 @@ import torch
 
 from kubeforge.runtime.trainer import batch as batch_mod
 from kubeforge.runtime.trainer import logprobs
+from kubeforge.runtime.trainer import truncation as trunc_mod
 
 # Rows up to this many tokens run HF's eager attention on the CPU compute copy (logprobs: "Short rows"): its
 # saved probabilities are rows x heads x T^2 per layer (the demo: 32 x 9 x 62^2 bf16 = 2.2 MB per layer).
@@ -25,10 +26,14 @@ class Policy(torch.nn.Module):
 
     def __init__(self, lm: torch.nn.Module, *, temperature: float = 1.0, share_prefix: bool = False,
                  eager_attention_max_tokens: int = 0, pack_max_tokens: int = 0,
-                 keep_elements: int = logprobs.KEEP_ELEMENTS) -> None:
+                 keep_elements: int = logprobs.KEEP_ELEMENTS,
+                 truncation: trunc_mod.Truncation | None = None) -> None:
         super().__init__()
         self.lm = lm
         self.temperature = temperature
+        # the sampler's top-k/top-p (logprobs' convention); sampled tokens outside the own kept set are counted
+        self.truncation = truncation
+        self.outside = trunc_mod.Outside()
         self.share_prefix = share_prefix     # each distinct prompt once (logprobs: "Shared prompts"; off)
         # plain matmul-softmax attention for batches up to this many tokens per row (logprobs: "Short rows")
         self.eager_attention_max_tokens = eager_attention_max_tokens
@@ -45,7 +50,8 @@ class Policy(torch.nn.Module):
                                     position_ids=position_ids, completion_ids=completion_ids,
                                     completion_mask=completion_mask, temperature=self.temperature,
                                     keep_elements=self.keep_elements, share_prefix=self.share_prefix,
-                                    pack_max_tokens=self.pack_max_tokens)
+                                    pack_max_tokens=self.pack_max_tokens, truncation=self.truncation,
+                                    outside=self.outside)
 
     def run(self, batch: batch_mod.Batch, *, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` on a collated batch moved to ``device`` (through ``__call__``: FSDP's hooks run)."""

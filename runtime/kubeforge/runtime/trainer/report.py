@@ -132,7 +132,8 @@ class PodAnnotationReporter:
     def done(self, record: progress.StepRecord) -> None:
         last = self._last
         if last is not None and last.step == record.step and record.mean_reward is None:
-            record = record.model_copy(update={"mean_reward": last.mean_reward})
+            record = record.model_copy(update={"mean_reward": last.mean_reward,
+                                               "logprob_mismatch_kl": last.logprob_mismatch_kl})
         self._patch(record, done=True)
 
 

@@ -25,8 +25,12 @@ Invariants:
   ``optimizer.step()`` and after a resume; gradients land in the float32 masters).
 - ``policy_version`` counts optimizer steps since the base model (0 = base weights); it is stamped on the weights
   pushed to the generators and saved in checkpoints together with ``step`` and the caller's data cursor.
-- Logprob convention: see ``logprobs``: ``log_softmax(logits / logit_temperature)``, the generator's processed
-  logprobs; pass ``logit_temperature=spec.algorithm.temperature`` (1.0 when it is 0).
+- Logprob convention: see ``logprobs``: ``log_softmax(logits / logit_temperature)`` truncated as the sampler's
+  topK/topP (``truncation``, from ``algorithm``), the generator's processed logprobs; pass
+  ``logit_temperature=spec.algorithm.temperature`` (1.0 when it is 0). The reference model's logprobs (klCoef > 0)
+  are untruncated: KL(policy || reference) stays finite when the two kept sets differ.
+- Mismatch (``grpo/mismatch``): the step's forwards run on the pre-update weights, so their logprobs against the
+  behaviour logprobs are the trainer–sampler mismatch, reported per step (``logprob_mismatch_kl``, ...).
 """
 from __future__ import annotations
 
@@ -43,11 +47,12 @@ import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.grpo import inputs, overlong, registry
+from kubeforge.runtime.grpo import inputs, mismatch, overlong, registry
 from kubeforge.runtime.trainer import batch, checkpoint, compiled, compute_copy, dynamic_sampling, hf_export, logprobs
 from kubeforge.runtime.trainer import malloc
 from kubeforge.runtime.trainer import materialise, parallel, policy, precision, schedule, sharding, step_metrics
 from kubeforge.runtime.trainer import lora as lora_mod   # ``lora`` is a parameter of Trainer (the spec)
+from kubeforge.runtime.trainer import truncation as truncation_mod
 
 DTYPES = precision.DTYPES
 ADAPTER = "adapter"     # the LoRA adapter's folder inside an export
@@ -108,7 +113,9 @@ class Trainer:
         if self.settings.kl_coef > 0:
             self.reference = load_model(path=model_path, dtype=dtype, device=self.device).eval()
             self.reference.requires_grad_(False)
-        self.policy = policy.Policy(self.model, temperature=logit_temperature)
+        self.truncation = truncation_mod.Truncation.of(temperature=algorithm.temperature, top_k=algorithm.top_k,
+                                                       top_p=algorithm.top_p)   # the sampler's (logprobs)
+        self.policy = policy.Policy(self.model, temperature=logit_temperature, truncation=self.truncation)
         if self.sharded:
             sharding.shard(self.policy, lm=self.model, world_size=self.group.world_size, device=self.device,
                            compute_dtype=self.compute_dtype)
@@ -140,6 +147,7 @@ class Trainer:
         self.pad_id = int(pad) if isinstance(pad, int) else 0
         self.step = 0
         self.policy_version = 0
+        self._mismatch = [0.0, 0.0, 0.0, 0.0]     # this step's (``_measure``)
         self._stream: sharding.Stream | None = None     # the last stream handed out (see complete_sync)
 
     # ------------------------------------------------------------ training
@@ -175,16 +183,17 @@ class Trainer:
         if self.compile_state == "pending":
             self.compile_state = "compiled"
         local = [*acc, float(whole.rewards.sum()), float(whole.rows), float(whole.zero_signal_groups),
-                 float(len(groups))]
+                 float(len(groups)), *self._mismatch[:3], float(self.compute_policy.outside.take())]
         ds = sampling or dynamic_sampling.StepCounts()
         if sampling is not None:    # the groups screened out count in mean_reward; the counts sum over ranks
             local += [ds.screened_reward, float(ds.screened_completions), float(ds.resampled), float(ds.unfilled)]
             ds.rounds = int(self.group.all_reduce_max([float(ds.rounds)])[0])
         g = self.group.all_reduce_sum(local)
+        max_ratio = self.group.all_reduce_max([self._mismatch[3]])[0]
         reward_sum, completions = g[6], g[7]
         if sampling is not None:
-            reward_sum, completions = g[6] + g[10], g[7] + g[11]
-            ds.resampled, ds.unfilled = int(g[12]), int(g[13])
+            reward_sum, completions = g[6] + g[14], g[7] + g[15]
+            ds.resampled, ds.unfilled = int(g[16]), int(g[17])
         if not self.sharded:
             self.group.average_gradients(self.params)
         clock.lap("allreduce")
@@ -207,17 +216,21 @@ class Trainer:
             clip_fraction=g[2] / tok, ratio_mean=g[3] / tok, entropy=g[5] / tok, grad_norm=float(grad_norm),
             mean_reward=reward_sum / max(completions, 1.0), groups=int(g[9]), completions=int(g[7]),
             tokens=int(g[1]), zero_signal_groups=int(g[8]), seconds=clock.totals(), learning_rate=lr,
-            resampled_groups=ds.resampled, unfilled_groups=ds.unfilled, resample_rounds=ds.rounds)
+            resampled_groups=ds.resampled, unfilled_groups=ds.unfilled, resample_rounds=ds.rounds,
+            logprob_mismatch_kl=g[10] / tok, logprob_mismatch_max_ratio=max_ratio,
+            mismatch_masked_fraction=g[11] / max(g[12], 1.0), truncation_outside_tokens=int(g[13]))
 
     def _accumulate(self, micro: list[batch.Batch], *, runs: int, scale: float,
                     clock: _Clock) -> list[float]:
         """Forward and backward of every micro-batch (gradients into the masters); the summed loss statistics."""
         acc = [0.0] * 6          # loss total, tokens, clip*tokens, ratio*tokens, kl*tokens, entropy sum
+        self._mismatch = [0.0, 0.0, 0.0, 0.0]     # k3 sum, masked completions, completions, max ratio
+        self.compute_policy.outside.take()
         for i in range(runs):
             real = i < len(micro)
             mb = micro[i] if real else _filler(self.pad_id)
             sharding.set_gradient_sync(self.policy, i == runs - 1)
-            out, entropy = self._micro_loss(mb)
+            out, entropy = self._micro_loss(mb, real=real)
             clock.lap("forward")
             torch.autograd.backward([out.total * (scale if real else 0.0)])
             clock.lap("backward")
@@ -244,7 +257,7 @@ class Trainer:
             return self.shadow.module  # type: ignore[return-value]
         return self.policy
 
-    def _micro_loss(self, mb: batch.Batch) -> tuple[inputs.LossOutput, float]:
+    def _micro_loss(self, mb: batch.Batch, *, real: bool = True) -> tuple[inputs.LossOutput, float]:
         # FSDP casts through its own policy, the shadow is already in the compute dtype: autocast only otherwise
         autocast = torch.float32 if self.sharded or self.shadow is not None else self.compute_dtype
         with precision.autocast(device=self.device, dtype=autocast):
@@ -257,7 +270,21 @@ class Trainer:
         loss_in = inputs.LossInputs(logp=logp, behaviour_logp=mb.behaviour_logp.to(self.device),
                                     mask=mb.completion_mask.to(self.device),
                                     advantages=mb.advantages.to(self.device), ref_logp=ref)
+        if real:
+            self._measure(loss_in)
         return self.variant.loss(batch=loss_in, settings=self.settings), float(entropy)
+
+    def _measure(self, b: inputs.LossInputs) -> None:
+        """Add a micro-batch's trainer–sampler mismatch (before the update: ``grpo/mismatch``) to the step's."""
+        mask = b.mask.to(torch.float32)
+        lr = mismatch.log_ratio(logp=b.logp, behaviour_logp=b.behaviour_logp, mask=mask)
+        keep = mismatch.keep_of(log_ratio=lr, mask=mask, level=self.settings.mismatch_mask_level,
+                                threshold=self.settings.mismatch_mask_threshold)
+        st = mismatch.stats(logp=b.logp, behaviour_logp=b.behaviour_logp, mask=mask, keep=keep)
+        self._mismatch[0] += st.kl_sum
+        self._mismatch[1] += st.masked
+        self._mismatch[2] += st.rows
+        self._mismatch[3] = max(self._mismatch[3], st.max_ratio)
 
     # ------------------------------------------------------------ weights out
 

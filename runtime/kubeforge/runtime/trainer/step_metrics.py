@@ -29,6 +29,13 @@ class StepMetrics:
     resampled_groups: int = 0       # dynamic sampling: zero-signal groups dropped and replaced, all ranks
     unfilled_groups: int = 0        # dynamic sampling: slots still without signal after maxRounds, all ranks
     resample_rounds: int = 0        # dynamic sampling: the most refills a slot of the step needed
+    # trainer–sampler mismatch before the update (grpo/mismatch.py): k3 KL(behaviour || trainer) per token, the
+    # largest token ratio trainer / behaviour, completions masked (mismatchMask), sampled tokens outside the
+    # trainer's own top-k/top-p set (trainer/truncation.py)
+    logprob_mismatch_kl: float = 0.0
+    logprob_mismatch_max_ratio: float = 0.0
+    mismatch_masked_fraction: float = 0.0
+    truncation_outside_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
