@@ -461,7 +461,12 @@ class AlgorithmSpec(Model):
                                             "defaults to clipEpsilon.")
     kl_coef: float = Field(0.0, ge=0, le=100, description="> 0 adds a k3 KL penalty to a frozen reference model.")
     max_policy_lag: int = Field(1, ge=0, le=1000, description="Rollouts sampled more than this many policy versions "
-                                "ago are dropped (and counted).")
+                                "ago are dropped (and counted); with partialRollouts, per token: older tokens are "
+                                "masked out of the loss (and counted).")
+    partial_rollouts: bool = Field(False, description="Generators take weight updates while requests are in flight "
+                                   "and continue them under the new weights (each token stamped with its policy "
+                                   "version); new work joins the running batch. Pays off with long, skewed "
+                                   "completion lengths.")
 
     @pydantic.model_validator(mode="after")
     def _clip_high(self) -> AlgorithmSpec:

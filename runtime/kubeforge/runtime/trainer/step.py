@@ -88,6 +88,7 @@ class Trainer:
         self.variant = registry.variant_for(algorithm.loss)
         self.settings = inputs.LossSettings.from_spec(algorithm)
         self.max_grad_norm = algorithm.max_grad_norm
+        self.max_policy_lag = algorithm.max_policy_lag
         self.logit_temperature = logit_temperature
         self.model_path = Path(model_path)
         self.compute_dtype = precision.compute_dtype(dtype)
@@ -145,9 +146,10 @@ class Trainer:
     def train_step(self, *, groups: Sequence[types.RolloutGroup]) -> step_metrics.StepMetrics:
         """One optimizer step on this rank's ``groups`` (possibly none), averaged with every other rank."""
         clock = _Clock()
-        rows = batch.rows_of(groups=groups, scale_by_std=self.variant.scale_advantages_by_std)
+        floor = self.policy_version - self.max_policy_lag    # partial rollouts: older tokens are masked out
+        rows = batch.rows_of(groups=groups, scale_by_std=self.variant.scale_advantages_by_std, min_version=floor)
         whole = batch.collate(groups=groups, pad_id=self.pad_id,
-                                  scale_by_std=self.variant.scale_advantages_by_std)
+                                  scale_by_std=self.variant.scale_advantages_by_std, min_version=floor)
         local_den = self.variant.denominator(mask=whole.completion_mask) if rows else 0.0
         micro = batch.micro_batches(rows=rows, pad_id=self.pad_id, max_tokens=self.scale.micro_batch_tokens)
         clock.lap("collate")
