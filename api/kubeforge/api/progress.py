@@ -77,6 +77,11 @@ class StepRecord(pydantic.BaseModel):
     dropped_stale: int = 0
     dropped_total: int = 0
     policy_lag: dict[str, int] = Field(default_factory=dict, description="Groups trained by their policy lag.")
+    # partial rollouts (spec.algorithm.partialRollouts): tokens by policy version (trainer rank 0's share)
+    token_lag_mean: float | None = Field(None, description="Mean policy lag of the completion tokens trained on.")
+    old_version_token_fraction: float | None = Field(
+        None, description="Share of tokens sampled under a version older than their group's newest.")
+    masked_stale_tokens: int = Field(0, description="Tokens masked out of the loss: older than maxPolicyLag.")
     # evaluation (spec.evaluation)
     eval_accuracy: float | None = Field(None, description="Held-out accuracy at the latest evaluation.")
     eval_accuracy_base: float | None = Field(None, description="The base policy's (first record only).")

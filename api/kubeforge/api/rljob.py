@@ -503,7 +503,8 @@ class AlgorithmSpec(Model):
                                             "defaults to clipEpsilon.")
     kl_coef: float = Field(0.0, ge=0, le=100, description="> 0 adds a k3 KL penalty to a frozen reference model.")
     max_policy_lag: int = Field(1, ge=0, le=1000, description="Rollouts sampled more than this many policy versions "
-                                "ago are dropped (and counted).")
+                                "ago are dropped (and counted); with partialRollouts, per token: older tokens are "
+                                "masked out of the loss (and counted).")
     dynamic_sampling: DynamicSamplingSpec | None = Field(
         None, description="Drop groups whose rewards are all equal and sample new prompts in their place; default: "
         "on (maxRounds 3) with loss DAPO, off otherwise.")
@@ -515,6 +516,10 @@ class AlgorithmSpec(Model):
                                          "off (the ratio is against the behaviour logprobs, clipped).")
     mismatch_mask: MismatchMaskSpec | None = Field(None, description="Mask completions whose trainer–sampler "
                                                    "logprob mismatch is extreme; unset: off.")
+    partial_rollouts: bool = Field(False, description="Generators take weight updates while requests are in flight "
+                                   "and continue them under the new weights (each token stamped with its policy "
+                                   "version); new work joins the running batch. Pays off with long, skewed "
+                                   "completion lengths.")
 
     @pydantic.model_validator(mode="after")
     def _clip_high(self) -> AlgorithmSpec:

@@ -72,6 +72,7 @@ def _algorithm(spec: rljob.RLJobSpec) -> Problems:
     if algo.temperature == 0:
         yield ("spec.algorithm.temperature: Invalid value: 0: should be greater than 0: greedy sampling makes every "
                "completion of a group identical, so every advantage (and every gradient) is 0")
+    yield from _partial_rollouts(spec)
     if algo.steps < spec.weight_sync.every_steps:
         yield (f"spec.weightSync.everySteps: Invalid value: {spec.weight_sync.every_steps}: should be at most "
                f"spec.algorithm.steps ({algo.steps}): the generators would never receive new weights")
@@ -107,6 +108,24 @@ def _mismatch_corrections(spec: rljob.RLJobSpec) -> Problems:
         if value is not None:
             yield (f"spec.algorithm.{field}: Forbidden: not applied with spec.algorithm.loss {loss} (its sequence "
                    f"ratio is clipped per sequence); it applies to {', '.join(TOKEN_SURROGATE_LOSSES)}")
+
+
+def _partial_rollouts(spec: rljob.RLJobSpec) -> Problems:
+    """Partial rollouts need a weight update that can land while requests are in flight, and weights that an
+    in-flight request can switch to (docs/runtime.md, "Partial rollouts")."""
+    if not spec.algorithm.partial_rollouts:
+        return
+    if spec.model.lora is not None:
+        yield ("spec.algorithm.partialRollouts: Invalid value: true: cannot be used with spec.model.lora: a request "
+               "keeps the adapter it started with, so a new adapter never reaches the requests in flight")
+    if spec.schedule.mode == rljob.ScheduleMode.COLOCATED.value:
+        yield ("spec.algorithm.partialRollouts: Invalid value: true: cannot be used with spec.schedule.mode "
+               "Colocated: a step's work goes out only after the push, so no update ever lands mid-generation")
+    lag, every = spec.algorithm.max_policy_lag, spec.weight_sync.every_steps
+    if every - 1 <= lag < every:
+        yield (f"spec.algorithm.maxPolicyLag: Invalid value: {lag}: should be at least spec.weightSync.everySteps "
+               f"({every}) with spec.algorithm.partialRollouts: with less, work is handed out only after the push, "
+               "so no update ever lands mid-generation")
 
 
 def _gpus(role: rljob.RoleSpec) -> int:

@@ -199,6 +199,24 @@ def texts_of(completions: Sequence[Completion]) -> list[str]:
     return [c.text for c in completions]
 
 
+VersionSegments = tuple[tuple[int, int], ...]
+"""One completion's policy versions: ``((0, v0), (k1, v1), ...)``, tokens ``[0, k1)`` sampled under ``v0``, from
+``k1`` on under ``v1``, ...; indices and versions strictly increasing, the last version <= the group's
+``policy_version`` (a completion that finished before a sync ends on an older one). A weight update is rare next to
+a token, so a handful of pairs per completion stands for thousands of per-token stamps (``token_versions`` expands
+them)."""
+
+
+def token_versions(group: RolloutGroup, i: int) -> npt.NDArray[np.int64]:
+    """The policy version of every token of completion ``i`` of ``group`` (one int per token)."""
+    n = len(group.completions[i].token_ids)
+    out = np.full(n, group.policy_version, dtype=np.int64)
+    if group.token_versions is not None:
+        for start, version in group.token_versions[i]:
+            out[start:] = version
+    return out
+
+
 @dataclasses.dataclass(kw_only=True, eq=False)
 class RolloutGroup:
     """``groupSize`` completions of one prompt, sampled under one policy version; scored by the verifier."""
@@ -211,6 +229,9 @@ class RolloutGroup:
     generator: int = 0                       # replica index of the generator that sampled it
     rewards: list[float] | None = None       # one per completion, set by the verifier
     scores: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per verifier name
+    # partial rollouts (spec.algorithm.partialRollouts): per completion, the versions its tokens were sampled under
+    # as (first token index, version) segments; None: every token under ``policy_version`` (see ``VersionSegments``)
+    token_versions: tuple[VersionSegments, ...] | None = None
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = token_array(self.prompt_token_ids)

@@ -34,7 +34,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from kubeforge.runtime import transport, types, wire
 
@@ -135,11 +135,14 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
         sampler: Sampler, weights: WeightLoader, observer: GeneratorObserver, policy_version: int = 0,
         should_stop: Callable[[], bool] = lambda: False, max_policy_lag: int | None = None,
         beat: Callable[[str], None] = lambda activity: None,
-        trainer_weights: tuple[str, int] | None = None, leave: LeaveNotice | None = None) -> None:
+        trainer_weights: tuple[str, int] | None = None, leave: LeaveNotice | None = None,
+        activity: Any = None) -> None:
     """Serve until STOP (or ``should_stop``). ``trainer_weights`` is trainer 0's weight-sync address as the job's
     env contract names it: a SYNC naming any other address is refused (counted as ``ForgedSync``, never joined,
     never acked), so no frame can point a generator at a group that feeds it weights of its choosing. ``leave``
-    sends the leave notice when stopped by ``should_stop`` (None: sent on ``control``)."""
+    sends the leave notice when stopped by ``should_stop`` (None: sent on ``control``). ``activity``
+    (``partial.Activity``) counts the seconds spent sampling (the bench's generator idle fraction). With partial
+    rollouts ``generator.partial.run`` serves instead (``generator.start`` chooses)."""
     version = policy_version
     if leave is not None:
         leave.version = version
@@ -157,31 +160,44 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
                 observer.skipped(work=msg, version=version)
                 continue
             beat("generate")
+            started = time.monotonic()
+            if activity is not None:
+                activity.work()
             _work(msg, index=index, version=version, sampler=sampler, verifiers=verifiers, observer=observer)
+            if activity is not None:
+                activity.add_busy(time.monotonic() - started)
         elif isinstance(msg, wire.Sync):
-            if trainer_weights is not None and (msg.host, msg.port) != trainer_weights:
-                observer.unexpected(kind=FORGED_SYNC)
-                continue
-            beat("sync")
-            try:
-                result = weights.load(msg)
-            except RuntimeError as exc:    # weightsync.WeightSyncError: the group broke; the trainer re-forms it
-                observer.sync_failed(version=msg.version, error=exc)
-                control.send(wire.Ack(role="generator", index=index, of=wire.Kind.SYNC, version=msg.version,
-                                      ok=False, detail=str(exc)[:500]))
-                continue
-            version = msg.version
-            if leave is not None:
-                leave.version = version
-            observer.synced(version=version, result=result)
-            control.send(wire.Ack(role="generator", index=index, of=wire.Kind.SYNC, version=version,
-                                  detail=json.dumps({"seconds": result.seconds, "bytes": result.bytes})))
+            version = sync(msg, index=index, version=version, weights=weights, control=control, observer=observer,
+                           beat=beat, trainer_weights=trainer_weights, leave=leave)
         else:
             observer.unexpected(kind=type(msg).__name__)
     if leave is not None:
         leave.send()
     else:
         _leave(control, index=index, version=version)
+
+
+def sync(msg: wire.Sync, *, index: int, version: int, weights: WeightLoader, control: transport.Sender,
+         observer: GeneratorObserver, beat: Callable[[str], None], trainer_weights: tuple[str, int] | None,
+         leave: LeaveNotice | None) -> int:
+    """Handle one SYNC (both loops): refuse a forged one, load, ACK; the version held afterwards."""
+    if trainer_weights is not None and (msg.host, msg.port) != trainer_weights:
+        observer.unexpected(kind=FORGED_SYNC)
+        return version
+    beat("sync")
+    try:
+        result = weights.load(msg)
+    except RuntimeError as exc:    # weightsync.WeightSyncError: the group broke; the trainer re-forms it
+        observer.sync_failed(version=msg.version, error=exc)
+        control.send(wire.Ack(role="generator", index=index, of=wire.Kind.SYNC, version=msg.version,
+                              ok=False, detail=str(exc)[:500]))
+        return version
+    if leave is not None:
+        leave.version = msg.version
+    observer.synced(version=msg.version, result=result)
+    control.send(wire.Ack(role="generator", index=index, of=wire.Kind.SYNC, version=msg.version,
+                          detail=json.dumps({"seconds": result.seconds, "bytes": result.bytes})))
+    return msg.version
 
 
 def _leave(control: transport.Sender, *, index: int, version: int) -> None:

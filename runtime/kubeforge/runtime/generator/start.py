@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from kubeforge.api import contract
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, transport, types, weightsync, wire
-from kubeforge.runtime.generator import loop
+from kubeforge.runtime.generator import loop, partial
 
 
 class EngineSampler:
@@ -90,7 +90,7 @@ def leave_then_exit(leave: loop.LeaveNotice, done: threading.Event, *, grace: fl
 
 def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer, stop: threading.Event) -> int:
     # vLLM: imported by the generator's process alone (tests import this module where vLLM is not installed)
-    from kubeforge.runtime.generator import engine
+    from kubeforge.runtime.generator import engine, stepper, vllm_steps
 
     spec = cfg.spec
     inbox = transport.open_receiver(startup.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
@@ -118,15 +118,24 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
         beats.stop()
     print(f"{cfg.name}: vLLM engine up in {llm.start_seconds:.1f}s", flush=True)
     server.set_ready(True)
+    weights = EngineWeights(llm, index=cfg.index, tensor_parallel_size=spec.roles.generator.tensor_parallel_size,
+                            join_timeout=float(spec.failure_policy.progress_deadline_seconds))
+    common = dict(index=cfg.index, inbox=inbox, verifiers=to_verifiers, control=control, weights=weights,
+                  observer=observe.GeneratorObserver(m), should_stop=stop.is_set,
+                  max_policy_lag=spec.algorithm.max_policy_lag, beat=server.heartbeat,
+                  trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)), leave=leave)
+    activity = partial.Activity()
     try:
-        loop.run(index=cfg.index, inbox=inbox, verifiers=to_verifiers, control=control,
-                 sampler=EngineSampler(llm, cfg),
-                 weights=EngineWeights(llm, index=cfg.index,
-                                       tensor_parallel_size=spec.roles.generator.tensor_parallel_size,
-                                       join_timeout=float(spec.failure_policy.progress_deadline_seconds)),
-                 observer=observe.GeneratorObserver(m), should_stop=stop.is_set,
-                 max_policy_lag=spec.algorithm.max_policy_lag, beat=server.heartbeat,
-                 trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)), leave=leave)
+        if spec.algorithm.partial_rollouts:   # requests in flight across weight updates (generator.partial)
+            sampler = EngineSampler(llm, cfg)
+            steps = vllm_steps.VllmSteps(llm, max_tokens=spec.algorithm.max_new_tokens,
+                                         temperature=spec.algorithm.temperature, top_p=spec.algorithm.top_p,
+                                         chat_template=spec.task.chat_template)
+            partial.run(**common, pool=stepper.Pool(steps, group_size=spec.algorithm.group_size),  # type: ignore[arg-type]
+                        seed=lambda step: sampler.seed + (step + 1) * 31, synced=steps.synced, activity=activity)
+        else:
+            loop.run(**common, sampler=EngineSampler(llm, cfg), activity=activity)  # type: ignore[arg-type]
+            print(activity.line(cfg.index), flush=True)
     finally:
         done.set()
         to_verifiers.close()

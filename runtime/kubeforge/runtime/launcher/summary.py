@@ -76,6 +76,8 @@ def summarize(records: Iterable[progress.StepRecord], *, wall_seconds: float, me
         "weight_sync_gb_per_second": _round(sync_bytes / 1e9 / sum(sync_s) if sum(sync_s) > 0 else None, 4),
         "weight_syncs": len(sync_s),
         "dropped_stale": sum(r.dropped_stale for r in recs),
+        "masked_stale_tokens": sum(r.masked_stale_tokens for r in recs),
+        "token_lag_mean": _round(_mean([r.token_lag_mean for r in recs if r.token_lag_mean is not None])),
         "eval_accuracy_before": next((r.eval_accuracy_base for r in recs if r.eval_accuracy_base is not None), None),
         "eval_accuracy_after": next((r.eval_accuracy for r in reversed(recs) if r.eval_accuracy is not None), None),
         "metrics_path": metrics_path,

@@ -29,6 +29,7 @@ import torch
 from kubeforge.runtime import types
 from kubeforge.runtime.grpo import advantages as adv
 from kubeforge.runtime.grpo import overlong as overlong_mod
+from kubeforge.runtime.trainer import staleness
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,6 +73,7 @@ class Row:
     completion: types.Completion
     advantage: float
     reward: float
+    keep: np.ndarray | None = None   # partial rollouts: 1 per token trained on, 0 masked as stale (trainer.staleness)
 
     @property
     def tokens(self) -> int:
@@ -79,20 +81,23 @@ class Row:
 
 
 def rows_of(*, groups: Sequence[types.RolloutGroup], scale_by_std: bool,
-            overlong: overlong_mod.Overlong | None = None) -> list[Row]:
+            overlong: overlong_mod.Overlong | None = None, min_version: int | None = None) -> list[Row]:
     """Every completion of ``groups`` as a row, group after group, with its group-normalised advantage (of the
-    rewards plus DAPO's overlong penalty when ``overlong`` is given; ``Row.reward`` stays the verifiers')."""
+    rewards plus DAPO's overlong penalty when ``overlong`` is given; ``Row.reward`` stays the verifiers'); tokens
+    sampled under a version below ``min_version`` (partial rollouts) are masked out (``trainer.staleness``)."""
     _check(groups)
     rewards = [overlong_mod.shaped_rewards(g, overlong) for g in groups]
     advantages = adv.group_advantages(rewards=rewards, scale_by_std=scale_by_std).tolist()
     pairs = [(g.prompt_token_ids, c, r) for g in groups for c, r in zip(g.completions, g.rewards or [])]
-    return [Row(prompt=p, completion=c, advantage=float(a), reward=float(r))
-            for (p, c, r), a in zip(pairs, advantages)]
+    keeps = staleness.keep_masks(groups, min_version=min_version)
+    return [Row(prompt=p, completion=c, advantage=float(a), reward=float(r), keep=k)
+            for (p, c, r), a, k in zip(pairs, advantages, keeps)]
 
 
-def collate(*, groups: Sequence[types.RolloutGroup], pad_id: int, scale_by_std: bool) -> Batch:
+def collate(*, groups: Sequence[types.RolloutGroup], pad_id: int, scale_by_std: bool,
+            min_version: int | None = None) -> Batch:
     """One padded batch of every completion of ``groups`` (see the module docstring for the layout)."""
-    rows = rows_of(groups=groups, scale_by_std=scale_by_std)
+    rows = rows_of(groups=groups, scale_by_std=scale_by_std, min_version=min_version)
     zero = sum(1 for g in groups if max(g.rewards or [0.0]) == min(g.rewards or [0.0]))
     return collate_rows(rows=rows, pad_id=pad_id, zero_signal_groups=zero)
 
@@ -138,7 +143,7 @@ def collate_rows(*, rows: Sequence[Row], pad_id: int, zero_signal_groups: int = 
             ids = _long(c.token_ids)
             input_ids[i, p_len:p_len + n] = ids
             comp_ids[i, :n] = ids
-            comp_mask[i, :n] = 1.0
+            comp_mask[i, :n] = 1.0 if row.keep is None else torch.from_numpy(row.keep.astype(np.float32))
             behaviour[i, :n] = torch.from_numpy(np.asarray(c.logprobs, dtype=np.float32))
     positions = (attention.cumsum(dim=-1) - 1).clamp(min=0)
     return Batch(input_ids=input_ids, attention_mask=attention, position_ids=positions, completion_ids=comp_ids,

@@ -95,6 +95,7 @@ class Trainer:
         self.settings = inputs.LossSettings.from_spec(algorithm)
         self.overlong = overlong.Overlong.from_spec(algorithm)     # DAPO's overlong punishment, or None
         self.max_grad_norm = algorithm.max_grad_norm
+        self.max_policy_lag = algorithm.max_policy_lag
         self.logit_temperature = logit_temperature
         self.model_path = Path(model_path)
         self.compute_dtype = precision.compute_dtype(dtype)
@@ -157,10 +158,11 @@ class Trainer:
         """One optimizer step on this rank's ``groups`` (possibly none), averaged with every other rank.
         ``sampling``: dynamic sampling's counts of this rank's step (every rank passes them, or none does)."""
         clock = _Clock()
+        floor = self.policy_version - self.max_policy_lag    # partial rollouts: older tokens are masked out
         rows = batch.rows_of(groups=groups, scale_by_std=self.variant.scale_advantages_by_std,
-                             overlong=self.overlong)
+                             overlong=self.overlong, min_version=floor)
         whole = batch.collate(groups=groups, pad_id=self.pad_id,
-                                  scale_by_std=self.variant.scale_advantages_by_std)
+                                  scale_by_std=self.variant.scale_advantages_by_std, min_version=floor)
         local_den = self.variant.denominator(mask=whole.completion_mask) if rows else 0.0
         micro = batch.micro_batches(rows=rows, pad_id=self.pad_id, max_tokens=self.scale.micro_batch_tokens)
         clock.lap("collate")

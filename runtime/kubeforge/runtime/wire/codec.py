@@ -112,19 +112,25 @@ def pack(msgs: Sequence[messages.Message], *, parts: int = 1, max_bytes: int = r
     """The frames that carry ``msgs`` in order: consecutive groups of one kind share BATCH frames of at most
     ``max_bytes`` (cut where the verifier names or the presence of rewards change), spread over up to ``parts``
     frames (one per peer, for round robin); a group alone in its frame (one that fills ``max_bytes`` on its own, the
-    last of a run) or any other kind goes as its own plain frame. Nothing waits: it packs what it is given."""
+    last of a run, one with token versions: the BATCH layout has no column for them) or any other kind goes as its
+    own plain frame. Nothing waits: it packs what it is given."""
     per = max(1, -(-len(msgs) // max(1, parts)))
     out: list[bytes] = []
     i = 0
     while i < len(msgs):
         cls = type(msgs[i])
-        if cls is not messages.Rollout and cls is not messages.Scored:
+        if (cls is not messages.Rollout and cls is not messages.Scored) or _alone(msgs[i]):
             out.append(encode(msgs[i], check=check))
             i += 1
             continue
         j = i + 1
-        while j < len(msgs) and type(msgs[j]) is cls:
+        while j < len(msgs) and type(msgs[j]) is cls and not _alone(msgs[j]):
             j += 1
         out.extend(rollouts.pack_run(msgs[i:j], cls, per, max_bytes, check))   # type: ignore[arg-type]
         i = j
     return out
+
+
+def _alone(msg: messages.Message) -> bool:
+    """A group with token versions (partial rollouts) travels in its own group frame."""
+    return getattr(getattr(msg, "group", None), "token_versions", None) is not None

@@ -10,7 +10,8 @@ Layout (little-endian; offsets from the frame's first byte, so every f64 section
     7   reserved, 0                                                                u8
     8   prompt index, policy version, step, generator                               4 x u64, each <= 2^63 - 1
     40  completions n, prompt tokens P, completion tokens T, verifiers V            4 x u32
-    56  flags (bit 0: rewards present), reserved 0, string bytes S, reserved 0     4 x u32
+    56  flags (bit 0: rewards present, bit 1: token versions), M, string bytes S, reserved 0    4 x u32
+        (M: token-version segments, 0 without flag bit 1; before partial rollouts a reserved 0)
     72  logprobs        f64[T]      completion after completion
         rewards         f64[n]      only with flag bit 0
         scores          f64[V * n]  verifier after verifier, in the order of their names below
@@ -19,6 +20,13 @@ Layout (little-endian; offsets from the frame's first byte, so every f64 section
         prompt ids      u32[P]
         token ids       u32[T]      completion after completion
         strings         S bytes     the strings above, back to back
+        versions        M x (u32 completion, u32 first token, u64 version)   only with flag bit 1
+
+Token versions (partial rollouts, ``types.RolloutGroup.token_versions``): the segments of every completion, completion
+after completion; a completion's first segment starts at token 0, its token indices and versions strictly increase,
+each index is below the completion's length (0 for an empty one), each version <= the group's policy version, and
+every completion has at least one and at most ``MAX_SEGMENTS``. A frame without flag bit 1 (every frame before
+partial rollouts) decodes as before, ``token_versions`` None.
 
 The frame is exactly as long as its header says; everything is checked before any array is made: counts against
 the bounds of ``frame`` (``MAX_COMPLETIONS``, ``MAX_TOKENS`` per completion and for the prompt, ``MAX_VERIFIERS``),
@@ -47,6 +55,9 @@ from kubeforge.runtime import types
 HEAD = struct.Struct("<4sHBB4Q8I")
 assert HEAD.size == 72
 FLAG_REWARDS = 1
+FLAG_VERSIONS = 2
+SEGMENT = struct.Struct("<IIQ")
+MAX_SEGMENTS = 256          # version segments per completion (one per weight update while it was sampled)
 _F64 = types.LOGPROB_DTYPE
 _U32 = types.TOKEN_DTYPE
 MAX_U64_FIELD = (1 << 63) - 1
@@ -137,14 +148,17 @@ def encode(magic: bytes, version: int, kind: int, g: types.RolloutGroup, *, scor
         sizes = [len(b) for b in parts]
     nf = total + len(floats)
     try:
+        segments = b"" if g.token_versions is None else _encode_versions(g.token_versions, lengths,
+                                                                             g.policy_version)
+        flags = (FLAG_REWARDS if rewards is not None else 0) | (FLAG_VERSIONS if segments else 0)
         head = HEAD.pack(magic, version, kind, 0, *ints, n, len(prompt_ids), total, len(names),
-                         FLAG_REWARDS if rewards is not None else 0, 0, len(blob), 0)
+                         flags, len(segments) // SEGMENT.size, len(blob), 0)
         float_bytes = struct.pack(f"<{len(floats)}d", *floats)
         u32_bytes = struct.pack(f"<{n + len(sizes)}I", *lengths, *sizes)
-        frame = b"".join((head, *lp_parts, float_bytes, u32_bytes, prompt_ids.data, *id_parts, blob))
+        frame = b"".join((head, *lp_parts, float_bytes, u32_bytes, prompt_ids.data, *id_parts, blob, segments))
     except (struct.error, BufferError) as e:
         raise Invalid(f"group: cannot encode ({e})") from None
-    want = HEAD.size + 8 * nf + 4 * (n + len(sizes) + len(prompt_ids) + total) + len(blob)
+    want = HEAD.size + 8 * nf + 4 * (n + len(sizes) + len(prompt_ids) + total) + len(blob) + len(segments)
     if len(frame) != want:   # a column of another dtype (the types' constructors prevent it): never send it
         raise Invalid(f"group: columns of {len(frame) - HEAD.size} bytes, the layout wants {want - HEAD.size}")
     if len(frame) > limits.frame_bytes:
@@ -154,6 +168,46 @@ def encode(magic: bytes, version: int, kind: int, g: types.RolloutGroup, *, scor
         if where:
             raise Invalid(f"group.{where}: contains a non-finite value")
     return frame
+
+
+def _encode_versions(versions: Any, lengths: Sequence[int], policy_version: int) -> bytes:
+    """The versions section of ``token_versions`` (checked as ``decode`` checks it)."""
+    if type(versions) is not tuple or len(versions) != len(lengths):
+        raise Invalid(f"group.token_versions: expected a tuple of {len(lengths)} segment tuples")
+    rows = [(i, int(k), int(v)) for i, segs in enumerate(versions) for k, v in segs]
+    _check_versions(rows, lengths, policy_version)
+    return b"".join(SEGMENT.pack(*r) for r in rows)
+
+
+def _check_versions(rows: Sequence[tuple[int, int, int]], lengths: Sequence[int], policy_version: int) -> None:
+    """``rows`` = (completion, first token, version) of every segment, in order (see the module docstring)."""
+    n = len(lengths)
+    if len(rows) > n * MAX_SEGMENTS:
+        raise Invalid(f"group.token_versions: {len(rows)} segments exceed {MAX_SEGMENTS} per completion")
+    expect, last_k, last_v = 0, 0, -1
+    for c, k, v in rows:
+        if c == expect:       # the first segment of the next completion
+            if k != 0:
+                raise Invalid(f"group.token_versions[{c}]: the first segment starts at token {k}, not 0")
+            expect += 1
+        elif c != expect - 1 or k <= last_k or v <= last_v:
+            raise Invalid(f"group.token_versions[{c}]: segments out of order (completion, token {k}, version {v})")
+        if k >= max(lengths[c], 1) or not 0 <= v <= policy_version:
+            raise Invalid(f"group.token_versions[{c}]: segment at token {k} of {lengths[c]}, version {v} (the "
+                          f"group's policy version is {policy_version})")
+        last_k, last_v = k, v
+    if expect != n:
+        raise Invalid(f"group.token_versions: {expect} of {n} completions have segments")
+
+
+def _decode_versions(view: memoryview, at: int, m: int, lengths: Sequence[int],
+                     policy_version: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    rows = list(SEGMENT.iter_unpack(view[at:at + m * SEGMENT.size]))
+    _check_versions(rows, lengths, policy_version)
+    out: list[list[tuple[int, int]]] = [[] for _ in lengths]
+    for c, k, v in rows:
+        out[c].append((k, v))
+    return tuple(map(tuple, out))
 
 
 def _check_strings(chars: list[int], strings: list[str], n: int, limits: Limits) -> None:
@@ -214,7 +268,8 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
         raise Invalid(f"group: {size} bytes, shorter than the {HEAD.size}-byte group header")
     (_, _, _, reserved, index, version, step, generator, n, plen, total, nv, flags, reserved2, sbytes,
      reserved3) = HEAD.unpack_from(view)
-    if reserved or reserved2 or reserved3:
+    segments = reserved2       # token-version segments (flag bit 1); reserved before partial rollouts
+    if reserved or reserved3 or (segments and not flags & FLAG_VERSIONS):
         raise Invalid("group: reserved header fields must be 0")
     if max(index, version, step, generator) > MAX_U64_FIELD:
         raise Invalid(f"group: an integer field (prompt.index {index}, policy_version {version}, step {step}, "
@@ -225,8 +280,11 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
         raise Invalid(f"group.prompt_token_ids: {plen} tokens exceed {limits.tokens}")
     if nv > limits.verifiers:
         raise Invalid(f"group.scores: {nv} verifiers exceed {limits.verifiers}")
-    if flags & ~FLAG_REWARDS:
+    if flags & ~(FLAG_REWARDS | FLAG_VERSIONS):
         raise Invalid(f"group: unknown flags {flags:#x}")
+    if segments > n * MAX_SEGMENTS or (flags & FLAG_VERSIONS and segments < n):
+        raise Invalid(f"group.token_versions: {segments} segments for {n} completions, expected {n} to "
+                      f"{n * MAX_SEGMENTS}")
     has_rewards = bool(flags & FLAG_REWARDS)
     if scored and not has_rewards:
         raise Invalid("group.rewards: a scored group needs rewards")
@@ -235,8 +293,8 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
     u32_at = HEAD.size + 8 * nf
     ids_at = u32_at + 4 * (n + nstr)
     str_at = ids_at + 4 * (plen + total)
-    if str_at + sbytes != size:
-        raise Invalid(f"group: frame of {size} bytes, its header says {str_at + sbytes}")
+    if str_at + sbytes + SEGMENT.size * segments != size:
+        raise Invalid(f"group: frame of {size} bytes, its header says {str_at + sbytes + SEGMENT.size * segments}")
     counts = struct.unpack_from(f"<{n + nstr}I", view, u32_at)
     lengths = counts[:n]
     if sum(lengths) != total:
@@ -248,7 +306,7 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
         raise Invalid(f"group.strings: lengths sum to {sum(sizes)} bytes, the header says {sbytes}")
     f64 = np.frombuffer(view, _F64, nf, HEAD.size)
     names_at = 2 + 2 * n
-    strings_view = view[str_at:]
+    strings_view = view[str_at:str_at + sbytes]
     try:
         blob = str(strings_view, "ascii")   # the common case: one decode, slices made on demand
         ascii_only = True
@@ -283,10 +341,11 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
                                    finish_reasons=reasons)
     at = total + n if has_rewards else total
     scores = {name: f64[at + j * n:at + (j + 1) * n].tolist() for j, name in enumerate(names)} if nv else {}
+    versions = _decode_versions(view, str_at + sbytes, segments, lengths, version) if segments else None
     return types.RolloutGroup.decoded(
         prompt=types.Prompt.decoded(index, text, answer), prompt_token_ids=u32[:plen], completions=cols,
         policy_version=version, step=step, generator=generator,
-        rewards=f64[total:total + n].tolist() if has_rewards else None, scores=scores)
+        rewards=f64[total:total + n].tolist() if has_rewards else None, scores=scores, token_versions=versions)
 
 
 def _slicer(blob: str, ends: list[int], lo: int, hi: int) -> Callable[[], list[str]]:
