@@ -352,6 +352,7 @@ def test_a_trainer_blocked_on_a_lost_group_is_detected_and_restarted_within_the_
     doc = yaml.safe_load((ROOT / "examples" / "tiny.yaml").read_text())
     doc["spec"]["algorithm"]["steps"] = 2
     doc["spec"]["failurePolicy"] = {"progressDeadlineSeconds": deadline, "maxRestarts": 2}
+    doc["spec"]["verifiers"][0]["timeoutSeconds"] = deadline   # at most the deadline (kubeforge.api.validate)
     job = load.parse(doc)
     run = rundir.create(job_name="stall", explicit=str(tmp_path / "run"))
     run.manifest.write_text(yaml.safe_dump(doc))
