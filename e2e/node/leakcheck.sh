@@ -6,7 +6,7 @@
 # (another network namespace or a kubepods cgroup); mounts of the node (containerd rootfs/shm, kubelet
 # volumes, netns); pod network namespaces; CNI leases; listening sockets on the bridge address or the
 # node's ports; iptables/ip6tables rules or chains of ours (KUBE-*, KUBEFORGE-*, CNI-*, 10.88.*);
-# the bridge and veths; shim sockets; kubepods cgroups; our host state dir; sysctls given with
+# the bridges, veths, routes and namespaces of every real node (kf<i>, kfv<i>, kf-real-<i>); shim sockets; kubepods cgroups; our host state dir; sysctls given with
 # --expect-sysctl (e.g. net.ipv4.ip_forward=0, the value before cluster-up).
 # Prints one line per finding and exits 1, or prints "leakcheck: clean" and exits 0.
 set -uo pipefail
@@ -40,7 +40,7 @@ check_processes() {
 
 check_mounts() {
   local pattern="/run/containerd|/var/run/netns|/run/netns|/kubelet/pods|io\.containerd|/run/kubeforge-node"
-  [ -n "$W" ] && pattern="$pattern|$W/node"
+  [ -n "$W" ] && pattern="$pattern|$W/node"   # node/ and the other nodes' node-<i>/
   awk '{print $5}' /proc/self/mountinfo | grep -E "$pattern" | while read -r m; do echo "LEAK [mount] $m"; done
   grep -qE "$pattern" <<<"$(awk '{print $5}' /proc/self/mountinfo)" && found=1
 }
@@ -48,15 +48,17 @@ check_mounts() {
 check_netns() {
   local ns
   for ns in $(ls /var/run/netns 2>/dev/null); do
-    case "$ns" in cni-*) leak netns "/var/run/netns/$ns" ;; esac
+    case "$ns" in cni-*|kf-real-*) leak netns "/var/run/netns/$ns" ;; esac
   done
 }
 
 check_leases() {
   [ -d /var/lib/cni/networks/kubeforge ] && leak cni-lease "/var/lib/cni/networks/kubeforge"
-  if [ -n "$W" ] && [ -d "$W/node/cni/leases" ]; then
-    leak cni-lease "$W/node/cni/leases: $(ls "$W/node/cni/leases"/* 2>/dev/null | tr '\n' ' ')"
-  fi
+  local d
+  for d in "$W"/node/cni/leases "$W"/node-[1-9]/cni/leases; do
+    [ -n "$W" ] && [ -d "$d" ] && leak cni-lease "$d: $(ls "$d"/* 2>/dev/null | tr '\n' ' ')"
+  done
+  return 0
 }
 
 check_ports() {
@@ -74,12 +76,17 @@ check_iptables() {
   for save in iptables-save ip6tables-save; do
     while read -r line; do
       leak iptables "$save: $line"
-    done < <("$save" 2>/dev/null | grep -E 'KUBE-|KUBEFORGE|CNI-|10\.88\.|kf0')
+    done < <("$save" 2>/dev/null | grep -E 'KUBE-|KUBEFORGE|CNI-|10\.(8[7-9]|9[01])\.|kf[0-9]|kfv')
   done
 }
 
 check_links() {
   ip link show "$KF_BRIDGE" >/dev/null 2>&1 && leak link "bridge $KF_BRIDGE"
+  ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -E '^(kf[0-9]|kfv[0-9])' | while read -r l; do
+    echo "LEAK [link] $l"; done
+  [ -z "$(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -E '^(kf[0-9]|kfv[0-9])')" ] || found=1
+  ip route show 2>/dev/null | grep -E '^10\.(8[7-9]|9[01])\.' | while read -r l; do echo "LEAK [route] $l"; done
+  [ -z "$(ip route show 2>/dev/null | grep -E '^10\.(8[7-9]|9[01])\.')" ] || found=1
   local l
   for l in $(ip -o link show type veth 2>/dev/null | awk -F': ' '{print $2}'); do leak link "veth $l"; done
 }
@@ -87,7 +94,8 @@ check_links() {
 check_misc() {
   local s d
   for s in /run/containerd/s/*; do [ -e "$s" ] && leak socket "$s"; done
-  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do [ -d "$d" ] && leak cgroup "$d"; done
+  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/*/kf-real-* /sys/fs/cgroup/kf-real-*; do
+    [ -d "$d" ] && leak cgroup "$d"; done
   [ -e "$KF_HOST_STATE" ] && leak state "$KF_HOST_STATE"
   [ -e "$KF_LOCK" ] && leak state "$KF_LOCK"
   for d in "${KF_HOST_PATHS[@]}"; do
@@ -95,10 +103,12 @@ check_misc() {
     case " ${KF_LEAKCHECK_PREEXISTING:-} " in *" $d "*) continue ;; esac
     leak path "$d exists (created by the runtime; remove or list it in KF_LEAKCHECK_PREEXISTING)"
   done
-  [ -d /var/log/containers ] && [ -n "$(find /var/log/containers -maxdepth 1 -type l -lname '*/node/pod-logs/*')" ] &&
+  [ -d /var/log/containers ] && [ -n "$(find /var/log/containers -maxdepth 1 -type l -lname '*/node*/pod-logs/*')" ] &&
     leak path "/var/log/containers holds links into a node's pod-logs"
-  [ -n "$W" ] && [ -d "$W/node" ] && [ -n "$(find "$W/node" -mindepth 1 -maxdepth 1 ! -name logs)" ] &&
-    leak state "$W/node still holds: $(find "$W/node" -mindepth 1 -maxdepth 1 ! -name logs -printf '%f ')"
+  for d in "$W"/node "$W"/node-[1-9]; do
+    [ -n "$W" ] && [ -d "$d" ] && [ -n "$(find "$d" -mindepth 1 -maxdepth 1 ! -name logs)" ] &&
+      leak state "$d still holds: $(find "$d" -mindepth 1 -maxdepth 1 ! -name logs -printf '%f ')"
+  done
   local kv name value
   for kv in "${expect[@]}"; do
     name="${kv%%=*}"; value="${kv#*=}"

@@ -26,11 +26,26 @@ KF_POD_CIDR="${KF_POD_CIDR:-10.88.0.0/16}"
 KF_POD_RANGE_START="${KF_POD_RANGE_START:-10.88.1.1}"
 KF_POD_RANGE_END="${KF_POD_RANGE_END:-10.88.255.254}"
 KF_NODE_NAME="${KF_NODE_NAME:-kf-real-0}"
+# More real nodes (`make cluster-up REAL_NODES=2`, issue 31): node i >= 1 runs in network namespace kf-real-<i>
+# with its pods on bridge kf<i> (10.(88+i).0.1/16, its node IP), joined to the root namespace by a veth pair
+# kfv<i> (10.87.<i>.1/30, root) <-> kfup (10.87.<i>.2/30, in the namespace). See extra-node.sh.
+KF_REAL_NODES="${KF_REAL_NODES:-1}"
+KF_MAX_REAL_NODES=4
+# Pods of every real node (10.88.0.0/16 .. 10.91.0.0/16): kube-proxy's clusterCIDR when there is more than one.
+KF_ALL_PODS_CIDR="10.88.0.0/14"
+# CoreDNS runs once, on node 0's bridge address; every node's pods use it.
+KF_DNS_IP="${KF_DNS_IP:-$KF_NODE_IP}"
+KF_NETNS=""          # empty: the root network namespace (node 0)
+KF_CGROUP_ROOT=""    # empty: the kubelet's default (/); node i uses /kf-real-<i>
+# Every kube-proxy treats all real nodes' pods as the cluster's (also with one node: a node added later,
+# e.g. by the two-node tests, then needs no change on node 0).
+KF_CLUSTER_CIDR="${KF_CLUSTER_CIDR:-$KF_ALL_PODS_CIDR}"
 KF_NODE_LABEL="kubeforge.dev/real-node"
 KF_PAUSE_IMAGE="${KUBEFORGE_PAUSE_IMAGE:-kubeforge.local/pause:1}"
 KF_BASE_IMAGE="${KUBEFORGE_BASE_IMAGE:-kubeforge.local/base:1}"
 KF_GUARD_CHAIN="KUBEFORGE-NODE"
 KF_INPUT_CHAIN="KUBEFORGE-NODE-IN"
+KF_VETH_PREFIX="kfv"  # root ends of the veth pairs to the other nodes' namespaces (iptables wildcard kfv+)
 KF_HOST_STATE="${KF_HOST_STATE:-/run/kubeforge-node}"
 # up.sh and down.sh hold this lock (fd 8) so two clusters never set up or tear down the node at once.
 KF_LOCK="$KF_HOST_STATE.lock"
@@ -79,7 +94,11 @@ kf_start() {
   local name="$1"; shift
   mkdir -p "$KF_N/pids" "$KF_N/logs"
   [ -z "$(kf_pid "$name")" ] || { kf_log "$name already running (pid $(kf_pid "$name"))"; return 0; }
-  setsid "$@" >>"$KF_N/logs/$name.log" 2>&1 </dev/null 8>&- &
+  if [ -n "$KF_NETNS" ]; then # only the network namespace: mounts stay shared (kubelet and containerd need that)
+    setsid nsenter --net="/run/netns/$KF_NETNS" "$@" >>"$KF_N/logs/$name.log" 2>&1 </dev/null 8>&- &
+  else
+    setsid "$@" >>"$KF_N/logs/$name.log" 2>&1 </dev/null 8>&- &
+  fi
   echo $! >"$KF_N/pids/$name.pid"
   kf_log "started $name (pid $!), log $KF_N/logs/$name.log"
 }

@@ -49,9 +49,16 @@ fi
 # FORWARD guard: traffic that enters or leaves through kf0 must stay on kf0.
 iptables -w -N "$KF_GUARD_CHAIN" 2>/dev/null || true
 iptables -w -F "$KF_GUARD_CHAIN"
+# The other real nodes' namespaces hang off veths kfv<i>: kf0 and those veths form the pod network, and
+# nothing of it may leave through any other interface.
 iptables -w -A "$KF_GUARD_CHAIN" -i "$KF_BRIDGE" -o "$KF_BRIDGE" -j RETURN
+iptables -w -A "$KF_GUARD_CHAIN" -i "$KF_BRIDGE" -o "$KF_VETH_PREFIX+" -j RETURN
+iptables -w -A "$KF_GUARD_CHAIN" -i "$KF_VETH_PREFIX+" -o "$KF_BRIDGE" -j RETURN
+iptables -w -A "$KF_GUARD_CHAIN" -i "$KF_VETH_PREFIX+" -o "$KF_VETH_PREFIX+" -j RETURN
 iptables -w -A "$KF_GUARD_CHAIN" -i "$KF_BRIDGE" -j DROP
 iptables -w -A "$KF_GUARD_CHAIN" -o "$KF_BRIDGE" -j DROP
+iptables -w -A "$KF_GUARD_CHAIN" -i "$KF_VETH_PREFIX+" -j DROP
+iptables -w -A "$KF_GUARD_CHAIN" -o "$KF_VETH_PREFIX+" -j DROP
 iptables -w -C FORWARD -j "$KF_GUARD_CHAIN" 2>/dev/null || iptables -w -I FORWARD 1 -j "$KF_GUARD_CHAIN"
 # INPUT guard: the node's addresses (and, added by up.sh, the apiserver's port, which listens on all
 # addresses) answer only loopback and the bridge, never the external interface.
@@ -59,6 +66,7 @@ iptables -w -N "$KF_INPUT_CHAIN" 2>/dev/null || true
 iptables -w -F "$KF_INPUT_CHAIN"
 iptables -w -A "$KF_INPUT_CHAIN" -i lo -j RETURN
 iptables -w -A "$KF_INPUT_CHAIN" -i "$KF_BRIDGE" -j RETURN
+iptables -w -A "$KF_INPUT_CHAIN" -i "$KF_VETH_PREFIX+" -j RETURN
 iptables -w -A "$KF_INPUT_CHAIN" -d "$KF_POD_CIDR" -j DROP
 iptables -w -C INPUT -j "$KF_INPUT_CHAIN" 2>/dev/null || iptables -w -I INPUT 1 -j "$KF_INPUT_CHAIN"
 kf_log "host network ready: $KF_BRIDGE $KF_NODE_IP/${KF_POD_CIDR#*/}, ip_forward=1, guard chain $KF_GUARD_CHAIN"

@@ -17,6 +17,7 @@ volume is read-only; the node's address is the bridge ``kf0`` (10.88.0.1), never
 # No `from __future__ import annotations`: kfcluster loads this file by path without registering it in
 # sys.modules, and dataclasses then cannot resolve string annotations.
 import dataclasses
+import os
 import pathlib
 import sys
 import sysconfig
@@ -24,6 +25,9 @@ from typing import Any, Protocol
 
 #: Must match e2e/node/lib.sh.
 NODE_NAME = "kf-real-0"
+#: More real nodes (extra-node.sh): node i is ``kf-real-<i>`` with pods in 10.(88+i).0.0/16, at most this many.
+MAX_REAL_NODES = 4
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 NODE_LABEL = "kubeforge.dev/real-node"
 NODE_IP = "10.88.0.1"
 POD_CIDR = "10.88.0.0/16"
@@ -102,6 +106,68 @@ def is_up(kubectl: KubectlLike) -> bool:
     return status(kubectl).up
 
 
+def node_name(index: int) -> str:
+    """The name of real node ``index`` (0 = the root network namespace's node)."""
+    if not 0 <= index < MAX_REAL_NODES:
+        raise ValueError(f"real node index must be 0..{MAX_REAL_NODES - 1}, got {index}")
+    return f"kf-real-{index}"
+
+
+def node_pod_prefix(index: int) -> str:
+    """The first two octets (with the dot) of real node ``index``'s pod addresses, e.g. ``10.89.``."""
+    node_name(index)
+    return f"10.{88 + index}."
+
+
+def ready_real_nodes(kubectl: KubectlLike) -> list[str]:
+    """Names of the real nodes that are Ready, sorted; [] when the cluster cannot be read."""
+    try:
+        items = kubectl.get_json("nodes", "-l", f"{NODE_LABEL}=true")["items"]
+    except (RuntimeError, OSError, ValueError, KeyError):
+        return []
+    return sorted(n["metadata"]["name"] for n in items if node_status_from_named(n).up)
+
+
+def node_status_from_named(node: dict[str, Any]) -> NodeStatus:
+    """``node_status_from`` for any real node (the messages name it)."""
+    name = node.get("metadata", {}).get("name", "?")
+    judged = node_status_from(node)
+    return dataclasses.replace(judged, reason=judged.reason.replace(NODE_NAME, name))
+
+
+def cannot_host_nodes(count: int, *, proc: pathlib.Path = pathlib.Path("/proc"),
+                      cgroup: pathlib.Path = pathlib.Path("/sys/fs/cgroup"), euid: int | None = None) -> str | None:
+    """Why this machine cannot run ``count`` real nodes, or None when it can (checked before starting them).
+
+    Node 1 and up need root, network namespaces with veth pairs (``ip netns``), ``nsenter``, cgroups to create
+    their cgroupRoot in, and about 300 MiB of memory each beside the rest of the cluster.
+    """
+    import shutil  # noqa: PLC0415 (only this check needs it)
+
+    if count <= 1:
+        return None
+    if count > MAX_REAL_NODES:
+        return f"at most {MAX_REAL_NODES} real nodes (pod ranges 10.88-10.91), asked {count}"
+    if (os.geteuid() if euid is None else euid) != 0:
+        return "real nodes need root (network namespaces, veth pairs, cgroups, mounts)"
+    for tool in ("ip", "nsenter"):
+        if shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
+            return f"`{tool}` is not installed"
+    if not (proc / "self" / "ns" / "net").exists():
+        return "the kernel has no network namespaces"
+    if not os.access(cgroup, os.W_OK) and not any(os.access(d, os.W_OK) for d in cgroup.glob("*/")):
+        return f"{cgroup} is not writable (cannot create the nodes' cgroupRoot)"
+    try:
+        meminfo = dict(line.split(":", 1) for line in (proc / "meminfo").read_text().splitlines() if ":" in line)
+        avail_mib = int(meminfo["MemAvailable"].split()[0]) // 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    need = 1024 + 300 * count
+    if avail_mib < need:
+        return f"{avail_mib} MiB of memory available, {need} MiB needed for {count} real nodes and the control plane"
+    return None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PodParts:
     """Pieces of a pod spec that run the project's venv Python inside the busybox base image."""
@@ -164,11 +230,12 @@ def venv_python_parts(*, venv: pathlib.Path | None = None, repo: pathlib.Path | 
 REAL_NODE_TOLERATION = {"key": NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 
 
-def on_real_node(pod_spec: dict[str, Any]) -> dict[str, Any]:
+def on_real_node(pod_spec: dict[str, Any], *, node: str | None = None) -> dict[str, Any]:
     """Return ``pod_spec`` pinned to the real node (nodeSelector on its label, toleration of its taint); input left
-    unchanged."""
+    unchanged. ``node``: pinned to that real node by its hostname label (clusters with more than one)."""
     spec = dict(pod_spec)
-    spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), NODE_LABEL: "true"}
+    spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), NODE_LABEL: "true",
+                            **({HOSTNAME_LABEL: node} if node else {})}
     spec["tolerations"] = [*pod_spec.get("tolerations", []), dict(REAL_NODE_TOLERATION)]
     return spec
 

@@ -167,3 +167,37 @@ def test_kubelet_never_collects_images_and_evicts_only_when_out_of_space(tmp_pat
     for signal in ("nodefs.available", "imagefs.available"):
         floor = config["evictionHard"][signal]
         assert not floor.endswith("%") and floor.endswith("Mi") and int(floor[:-2]) <= 1024, (signal, floor)
+
+
+def test_more_nodes_names_ranges_and_pinning() -> None:
+    assert [realnode.node_name(i) for i in range(2)] == ["kf-real-0", "kf-real-1"]
+    assert realnode.node_pod_prefix(1) == "10.89."
+    with pytest.raises(ValueError):
+        realnode.node_name(realnode.MAX_REAL_NODES)
+    out = realnode.on_real_node({"containers": []}, node="kf-real-1")
+    assert out["nodeSelector"] == {realnode.NODE_LABEL: "true", realnode.HOSTNAME_LABEL: "kf-real-1"}
+
+
+def test_cannot_host_nodes_names_the_reason(tmp_path: pathlib.Path) -> None:
+    proc = tmp_path / "proc"
+    (proc / "self" / "ns").mkdir(parents=True)
+    (proc / "self" / "ns" / "net").write_text("")
+    (proc / "meminfo").write_text("MemAvailable:    8000000 kB\n")
+    assert realnode.cannot_host_nodes(1, euid=1000) is None  # one node: nothing extra needed
+    assert "root" in (realnode.cannot_host_nodes(2, proc=proc, cgroup=tmp_path, euid=1000) or "")
+    assert "at most" in (realnode.cannot_host_nodes(9, euid=0) or "")
+    if shutil.which("nsenter") and shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin"):
+        assert realnode.cannot_host_nodes(2, proc=proc, cgroup=tmp_path, euid=0) is None
+        (proc / "meminfo").write_text("MemAvailable:    500000 kB\n")
+        assert "memory" in (realnode.cannot_host_nodes(2, proc=proc, cgroup=tmp_path, euid=0) or "")
+        (proc / "self" / "ns" / "net").unlink()
+        assert "namespaces" in (realnode.cannot_host_nodes(2, proc=proc, cgroup=tmp_path, euid=0) or "")
+
+
+def test_cluster_config_real_nodes_from_env_and_bounds() -> None:
+    from kfcluster import config as cfg
+
+    assert cfg.from_env({"KF_REAL_NODES": "2"}).real_nodes == 2
+    assert cfg.from_env({}).real_nodes == 1
+    with pytest.raises(ValueError, match="real_nodes"):
+        cfg.from_env({"KF_REAL_NODES": "5"})

@@ -117,6 +117,8 @@ check_apiserver_endpoint() {
 main() {
   kf_dirs "${1:-}"
   trap 'rc=$?; [ "$rc" -eq 0 ] || on_error' EXIT
+  case "$KF_REAL_NODES" in [1-9]) ;; *) kf_die "KF_REAL_NODES must be 1..$KF_MAX_REAL_NODES, got '$KF_REAL_NODES'" ;; esac
+  [ "$KF_REAL_NODES" -le "$KF_MAX_REAL_NODES" ] || kf_die "KF_REAL_NODES: at most $KF_MAX_REAL_NODES real nodes"
   [ "$(id -u)" = 0 ] || kf_die "the real node needs root (network namespaces, mounts, iptables)"
   local other waited=0
   while :; do
@@ -155,6 +157,10 @@ main() {
   done
   kf_log "node processes' RSS: $((rss / 1024)) MiB (containerd, coredns, kube-proxy, kubelet)"
   echo "real node $KF_NODE_NAME Ready in $((SECONDS - T0)) s"
+  local i
+  for ((i = 1; i < KF_REAL_NODES; i++)); do
+    bash "$HERE/extra-node.sh" "$KF_W" "$i" up
+  done
 }
 
 # Run main unless sourced (tests source this file to run single steps).

@@ -1,0 +1,178 @@
+"""Two real nodes (issue 31 item 1): kf-real-0 in the root network namespace, kf-real-1 in its own, one cluster.
+
+Checks, with one busybox HTTP server pod pinned to each node and a ClusterIP Service in front of each:
+both nodes Ready with their own node IPs and pod ranges; the pod on node 0 reaches the pod on node 1 by Service
+DNS name (CoreDNS on node 0, kube-proxy on node 0 DNATs to a pod behind the veth into kf-real-1), and back (node 1's
+pod resolves through node 0's CoreDNS, its own kube-proxy DNATs); ``kubectl exec`` works on both kubelets.
+
+Cluster: the session's (or ``make cluster-up REAL_NODES=2``'s) when it has two real nodes Ready; when it has only
+kf-real-0, this module adds kf-real-1 to it (``e2e/node/extra-node.sh``, ~5 s) and removes it at the end; with
+no cluster and ``KUBEFORGE_REAL_NODE=1`` it starts one. Skips, printing why, when the machine cannot host a second
+node (``realnode.cannot_host_nodes``) or ``KF_SKIP_TWO_NODES=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kfcluster import config as cfg
+from kfcluster import kube, lifecycle
+from node import realnode
+
+pytestmark = [pytest.mark.realnode, pytest.mark.cluster]
+
+ASKED = os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes")
+EXTRA_NODE = realnode.SCRIPTS_DIR / "extra-node.sh"
+PORT = 8080
+
+
+def _skip(reason: str) -> None:
+    print(f"\n[two-nodes] SKIP: {reason}", file=sys.stderr, flush=True)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[lifecycle.Cluster]:
+    """A cluster with kf-real-0 and kf-real-1 Ready (reused, extended by node 1, or started here)."""
+    if os.environ.get("KF_SKIP_TWO_NODES", "") in ("1", "true", "yes"):
+        _skip("KF_SKIP_TWO_NODES is set")
+    base = cfg.from_env()
+    started = False
+    try:
+        running: lifecycle.Cluster | None = lifecycle.Cluster.load(base.workdir)
+        if not running.kubectl.readyz():
+            running = None
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError):
+        running = None
+    ready = realnode.ready_real_nodes(running.kubectl) if running else []
+    if len(ready) < 2:
+        reason = realnode.cannot_host_nodes(2)
+        if reason:
+            _skip(f"this machine cannot host two real nodes: {reason}")
+    if running is None:
+        if not ASKED:
+            _skip("no test cluster with real nodes: run `make cluster-up REAL_NODES=2` or set KUBEFORGE_REAL_NODE=1")
+        os.environ.setdefault("KF_REAL_NODE_WAIT_S", "300")
+        overrides = realnode.cluster_overrides(workdir=base.workdir, name=base.name)
+        running = lifecycle.up(cfg.from_env(real_node=True, real_nodes=2, **overrides))
+        started = True
+        ready = realnode.ready_real_nodes(running.kubectl)
+    added = False
+    if len(ready) < 2:
+        if realnode.NODE_NAME not in ready:
+            pytest.fail(f"real node {realnode.NODE_NAME} not Ready in {running.workdir}: {realnode.status(running.kubectl).reason}")
+        subprocess.run(["bash", str(EXTRA_NODE), running.workdir, "1", "up"], check=True, timeout=180)
+        added = True
+    try:
+        yield running
+    finally:
+        if added:
+            subprocess.run(["bash", str(EXTRA_NODE), running.workdir, "1", "down"], check=False, timeout=180)
+        if started:
+            lifecycle.down(workdir=running.workdir)
+
+
+@pytest.fixture(scope="module")
+def k(cluster: lifecycle.Cluster) -> kube.Kubectl:
+    return cluster.kubectl
+
+
+@pytest.fixture(scope="module")
+def namespace(k: kube.Kubectl) -> Iterator[str]:
+    name = f"kf-2n-{uuid.uuid4().hex[:6]}"
+    k.run("create", "namespace", name)
+    yield name
+    k.run("delete", "namespace", name, "--wait=true", "--timeout=60s", check=False, timeout_s=90)
+
+
+def server(name: str, node: str) -> dict[str, Any]:
+    """A busybox HTTP server on ``node`` whose page is the name of the node it runs on (downward API)."""
+    script = f'mkdir -p /tmp/www && echo "$NODE_NAME" >/tmp/www/index.html && exec busybox httpd -f -p {PORT} -h /tmp/www'
+    container = {"name": "main", "image": realnode.BASE_IMAGE, "imagePullPolicy": "Never",
+                 "command": ["sh", "-c", script],
+                 "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}
+    # The venv's Python too, as the client: busybox is static glibc, whose resolver crashes (segfault) on lookups.
+    # (The running interpreter's venv and its checkout: only the standard library is used.)
+    venv = pathlib.Path(sys.prefix)
+    parts = realnode.venv_python_parts(venv=venv, repo=venv.parent)
+    container["volumeMounts"] = parts.volume_mounts
+    container["env"] += parts.env
+    spec = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [container],
+            "volumes": parts.volumes}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+            "spec": realnode.on_real_node(spec, node=node)}
+
+
+def service(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+            "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": PORT}]}}
+
+
+FETCH = r"""
+import sys, time, urllib.request
+url, deadline, err = sys.argv[1], time.monotonic() + 30, None
+while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            print(resp.read().decode().strip())
+            sys.exit(0)
+    except OSError as exc:  # a new Service's name and rules take a few seconds to appear
+        err = exc
+        time.sleep(0.5)
+sys.exit(f"unreachable: {url}: {err!r}")
+"""
+
+
+def fetch(k: kube.Kubectl, ns: str, pod: str, url: str) -> str:
+    """GET ``url`` from inside ``pod`` with the venv's Python (retrying for up to 30 s)."""
+    res = k.run("exec", "-n", ns, pod, "--", "python", "-c", FETCH, url, check=False, timeout_s=90)
+    assert res.returncode == 0, f"{pod} -> {url}: rc {res.returncode}: {res.stderr}"
+    return res.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def pods(k: kube.Kubectl, namespace: str) -> dict[str, dict[str, Any]]:
+    names = {"web-0": realnode.node_name(0), "web-1": realnode.node_name(1)}
+    for name, node in names.items():
+        k.run("apply", "-n", namespace, "-f", "-", stdin=json.dumps(server(name, node)))
+        k.run("apply", "-n", namespace, "-f", "-", stdin=json.dumps(service(name)))
+    k.run("wait", "-n", namespace, "--for=condition=Ready", *[f"pod/{n}" for n in names], "--timeout=90s",
+          timeout_s=100)
+    return {n: k.get_json("pod", n, "-n", namespace) for n in names}
+
+
+def test_both_real_nodes_ready_with_their_own_addresses(k: kube.Kubectl) -> None:
+    nodes = {n["metadata"]["name"]: n for n in k.get_json("nodes", "-l", f"{realnode.NODE_LABEL}=true")["items"]}
+    for i in (0, 1):
+        name = realnode.node_name(i)
+        assert name in nodes, sorted(nodes)
+        assert realnode.node_status_from_named(nodes[name]).up, realnode.node_status_from_named(nodes[name]).reason
+        ips = [a["address"] for a in nodes[name]["status"]["addresses"] if a["type"] == "InternalIP"]
+        assert ips == [f"{realnode.node_pod_prefix(i)}0.1"], ips
+
+
+def test_pods_run_on_their_nodes_with_their_nodes_pod_ranges(pods: dict[str, dict[str, Any]]) -> None:
+    for i in (0, 1):
+        pod = pods[f"web-{i}"]
+        assert pod["spec"]["nodeName"] == realnode.node_name(i)
+        assert pod["status"]["podIP"].startswith(f"{realnode.node_pod_prefix(i)}"), pod["status"]["podIP"]
+
+
+def test_pod_on_node_0_reaches_pod_on_node_1_by_service_name_and_back(
+        k: kube.Kubectl, namespace: str, pods: dict[str, dict[str, Any]]) -> None:
+    # Node 0 -> node 1: full Service DNS name; the page names the node that served it.
+    assert fetch(k, namespace, "web-0", f"http://web-1.{namespace}.svc.cluster.local:{PORT}/") == realnode.node_name(1)
+    # Node 1 -> node 0: short name through the pod's search path (node 1's resolv.conf names node 0's CoreDNS).
+    assert fetch(k, namespace, "web-1", f"http://web-0:{PORT}/") == realnode.node_name(0)
+    # Pod IP to pod IP across the node boundary (no Service in between).
+    ip1 = pods["web-1"]["status"]["podIP"]
+    assert fetch(k, namespace, "web-0", f"http://{ip1}:{PORT}/") == realnode.node_name(1)
