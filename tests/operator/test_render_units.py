@@ -1,6 +1,10 @@
 """Focused checks of render invariants (the golden files pin the full objects)."""
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 import opbuilders
 from kubeforge.api import contract
 from kubeforge.operator import names, render
@@ -98,6 +102,42 @@ def test_placement_required_packs_and_exclusive_repels_other_jobs() -> None:
 
 def test_no_placement_means_no_affinity() -> None:
     assert placement.affinity(opbuilders.job("tiny")) is None
+
+
+def test_role_affinity_keeps_trainer_apart_from_generators_and_beside_verifiers() -> None:
+    job = opbuilders.job("tiny", spec__roles__trainer__affinity={"apartFrom": ["generator"],
+                                                                   "colocateWith": ["verifier"]})
+    aff = placement.pod_placement(job, "trainer")["affinity"]
+    (anti,) = aff["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti == {"labelSelector": {"matchLabels": {contract.LABEL_JOB: "tiny", contract.LABEL_ROLE: "generator"}},
+                    "topologyKey": "kubernetes.io/hostname"}
+    (near,) = aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert near["labelSelector"]["matchLabels"][contract.LABEL_ROLE] == "verifier"
+    assert "affinity" not in placement.pod_placement(job, "generator")   # only the role that asks gets terms
+    # In the rendered StatefulSet too.
+    out = render.render(job, CTX)
+    sts = {o["metadata"]["name"]: o for o in _by_kind(out, "StatefulSet")}
+    assert sts["tiny-trainer"]["spec"]["template"]["spec"]["affinity"] == aff
+
+
+def test_role_affinity_preferred_merges_with_job_placement() -> None:
+    job = opbuilders.job("tiny", spec__placement={"topologyKey": "zone"},
+                         spec__roles__generator__affinity={"apartFrom": ["generator"], "mode": "Preferred",
+                                                           "topologyKey": "rack"})
+    aff = placement.pod_placement(job, "generator")["affinity"]
+    assert len(aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]) == 1   # the job's packing
+    (pref,) = aff["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert pref["weight"] == placement.PREFERRED_WEIGHT
+    assert pref["podAffinityTerm"]["topologyKey"] == "rack"
+    assert placement.affinity(job) == {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {contract.LABEL_JOB: "tiny"}}, "topologyKey": "zone"}]}}  # not mutated
+
+
+@pytest.mark.parametrize("affinity", [{"colocateWith": ["trainer"]},
+                                      {"colocateWith": ["verifier"], "apartFrom": ["verifier"]}])
+def test_role_affinity_refuses_self_colocation_and_contradictions(affinity: dict[str, Any]) -> None:
+    with pytest.raises(Exception, match="colocateWith"):
+        opbuilders.job("tiny", spec__roles__trainer__affinity=affinity)
 
 
 def test_rbac_names_only_the_jobs_pods() -> None:

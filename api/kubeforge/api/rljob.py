@@ -696,6 +696,47 @@ def _duplicates(names: list[str]) -> list[str]:
     return sorted({n for n in names if names.count(n) > 1})
 
 
+class RoleName(str, enum.Enum):
+    GENERATOR = "generator"
+    VERIFIER = "verifier"
+    TRAINER = "trainer"
+
+
+class PlacementMode(str, enum.Enum):
+    REQUIRED = "Required"
+    PREFERRED = "Preferred"
+
+
+MSG_AFFINITY_SELF = "colocateWith cannot name the role itself (use apartFrom to spread its own pods)"
+MSG_AFFINITY_BOTH = "a role cannot be in both colocateWith and apartFrom"
+
+
+class RoleAffinity(Model):
+    """Where this role's pods go relative to the job's roles (its own included): pod (anti-)affinity to the pods
+    of the named roles of the same job, over ``topologyKey`` domains."""
+
+    model_config = pydantic.ConfigDict(json_schema_extra=_schema_extra(
+        _cel("!has(self.colocateWith) || !has(self.apartFrom) || "
+             "!self.colocateWith.exists(r, r in self.apartFrom)", MSG_AFFINITY_BOTH)))
+
+    colocate_with: list[RoleName] = Field(
+        default_factory=list, max_length=3, description="Roles whose pods this role's pods join (same domain of "
+        "topologyKey, e.g. the same node): co-location, e.g. a verifier beside its generator.")
+    apart_from: list[RoleName] = Field(
+        default_factory=list, max_length=3, description="Roles whose pods this role's pods never share a domain "
+        "with, e.g. the trainer on another node than the generators; its own name spreads its pods one per domain.")
+    topology_key: str = Field("kubernetes.io/hostname", min_length=1, description="Node label whose value is a "
+                              "domain (default: the node itself).")
+    mode: PlacementMode = Field(PlacementMode.REQUIRED, description="Required (the scheduler refuses other "
+                                "nodes) | Preferred (a weight; the scheduler may still choose otherwise).")
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> RoleAffinity:
+        if set(self.colocate_with) & set(self.apart_from):
+            raise ValueError(MSG_AFFINITY_BOTH)
+        return self
+
+
 class RoleSpec(Model):
     """Settings shared by every role."""
 
@@ -713,6 +754,8 @@ class RoleSpec(Model):
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements,
                                             description="Resource requests and limits of the role's container.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the role's pods need.")
+    affinity: RoleAffinity | None = Field(None, description="Placement relative to the job's roles: co-locate "
+                                          "with some, keep apart from others (pod affinity over topologyKey).")
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list, description="Kubernetes tolerations of the role's pods.",
         json_schema_extra={"items": _FREE_FORM})
@@ -813,9 +856,20 @@ class TrainerRole(RoleSpec):
 class RolesSpec(Model):
     """The three roles of an RLJob."""
 
+    model_config = pydantic.ConfigDict(json_schema_extra=_schema_extra(_cel(
+        "(!has(self.generator) || !has(self.generator.affinity) || !has(self.generator.affinity.colocateWith) || !('generator' in self.generator.affinity.colocateWith)) && (!has(self.verifier) || !has(self.verifier.affinity) || !has(self.verifier.affinity.colocateWith) || !('verifier' in self.verifier.affinity.colocateWith)) && (!has(self.trainer) || !has(self.trainer.affinity) || !has(self.trainer.affinity.colocateWith) || !('trainer' in self.trainer.affinity.colocateWith))", MSG_AFFINITY_SELF)))
+
     generator: GeneratorRole = Field(default_factory=GeneratorRole, description="vLLM generators.")
     verifier: VerifierRole = Field(default_factory=VerifierRole, description="Verifiers (reward computation).")
     trainer: TrainerRole = Field(default_factory=TrainerRole, description="Trainers (GRPO updates).")
+
+    @pydantic.model_validator(mode="after")
+    def _no_self_colocation(self) -> RolesSpec:
+        for name in RoleName:
+            aff = getattr(self, name.value).affinity
+            if aff is not None and name in aff.colocate_with:
+                raise ValueError(MSG_AFFINITY_SELF)
+        return self
 
 
 # ---------------------------------------------------------------- cluster-only
@@ -836,11 +890,6 @@ class GangSpec(Model):
     schedule_timeout_seconds: int = Field(600, ge=1, le=86400, description="How long a gang may wait for room "
                                           "before the scheduler gives up on this attempt (backends that support it).")
     queue: str | None = Field(None, min_length=1, description="Queue name (Volcano, KAI, Kueue).")
-
-
-class PlacementMode(str, enum.Enum):
-    REQUIRED = "Required"
-    PREFERRED = "Preferred"
 
 
 MSG_EXCLUSIVE_NEEDS_KEY = "exclusive requires topologyKey"
@@ -880,12 +929,6 @@ class FailureReason(str, enum.Enum):
     EVICTED = "Evicted"
     NODE_LOST = "NodeLost"
     UNHEALTHY = "Unhealthy"          # killed because its liveness probe failed (no progress within the deadline)
-
-
-class RoleName(str, enum.Enum):
-    GENERATOR = "generator"
-    VERIFIER = "verifier"
-    TRAINER = "trainer"
 
 
 class FailureRule(Model):

@@ -6,6 +6,9 @@ How: packing is pod affinity to the job's own pods (``contract.LABEL_JOB``) over
 the scheduler lets the first pod of a job go anywhere, then every later pod (gang members waiting at Permit count
 too) must join its domain; ``exclusive`` is required anti-affinity to pods of every other RLJob (label present,
 value not this job) over the same key, which the scheduler also enforces in reverse for the other job's pods.
+A role's ``affinity`` adds, for that role's pods only, pod affinity to the pods of each role in ``colocateWith``
+and anti-affinity to those of each role in ``apartFrom`` (same job: labels ``LABEL_JOB`` and ``LABEL_ROLE``) over
+its ``topologyKey``; required anti-affinity is symmetric in the scheduler, so the other role's pods keep out too.
 """
 from __future__ import annotations
 
@@ -48,11 +51,40 @@ def affinity(job: rljob.RLJob) -> meta.Obj | None:
     return out or None
 
 
+def _same_role(job: rljob.RLJob, role: str, key: str) -> meta.Obj:
+    return {"labelSelector": {"matchLabels": {contract.LABEL_JOB: job.metadata.name, contract.LABEL_ROLE: role}},
+            "topologyKey": key}
+
+
+def _add_terms(out: meta.Obj, kind: str, terms: list[meta.Obj], mode: str) -> None:
+    if not terms:
+        return
+    section = out.setdefault(kind, {})
+    if mode == rljob.PlacementMode.REQUIRED.value:
+        section.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).extend(terms)
+    else:
+        section.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).extend(
+            {"weight": PREFERRED_WEIGHT, "podAffinityTerm": t} for t in terms)
+
+
+def role_affinity(job: rljob.RLJob, role: str) -> meta.Obj | None:
+    """The job's affinity plus ``role``'s own (``roles.<role>.affinity``), or None when neither is set."""
+    out: meta.Obj = affinity(job) or {}
+    ra = getattr(job.spec.roles, role).affinity
+    if ra is not None:
+        mode = str(getattr(ra.mode, "value", ra.mode))
+        _add_terms(out, "podAffinity", [_same_role(job, str(getattr(r, "value", r)), ra.topology_key)
+                                        for r in ra.colocate_with], mode)
+        _add_terms(out, "podAntiAffinity", [_same_role(job, str(getattr(r, "value", r)), ra.topology_key)
+                                            for r in ra.apart_from], mode)
+    return out or None
+
+
 def pod_placement(job: rljob.RLJob, role: str) -> meta.Obj:
     """The placement fields of ``role``'s pod spec (only the ones that are set)."""
     spec = getattr(job.spec.roles, role)
     out: meta.Obj = {}
-    aff = affinity(job)
+    aff = role_affinity(job, role)
     if aff:
         out["affinity"] = aff
     if spec.node_selector:
