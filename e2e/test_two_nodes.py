@@ -176,3 +176,99 @@ def test_pod_on_node_0_reaches_pod_on_node_1_by_service_name_and_back(
     # Pod IP to pod IP across the node boundary (no Service in between).
     ip1 = pods["web-1"]["status"]["podIP"]
     assert fetch(k, namespace, "web-0", f"http://{ip1}:{PORT}/") == realnode.node_name(1)
+
+
+# ------------------------------------------------------------------ NetworkPolicy enforced (issue 31 item 2)
+
+NETPOL = realnode.SCRIPTS_DIR / "netpol.sh"
+JOB = "tiny"
+
+PROBE = r"""
+import concurrent.futures, json, socket, sys
+def reach(target):
+    host, port = target.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=2.0):
+            return True
+    except OSError:
+        return False
+targets = sys.argv[1:]
+with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
+    print(json.dumps(dict(zip(targets, pool.map(reach, targets)))))
+"""
+
+
+def rendered_policy(namespace: str) -> dict[str, Any]:
+    """The operator's own NetworkPolicy for the tiny RLJob in ``namespace`` (operator/render/network.py)."""
+    from kubeforge.api import load
+    from kubeforge.operator.render import context, network
+
+    job = load.load_file(realnode.REPO_ROOT / "examples" / "tiny.yaml")
+    job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": namespace})})
+    policy = network.network_policy(job, context.RenderContext(namespace=namespace, uid="e2e"))
+    policy["metadata"].pop("ownerReferences", None)     # no RLJob object here to own it
+    return policy
+
+
+def listener(name: str, node: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A pod on ``node`` listening on every role port (busybox httpd per port), with the venv's Python to probe."""
+    from kubeforge.api import contract
+
+    ports = [contract.DEFAULT_PORT_BASE + off for off in range(5)]
+    script = "mkdir -p /tmp/www && echo ok >/tmp/www/index.html; " + " ".join(
+        f"busybox httpd -p {p} -h /tmp/www;" for p in ports) + " exec sleep 3600"
+    doc = server(name, node)
+    doc["metadata"]["labels"] = labels
+    doc["spec"]["containers"][0]["command"] = ["sh", "-c", script]
+    return doc
+
+
+def probe(k: kube.Kubectl, ns: str, pod: str, targets: list[str]) -> dict[str, bool]:
+    res = k.run("exec", "-n", ns, pod, "--", "python", "-c", PROBE, *targets, check=False, timeout_s=60)
+    assert res.returncode == 0, f"probe from {pod}: {res.stderr}"
+    return json.loads(res.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def enforcer(cluster: lifecycle.Cluster) -> Iterator[None]:
+    """kube-router's NetworkPolicy controller on both nodes for this module's NetworkPolicy tests."""
+    subprocess.run(["bash", str(NETPOL), cluster.workdir, "up"], check=True, timeout=240)
+    try:
+        yield
+    finally:
+        subprocess.run(["bash", str(NETPOL), cluster.workdir, "down"], check=False, timeout=120)
+
+
+def test_job_network_policy_blocks_strangers_and_passes_the_jobs_own_pods(
+        k: kube.Kubectl, namespace: str, enforcer: None) -> None:
+    from kubeforge.api import contract
+
+    job = {contract.LABEL_JOB: JOB}
+    pods = {"job-a": (0, {**job, contract.LABEL_ROLE: "trainer"}), "job-b": (1, {**job, contract.LABEL_ROLE: "generator"}),
+            "stranger-0": (0, {"app": "stranger"}), "stranger-1": (1, {"app": "stranger"})}
+    for name, (node, labels) in pods.items():
+        k.run("apply", "-n", namespace, "-f", "-", stdin=json.dumps(listener(name, realnode.node_name(node), labels)))
+    k.run("wait", "-n", namespace, "--for=condition=Ready", *[f"pod/{n}" for n in pods], "--timeout=90s", timeout_s=100)
+    ip = {n: k.get_json("pod", n, "-n", namespace)["status"]["podIP"] for n in pods}
+    metrics = contract.DEFAULT_PORT_BASE + contract.PORT_METRICS
+    role_ports = [contract.DEFAULT_PORT_BASE + p for p in (contract.PORT_DATA, contract.PORT_CONTROL,
+                                                           contract.PORT_DIST, contract.PORT_WEIGHTS)]
+    role_targets = [f"{ip[t]}:{p}" for t in ("job-a", "job-b") for p in role_ports]
+    # Control: without the policy a stranger reaches every role port (so a blocked port below is the policy's doing).
+    before = probe(k, namespace, "stranger-0", role_targets)
+    assert all(before.values()), before
+
+    k.run("apply", "-n", namespace, "-f", "-", stdin=json.dumps(rendered_policy(namespace)))
+
+    def blocked() -> dict[str, dict[str, bool]] | None:
+        seen = {s: probe(k, namespace, s, role_targets) for s in ("stranger-0", "stranger-1")}
+        return seen if not any(v for got in seen.values() for v in got.values()) else None
+
+    kube.wait_for("strangers blocked from every role port on both nodes", blocked, timeout_s=60, interval_s=2.0)
+    # Metrics stay open to anyone (scrapers, probes): the policy's second rule.
+    open_metrics = probe(k, namespace, "stranger-1", [f"{ip['job-a']}:{metrics}", f"{ip['job-b']}:{metrics}"])
+    assert all(open_metrics.values()), open_metrics
+    # The job's own pods still reach each other on every port, across the node boundary both ways.
+    a_to_b = probe(k, namespace, "job-a", [f"{ip['job-b']}:{p}" for p in [metrics, *role_ports]])
+    b_to_a = probe(k, namespace, "job-b", [f"{ip['job-a']}:{p}" for p in [metrics, *role_ports]])
+    assert all(a_to_b.values()) and all(b_to_a.values()), (a_to_b, b_to_a)

@@ -3,9 +3,10 @@
 #
 # Usage: e2e/build/build.sh [--print-bin-dir] [component|group ...]
 #   components: etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl
-#               helm kubelet kube-proxy coredns registry
+#               helm kubelet kube-proxy coredns registry kube-router
 #   groups:     control-plane (first seven), node (kubelet kube-proxy coredns), all (default)
-#   (registry: the OCI distribution registry that `make images REGISTRY=...` is tested against)
+#   (registry: the OCI distribution registry that `make images REGISTRY=...` is tested against;
+#    kube-router: only its NetworkPolicy controller runs, the real nodes' enforcer, e2e/node/netpol.sh)
 #
 # Each upstream piece is built through its own wrapper module in e2e/build/mod/<wrapper>
 # (copied to the cache, so the repo is never modified). Binaries land in
@@ -26,7 +27,8 @@ STAMPS="$BIN/.stamp"
 SRC="$CACHE/src"
 SHARE="$CACHE/share"
 
-ALL=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl helm kubelet kube-proxy coredns registry)
+ALL=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl helm kubelet kube-proxy coredns registry
+  kube-router)
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl)
 NODE=(kubelet kube-proxy coredns)
 
@@ -48,6 +50,7 @@ spec() {
     helm)                    echo "helm|helm.sh/helm/v3/cmd/helm|$HELM_VERSION" ;;
     coredns)                 echo "coredns|github.com/coredns/coredns|$COREDNS_VERSION" ;;
     registry)                echo "registry|github.com/distribution/distribution/v3/cmd/registry|$REGISTRY_VERSION" ;;
+    kube-router)             echo "kube-router|github.com/cloudnativelabs/kube-router/v2/cmd/kube-router|$KUBE_ROUTER_VERSION" ;;
     *) return 1 ;;
   esac
 }
@@ -65,6 +68,9 @@ ldflags_for() {
     kwok)
       f+=" -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
       f+=" -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${K8S_VERSION#v}" ;;
+    kube-router)
+      f+=" -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
+      f+=" -X github.com/cloudnativelabs/kube-router/v2/pkg/version.BuildDate=1970-01-01T00:00:00Z" ;;
     helm)
       local minor="${K8S_VERSION#v*.}"; minor="${minor%%.*}"
       f+=" -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"

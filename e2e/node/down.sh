@@ -81,6 +81,8 @@ clean_iptables() {
   done
   while iptables -w -D FORWARD -j "$KF_GUARD_CHAIN" 2>/dev/null; do :; done
   iptables -w -F "$KF_GUARD_CHAIN" 2>/dev/null; iptables -w -X "$KF_GUARD_CHAIN" 2>/dev/null
+  while iptables -w -t mangle -D FORWARD -j "$KF_GUARD_CHAIN" 2>/dev/null; do :; done
+  iptables -w -t mangle -F "$KF_GUARD_CHAIN" 2>/dev/null; iptables -w -t mangle -X "$KF_GUARD_CHAIN" 2>/dev/null
   while iptables -w -D INPUT -j "$KF_INPUT_CHAIN" 2>/dev/null; do :; done
   iptables -w -F "$KF_INPUT_CHAIN" 2>/dev/null; iptables -w -X "$KF_INPUT_CHAIN" 2>/dev/null
   return 0
@@ -155,10 +157,18 @@ extra_nodes() { # action
   return "$rc"
 }
 
+# The NetworkPolicy enforcers (netpol.sh), first: their rules in the root namespace go with them.
+netpol_down() {
+  [ -n "$KF_W" ] || return 0
+  compgen -G "$KF_W/node*/pids/kube-router.pid" >/dev/null || return 0
+  bash "$HERE/netpol.sh" "$KF_W" down || kf_log "warning: netpol.sh down failed"
+}
+
 main() {
   local other
   kf_host_deps
   kf_lock
+  netpol_down
   other="$(kf_other_node)"
   if [ -n "$other" ]; then
     # Another cluster's real node owns the host state (bridge, iptables, sysctls): leave all of it alone.

@@ -29,7 +29,7 @@ check_processes() {
   for d in /proc/[0-9]*; do
     exe="$(readlink "$d/exe" 2>/dev/null)" || continue
     case "${exe##*/}" in
-      containerd|containerd-shim*|kubelet|kube-proxy|coredns|runc|pause) leak process "pid ${d#/proc/} $exe" ; continue ;;
+      containerd|containerd-shim*|kubelet|kube-proxy|coredns|runc|pause|kube-router) leak process "pid ${d#/proc/} $exe" ; continue ;;
     esac
     net="$(readlink "$d/ns/net" 2>/dev/null)"
     [ -n "$net" ] && [ "$net" != "$host_net" ] && { leak process "pid ${d#/proc/} $exe runs in another netns ($net)"; continue; }
@@ -80,6 +80,12 @@ check_iptables() {
   done
 }
 
+check_ipsets() { # the NetworkPolicy enforcer's sets (netpol.sh) in the root namespace
+  local set
+  command -v ipset >/dev/null 2>&1 || return 0
+  for set in $(ipset list -n 2>/dev/null | grep -iE '^kube' || true); do leak ipset "$set"; done
+}
+
 check_links() {
   ip link show "$KF_BRIDGE" >/dev/null 2>&1 && leak link "bridge $KF_BRIDGE"
   ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | grep -E '^(kf[0-9]|kfv[0-9])' | while read -r l; do
@@ -122,6 +128,7 @@ check_netns
 check_leases
 check_ports
 check_iptables
+check_ipsets
 check_links
 check_misc
 if [ "$found" -eq 0 ]; then

@@ -60,6 +60,14 @@ iptables -w -A "$KF_GUARD_CHAIN" -o "$KF_BRIDGE" -j DROP
 iptables -w -A "$KF_GUARD_CHAIN" -i "$KF_VETH_PREFIX+" -j DROP
 iptables -w -A "$KF_GUARD_CHAIN" -o "$KF_VETH_PREFIX+" -j DROP
 iptables -w -C FORWARD -j "$KF_GUARD_CHAIN" 2>/dev/null || iptables -w -I FORWARD 1 -j "$KF_GUARD_CHAIN"
+# The same guard in the mangle table, which the kernel runs before filter: a NetworkPolicy enforcer (netpol.sh)
+# puts its own ACCEPTing chain first in filter FORWARD and keeps it there, which would skip the guard above.
+iptables -w -t mangle -N "$KF_GUARD_CHAIN" 2>/dev/null || true
+iptables -w -t mangle -F "$KF_GUARD_CHAIN"
+iptables -w -S "$KF_GUARD_CHAIN" | grep '^-A ' | while read -r _ _ rule; do
+  eval "iptables -w -t mangle -A $KF_GUARD_CHAIN $rule"
+done
+iptables -w -t mangle -C FORWARD -j "$KF_GUARD_CHAIN" 2>/dev/null || iptables -w -t mangle -I FORWARD 1 -j "$KF_GUARD_CHAIN"
 # INPUT guard: the node's addresses (and, added by up.sh, the apiserver's port, which listens on all
 # addresses) answer only loopback and the bridge, never the external interface.
 iptables -w -N "$KF_INPUT_CHAIN" 2>/dev/null || true

@@ -6,7 +6,8 @@ Role: one ``NetworkPolicy`` ``<job>-network`` selecting every pod of the job (``
   would break the trainers' group and weight sync;
 - from anywhere: the ``metrics`` port only (Prometheus scrapes ``/metrics``; the kubelet's probes use it too).
 Egress is not restricted (roles resolve names, trainer rank 0 calls the API server). Enforced only by a CNI that
-implements NetworkPolicy (Calico, Cilium, Antrea, kube-router, Weave); the plain bridge CNI ignores it.
+implements NetworkPolicy (Calico, Cilium, Antrea, kube-router, Weave); the plain bridge CNI ignores it (the test
+cluster's real nodes add kube-router's enforcer: e2e/node/netpol.sh, checked by e2e/test_two_nodes.py).
 """
 from __future__ import annotations
 
