@@ -272,3 +272,35 @@ def test_job_network_policy_blocks_strangers_and_passes_the_jobs_own_pods(
     a_to_b = probe(k, namespace, "job-a", [f"{ip['job-b']}:{p}" for p in [metrics, *role_ports]])
     b_to_a = probe(k, namespace, "job-b", [f"{ip['job-a']}:{p}" for p in [metrics, *role_ports]])
     assert all(a_to_b.values()) and all(b_to_a.values()), (a_to_b, b_to_a)
+
+
+# ------------------------------------------------------------------ roles across nodes (issue 31 item 3)
+
+JOB_STEPS = 12
+
+
+def test_trainer_and_generator_on_different_nodes_train_to_succeeded(cluster: lifecycle.Cluster) -> None:
+    """The tiny RLJob states only role affinities (trainer apartFrom generator, verifier colocateWith generator);
+    it trains to Succeeded with rollouts and weight syncs crossing the node boundary, every step once."""
+    import tempfile
+
+    import run_nodes  # noqa: F401  (also points the pods at this checkout's sources in a worktree)
+    import run_real
+
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="kf-2n-job-"))
+    workdir.chmod(0o755)                # the hostPath checkpoint dir below it is used by UID 1000
+    manifest = workdir / "rljob.yaml"
+    manifest.write_text(json.dumps(run_nodes.placement_manifest(same_node=False, steps=JOB_STEPS)))
+    result = run_real.run(cluster=cluster, workdir=workdir / "run", kill_after_step=None, timeout_s=600,
+                          base=manifest)
+    placed = run_nodes.nodes_of(result.pods)
+    figures = {"nodes": placed, "phase": result.status.get("phase"), **run_nodes.step_figures(result.trainer_logs)}
+    print(f"\n[two-nodes] job across nodes: {json.dumps(figures)}", file=sys.stderr, flush=True)
+    assert result.succeeded, (result.status, result.failures)
+    trainer, generator = set(placed.get("trainer", [])), set(placed.get("generator", []))
+    assert trainer and generator and not trainer & generator, placed
+    assert placed.get("verifier") == placed.get("generator"), placed
+    steps = [d["step"] for t in result.trainer_logs for d in run_real.json_lines(t)
+             if isinstance(d.get("step"), int) and "mean_reward" in d]
+    assert steps == list(range(1, JOB_STEPS + 1)), steps
+    assert figures["syncs"] and figures["sync_bytes"], figures      # weights crossed to the other node
