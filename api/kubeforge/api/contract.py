@@ -105,13 +105,25 @@ def service_name(job: str) -> str:
     return job
 
 
-def pod_name(job: str, role: str, index: int) -> str:
-    """The StatefulSet pod of ``role`` with ordinal ``index``."""
+SURPLUS_GENERATORS = "gen-surplus"   # "<job>-gen-surplus": with MAX_JOB_NAME_LENGTH, 52 characters at most
+
+
+def surplus_generators(job: str) -> str:
+    """The StatefulSet of the generators beyond ``spec.roles.generator.minReplicas`` (not gang-held; its ordinals
+    start at the minimum, so generator indexes stay contiguous across the two StatefulSets)."""
+    return f"{job}-{SURPLUS_GENERATORS}"
+
+
+def pod_name(job: str, role: str, index: int, *, gang_held: int | None = None) -> str:
+    """The StatefulSet pod of ``role`` with ordinal ``index``; a generator at or beyond ``gang_held``
+    (``GeneratorRole.gang_held()``) belongs to the surplus StatefulSet."""
+    if role == "generator" and gang_held is not None and index >= gang_held:
+        return f"{surplus_generators(job)}-{index}"
     return f"{child_name(job, role)}-{index}"
 
 
-def peer_host(job: str, role: str, index: int, namespace: str) -> str:
+def peer_host(job: str, role: str, index: int, namespace: str, *, gang_held: int | None = None) -> str:
     """Stable DNS name of a pod behind the job's headless Service (a trainer finds a generator that joins a
     running job by it: generator replicas are elastic). Pod names are unique across roles, so one Service serves
     every role."""
-    return f"{pod_name(job, role, index)}.{service_name(job)}.{namespace}.svc"
+    return f"{pod_name(job, role, index, gang_held=gang_held)}.{service_name(job)}.{namespace}.svc"

@@ -251,7 +251,8 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
             pacer.forget(key)
         return Outcome(gone=True, phase=job.status.phase if job.status else None)
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
-                                active=plan.active, gang_active=plan.gang_active, image=image)
+                                active=plan.active, gang_active=plan.gang_active, image=image,
+                                surplus_active=plan.surplus_active, surplus_present=plan.surplus_present)
     if not cache.has_key_secret(key):   # the job key: drawn once, created only when absent (render/secret.py)
         cluster.create_if_absent(secret.job_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
         cache.key_secret_made(key)

@@ -49,11 +49,11 @@ def gang_condition(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Pla
         return False, reasons.FINISHED, "the job is finished; nothing is scheduled"
     if plan.suspended:
         return False, reasons.JOB_SUSPENDED, "the job is suspended; the gang is released"
-    pods = [p for p in obs.of_attempt(plan.attempt) if not p.terminating]
+    pods = lifecycle.gang_pods(job, obs, plan.attempt)    # surplus generators waiting for room are no gang matter
     stuck = [p for p in pods if p.unschedulable]
     if stuck:
         return False, reasons.UNSCHEDULABLE, f"{len(stuck)} pods unschedulable: {stuck[0].unschedulable}"
-    want = gang_base.min_member(job)            # generators beyond generator.minReplicas are not gang-held
+    want = gang_base.min_member(job)
     placed = sum(p.scheduled for p in pods)
     if plan.active and placed >= want:
         return True, reasons.SCHEDULED, f"all {want} pods are bound to nodes"
