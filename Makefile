@@ -96,9 +96,11 @@ images: venv host-deps
 build-cluster:
 	bash e2e/build/build.sh $(COMPONENTS)
 
-# Prints `export KUBECONFIG=<path>` last. REAL_NODE=1 (or KUBEFORGE_REAL_NODE=1) adds the real node.
+# Prints `export KUBECONFIG=<path>` last. REAL_NODE=1 (or KUBEFORGE_REAL_NODE=1) adds the real node; KUEUE=1 (or
+# KUBEFORGE_KUEUE=1) starts Kueue's manager beside the control plane (built on first use: e2e/build/build.sh kueue).
 cluster-up: $(REAL_NODE_DEPS)
-	@KUBEFORGE_REAL_NODE=$(if $(REAL_NODE),$(REAL_NODE),$(KUBEFORGE_REAL_NODE)) PYTHONPATH=e2e $(PY) -m kfcluster up
+	@KUBEFORGE_REAL_NODE=$(if $(REAL_NODE),$(REAL_NODE),$(KUBEFORGE_REAL_NODE)) \
+	  KUBEFORGE_KUEUE=$(if $(KUEUE),$(KUEUE),$(KUBEFORGE_KUEUE)) PYTHONPATH=e2e $(PY) -m kfcluster up
 
 cluster-down:
 	@KUBEFORGE_REAL_NODE=$(if $(REAL_NODE),$(REAL_NODE),$(KUBEFORGE_REAL_NODE)) PYTHONPATH=e2e $(PY) -m kfcluster down

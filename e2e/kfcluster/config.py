@@ -106,6 +106,8 @@ class ClusterConfig:
     nodes: tuple[NodePool, ...] = (NodePool(),)
     ready_timeout_s: float = 120.0
     real_node: bool = False
+    #: start Kueue's manager beside the control plane (``make cluster-up KUEUE=1``; kfcluster/kueue.py)
+    kueue: bool = False
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -190,6 +192,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Clust
         "kwok_pod_parallelism": _int(env, "KF_KWOK_POD_PARALLELISM", base.kwok_pod_parallelism),
         "nodes": (node_pool_from_env(env),),
         "real_node": env.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes"),
+        "kueue": env.get("KUBEFORGE_KUEUE", "") in ("1", "true", "yes"),
     }
     values.update(overrides)
     return ClusterConfig(**values)  # type: ignore[arg-type]

@@ -56,6 +56,7 @@ class Cluster:
     kwok_dir: str
     real_node: bool = False
     nodes: tuple[str, ...] = ()
+    kueue: bool = False
 
     @property
     def kubectl(self) -> kube.Kubectl:
@@ -187,6 +188,9 @@ def _up(config: cfg.ClusterConfig) -> Cluster:
                   timeout_s=config.ready_timeout_s)
     _check_alive(cdir)
     log(f"control plane ready with {len(cluster.nodes)} kwok nodes in {time.monotonic() - t0:.1f}s")
+    if config.kueue:
+        from kfcluster import kueue     # noqa: PLC0415 - kueue imports this module
+        cluster = kueue.start(cluster)
     if config.real_node:
         _node_script("up.sh", workdir=str(workdir), required=True)
     return cluster

@@ -79,6 +79,11 @@ ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # a progress.ProgressReport (st
 # lastExport {request, path, step}, which the operator copies into status.progress.lastExport.
 ANNOTATION_EXPORT_REQUEST = "kubeforge.dev/export-request"
 
+# Kueue's labels, as users write them on every Kueue workload; on an RLJob they make it one (the operator's
+# ``queueing``): its pods exist only while Kueue admits the job.
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"          # the LocalQueue in the RLJob's namespace
+LABEL_KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"   # a WorkloadPriorityClass
+
 JOB_KEY_SECRET_KEY = "key"                   # the data key holding ENV_JOB_KEY in the job's Secret
 
 

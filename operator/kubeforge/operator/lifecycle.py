@@ -21,7 +21,7 @@ import dataclasses
 import datetime as dt
 
 from kubeforge.api import contract, failures, progress, rljob
-from kubeforge.operator import completion, deadline, failure_policy, names, observed, reasons, timefmt, ttl
+from kubeforge.operator import completion, deadline, failure_policy, names, observed, queueing, reasons, timefmt, ttl
 from kubeforge.operator.render import statefulset
 from kubeforge.operator.render.gang import base as gang_base
 
@@ -53,6 +53,8 @@ class Plan:
     delete_job: bool = False
     requeue_after: float | None = None
     surplus_active: bool = True            # the surplus generators may have pods (``gang_placed``)
+    queue: queueing.Gate | None = None     # a Kueue workload's gate (None: not labelled with a queue)
+    held_by_queue: bool = False            # suspended only because Kueue has not admitted it (or evicted it)
     surplus_present: bool = False          # pods of the surplus StatefulSet exist (any attempt)
 
 
@@ -113,8 +115,10 @@ def _min(*values: float | None) -> float | None:
     return min(present) if present else None
 
 
-def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Plan:
-    """This pass's facts for ``job`` (its ``status`` is the previous pass's result)."""
+def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime,
+           queue: queueing.Gate | None = None) -> Plan:
+    """This pass's facts for ``job`` (its ``status`` is the previous pass's result); ``queue``: Kueue's gate for a
+    job labelled with a queue (not admitted: treated as suspended, its pods go and its deadline does not run)."""
     prev = job.status or rljob.RLJobStatus()
     attempt, restarts = prev.attempt, prev.restarts
     terminal, t_reason, t_message = _prev_terminal(prev)
@@ -125,7 +129,8 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Pla
     decision: failures.Decision | None = None
     handled = dict(prev.handled_failures)
     role_restarts = {r: s.restarts for r, s in prev.roles.items() if s.restarts}
-    suspended = job.spec.suspend and terminal is None
+    queued = queue is not None and not queue.admitted
+    suspended = (job.spec.suspend or queued) and terminal is None
 
     if terminal is None and not suspended:
         left = deadline.remaining(job, start_time, now)
@@ -181,6 +186,7 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Pla
         delete_job=ttl_left is not None and ttl_left <= 0,
         requeue_after=_min(ttl_left, deadline_left, stall_left),
         surplus_active=active and gang_placed(job, obs, attempt),
+        queue=queue, held_by_queue=suspended and not job.spec.suspend,
         surplus_present=any(is_surplus(job, p) for p in obs.pods),
     )
 

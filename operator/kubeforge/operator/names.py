@@ -55,6 +55,11 @@ def pod_group(job: str) -> str:
     return job
 
 
+def workload(job: str) -> str:
+    """Kueue's Workload of a job labelled ``kueue.x-k8s.io/queue-name`` (``render.workload``)."""
+    return job
+
+
 pod = contract.pod_name            # replica ``index`` of ``role`` (StatefulSet ordinal naming)
 peer_host = contract.peer_host     # stable DNS name of a pod behind the job's headless Service
 

@@ -25,6 +25,8 @@ class RenderContext:
         StatefulSet has 0 replicas, so they cannot take the place of a gang member.
     surplus_present: pods of the surplus StatefulSet exist while the spec has none (``minReplicas`` removed): the
         StatefulSet must go.
+    admission: a Kueue workload's admission (``queueing.admission_key``; "" when not one or not admitted): the
+        spec rendered is then the job as admitted (``queueing.admitted_job``), and a new admission re-renders.
     """
 
     namespace: str
@@ -35,3 +37,4 @@ class RenderContext:
     image: str = names.DEFAULT_RUNTIME_IMAGE
     surplus_active: bool = True
     surplus_present: bool = False
+    admission: str = ""
