@@ -276,6 +276,15 @@ def _node_script(script: str, *, workdir: str, required: bool) -> None:
     subprocess.run(["bash", str(path), workdir], check=True)
 
 
+def _stop_kueue(kwok_dir: str) -> None:
+    """Kueue's manager first (``kfcluster.kueue``): it is no kwokctl component, and stopped before the API server
+    it would otherwise keep retrying."""
+    pid_file = pathlib.Path(kwok_dir, "kueue", "kueue.pid")
+    text = pid_file.read_text().strip() if pid_file.is_file() else ""
+    if text.isdigit() and int(text) in procs.processes_mentioning(kwok_dir):
+        procs.terminate([int(text)])
+
+
 def _leftovers(workdir: str) -> dict[int, str]:
     return procs.processes_mentioning(os.path.join(workdir, "kwok"))
 
@@ -310,6 +319,7 @@ def _down(workdir: str, *, timeout_s: float) -> None:
             log(f"real node down failed ({exc}); stopping the control plane anyway")
             node_error = exc
     kwok_dir = os.path.join(workdir, "kwok")
+    _stop_kueue(kwok_dir)
     bin_dir = cluster.bin_dir if cluster else str(binaries.bin_dir())
     name = cluster.name if cluster else os.path.basename(workdir.rstrip("/"))
     if os.path.isdir(os.path.join(kwok_dir, "clusters", name)):

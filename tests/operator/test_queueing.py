@@ -115,3 +115,14 @@ def test_finish_once() -> None:
         c for c in patch["status"]["conditions"] if c["type"] == "Finished").items()
     done = queueing.facts(_wl(("Finished", "True", "Succeeded", "")))
     assert queueing.finish(done, succeeded=True, message="", now="t") is None
+
+
+def test_a_queue_label_with_kueue_pod_groups_is_refused_naming_the_label() -> None:
+    from kubeforge.api import validate
+
+    job = opbuilders.job("tiny", spec__gang__backend="Kueue", spec__gang__queue="team-a")
+    labelled = job.model_copy(update={"metadata": job.metadata.model_copy(update={"labels": {
+        contract.LABEL_KUEUE_QUEUE: "team-a"}})})
+    (problem,) = [p for p in validate.problems(labelled) if "queue-name" in p]
+    assert problem.startswith("metadata.labels[kueue.x-k8s.io/queue-name]: Forbidden")
+    assert not [p for p in validate.problems(_job()) if "queue-name" in p]
