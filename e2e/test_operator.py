@@ -179,7 +179,12 @@ def test_surplus_generators_never_take_the_trainers_place(env: Any, ns: str) -> 
         assert "tiny-generator-0" in bound and len(bound) == 5 + 1, bound      # 8 GPUs - 2 (trainer) = 6
         assert len(waiting) == 6 and all(p["status"]["phase"] == "Pending" for p in waiting)
         assert all(p["metadata"]["name"].startswith("tiny-gen-surplus-") for p in waiting)
-        assert all("scheduling.x-k8s.io/pod-group" not in p["metadata"]["labels"] for p in waiting)
+        # the gang's members are exactly its minimum (before, all 12 generators carried the label and any 3 pods
+        # satisfied minMember 3: whether the trainer got its place was a race the generators could win)
+        members = sorted(p["metadata"]["name"] for p in pods(k, ns, "tiny")
+                         if "scheduling.x-k8s.io/pod-group" in p["metadata"]["labels"])
+        assert members == ["tiny-generator-0", "tiny-trainer-0", "tiny-verifier-0"], members
+        assert k.get("podgroup", "tiny", "-n", ns)["spec"]["minMember"] == 3
         indexes = sorted(int(p["metadata"]["labels"]["apps.kubernetes.io/pod-index"]) for p in gens)
         assert indexes == list(range(12))        # ordinals contiguous across the two StatefulSets
         assert k.get("rljob", "tiny", "-n", ns)["status"]["phase"] == "Running"
