@@ -99,9 +99,11 @@ build-cluster:
 	bash e2e/build/build.sh $(COMPONENTS)
 
 # Prints `export KUBECONFIG=<path>` last. REAL_NODE=1 (or KUBEFORGE_REAL_NODE=1) adds the real node; REAL_NODES=2
-# two real nodes (kf-real-0 and kf-real-1 in its own network namespace).
+# two real nodes (kf-real-0 and kf-real-1 in its own network namespace); KUEUE=1 (or KUBEFORGE_KUEUE=1) starts
+# Kueue's manager beside the control plane (built on first use: e2e/build/build.sh kueue).
 cluster-up: $(REAL_NODE_DEPS)
-	@KUBEFORGE_REAL_NODE=$(REAL_NODE_FLAG) $(if $(REAL_NODES),KF_REAL_NODES=$(REAL_NODES)) PYTHONPATH=e2e $(PY) -m kfcluster up
+	@KUBEFORGE_REAL_NODE=$(REAL_NODE_FLAG) $(if $(REAL_NODES),KF_REAL_NODES=$(REAL_NODES)) \
+	  KUBEFORGE_KUEUE=$(if $(KUEUE),$(KUEUE),$(KUBEFORGE_KUEUE)) PYTHONPATH=e2e $(PY) -m kfcluster up
 
 cluster-down:
 	@KUBEFORGE_REAL_NODE=$(REAL_NODE_FLAG) PYTHONPATH=e2e $(PY) -m kfcluster down

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from kfcluster import lifecycle
-from kfcluster.fixtures import api_client, choose_session_cluster, kube_cluster, namespace  # noqa: F401
+from kfcluster.fixtures import api_client, choose_session_cluster, kube_cluster, kueue_cluster, namespace  # noqa: F401
 
 _PRIVATE_WORKDIR = choose_session_cluster(os.environ)
 

@@ -2,9 +2,9 @@
 
 ```
  apply ──▶ Running (1 generator) ── trainer step >= 5 ──▶ kubectl scale rljob --replicas 2
-      ──▶ generator-1 pod starts vLLM, says READY; trainer 0 grows the weight-sync group (epoch +1), pushes the
+      ──▶ gen-surplus-1 pod starts vLLM, says READY; trainer 0 grows the weight-sync group (epoch +1), pushes the
           current policy, hands it work ── 5 more steps ──▶ kubectl scale rljob --replicas 1
-      ──▶ generator-1 pod deleted (SIGTERM: it tells trainer 0 it leaves; its work goes to generator-0)
+      ──▶ gen-surplus-1 pod deleted (SIGTERM: it tells trainer 0 it leaves; its work goes to generator-0)
       ──▶ Succeeded; the trainer pod's UID and restart count never changed
 ```
 

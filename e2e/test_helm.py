@@ -177,6 +177,9 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
         if kind in ("Pod", "Event", "Lease", "Secret", contract.KIND):   # Lease: the leader Role (test below)
             continue
         assert granted.get((group, plural), set()) >= write, f"{kind} ({api_version}): {granted.get((group, plural))}"
+    assert granted[("kueue.x-k8s.io", "workloads/status")] == {"get", "patch"}      # eviction, Finished
+    assert granted[("kueue.x-k8s.io", "resourceflavors")] == granted[("kueue.x-k8s.io", "workloadpriorityclasses")] \
+        == {"get"}
     scanning = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge-scanning")["rules"])
     assert scanning == {("", "namespaces"): {"list", "watch"},
                         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}

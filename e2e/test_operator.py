@@ -148,6 +148,52 @@ def test_gang_waits_for_gpus_then_starts_whole(env: Any, ns: str) -> None:
         k.run("delete", "node", "kwok-extra-0", "kwok-extra-1", check=False)
 
 
+def test_surplus_generators_never_take_the_trainers_place(env: Any, ns: str) -> None:
+    """One node's worth of GPUs (8): 12 generators of 1 GPU with minReplicas 1 and a trainer of 2 GPUs. Only the
+    minimum is the gang (1 generator, the verifier, the trainer: 3 GPUs); the 11 surplus generators come after
+    it, so the trainer runs and the generators that do not fit wait (before, 8 generators took the node and the
+    trainer stayed Pending)."""
+    cluster, k, _ = env
+    pool_id = f"one-{uuid.uuid4().hex[:6]}"
+    pool = kfconfig.NodePool(count=1, gpus=8, prefix=pool_id, zones=("zone-c",),
+                             extra_labels={"kubeforge.dev/pool": pool_id})
+    lifecycle.add_nodes(cluster, [pool])
+    on_pool = {"nodeSelector": {"kubeforge.dev/pool": pool_id}}
+    roles = {"generator": {"replicas": 12, "minReplicas": 1, "resources": {"limits": {"nvidia.com/gpu": 1}},
+                           **on_pool},
+             "verifier": {"replicas": 1, **on_pool},
+             "trainer": {"replicas": 1, "resources": {"limits": {"nvidia.com/gpu": 2}}, **on_pool}}
+    try:
+        k.apply(example("tiny", ns, roles=roles))
+        st = wait("Running", phase_is(k, ns, "tiny", "Running"), timeout_s=180)
+        trainer = k.get("pod", "tiny-trainer-0", "-n", ns)
+        assert trainer["spec"]["nodeName"] == f"{pool_id}-0" and trainer["status"]["phase"] == "Running"
+        assert condition(st, "GangScheduled")["status"] == "True"
+        gens = [p for p in pods(k, ns, "tiny") if p["metadata"]["labels"]["kubeforge.dev/role"] == "generator"]
+        wait("12 generator pods", lambda: len([p for p in pods(k, ns, "tiny") if p["metadata"]["labels"][
+            "kubeforge.dev/role"] == "generator"]) == 12, timeout_s=60)
+        time.sleep(5)      # several scheduling attempts for the surplus
+        gens = [p for p in pods(k, ns, "tiny") if p["metadata"]["labels"]["kubeforge.dev/role"] == "generator"]
+        bound = sorted(p["metadata"]["name"] for p in gens if p["spec"].get("nodeName"))
+        waiting = [p for p in gens if not p["spec"].get("nodeName")]
+        assert "tiny-generator-0" in bound and len(bound) == 5 + 1, bound      # 8 GPUs - 2 (trainer) = 6
+        assert len(waiting) == 6 and all(p["status"]["phase"] == "Pending" for p in waiting)
+        assert all(p["metadata"]["name"].startswith("tiny-gen-surplus-") for p in waiting)
+        # the gang's members are exactly its minimum (before, all 12 generators carried the label and any 3 pods
+        # satisfied minMember 3: whether the trainer got its place was a race the generators could win)
+        members = sorted(p["metadata"]["name"] for p in pods(k, ns, "tiny")
+                         if "scheduling.x-k8s.io/pod-group" in p["metadata"]["labels"])
+        assert members == ["tiny-generator-0", "tiny-trainer-0", "tiny-verifier-0"], members
+        assert k.get("podgroup", "tiny", "-n", ns)["spec"]["minMember"] == 3
+        indexes = sorted(int(p["metadata"]["labels"]["apps.kubernetes.io/pod-index"]) for p in gens)
+        assert indexes == list(range(12))        # ordinals contiguous across the two StatefulSets
+        assert k.get("rljob", "tiny", "-n", ns)["status"]["phase"] == "Running"
+    finally:
+        k.run("delete", "rljob", "tiny", "-n", ns, "--wait=true", check=False)
+        wait("tiny's pods gone", lambda: not pods(k, ns, "tiny"), timeout_s=120)
+        k.run("delete", "node", f"{pool_id}-0", check=False)
+
+
 def test_required_placement_and_exclusive_domains(env: Any, ns: str) -> None:
     _, k, _ = env
     placement = {"topologyKey": kfconfig.ZONE_LABEL, "mode": "Required", "exclusive": True}

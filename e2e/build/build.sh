@@ -3,10 +3,11 @@
 #
 # Usage: e2e/build/build.sh [--print-bin-dir] [component|group ...]
 #   components: etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl
-#               helm kubelet kube-proxy coredns registry kube-router
+#               helm kubelet kube-proxy coredns registry kube-router kueue
 #   groups:     control-plane (first seven), node (kubelet kube-proxy coredns), all (default)
 #   (registry: the OCI distribution registry that `make images REGISTRY=...` is tested against;
-#    kube-router: only its NetworkPolicy controller runs, the real nodes' enforcer, e2e/node/netpol.sh)
+#    kube-router: only its NetworkPolicy controller runs, the real nodes' enforcer, e2e/node/netpol.sh;
+#    kueue: Kueue's manager, started by `make cluster-up KUEUE=1`; its CRDs land in share/crds/kueue/)
 #
 # Each upstream piece is built through its own wrapper module in e2e/build/mod/<wrapper>
 # (copied to the cache, so the repo is never modified). Binaries land in
@@ -28,7 +29,7 @@ SRC="$CACHE/src"
 SHARE="$CACHE/share"
 
 ALL=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl helm kubelet kube-proxy coredns registry
-  kube-router)
+  kube-router kueue)
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl)
 NODE=(kubelet kube-proxy coredns)
 
@@ -51,6 +52,7 @@ spec() {
     coredns)                 echo "coredns|github.com/coredns/coredns|$COREDNS_VERSION" ;;
     registry)                echo "registry|github.com/distribution/distribution/v3/cmd/registry|$REGISTRY_VERSION" ;;
     kube-router)             echo "kube-router|github.com/cloudnativelabs/kube-router/v2/cmd/kube-router|$KUBE_ROUTER_VERSION" ;;
+    kueue)                   echo "kueue|sigs.k8s.io/kueue/cmd/kueue|$KUEUE_VERSION" ;;
     *) return 1 ;;
   esac
 }
@@ -76,6 +78,8 @@ ldflags_for() {
       f+=" -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
       f+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor"
       f+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor" ;;
+    kueue)
+      f+=" -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION -X sigs.k8s.io/kueue/pkg/version.BuildDate=1970-01-01T00:00:00Z" ;;
   esac
   echo "$f"
 }
@@ -121,7 +125,22 @@ build_one() {
   log "$name $version: built in $((SECONDS - t0)) s ($(du -h "$BIN/$name" | cut -f1))"
   printf '%s %s %d\n' "$name" "$version" "$((SECONDS - t0))" >>"$CACHE/build-times.log"
   [[ "$name" == kube-scheduler ]] && install_crds
+  [[ "$name" == kueue ]] && install_kueue_crds
   return 0
+}
+
+# Kueue's CRDs ship in its module zip (config/components/crd/bases/); copied beside the binary's stamp version.
+install_kueue_crds() {
+  local dir
+  dir="$(cd "$SRC/kueue" && GOWORK=off GOTOOLCHAIN=local GOFLAGS=-mod=mod go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+  rm -rf "$SHARE/crds/.kueue.tmp"
+  mkdir -p "$SHARE/crds/.kueue.tmp"
+  cp "$dir"/config/components/crd/bases/*.yaml "$SHARE/crds/.kueue.tmp/"
+  chmod 644 "$SHARE/crds/.kueue.tmp/"*.yaml
+  printf '%s' "$KUEUE_VERSION" >"$SHARE/crds/.kueue.tmp/.version"
+  rm -rf "$SHARE/crds/kueue"
+  mv "$SHARE/crds/.kueue.tmp" "$SHARE/crds/kueue"
+  log "Kueue CRDs: $SHARE/crds/kueue/"
 }
 
 # The PodGroup CRD ships in the scheduler-plugins module zip.
@@ -156,6 +175,8 @@ main() {
   done
   [[ "$(printf '%s\n' "${want[@]}" | grep -cx kube-scheduler)" -gt 0 && ! -f "$SHARE/crds/scheduling.x-k8s.io_podgroups.yaml" ]] \
     && missing+=(crd)
+  [[ "$(printf '%s\n' "${want[@]}" | grep -cx kueue)" -gt 0 && ! -f "$SHARE/crds/kueue/.version" ]] \
+    && missing+=(kueue-crds)
   if [[ ${#missing[@]} -eq 0 ]]; then
     log "all ${#want[@]} requested components cached in $BIN"
     return 0
@@ -173,6 +194,10 @@ main() {
   local t0=$SECONDS
   for n in "${want[@]}"; do build_one "$n"; done
   [[ -f "$SHARE/crds/scheduling.x-k8s.io_podgroups.yaml" ]] || { prepare_src scheduler; install_crds; }
+  if printf '%s\n' "${want[@]}" | grep -qx kueue && [[ ! -f "$SHARE/crds/kueue/.version" \
+      || "$(cat "$SHARE/crds/kueue/.version")" != "$KUEUE_VERSION" ]]; then
+    prepare_src kueue; install_kueue_crds
+  fi
   log "done in $((SECONDS - t0)) s; binaries in $BIN"
 }
 

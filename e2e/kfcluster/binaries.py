@@ -60,6 +60,8 @@ def expected_version(name: str) -> str:
         return v["REGISTRY_VERSION"]
     if name == "kube-router":
         return v["KUBE_ROUTER_VERSION"]
+    if name == "kueue":
+        return v["KUEUE_VERSION"]
     if name == "kube-scheduler":
         return f"{v['K8S_VERSION']}+scheduler-plugins-{v['SCHEDULER_PLUGINS_VERSION']}"
     return v["K8S_VERSION"]

@@ -109,6 +109,8 @@ class ClusterConfig:
     #: How many real nodes ``e2e/node/up.sh`` starts when ``real_node`` is on (1..4; ``KF_REAL_NODES``): node 0 in
     #: the root network namespace, the others each in its own (docs/real-node.md, "More than one node").
     real_nodes: int = 1
+    #: start Kueue's manager beside the control plane (``make cluster-up KUEUE=1``; kfcluster/kueue.py)
+    kueue: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.real_nodes <= 4:
@@ -196,6 +198,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Clust
         "nodes": (node_pool_from_env(env),),
         "real_node": env.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes"),
         "real_nodes": _int(env, "KF_REAL_NODES", base.real_nodes),
+        "kueue": env.get("KUBEFORGE_KUEUE", "") in ("1", "true", "yes"),
     }
     values.update(overrides)
     return ClusterConfig(**values)  # type: ignore[arg-type]

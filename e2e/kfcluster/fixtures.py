@@ -77,6 +77,17 @@ def kube_cluster() -> Iterator[lifecycle.Cluster]:
 
 
 @pytest.fixture(scope="session")
+def kueue_cluster(kube_cluster: lifecycle.Cluster) -> lifecycle.Cluster:
+    """The session's kfcluster with Kueue's manager running in it (started on first use, stopped with the
+    cluster; ``kfcluster.kueue``). Skips on a cluster kfcluster did not start (kind: install Kueue there)."""
+    from kfcluster import kueue
+
+    if not os.path.isfile(os.path.join(kube_cluster.workdir, "cluster.json")):
+        pytest.skip("Kueue is started only in a kfcluster")
+    return kueue.start(kube_cluster)
+
+
+@pytest.fixture(scope="session")
 def api_client(kube_cluster: lifecycle.Cluster):  # type: ignore[no-untyped-def]
     """A ``kubernetes.client.ApiClient`` for the test cluster."""
     from kubernetes import client, config

@@ -56,6 +56,7 @@ class Cluster:
     kwok_dir: str
     real_node: bool = False
     nodes: tuple[str, ...] = ()
+    kueue: bool = False
 
     @property
     def kubectl(self) -> kube.Kubectl:
@@ -187,6 +188,9 @@ def _up(config: cfg.ClusterConfig) -> Cluster:
                   timeout_s=config.ready_timeout_s)
     _check_alive(cdir)
     log(f"control plane ready with {len(cluster.nodes)} kwok nodes in {time.monotonic() - t0:.1f}s")
+    if config.kueue:
+        from kfcluster import kueue     # noqa: PLC0415 - kueue imports this module
+        cluster = kueue.start(cluster)
     if config.real_node:
         _node_script("up.sh", workdir=str(workdir), required=True, env={"KF_REAL_NODES": str(config.real_nodes)})
     return cluster
@@ -272,6 +276,15 @@ def _node_script(script: str, *, workdir: str, required: bool, env: dict[str, st
     subprocess.run(["bash", str(path), workdir], check=True, env={**os.environ, **(env or {})})
 
 
+def _stop_kueue(kwok_dir: str) -> None:
+    """Kueue's manager first (``kfcluster.kueue``): it is no kwokctl component, and stopped before the API server
+    it would otherwise keep retrying."""
+    pid_file = pathlib.Path(kwok_dir, "kueue", "kueue.pid")
+    text = pid_file.read_text().strip() if pid_file.is_file() else ""
+    if text.isdigit() and int(text) in procs.processes_mentioning(kwok_dir):
+        procs.terminate([int(text)])
+
+
 def _leftovers(workdir: str) -> dict[int, str]:
     return procs.processes_mentioning(os.path.join(workdir, "kwok"))
 
@@ -306,6 +319,7 @@ def _down(workdir: str, *, timeout_s: float) -> None:
             log(f"real node down failed ({exc}); stopping the control plane anyway")
             node_error = exc
     kwok_dir = os.path.join(workdir, "kwok")
+    _stop_kueue(kwok_dir)
     bin_dir = cluster.bin_dir if cluster else str(binaries.bin_dir())
     name = cluster.name if cluster else os.path.basename(workdir.rstrip("/"))
     if os.path.isdir(os.path.join(kwok_dir, "clusters", name)):

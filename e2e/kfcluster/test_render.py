@@ -145,3 +145,14 @@ def test_a_binary_is_trusted_only_with_a_matching_stamp(tmp_path, monkeypatch) -
     (bin_dir / ".stamp" / "etcd").write_text(binaries.expected_version("etcd"))
     (bin_dir / ".stamp" / "kubectl").write_text("v0.0.1")  # stale
     assert binaries.missing(["etcd", "kubectl", "kwok"]) == ["kubectl", "kwok"]
+
+
+def test_kueue_config_binds_loopback_and_needs_no_secret_mount() -> None:
+    from kfcluster import kueue
+
+    doc = kueue.config(ports={"kueue-health": 1, "kueue-metrics": 2, "kueue-webhook": 3}, cert_dir="/w/certs")
+    assert doc["apiVersion"] == "config.kueue.x-k8s.io/v1beta2" and doc["namespace"] == "kueue-system"
+    assert doc["health"]["healthProbeBindAddress"] == "127.0.0.1:1" and doc["metrics"]["bindAddress"] == "127.0.0.1:2"
+    assert doc["webhook"] == {"port": 3, "host": "127.0.0.1", "certDir": "/w/certs"}
+    assert doc["internalCertManagement"] == {"enable": False} and doc["leaderElection"] == {"leaderElect": False}
+    assert doc["integrations"]["frameworks"] == ["batch/job"]

@@ -42,8 +42,8 @@ def job(name: str = "tiny", *, status: dict[str, Any] | None = None, **overrides
 def pod(job_name: str, role: str, index: int, *, attempt: int = 0, phase: str = "Running", ready: bool = True,
         node: str | None = "kwok-gpu-0", restarts: int = 0, last_exit: int | None = None, exit_now: int | None = None,
         unschedulable: str | None = None, progress: dict[str, Any] | None = None, world: str | None = None,
-        deleting: bool = False) -> dict[str, Any]:
-    """A raw pod of ``job_name``."""
+        deleting: bool = False, gang_held: int | None = None) -> dict[str, Any]:
+    """A raw pod of ``job_name`` (``gang_held``: a generator at or beyond it is a surplus generator's pod)."""
     ann = {names.ANNOTATION_WORLD: world or "verifier=1,trainer=1"}
     if progress is not None:
         ann[contract.ANNOTATION_PROGRESS] = json.dumps(progress)
@@ -58,7 +58,7 @@ def pod(job_name: str, role: str, index: int, *, attempt: int = 0, phase: str = 
     if unschedulable:
         conds.append({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable})
     md: dict[str, Any] = {
-        "name": names.pod(job_name, role, index), "namespace": "ns", "annotations": ann,
+        "name": names.pod(job_name, role, index, gang_held=gang_held), "namespace": "ns", "annotations": ann,
         "labels": {contract.LABEL_JOB: job_name, contract.LABEL_ROLE: role, contract.LABEL_ATTEMPT: str(attempt),
                    names.LABEL_POD_INDEX: str(index)}}
     if deleting:

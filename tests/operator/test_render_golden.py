@@ -43,6 +43,15 @@ CASES = {
         "tiny", spec__checkpoint={"path": "/ckpt", "volumeClaimTemplate": {
             "storage": "2Gi", "storageClassName": "local-path", "accessModes": ["ReadWriteOnce"]}},
         spec__roles__trainer={"replicas": 2}), CTX),
+    # generators beyond minReplicas: a StatefulSet of their own outside the gang (ordinals from the minimum)
+    "tiny-surplus": (lambda: opbuilders.job("tiny", spec__roles__generator={"replicas": 4, "minReplicas": 1}), CTX),
+    "tiny-surplus-gated": (lambda: opbuilders.job("tiny", spec__roles__generator={"replicas": 4, "minReplicas": 1}),
+                           context.RenderContext(namespace="ns", uid=CTX.uid, image=CTX.image,
+                                                 surplus_active=False)),
+    "tiny-surplus-volcano": (lambda: opbuilders.job("tiny", spec__gang__backend="Volcano", spec__gang__queue="rl",
+                                                    spec__roles__generator={"replicas": 3, "minReplicas": 2}), CTX),
+    "tiny-surplus-kai": (lambda: opbuilders.job("tiny", spec__gang__backend="KAI",
+                                                spec__roles__generator={"replicas": 3, "minReplicas": 2}), CTX),
 }
 
 

@@ -79,6 +79,11 @@ ANNOTATION_PROGRESS = "kubeforge.dev/progress"   # a progress.ProgressReport (st
 # lastExport {request, path, step}, which the operator copies into status.progress.lastExport.
 ANNOTATION_EXPORT_REQUEST = "kubeforge.dev/export-request"
 
+# Kueue's labels, as users write them on every Kueue workload; on an RLJob they make it one (the operator's
+# ``queueing``): its pods exist only while Kueue admits the job.
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"          # the LocalQueue in the RLJob's namespace
+LABEL_KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"   # a WorkloadPriorityClass
+
 JOB_KEY_SECRET_KEY = "key"                   # the data key holding ENV_JOB_KEY in the job's Secret
 
 
@@ -105,13 +110,25 @@ def service_name(job: str) -> str:
     return job
 
 
-def pod_name(job: str, role: str, index: int) -> str:
-    """The StatefulSet pod of ``role`` with ordinal ``index``."""
+SURPLUS_GENERATORS = "gen-surplus"   # "<job>-gen-surplus": with MAX_JOB_NAME_LENGTH, 52 characters at most
+
+
+def surplus_generators(job: str) -> str:
+    """The StatefulSet of the generators beyond ``spec.roles.generator.minReplicas`` (not gang-held; its ordinals
+    start at the minimum, so generator indexes stay contiguous across the two StatefulSets)."""
+    return f"{job}-{SURPLUS_GENERATORS}"
+
+
+def pod_name(job: str, role: str, index: int, *, gang_held: int | None = None) -> str:
+    """The StatefulSet pod of ``role`` with ordinal ``index``; a generator at or beyond ``gang_held``
+    (``GeneratorRole.gang_held()``) belongs to the surplus StatefulSet."""
+    if role == "generator" and gang_held is not None and index >= gang_held:
+        return f"{surplus_generators(job)}-{index}"
     return f"{child_name(job, role)}-{index}"
 
 
-def peer_host(job: str, role: str, index: int, namespace: str) -> str:
+def peer_host(job: str, role: str, index: int, namespace: str, *, gang_held: int | None = None) -> str:
     """Stable DNS name of a pod behind the job's headless Service (a trainer finds a generator that joins a
     running job by it: generator replicas are elastic). Pod names are unique across roles, so one Service serves
     every role."""
-    return f"{pod_name(job, role, index)}.{service_name(job)}.{namespace}.svc"
+    return f"{pod_name(job, role, index, gang_held=gang_held)}.{service_name(job)}.{namespace}.svc"

@@ -797,6 +797,11 @@ class GeneratorRole(RoleSpec):
                                      "while the job runs (kubectl scale): the trainer keeps running and re-forms "
                                      "the weight-sync group.")
 
+    def gang_held(self) -> int:
+        """Generators the gang holds (ordinals ``0..gang_held()-1``); those beyond are surplus: not gang members,
+        placed once the gang is (``contract.pod_name``'s ``gang_held``)."""
+        return self.replicas if self.min_replicas is None else min(self.min_replicas, self.replicas)
+
     @pydantic.model_validator(mode="after")
     def _min_replicas(self) -> GeneratorRole:
         if self.min_replicas is not None and self.min_replicas > self.replicas:

@@ -47,7 +47,18 @@ def problems(job: rljob.RLJob) -> list[str]:
     out: list[str] = []
     for rule in RULES:
         out.extend(rule(job.spec))
+    out.extend(_kueue_labels(job))
     return out
+
+
+def _kueue_labels(job: rljob.RLJob) -> Problems:
+    """An RLJob labelled with a Kueue queue is admitted by Kueue as a whole (one Workload); Kueue's plain pod
+    groups (``gang.backend: Kueue``) would admit its pods a second time, each group against the same quota."""
+    labels = job.metadata.labels or {}
+    if labels.get(contract.LABEL_KUEUE_QUEUE) and job.spec.gang.backend == rljob.GangBackend.KUEUE.value:
+        yield (f"metadata.labels[{contract.LABEL_KUEUE_QUEUE}]: Forbidden: with spec.gang.backend Kueue (the job "
+               "would be admitted twice: as an RLJob and as pod groups); use spec.gang.backend Coscheduling or None "
+               "with the label, or remove the label and set spec.gang.queue")
 
 
 # ---------------------------------------------------------------- algorithm and sync

@@ -82,6 +82,17 @@ Least privilege for what it does (every write is a server-side apply or merge PA
 - apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.run.ai"]
   resources: ["podgroups"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Kueue (an RLJob labelled kueue.x-k8s.io/queue-name): its Workload, the admission written back (eviction, Finished),
+# and what admission assigns (flavors) or the labels name (priority classes)
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["get", "patch"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors", "workloadpriorityclasses"]
+  verbs: ["get"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch"]

@@ -35,7 +35,9 @@ KINDS: dict[tuple[str, str], str] = {
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups",
     ("scheduling.run.ai/v2alpha2", "PodGroup"): "podgroups",
     (contract.API_VERSION, contract.KIND): contract.PLURAL,
+    ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
 }
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"      # cluster-scoped Kueue objects the operator reads
 
 
 def verb_resource(method: str, path: str, content_type: str = "application/json") -> tuple[str, str]:
@@ -205,6 +207,21 @@ class Cluster:
         except ValueError:
             rv = 0
         return list(out.get("items", [])), rv
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        """A namespaced object of a kind in ``KINDS`` (None: absent)."""
+        return self.request("GET", path_of(api_version, kind, namespace, name))
+
+    def get_kueue(self, plural: str, name: str) -> Obj | None:
+        """A cluster-scoped Kueue object (``resourceflavors``, ``workloadpriorityclasses``); None: absent."""
+        return self.request("GET", f"{KUEUE}/{plural}/{name}")
+
+    def patch_object_status(self, obj: Obj, patch: Obj) -> Obj | None:
+        """Merge-patch another object's status subresource (a Workload's: ``queueing``); a ``resourceVersion`` in
+        the patch makes a concurrent writer's change fail it (409) instead of being overwritten."""
+        md = obj["metadata"]
+        return self.request("PATCH", path_of(obj["apiVersion"], obj["kind"], md["namespace"], md["name"]) + "/status",
+                            body=patch, content_type="application/merge-patch+json")
 
     def apply(self, obj: Obj) -> Obj | None:
         """Server-side apply of ``obj`` (force: the operator owns every field it renders)."""

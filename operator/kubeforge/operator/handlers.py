@@ -118,6 +118,13 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
             router.request((kw["namespace"], kw["labels"][contract.LABEL_JOB]), trigger="statefulset",
                            invalidate=True)
 
+    @kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels=present, registry=reg)
+    async def _workload(**kw: Any) -> None:
+        # Kueue admitted, evicted or requeued an RLJob's Workload (``queueing``); watched only where Kueue's CRDs
+        # are installed (kopf watches a resource once the cluster serves it)
+        metrics.EVENTS.labels("workload").inc()
+        router.request((kw["namespace"], kw["labels"][contract.LABEL_JOB]), trigger="workload")
+
     @kopf.on.event("v1", "pods", labels=present, registry=reg)
     async def _pod(**kw: Any) -> None:
         metrics.EVENTS.labels("pod").inc()

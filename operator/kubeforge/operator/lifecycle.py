@@ -9,6 +9,8 @@ Invariants:
 - Succeeded and Failed are terminal: once written, nothing restarts the job.
 - Two attempts never overlap: pods of attempt N+1 are wanted only once no pod of another attempt exists
   (``active`` is False while stale pods drain; their StatefulSets are rendered with 0 replicas).
+- Surplus generators (beyond ``minReplicas``) get pods only once the gang is placed (``gang_placed``), so they
+  never hold a gang member's place; they keep them for the attempt.
 - A verifier replica change starts a new attempt that does not count as a restart; a generator replica change does
   not (generators are elastic: the StatefulSet follows ``spec.roles.generator.replicas`` and the running trainer
   re-forms the weight-sync group; its pods are never touched).
@@ -18,9 +20,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from kubeforge.api import failures, progress, rljob
-from kubeforge.operator import completion, deadline, failure_policy, names, observed, reasons, timefmt, ttl
+from kubeforge.api import contract, failures, progress, rljob
+from kubeforge.operator import completion, deadline, failure_policy, names, observed, queueing, reasons, timefmt, ttl
 from kubeforge.operator.render import statefulset
+from kubeforge.operator.render.gang import base as gang_base
 
 Phase = rljob.Phase
 
@@ -49,6 +52,29 @@ class Plan:
     stalled_for: float | None = None       # seconds without progress beyond progressDeadlineSeconds (else None)
     delete_job: bool = False
     requeue_after: float | None = None
+    surplus_active: bool = True            # the surplus generators may have pods (``gang_placed``)
+    queue: queueing.Gate | None = None     # a Kueue workload's gate (None: not labelled with a queue)
+    held_by_queue: bool = False            # suspended only because Kueue has not admitted it (or evicted it)
+    surplus_present: bool = False          # pods of the surplus StatefulSet exist (any attempt)
+
+
+def is_surplus(job: rljob.RLJob, pod: observed.PodFacts) -> bool:
+    """``pod`` belongs to the surplus generators' StatefulSet (not a gang member)."""
+    return pod.name.startswith(contract.surplus_generators(job.metadata.name) + "-")
+
+
+def gang_pods(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> list[observed.PodFacts]:
+    """The gang members of ``attempt`` (not terminating, not surplus generators)."""
+    return [p for p in obs.of_attempt(attempt) if not p.terminating and not is_surplus(job, p)]
+
+
+def gang_placed(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> bool:
+    """Every gang-held pod of ``attempt`` is bound to a node, or surplus generators of it already have pods (once
+    let in, they stay for the attempt: a gang member restarting alone does not scale them away)."""
+    if any(is_surplus(job, p) and not p.terminating for p in obs.of_attempt(attempt)):
+        return True
+    bound = [p for p in gang_pods(job, obs, attempt) if p.scheduled]
+    return all(sum(p.role == r for p in bound) >= n for r, n in gang_base.minimums(job).items())
 
 
 def trainer_report(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> progress.ProgressReport | None:
@@ -89,8 +115,10 @@ def _min(*values: float | None) -> float | None:
     return min(present) if present else None
 
 
-def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Plan:
-    """This pass's facts for ``job`` (its ``status`` is the previous pass's result)."""
+def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime,
+           queue: queueing.Gate | None = None) -> Plan:
+    """This pass's facts for ``job`` (its ``status`` is the previous pass's result); ``queue``: Kueue's gate for a
+    job labelled with a queue (not admitted: treated as suspended, its pods go and its deadline does not run)."""
     prev = job.status or rljob.RLJobStatus()
     attempt, restarts = prev.attempt, prev.restarts
     terminal, t_reason, t_message = _prev_terminal(prev)
@@ -101,7 +129,8 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Pla
     decision: failures.Decision | None = None
     handled = dict(prev.handled_failures)
     role_restarts = {r: s.restarts for r, s in prev.roles.items() if s.restarts}
-    suspended = job.spec.suspend and terminal is None
+    queued = queue is not None and not queue.admitted
+    suspended = (job.spec.suspend or queued) and terminal is None
 
     if terminal is None and not suspended:
         left = deadline.remaining(job, start_time, now)
@@ -156,6 +185,9 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime) -> Pla
         stalled_for=stalled_for,
         delete_job=ttl_left is not None and ttl_left <= 0,
         requeue_after=_min(ttl_left, deadline_left, stall_left),
+        surplus_active=active and gang_placed(job, obs, attempt),
+        queue=queue, held_by_queue=suspended and not job.spec.suspend,
+        surplus_present=any(is_surplus(job, p) for p in obs.pods),
     )
 
 
@@ -166,4 +198,4 @@ def stall_limit(job: rljob.RLJob, progress: rljob.Progress) -> int:
     return policy.progress_deadline_seconds if progress.step > 0 else policy.start_deadline_seconds()
 
 
-__all__ = ["Plan", "decide", "stall_limit"]
+__all__ = ["Plan", "decide", "gang_placed", "gang_pods", "is_surplus", "stall_limit"]

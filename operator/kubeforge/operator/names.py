@@ -3,8 +3,8 @@
 Role: the single home of every string the operator writes that the runtime never reads (those live in
 ``kubeforge.api.contract``). Neighbours: ``render/`` builds objects with these names; ``observed`` and ``status``
 read them back. Invariants: every child name is a pure function of the RLJob's name, so replaying a reconcile
-creates nothing twice; the longest child name (``<job>-generator``) fits the StatefulSet limit because the CRD caps
-the job name at ``contract.MAX_JOB_NAME_LENGTH``.
+creates nothing twice; the longest child names (``<job>-generator``, ``<job>-gen-surplus``) fit the StatefulSet
+limit because the CRD caps the job name at ``contract.MAX_JOB_NAME_LENGTH``.
 """
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from kubeforge.api import contract
 # ---- operator-only labels and annotations ----
 #: Replica counts the pod was rendered for ("generator=2,verifier=1,trainer=1"); a pod of another world is stale.
 ANNOTATION_WORLD = "kubeforge.dev/world"
+#: On the pods (and in the selector) of the surplus generators' StatefulSet (``contract.surplus_generators``): the
+#: generators beyond ``spec.roles.generator.minReplicas``, outside the gang. The gang-held StatefulSet's selector
+#: (job and role) also matches them, but the StatefulSet controller claims no pod another controller owns.
+LABEL_SURPLUS = "kubeforge.dev/surplus"
 #: Downward-API label the StatefulSet controller puts on every pod (Kubernetes >= 1.28).
 LABEL_POD_INDEX = "apps.kubernetes.io/pod-index"
 
@@ -48,6 +52,11 @@ def service_account(job: str) -> str:
 
 def pod_group(job: str) -> str:
     """The gang object (PodGroup or workload) spanning every role."""
+    return job
+
+
+def workload(job: str) -> str:
+    """Kueue's Workload of a job labelled ``kueue.x-k8s.io/queue-name`` (``render.workload``)."""
     return job
 
 

@@ -12,6 +12,7 @@ SUSPENDED = "Suspended"            # spec.suspend is true
 COMPLETE = "Complete"              # training finished (terminal)
 FAILED = "Failed"                  # the job failed (terminal)
 STALLED = "Stalled"                # the trainer's step has not moved for spec.failurePolicy.progressDeadlineSeconds
+ADMITTED = "Admitted"              # Kueue admitted the job (only for an RLJob labelled kueue.x-k8s.io/queue-name)
 
 # ---- reasons ----
 WAITING_FOR_PODS = "WaitingForPods"      # pods of the attempt are not all created yet
@@ -38,4 +39,10 @@ INVALID_SPEC = "InvalidSpec"             # event: the stored RLJob does not pars
 TTL_EXPIRED = "TTLExpired"               # event: a finished job was deleted after ttlSecondsAfterFinished
 CHILDREN_APPLIED = "ChildrenApplied"     # condition: the API server accepted every child (False: ApplyFailed)
 APPLY_FAILED = "ApplyFailed"             # condition reason and event: the API server refused a child, its message kept
+# Kueue (condition Admitted's reasons, and events on their transitions)
+QUEUED = "Queued"                        # waiting in its LocalQueue for quota (Kueue's message kept)
+QUOTA_ADMITTED = "Admitted"              # Kueue admitted it: pods run with the flavors and counts assigned
+PREEMPTED = "Preempted"                  # Kueue evicted it for a workload of higher priority: suspended, requeued
+EVICTED = "Evicted"                      # Kueue evicted it for another reason (its message kept): suspended
+QUEUE_INVALID = "QueueInvalid"           # the labels name what cannot admit it (e.g. no such WorkloadPriorityClass)
 CONTAINER_FAILED = "ContainerFailed"      # event: a container of the current attempt failed

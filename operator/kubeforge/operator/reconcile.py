@@ -24,9 +24,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubeforge.api import failures, load, rljob
-from kubeforge.operator import apply, exports, lifecycle, metrics, observed, reasons, render, status, timefmt, watchcache
+from kubeforge.api import contract, failures, load, rljob
+from kubeforge.operator import (apply, exports, lifecycle, metrics, observed, queueing, reasons, render, status, timefmt,
+                                watchcache)
 from kubeforge.operator.render import context, gang, meta, secret
+from kubeforge.operator.render import workload as workload_render
 
 log = logging.getLogger("kubeforge.operator")
 Key = tuple[str, str]
@@ -214,6 +216,63 @@ def _read_pods(cluster: apply.Cluster, key: Key, pods: watchcache.PodCache | Non
     return facts
 
 
+#: How soon a job Kueue has not admitted (or has evicted) is looked at again besides its Workload's watch events.
+QUEUE_POLL_S = 10.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Queue:
+    """What a pass read of a Kueue workload: its Workload, the assigned flavors, the priority (or why invalid)."""
+
+    wl: queueing.WorkloadFacts
+    raw: meta.Obj | None
+    flavors: dict[str, queueing.Flavor]
+    priority: int | None
+    invalid: str | None
+
+
+def _read_queue(cluster: apply.Cluster, job: rljob.RLJob, namespace: str) -> Queue:
+    raw = cluster.get(queueing.API_VERSION, "Workload", namespace, job.metadata.name)
+    wl = queueing.facts(raw)
+    priority, invalid = None, None
+    pc = queueing.priority_class(job)
+    if pc is not None:
+        got = cluster.get_kueue("workloadpriorityclasses", pc)
+        if got is None:
+            invalid = (f"metadata.labels[{contract.LABEL_KUEUE_PRIORITY}]: WorkloadPriorityClass {pc!r} does not "
+                       "exist (kubectl get workloadpriorityclasses)")
+        else:
+            priority = int(got.get("value", 0))
+    flavors: dict[str, queueing.Flavor] = {}
+    if wl.admitted:
+        for name in sorted({f for a in wl.assigned.values() for f in a.flavors}):
+            fl = cluster.get_kueue("resourceflavors", name)
+            flavors[name] = queueing.flavor(fl) if fl is not None else queueing.Flavor()
+    return Queue(wl=wl, raw=raw, flavors=flavors, priority=priority, invalid=invalid)
+
+
+def _sync_workload(cluster: apply.Cluster, key: Key, job: rljob.RLJob, ctx: context.RenderContext, q: Queue,
+                   plan: lifecycle.Plan, obs: observed.Observed, *, cache: ApplyCache, now: dt.datetime) -> None:
+    """What the integration owes Kueue this pass: the Workload (while the job is not over), its quota given back
+    once an evicted job has no pod left, and Finished once the job is over."""
+    stamp = timefmt.fmt(now)
+    if plan.terminal is None and q.invalid is None:
+        wl = workload_render.workload(job, ctx, priority=q.priority)
+        if not cache.fresh(key, wl):
+            cluster.apply(wl)
+            cache.remember(key, wl)
+    if q.raw is None:
+        return
+    patch = None
+    if plan.terminal is not None:
+        patch = queueing.finish(q.wl, succeeded=plan.terminal == rljob.Phase.SUCCEEDED.value,
+                                message=plan.terminal_message, now=stamp)
+    elif q.wl.evicted is not None and not any(not p.terminating for p in obs.pods):
+        patch = queueing.release(q.wl, now=stamp)
+    if patch is not None:
+        cluster.patch_object_status(q.raw, patch)
+
+
 def _write_status(cluster: apply.Cluster, key: Key, doc: dict[str, Any], jobs: watchcache.JobCache | None) -> None:
     written = cluster.patch_status(*key, doc)
     if written and jobs is not None:
@@ -242,7 +301,9 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         return Outcome()
     now = clock()
     obs = observed.observe_facts(_read_pods(cluster, key, pods), seen_failures)
-    plan = lifecycle.decide(job, obs, now=now)
+    queue = _read_queue(cluster, job, namespace) if queueing.queue_name(job) is not None else None
+    gate = queueing.gate(queue.wl, invalid=queue.invalid) if queue is not None else None
+    plan = lifecycle.decide(job, obs, now=now, queue=gate)
     if plan.delete_job:
         log.info("deleting %s/%s: ttlSecondsAfterFinished expired", namespace, name)
         cluster.delete_rljob(namespace, name)
@@ -251,7 +312,13 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
             pacer.forget(key)
         return Outcome(gone=True, phase=job.status.phase if job.status else None)
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
-                                active=plan.active, gang_active=plan.gang_active, image=image)
+                                active=plan.active, gang_active=plan.gang_active, image=image,
+                                surplus_active=plan.surplus_active, surplus_present=plan.surplus_present,
+                                admission=queueing.admission_key(queue.wl, queue.flavors)
+                                if queue is not None and gate is not None and gate.admitted else "")
+    if queue is not None:
+        _sync_workload(cluster, key, job, ctx, queue, plan, obs, cache=cache, now=now)
+    shape = queueing.admitted_job(job, queue.wl, queue.flavors) if ctx.admission and queue is not None else job
     if not cache.has_key_secret(key):   # the job key: drawn once, created only when absent (render/secret.py)
         cluster.create_if_absent(secret.job_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
         cache.key_secret_made(key)
@@ -260,10 +327,12 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     generation = raw["metadata"].get("generation")
     render_key = (generation, ctx) if generation is not None else None
     if not cache.unchanged(key, render_key):
-        _apply_children(cluster, key, job, ctx, raw, now=now, cache=cache, pool=pool, jobs=jobs)
+        _apply_children(cluster, key, shape, ctx, raw, now=now, cache=cache, pool=pool, jobs=jobs)
         cache.applied(key, render_key)
-    new = status.compute(job, obs, plan, generation=raw["metadata"].get("generation"), now=now)
+    new = status.compute(shape, obs, plan, generation=raw["metadata"].get("generation"), now=now)
     requeue = plan.requeue_after
+    if gate is not None and not gate.admitted and plan.terminal is None:
+        requeue = QUEUE_POLL_S if requeue is None else min(requeue, QUEUE_POLL_S)
     if _status_doc(new) != _status_doc(job.status):
         detail = pacer is not None and status.substance(new) == status.substance(job.status)
         wait = pacer.wait(key) if pacer is not None and detail else 0.0

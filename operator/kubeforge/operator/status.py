@@ -47,13 +47,15 @@ def gang_condition(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Pla
     """Is every pod of the current attempt bound to a node?"""
     if plan.terminal:
         return False, reasons.FINISHED, "the job is finished; nothing is scheduled"
+    if plan.held_by_queue and plan.queue is not None:
+        return False, plan.queue.reason, f"not admitted by Kueue; no pod is created ({plan.queue.message})"[:1000]
     if plan.suspended:
         return False, reasons.JOB_SUSPENDED, "the job is suspended; the gang is released"
-    pods = [p for p in obs.of_attempt(plan.attempt) if not p.terminating]
+    pods = lifecycle.gang_pods(job, obs, plan.attempt)    # surplus generators waiting for room are no gang matter
     stuck = [p for p in pods if p.unschedulable]
     if stuck:
         return False, reasons.UNSCHEDULABLE, f"{len(stuck)} pods unschedulable: {stuck[0].unschedulable}"
-    want = gang_base.min_member(job)            # generators beyond generator.minReplicas are not gang-held
+    want = gang_base.min_member(job)
     placed = sum(p.scheduled for p in pods)
     if plan.active and placed >= want:
         return True, reasons.SCHEDULED, f"all {want} pods are bound to nodes"
@@ -78,11 +80,20 @@ def serving(job: rljob.RLJob, roles: dict[str, rljob.RoleStatus], plan: lifecycl
     return plan.active and all(s.ready >= mins[r] for r, s in roles.items())
 
 
+#: Kueue gate reasons that leave a job Pending (waiting to be admitted), not Suspended (admitted once, then evicted)
+QUEUED_REASONS = frozenset({reasons.QUEUED, reasons.QUEUE_INVALID})
+
+#: Event type per Kueue gate reason (an event goes out when the Admitted condition's reason changes)
+_QUEUE_EVENT = {reasons.QUEUED: "Normal", reasons.QUOTA_ADMITTED: "Normal", reasons.PREEMPTED: "Warning",
+                reasons.EVICTED: "Warning", reasons.QUEUE_INVALID: "Warning"}
+
+
 def phase_of(plan: lifecycle.Plan, gang: Cond, ready: Cond) -> str:
     if plan.terminal:
         return plan.terminal
     if plan.suspended:
-        return Phase.SUSPENDED.value
+        waiting = plan.held_by_queue and plan.queue is not None and plan.queue.reason in QUEUED_REASONS
+        return Phase.PENDING.value if waiting else Phase.SUSPENDED.value
     if plan.draining:
         return Phase.RESTARTING.value
     if ready[0]:
@@ -93,9 +104,14 @@ def phase_of(plan: lifecycle.Plan, gang: Cond, ready: Cond) -> str:
 
 
 def _conditions(job: rljob.RLJob, plan: lifecycle.Plan, gang: Cond, ready: Cond) -> dict[str, Cond]:
-    out = {reasons.GANG_SCHEDULED: gang, reasons.READY: ready,
-           reasons.SUSPENDED: (True, reasons.JOB_SUSPENDED, "spec.suspend is true") if plan.suspended
-           else (False, reasons.NOT_SUSPENDED, "")}
+    suspended: Cond = (False, reasons.NOT_SUSPENDED, "")
+    if plan.held_by_queue and plan.queue is not None:
+        suspended = (True, plan.queue.reason, plan.queue.message[:1000])
+    elif plan.suspended:
+        suspended = (True, reasons.JOB_SUSPENDED, "spec.suspend is true")
+    out = {reasons.GANG_SCHEDULED: gang, reasons.READY: ready, reasons.SUSPENDED: suspended}
+    if plan.queue is not None and not plan.terminal:
+        out[reasons.ADMITTED] = (plan.queue.admitted, plan.queue.reason, plan.queue.message[:1000])
     limit = lifecycle.stall_limit(job, plan.progress)
     out[reasons.STALLED] = ((True, reasons.NO_PROGRESS, f"the trainer's step has not moved for "
                              f"{plan.stalled_for:.0f}s (limit {limit}s: progressDeadlineSeconds="
@@ -210,6 +226,10 @@ def transitions(prev: rljob.RLJobStatus | None, new: rljob.RLJobStatus, plan: li
     before = next((c.reason for c in (prev.conditions if prev else []) if c.type == reasons.READY), None)
     if ready is not None and ready.reason in observed.STUCK_REASONS and ready.reason != before:
         out.append(Event(type="Warning", reason=ready.reason, message=ready.message))
+    queue = next((c for c in new.conditions if c.type == reasons.ADMITTED), None)
+    queue_before = next((c.reason for c in (prev.conditions if prev else []) if c.type == reasons.ADMITTED), None)
+    if queue is not None and queue.reason != queue_before:
+        out.append(Event(type=_QUEUE_EVENT.get(queue.reason, "Normal"), reason=queue.reason, message=queue.message))
     if prev is None or prev.phase != new.phase:
         kind, reason = _PHASE_EVENT[new.phase]
         detail = next((c.message for c in new.conditions if c.type in (reasons.COMPLETE, reasons.FAILED)), "")

@@ -28,4 +28,8 @@ def render(job: rljob.RLJob, ctx: context.RenderContext) -> Rendered:
     absent: list[meta.Obj] = []
     (desired if ctx.gang_active else absent).extend(gang.objects)
     desired += [statefulset.statefulset(job, ctx, gang, role=r) for r in contract.ROLES]
+    if job.spec.roles.generator.min_replicas is not None:     # generators beyond it: outside the gang
+        desired.append(statefulset.surplus_statefulset(job, ctx, gang))
+    elif ctx.surplus_present:
+        absent.append(statefulset.surplus_ref(job, ctx))
     return Rendered(desired=tuple(desired), absent=tuple(absent))

@@ -20,6 +20,13 @@ class RenderContext:
     active: pods should exist (False while suspended, finished, or while an old attempt drains).
     gang_active: the gang object should exist (False while suspended or finished; kept while an attempt drains).
     image: the role image used when a role names none.
+    surplus_active: the surplus generators (beyond ``minReplicas``) may have pods: the gang is placed (every
+        gang-held pod of the attempt is bound) or they already have pods in this attempt. Until then their
+        StatefulSet has 0 replicas, so they cannot take the place of a gang member.
+    surplus_present: pods of the surplus StatefulSet exist while the spec has none (``minReplicas`` removed): the
+        StatefulSet must go.
+    admission: a Kueue workload's admission (``queueing.admission_key``; "" when not one or not admitted): the
+        spec rendered is then the job as admitted (``queueing.admitted_job``), and a new admission re-renders.
     """
 
     namespace: str
@@ -28,3 +35,6 @@ class RenderContext:
     active: bool = True
     gang_active: bool = True
     image: str = names.DEFAULT_RUNTIME_IMAGE
+    surplus_active: bool = True
+    surplus_present: bool = False
+    admission: str = ""

@@ -15,7 +15,8 @@ from kubeforge.operator.render import context, meta
 def peers(job: rljob.RLJob, role: str, namespace: str) -> list[roleenv.Peer]:
     """Every replica of ``role`` by index, at its stable DNS name and the pods' one port base."""
     n = getattr(job.spec.roles, role).replicas
-    return [roleenv.Peer(host=names.peer_host(job.metadata.name, role, i, namespace),
+    held = job.spec.roles.generator.gang_held()     # generators beyond it are the surplus StatefulSet's pods
+    return [roleenv.Peer(host=names.peer_host(job.metadata.name, role, i, namespace, gang_held=held),
                          port_base=contract.DEFAULT_PORT_BASE) for i in range(n)]
 
 

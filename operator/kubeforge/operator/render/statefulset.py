@@ -102,11 +102,19 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
     return c
 
 
-def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangParts, *, role: str) -> meta.Obj:
+def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangParts, *, role: str,
+                 surplus: bool = False) -> meta.Obj:
+    """A role's pod template; ``surplus``: the surplus generators' (the gang's membership labels and annotations
+    replaced by ``gang.surplus_labels``/``surplus_annotations``, ``LABEL_SURPLUS`` added)."""
     spec: rljob.RoleSpec = getattr(job.spec.roles, role)
-    labels = {**meta.job_labels(job), contract.LABEL_ROLE: role, contract.LABEL_ATTEMPT: str(ctx.attempt),
-              **gang.pod_labels, **gang.role_labels.get(role, {})}
-    annotations = {names.ANNOTATION_WORLD: world(job), **gang.pod_annotations, **gang.role_annotations.get(role, {})}
+    labels = {**meta.job_labels(job), contract.LABEL_ROLE: role, contract.LABEL_ATTEMPT: str(ctx.attempt)}
+    annotations = {names.ANNOTATION_WORLD: world(job)}
+    if surplus:
+        labels.update({**gang.surplus_labels, names.LABEL_SURPLUS: "true"})
+        annotations.update(gang.surplus_annotations)
+    else:
+        labels.update({**gang.pod_labels, **gang.role_labels.get(role, {})})
+        annotations.update({**gang.pod_annotations, **gang.role_annotations.get(role, {})})
     pod: meta.Obj = {
         "serviceAccountName": names.service_account(job.metadata.name),
         "automountServiceAccountToken": security.automount_token(role),
@@ -131,9 +139,10 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
 
 
 def statefulset(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangParts, *, role: str) -> meta.Obj:
-    """The StatefulSet ``<job>-<role>``."""
+    """The StatefulSet ``<job>-<role>``: for generators, only the gang-held ones (``GeneratorRole.gang_held``)."""
     name = contract.child_name(job.metadata.name, role)
-    replicas = getattr(job.spec.roles, role).replicas if ctx.active else 0
+    want = base.minimums(job)[role] if role == "generator" else getattr(job.spec.roles, role).replicas
+    replicas = want if ctx.active else 0
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": meta.metadata(job, ctx, name=name, labels={contract.LABEL_ROLE: role}),
@@ -147,3 +156,32 @@ def statefulset(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPar
             **checkpoint.statefulset_fields(job, role),
         },
     }
+
+
+def surplus_statefulset(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangParts) -> meta.Obj:
+    """The StatefulSet ``<job>-gen-surplus`` of the generators beyond ``minReplicas``: ordinals start at the
+    minimum (``spec.ordinals.start``), so generator indexes stay ``0..replicas-1`` across both StatefulSets; its
+    pods carry no gang membership, and it has 0 replicas until ``ctx.surplus_active`` (the gang is placed), so a
+    surplus generator never takes a gang member's place."""
+    role, start = "generator", job.spec.roles.generator.gang_held()
+    replicas = base.surplus(job) if ctx.active and ctx.surplus_active else 0
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": meta.metadata(job, ctx, name=contract.surplus_generators(job.metadata.name),
+                                  labels={contract.LABEL_ROLE: role, names.LABEL_SURPLUS: "true"}),
+        "spec": {
+            "replicas": replicas,
+            "ordinals": {"start": start},
+            "serviceName": contract.service_name(job.metadata.name),
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": {**meta.role_labels(job, role), names.LABEL_SURPLUS: "true"}},
+            "template": pod_template(job, ctx, gang, role=role, surplus=True),
+        },
+    }
+
+
+def surplus_ref(job: rljob.RLJob, ctx: context.RenderContext) -> meta.Obj:
+    """Just enough of the surplus StatefulSet to delete it."""
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": contract.surplus_generators(job.metadata.name), "namespace": ctx.namespace}}

@@ -125,8 +125,10 @@ def generator_address(cfg: config.RoleConfig) -> Callable[[int], str | None]:
     namespace = cfg.namespace
     if cfg.report != roleenv.REPORT_POD_ANNOTATION or namespace is None:
         return lambda index: None
-    return lambda index: transport.tcp_address(contract.peer_host(cfg.job_name, "generator", index, namespace),
-                                               contract.DEFAULT_PORT_BASE + contract.PORT_DATA)
+    held = cfg.spec.roles.generator.gang_held()      # beyond it: the surplus StatefulSet's pods
+    return lambda index: transport.tcp_address(
+        contract.peer_host(cfg.job_name, "generator", index, namespace, gang_held=held),
+        contract.DEFAULT_PORT_BASE + contract.PORT_DATA)
 
 
 def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer,

@@ -4,8 +4,10 @@ Role: the Protocol every backend module implements (a pure ``render(job, ctx) ->
 ``render.gang`` (the registry) picks the backend by ``spec.gang.backend``; ``render.statefulset`` stamps
 ``pod_labels``/``pod_annotations``/``scheduler_name`` on every pod; ``render.job`` decides whether ``objects`` are
 desired (gang active) or must be absent (suspended, finished).
-Invariant: one gang spans every role; its minimum is the sum of all replicas (never one gang per role: roles
-that wait on each other across gangs deadlock).
+Invariants: one gang spans every role; its minimum is the sum of the per-role minimums (never one gang per role:
+roles that wait on each other across gangs deadlock). Only the pods of that minimum are gang members: generators
+beyond ``generator.minReplicas`` live in their own StatefulSet (``render.statefulset.surplus_statefulset``) that
+carries ``surplus_labels``/``surplus_annotations`` instead of the gang's, so they can never count toward the gang.
 """
 from __future__ import annotations
 
@@ -27,6 +29,9 @@ class GangParts:
     #: per role: extra pod labels/annotations (e.g. the backend's task or sub-group name)
     role_labels: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     role_annotations: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    #: what the surplus generators carry instead (e.g. the backend's queue, but no group membership)
+    surplus_labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    surplus_annotations: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class Backend(Protocol):
@@ -45,10 +50,13 @@ def minimums(job: rljob.RLJob) -> dict[str, int]:
     (default all; generators are elastic: those beyond the minimum are placed when they fit and join the running
     job)."""
     out = replicas(job)
-    least = job.spec.roles.generator.min_replicas
-    if least is not None:
-        out["generator"] = min(out["generator"], least)
+    out["generator"] = job.spec.roles.generator.gang_held()
     return out
+
+
+def surplus(job: rljob.RLJob) -> int:
+    """Generators beyond the gang's minimum (0 when ``minReplicas`` is unset or equals ``replicas``)."""
+    return job.spec.roles.generator.replicas - job.spec.roles.generator.gang_held()
 
 
 def min_member(job: rljob.RLJob) -> int:

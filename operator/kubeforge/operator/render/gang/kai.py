@@ -29,4 +29,5 @@ def render(job: rljob.RLJob, ctx: context.RenderContext) -> base.GangParts:
     }
     return base.GangParts(
         objects=(group,), pod_labels={LABEL_QUEUE: queue}, pod_annotations={ANNOTATION_GROUP: name},
-        scheduler_name=SCHEDULER, role_labels={role: {LABEL_SUBGROUP: role} for role in base.replicas(job)})
+        scheduler_name=SCHEDULER, role_labels={role: {LABEL_SUBGROUP: role} for role in base.replicas(job)},
+        surplus_labels={LABEL_QUEUE: queue})   # a pod of no group: KAI's pod grouper makes it a group of its own

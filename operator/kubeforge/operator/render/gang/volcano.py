@@ -14,6 +14,7 @@ API_VERSION = "scheduling.volcano.sh/v1beta1"
 ANNOTATION_GROUP = "scheduling.k8s.io/group-name"
 ANNOTATION_TASK = "volcano.sh/task-spec"
 SCHEDULER = "volcano"
+ANNOTATION_QUEUE = "scheduling.volcano.sh/queue-name"   # a pod of no group: Volcano makes it a group of its own
 
 
 def render(job: rljob.RLJob, ctx: context.RenderContext) -> base.GangParts:
@@ -25,4 +26,5 @@ def render(job: rljob.RLJob, ctx: context.RenderContext) -> base.GangParts:
              "spec": spec}
     return base.GangParts(
         objects=(group,), pod_annotations={ANNOTATION_GROUP: name}, scheduler_name=SCHEDULER,
-        role_annotations={role: {ANNOTATION_TASK: role} for role in base.replicas(job)})
+        role_annotations={role: {ANNOTATION_TASK: role} for role in base.replicas(job)},
+        surplus_annotations={ANNOTATION_QUEUE: job.spec.gang.queue} if job.spec.gang.queue else {})

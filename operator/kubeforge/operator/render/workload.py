@@ -1,0 +1,49 @@
+"""Kueue's ``Workload`` for an RLJob labelled ``kueue.x-k8s.io/queue-name`` (``queueing``): one podSet per role.
+
+Each podSet has the role's replica count and a pod template with what Kueue admits by: the containers' resource
+requests (limits where no request is set, as the API server defaults a pod's), the role's nodeSelector and
+tolerations (flavors must match them). Generators with ``minReplicas`` have it as ``minCount`` (partial
+admission: Kueue may admit fewer, never fewer than the gang's minimum). The priority is the
+WorkloadPriorityClass's value, resolved by the caller (``priority``). Owned by the RLJob.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kubeforge.api import contract, rljob
+from kubeforge.operator import names, queueing
+from kubeforge.operator.render import context, meta
+
+
+def _requests(spec: rljob.RoleSpec) -> dict[str, str]:
+    out = {k: str(v) for k, v in spec.resources.limits.items()}
+    out.update({k: str(v) for k, v in spec.resources.requests.items()})
+    return dict(sorted(out.items()))
+
+
+def pod_set(job: rljob.RLJob, ctx: context.RenderContext, role: str) -> meta.Obj:
+    spec: rljob.RoleSpec = getattr(job.spec.roles, role)
+    container: meta.Obj = {"name": role, "image": spec.image or ctx.image}
+    if _requests(spec):
+        container["resources"] = {"requests": _requests(spec)}
+    pod: meta.Obj = {"containers": [container], "restartPolicy": "Always"}
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(sorted(spec.node_selector.items()))
+    if spec.tolerations:
+        pod["tolerations"] = [dict(t) for t in spec.tolerations]
+    out: meta.Obj = {"name": role, "count": spec.replicas, "template": {"spec": pod}}
+    if role == "generator" and job.spec.roles.generator.gang_held() < spec.replicas:
+        out["minCount"] = job.spec.roles.generator.gang_held()
+    return out
+
+
+def workload(job: rljob.RLJob, ctx: context.RenderContext, *, priority: int | None = None) -> meta.Obj:
+    """The Workload ``<job>`` in the job's namespace (``priority``: the WorkloadPriorityClass's value)."""
+    wl_spec: dict[str, Any] = {"queueName": queueing.queue_name(job) or "",
+                               "podSets": [pod_set(job, ctx, r) for r in contract.ROLES]}
+    pc = queueing.priority_class(job)
+    if pc is not None and priority is not None:
+        wl_spec["priorityClassRef"] = {"group": queueing.PRIORITY_GROUP, "kind": queueing.PRIORITY_KIND, "name": pc}
+        wl_spec["priority"] = priority
+    return {"apiVersion": queueing.API_VERSION, "kind": "Workload",
+            "metadata": meta.metadata(job, ctx, name=names.workload(job.metadata.name)), "spec": wl_spec}
