@@ -31,6 +31,7 @@ class Episode:
     env_reward: float | None = None
     transcript: str = ""
     finish_reason: str = ""
+    transcript_of_last_turn: str = ""    # the last policy turn's text (what the environment's step is given)
 
     @property
     def done(self) -> bool:
@@ -48,6 +49,7 @@ class Episode:
             self.policy_spans += ((start, start + len(ids)),)
         self.turns += 1
         self.transcript += text
+        self.transcript_of_last_turn = text
 
     def add_environment_turn(self, token_ids: Any, text: str) -> None:
         """Append the tokens the engine is fed for the environment's answer (logprob 0.0: not trained on)."""
