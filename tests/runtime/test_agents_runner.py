@@ -156,3 +156,12 @@ def test_guess_number_feedback() -> None:
     assert g.step("a guess").observation == "a number"
     assert g.step("40").reward == pytest.approx(1 / 4)
     assert np.isfinite(g.max_value)
+
+
+def test_the_run_plot_shows_turns_beside_reward(tmp_path: Any) -> None:
+    from kubeforge.api import progress
+    from kubeforge.runtime.launcher import plot
+
+    recs = [progress.StepRecord(step=s, policy_version=s, mean_reward=0.1 * s, episode_turns_mean=2.0 - 0.1 * s)
+            for s in range(1, 6)]
+    assert plot.reward_curve(recs, path=tmp_path / "r.png", title="t").stat().st_size > 0

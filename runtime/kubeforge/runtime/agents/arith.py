@@ -36,7 +36,7 @@ def evaluate(expression: str) -> Fraction:
 
 
 def _walk(node: ast.AST) -> Fraction:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
         return _bounded(Fraction(node.value))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         v = _walk(node.operand)

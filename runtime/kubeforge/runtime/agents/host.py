@@ -113,7 +113,7 @@ class InProcessHost:
             if env is None:
                 out.append(Reply(failure=ERROR, detail="no environment (it failed before)"))
                 continue
-            value, failure, seconds = _bounded_call(lambda env=env, text=text: env.step(text), self.bounds.timeout_s)
+            value, failure, seconds = _bounded_call(_stepper(env, text), self.bounds.timeout_s)
             reply = failure or judge_result(value, bounds=self.bounds, seconds=seconds)
             if reply.failure:
                 self.envs.pop(i, None)    # the episode ends: later steps are refused
@@ -126,6 +126,10 @@ class InProcessHost:
 
     def shutdown(self) -> None:
         self.envs.clear()
+
+
+def _stepper(env: Any, text: str) -> Callable[[], Any]:
+    return lambda: env.step(text)
 
 
 def _bounded_call(fn: Callable[[], Any], timeout_s: float) -> tuple[Any, Reply | None, float]:

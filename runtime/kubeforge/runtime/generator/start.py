@@ -42,7 +42,8 @@ class EngineSampler:
 
 
 class EngineTurns:
-    """``agents.runner.TurnEngine`` over the vLLM engine: an episode's next policy turn, the job's sampling knobs."""
+    """``agents.runner.TurnEngine`` over the vLLM engine: an episode's next policy turn, the job's sampling knobs
+    (sampled with the engine's seeded generator, not per-request seeds: ``Engine.continue_ids``)."""
 
     def __init__(self, engine: object, cfg: config.RoleConfig) -> None:
         self.engine = engine
@@ -52,7 +53,7 @@ class EngineTurns:
     def sample_turns(self, contexts: Sequence[Sequence[int]], *, max_tokens: Sequence[int], seeds: Sequence[int],
                      stop: Sequence[str]) -> list[types.Completion]:
         return self.engine.continue_ids(  # type: ignore[attr-defined, no-any-return]
-            [list(c) for c in contexts], max_tokens=list(max_tokens), seeds=list(seeds), stop=list(stop),
+            [list(c) for c in contexts], max_tokens=list(max_tokens), seeds=None, stop=list(stop),
             temperature=self.algo.temperature, top_p=self.algo.top_p, top_k=self.algo.top_k)
 
 

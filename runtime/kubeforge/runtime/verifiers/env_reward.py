@@ -11,13 +11,28 @@ group without episodes (single turn) passes unchanged.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kubeforge.api import rljob, validate_environment
 from kubeforge.runtime import types
 
-MODES = {
-    rljob.EnvironmentReward.ENVIRONMENT.value: lambda verifiers, env: env,
-    rljob.EnvironmentReward.VERIFIERS.value: lambda verifiers, env: verifiers,
-    rljob.EnvironmentReward.BOTH.value: lambda verifiers, env: verifiers + env,
+
+def _environment(verifiers: float, env: float) -> float:
+    return env
+
+
+def _verifiers(verifiers: float, env: float) -> float:
+    return verifiers
+
+
+def _both(verifiers: float, env: float) -> float:
+    return verifiers + env
+
+
+MODES: dict[str, Callable[[float, float], float]] = {
+    rljob.EnvironmentReward.ENVIRONMENT.value: _environment,
+    rljob.EnvironmentReward.VERIFIERS.value: _verifiers,
+    rljob.EnvironmentReward.BOTH.value: _both,
 }
 
 
