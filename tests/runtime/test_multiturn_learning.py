@@ -3,7 +3,7 @@ verifier and trainer processes, the environment in worker processes beside the g
 a right first guess earns 1.0, a right second guess (after "higher"/"lower") 0.5.
 
 Measured on 2 busy vCPUs (docs/agents.md, "Figures"): mean reward of the first 10 steps -> the last 10 went from
-about 0.06 to above 0.6 in about 8 minutes; the margin leaves room for a slower start."""
+0.05 to 0.61 in 522 s, turns per episode 1.96 -> 1.52; the margin leaves room for a slower start."""
 from __future__ import annotations
 
 import json

@@ -40,9 +40,6 @@ def problems(spec: rljob.RLJobSpec) -> Iterator[str]:
         yield (f"spec.environment.turnTimeoutSeconds: Invalid value: {env.turn_timeout_seconds:g}: should be at "
                f"most spec.failurePolicy.progressDeadlineSeconds ({spec.failure_policy.progress_deadline_seconds}): a "
                "generator waiting that long on one step makes no progress and is restarted as hung first")
-    if spec.evaluation is not None:
-        yield ("spec.evaluation: Forbidden: not yet with spec.environment: held-out evaluation decodes one greedy "
-               "turn without the environment's tools or feedback, so it would not measure the episodes trained on")
     if env.type == rljob.EnvironmentType.CODE_FEEDBACK.value and spec.task.code is None and spec.task.jsonl is None:
         yield ("spec.environment.type: Invalid value: 'CodeFeedback': runs the task's reference answer as tests; "
                "use it with a code or jsonl task")
