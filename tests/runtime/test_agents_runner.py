@@ -165,3 +165,13 @@ def test_the_run_plot_shows_turns_beside_reward(tmp_path: Any) -> None:
     recs = [progress.StepRecord(step=s, policy_version=s, mean_reward=0.1 * s, episode_turns_mean=2.0 - 0.1 * s)
             for s in range(1, 6)]
     assert plot.reward_curve(recs, path=tmp_path / "r.png", title="t").stat().st_size > 0
+
+
+def test_a_full_context_ends_every_episode_without_a_call() -> None:
+    tok = tiny.tokenizer()
+    env = rljob.EnvironmentSpec.model_validate({"type": "GuessNumber", "guessNumber": {"maxValue": 9}})
+    eng = Script(["5"] * 4, tok)
+    g = sampler(env, eng, max_context=10).sample([types.Prompt(index=0, text="x", answer="9")])[0]
+    assert eng.calls == [] and [c.finish_reason for c in g.completions] == ["max_tokens"] * 2
+    assert [len(c.token_ids) for c in g.completions] == [0, 0]
+    assert wire.decode(wire.encode(wire.Rollout(group=g))) == wire.Rollout(group=g)

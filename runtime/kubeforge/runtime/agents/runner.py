@@ -117,6 +117,8 @@ class EpisodeSampler:
         for k, _, m in zip(active, contexts, limits):
             if m <= 0:
                 eps[k].finish("max_tokens")
+        if not go:
+            return
         seeds = [self.seed * SEED_STRIDE * SEED_STRIDE + (self.calls * 65536 + ids[k]) * SEED_STRIDE + turn
                  for k, _, _ in go]
         turns = self.engine.sample_turns([c for _, c, _ in go], max_tokens=[m for _, _, m in go],
