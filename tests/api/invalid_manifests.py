@@ -286,6 +286,21 @@ CASES: tuple[Case, ...] = (
          message=f"{GE} 1"),
     Case(id="ttl-negative", change=_set("spec.ttlSecondsAfterFinished", -1), path="spec.ttlSecondsAfterFinished",
          message=f"{GE} 0"),
+    # ---- environment: closed type enum, settings per type
+    Case(id="environment-unknown-type", change=_set("spec.environment", {"type": "Chess"}),
+         path="spec.environment.type", message=ENUM),
+    Case(id="environment-zero-turns", change=_set("spec.environment", {"type": "Calculator", "maxTurns": 0}),
+         path="spec.environment.maxTurns", message=GE),
+    Case(id="environment-python-without-settings", change=_set("spec.environment", {"type": "Python"}),
+         path="spec.environment", message=rljob.MSG_ENV_PYTHON),
+    Case(id="environment-python-settings-on-calculator", change=_set("spec.environment", {
+         "type": "Calculator", "python": {"entryPoint": "my_envs:make_env"}}), path="spec.environment",
+         message=rljob.MSG_ENV_PYTHON),
+    Case(id="environment-verifiers-without-settings", change=_set("spec.environment", {"type": "Verifiers"}),
+         path="spec.environment", message=rljob.MSG_ENV_VERIFIERS),
+    Case(id="environment-python-entry-point-shape", change=_set("spec.environment", {
+         "type": "Python", "python": {"entryPoint": "not an entry point"}}), path="spec.environment.python.entryPoint",
+         message=rljob.MSG_ENTRY_POINT),
 )
 
 
@@ -424,6 +439,19 @@ SEMANTIC_CASES: tuple[Case, ...] = (
          message="not applied with spec.algorithm.loss GSPO"),
     Case(id="priority-class-invalid", change=_set("spec.roles.trainer.priorityClassName", "High_Priority"),
          path=f"{TRAINER}.priorityClassName", message="must be a lowercase RFC 1123 subdomain"),
+    # ---- multi-turn environments (validate_environment)
+    Case(id="episode-tokens-below-new-tokens", change=_set("spec.environment", {"type": "Calculator",
+         "maxTokensPerEpisode": 8}), path="spec.environment.maxTokensPerEpisode",
+         message="should be at least spec.algorithm.maxNewTokens"),
+    Case(id="environment-with-partial-rollouts", change=_all(_set("spec.environment", {"type": "GuessNumber"}),
+         _set("spec.algorithm.partialRollouts", True)), path="spec.algorithm.partialRollouts",
+         message="cannot be used with spec.environment"),
+    Case(id="environment-verifier-name-reserved", change=_all(_set("spec.environment", {"type": "GuessNumber"}),
+         _set("spec.verifiers.1.name", "environment")), path="spec.verifiers[1].name",
+         message="reserved with spec.environment"),
+    Case(id="environment-turn-timeout-beyond-deadline", change=_all(_set("spec.environment", {"type": "Calculator",
+         "turnTimeoutSeconds": 500}), _set("spec.failurePolicy", {"progressDeadlineSeconds": 400})), path="spec.environment.turnTimeoutSeconds",
+         message="should be at most spec.failurePolicy.progressDeadlineSeconds"),
 )
 
 ALL_CASES: tuple[Case, ...] = CASES + SEMANTIC_CASES

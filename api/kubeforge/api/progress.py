@@ -82,6 +82,11 @@ class StepRecord(pydantic.BaseModel):
     old_version_token_fraction: float | None = Field(
         None, description="Share of tokens sampled under a version older than their group's newest.")
     masked_stale_tokens: int = Field(0, description="Tokens masked out of the loss: older than maxPolicyLag.")
+    # multi-turn episodes (spec.environment; trainer rank 0's share)
+    episode_turns_mean: float | None = Field(None, description="Mean policy turns per episode trained on.")
+    tool_calls: int = Field(0, description="Tool calls of the episodes trained on.")
+    tool_errors: int = Field(0, description="Tool calls that failed, of the episodes trained on.")
+    env_masked_tokens: int = Field(0, description="Environment tokens: in context, masked out of the loss.")
     # evaluation (spec.evaluation)
     eval_accuracy: float | None = Field(None, description="Held-out accuracy at the latest evaluation.")
     eval_accuracy_base: float | None = Field(None, description="The base policy's (first record only).")

@@ -992,6 +992,105 @@ class EvaluationSpec(Model):
                                  "correctness (score >= 0.5); default the first in spec.verifiers.")
 
 
+class EnvironmentType(str, enum.Enum):
+    CALCULATOR = "Calculator"
+    GUESS_NUMBER = "GuessNumber"
+    CODE_FEEDBACK = "CodeFeedback"
+    PYTHON = "Python"
+    VERIFIERS = "Verifiers"
+
+
+class EnvironmentReward(str, enum.Enum):
+    """Where an episode's reward comes from (docs/agents.md, "Reward")."""
+
+    ENVIRONMENT = "Environment"   # the environment's own reward (0 when it gave none); spec.verifiers only logged
+    VERIFIERS = "Verifiers"       # spec.verifiers over the episode's transcript, as for a single-turn completion
+    BOTH = "Both"                 # the verifiers' aggregated reward plus the environment's
+
+
+class PythonEnvironment(Model):
+    """A user's environment: ``make_env()`` on the image's Python path returns one object per episode with
+    ``reset(prompt) -> messages`` and ``step(text) -> StepResult`` (``kubeforge.runtime.agents.protocol``)."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(_cel(f"self.entryPoint.matches('{ENTRY_POINT_PATTERN}')", MSG_ENTRY_POINT)))
+
+    entry_point: str = Field(min_length=3, max_length=512, description="'package.module:make_env'.")
+
+    @pydantic.field_validator("entry_point")
+    @classmethod
+    def _shape(cls, v: str) -> str:
+        if not re.fullmatch(ENTRY_POINT_PATTERN, v):
+            raise ValueError(MSG_ENTRY_POINT)
+        return v
+
+
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+class VerifiersEnvironment(Model):
+    """An environment written for PrimeIntellect's ``verifiers`` library, run unchanged through the
+    OpenAI-compatible endpoint in front of the generators (docs/agents.md)."""
+
+    environment: str = Field(min_length=1, max_length=256, pattern=MODULE_PATTERN,
+                             description="The environment's module (its ``load_environment(**args)`` is called).")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of load_environment (JSON).",
+                                 json_schema_extra=_FREE_FORM)
+
+
+class GuessNumberEnvironment(Model):
+    """Settings of the GuessNumber game: the secret lies in [1, maxValue]."""
+
+    max_value: int = Field(16, ge=2, le=1_000_000, description="The largest secret number.")
+
+
+MSG_ENV_PYTHON = "python must be set when type is Python, and only then"
+MSG_ENV_VERIFIERS = "verifiers must be set when type is Verifiers, and only then"
+MSG_ENV_GUESS = "guessNumber may only be set when type is GuessNumber"
+
+
+class EnvironmentSpec(Model):
+    """A multi-turn environment: each completion is an episode of policy turns (vLLM) and environment turns
+    (observations, tool results) until the environment says done or a bound is hit (docs/agents.md)."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_schema_extra(
+            _cel("has(self.python) == (self.type == 'Python')", MSG_ENV_PYTHON),
+            _cel("has(self.verifiers) == (self.type == 'Verifiers')", MSG_ENV_VERIFIERS),
+            _cel("!has(self.guessNumber) || self.type == 'GuessNumber'", MSG_ENV_GUESS)))
+
+    type: EnvironmentType = Field(description="Calculator | GuessNumber | CodeFeedback | Python | Verifiers.")
+    max_turns: int = Field(4, ge=1, le=64, description="Policy turns per episode at most.")
+    max_tokens_per_episode: int | None = Field(
+        None, ge=1, le=131072, description="Tokens after the prompt per episode at most, policy and environment "
+        "tokens together (default: maxTurns x maxNewTokens + 256 per environment turn).")
+    turn_timeout_seconds: float = Field(10.0, gt=0, le=600, description="Time limit of one environment step; an "
+                                        "overrun ends that episode (counted), the job goes on.")
+    max_observation_bytes: int = Field(4096, ge=16, le=1_048_576, description="An observation longer than this "
+                                       "(UTF-8 bytes) ends the episode (counted as a flood).")
+    reward: EnvironmentReward = Field(EnvironmentReward.ENVIRONMENT, description="Environment (the environment's "
+                                      "reward) | Verifiers (spec.verifiers over the transcript) | Both (their sum).")
+    python: PythonEnvironment | None = Field(None, description="Settings for type Python.")
+    verifiers: VerifiersEnvironment | None = Field(None, description="Settings for type Verifiers.")
+    guess_number: GuessNumberEnvironment | None = Field(None, description="Settings for type GuessNumber.")
+
+    @pydantic.model_validator(mode="after")
+    def _settings(self) -> EnvironmentSpec:
+        if (self.python is not None) != (self.type == EnvironmentType.PYTHON.value):
+            raise ValueError(MSG_ENV_PYTHON)
+        if (self.verifiers is not None) != (self.type == EnvironmentType.VERIFIERS.value):
+            raise ValueError(MSG_ENV_VERIFIERS)
+        if self.guess_number is not None and self.type != EnvironmentType.GUESS_NUMBER.value:
+            raise ValueError(MSG_ENV_GUESS)
+        return self
+
+    def episode_tokens(self, max_new_tokens: int) -> int:
+        """The per-episode token bound in force."""
+        if self.max_tokens_per_episode is not None:
+            return self.max_tokens_per_episode
+        return self.max_turns * max_new_tokens + (self.max_turns - 1) * 256
+
+
 class RLJobSpec(Model):
     """Desired state of an RLJob."""
 
@@ -1013,6 +1112,8 @@ class RLJobSpec(Model):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="GRPO settings.")
     evaluation: EvaluationSpec | None = Field(None, description="Held-out greedy accuracy every N steps "
                                               "(metrics, the run's plot, status.progress).")
+    environment: EnvironmentSpec | None = Field(None, description="Multi-turn episodes against an environment "
+                                                "(tools, feedback, games) instead of single completions.")
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Trainer to generator sync.")
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec, description="How generation and training share "
                                    "the cores or GPUs: Overlapped | Colocated | Disaggregated.")

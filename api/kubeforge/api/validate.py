@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubeforge.api import builtins, contract, rljob
+from kubeforge.api import builtins, contract, rljob, validate_environment
 
 Problems = Iterator[str]
 
@@ -506,5 +506,5 @@ def _trainer_and_elastic(spec: rljob.RLJobSpec) -> Problems:
 RULES: tuple[Callable[[rljob.RLJobSpec], Problems], ...] = (
     _algorithm, _sync, _generator, _task, _verifiers, _gang, _roles, _dynamic_sampling,
     _builtin_model, _evaluation, _lr_schedule, _reward, _verifiers_and_task, _trainer_and_elastic,
-    _mismatch_corrections,
+    _mismatch_corrections, validate_environment.problems,
 )

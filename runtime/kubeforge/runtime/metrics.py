@@ -49,6 +49,7 @@ DROP_REASONS = ("stale", "malformed", "foreign", "version", "unauthenticated")
 PHASES = ("wait", "generate", "score", "forward", "backward", "optimizer", "sync", "checkpoint", "step")
 _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _UNIT = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_TURNS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
 _LAG = (0, 1, 2, 3, 4, 6, 8, 16)
 
 
@@ -75,6 +76,16 @@ class Metrics:
         self.tokens_generated = c("tokens_generated_total", "Completion tokens sampled.")
         self.completions_generated = c("completions_generated_total", "Completions sampled.")
         self.generate_seconds = h("generate_seconds", "Wall time of one generate call (a WORK batch).", _SECONDS)
+        # multi-turn episodes (spec.environment; generator)
+        self.episode_turns = h("episode_turns", "Policy turns of each episode.", _TURNS)
+        self.tool_calls = c("tool_calls_total", "Tool calls of the episodes sampled.")
+        self.tool_errors = c("tool_errors_total", "Tool calls that failed (an invalid expression, a crash).")
+        self.env_step_seconds = h("env_step_seconds", "Wall time of one environment step.", _SECONDS)
+        self.env_masked_tokens = c("env_masked_tokens_total", "Environment tokens of the episodes sampled (in "
+                                   "context, masked out of the loss).")
+        self.env_failures = Family(self._raw(prom.Counter, "env_failures_total", "Episodes ended by their "
+                                             "environment's failure, by kind: env_error, env_timeout, env_garbage, "
+                                             "env_flood.", ("kind",)), self._base)
         # data plane
         self.rollouts_sent = c("rollouts_sent_total", "Rollout groups sent (generator: ROLLOUT; verifier: SCORED).")
         self.rollouts_received = c("rollouts_received_total", "Rollout groups received.")

@@ -53,6 +53,19 @@ class GeneratorObserver(Base):
         self.m.weight_sync_bytes.inc(result.bytes)
 
 
+def episodes(m: metrics_mod.Metrics, stats: Any) -> None:
+    """An episode batch's figures (``agents.runner.Stats``) into the generator's metrics."""
+    for st in stats.episodes:
+        m.episode_turns.observe(st.turns)
+        m.tool_calls.inc(st.tool_calls)
+        m.tool_errors.inc(st.tool_errors)
+    for seconds in stats.step_seconds:
+        m.env_step_seconds.observe(seconds)
+    m.env_masked_tokens.inc(stats.masked_tokens)
+    for kind, n in stats.failures.items():
+        m.env_failures.labels(kind=kind).inc(n)
+
+
 class ScorerState(Protocol):
     """What the verifier observer reads from ``verifiers.Scorer`` (counters and the aggregation's state)."""
 

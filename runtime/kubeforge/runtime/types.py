@@ -207,6 +207,32 @@ a token, so a handful of pairs per completion stands for thousands of per-token 
 them)."""
 
 
+PolicySpans = tuple[tuple[int, int], ...]
+"""One completion's policy tokens: half-open ``[start, end)`` ranges, in order, non-empty, non-overlapping, within
+the completion; the tokens outside every span are environment tokens (observations, tool results)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpisodeStats:
+    """What one multi-turn episode did: its policy turns, tool calls and failed tool calls, and the environment's
+    reward (None when the environment gave none)."""
+
+    turns: int
+    tool_calls: int = 0
+    tool_errors: int = 0
+    env_reward: float | None = None
+
+
+def policy_mask(group: RolloutGroup, i: int) -> npt.NDArray[np.uint8] | None:
+    """1 on the policy tokens of completion ``i`` of ``group``, 0 on environment tokens; None: all policy tokens."""
+    if group.policy_spans is None:
+        return None
+    out = np.zeros(len(group.completions[i].token_ids), dtype=np.uint8)
+    for start, end in group.policy_spans[i]:
+        out[start:end] = 1
+    return out
+
+
 def token_versions(group: RolloutGroup, i: int) -> npt.NDArray[np.int64]:
     """The policy version of every token of completion ``i`` of ``group`` (one int per token)."""
     n = len(group.completions[i].token_ids)
@@ -232,6 +258,11 @@ class RolloutGroup:
     # partial rollouts (spec.algorithm.partialRollouts): per completion, the versions its tokens were sampled under
     # as (first token index, version) segments; None: every token under ``policy_version`` (see ``VersionSegments``)
     token_versions: tuple[VersionSegments, ...] | None = None
+    # multi-turn episodes (spec.environment): per completion, the half-open [start, end) ranges of its tokens the
+    # policy sampled (the rest are environment tokens: in context, masked out of the loss); None: every token is a
+    # policy token (single turn). ``episode_stats``: one ``EpisodeStats`` per completion, or None.
+    policy_spans: tuple[PolicySpans, ...] | None = None
+    episode_stats: tuple[EpisodeStats, ...] | None = None
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = token_array(self.prompt_token_ids)

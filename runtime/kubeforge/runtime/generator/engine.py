@@ -7,6 +7,7 @@ API (used by ``generator/start`` and tests)::
                        chat_template=True)
           # -> [(prompt_token_ids, [types.Completion x n]) per prompt], in prompt order
     eng.greedy(prompts, max_tokens=8)                      # -> [types.Completion] (temperature 0)
+    eng.continue_ids(contexts, max_tokens=[..], seeds=[..], stop=[..])   # -> one turn per context (episodes)
     eng.join_weight_sync(host=..., port=..., world_size=..., rank_base=..., timeout=...)   # once
     stats = eng.receive_weights()                          # one sync: swap its prebuilt kernels in, reset prefix cache
     eng.close()
@@ -154,6 +155,23 @@ class Engine:
         inputs: Any = [{"prompt_token_ids": ids} for ids in encoded]
         outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         return [(ids, [_completion(c) for c in out.outputs]) for ids, out in zip(encoded, outputs)]
+
+    def continue_ids(self, contexts: list[list[int]], *, max_tokens: list[int], seeds: list[int] | None,
+                     stop: list[str], temperature: float = 1.0, top_p: float = 1.0,
+                     top_k: int = 0) -> list[types.Completion]:
+        """One sample per context of token ids (an episode's next policy turn), all in one batched call; a stop
+        string stays in the turn's text and ids (``include_stop_str_in_output``). ``seeds`` None: the engine's own
+        seeded generator (a batch of many contexts is prefilled in chunks, and vLLM 0.32 on CPU cannot rewind a
+        per-request generator for a chunk's discarded sample: "CPU Generator does not use offset")."""
+        vllm = self._vllm
+        per = seeds if seeds is not None else [None] * len(contexts)
+        params = [vllm.SamplingParams(n=1, max_tokens=m, temperature=temperature, top_p=top_p, top_k=top_k,
+                                      logprobs=0, seed=s, stop=list(stop) or None,
+                                      include_stop_str_in_output=bool(stop))
+                  for m, s in zip(max_tokens, per)]
+        inputs: Any = [{"prompt_token_ids": list(c)} for c in contexts]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
+        return [_completion(out.outputs[0]) for out in outputs]
 
     def greedy(self, prompts: list[types.Prompt], *, max_tokens: int = 8,
                chat_template: bool = False) -> list[types.Completion]:

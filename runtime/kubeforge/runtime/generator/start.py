@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kubeforge.api import contract
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, transport, types, weightsync, wire
@@ -39,6 +39,41 @@ class EngineSampler:
             chat_template=self.chat_template)
         return [types.RolloutGroup(prompt=p, prompt_token_ids=ids, completions=comps, policy_version=0)
                 for p, (ids, comps) in zip(prompts, out)]
+
+
+class EngineTurns:
+    """``agents.runner.TurnEngine`` over the vLLM engine: an episode's next policy turn, the job's sampling knobs
+    (sampled with the engine's seeded generator, not per-request seeds: ``Engine.continue_ids``)."""
+
+    def __init__(self, engine: object, cfg: config.RoleConfig) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer  # type: ignore[attr-defined]
+        self.algo = cfg.spec.algorithm
+
+    def sample_turns(self, contexts: Sequence[Sequence[int]], *, max_tokens: Sequence[int], seeds: Sequence[int],
+                     stop: Sequence[str]) -> list[types.Completion]:
+        return self.engine.continue_ids(  # type: ignore[attr-defined, no-any-return]
+            [list(c) for c in contexts], max_tokens=list(max_tokens), seeds=None, stop=list(stop),
+            temperature=self.algo.temperature, top_p=self.algo.top_p, top_k=self.algo.top_k)
+
+
+def episode_sampler(llm: object, cfg: config.RoleConfig, m: metrics.Metrics) -> loop.Sampler:
+    """The loop's sampler when ``spec.environment`` is set: episodes, their environments in worker processes
+    (``agents.workers.SubprocessHost``: docs/agents.md, "Where environments run")."""
+    from kubeforge.runtime.agents import runner, workers
+
+    env = cfg.spec.environment
+    assert env is not None
+    host = workers.SubprocessHost(env, workers=ENV_WORKERS)
+    sampler = runner.EpisodeSampler(engine=EngineTurns(llm, cfg), host=host, spec=env, algorithm=cfg.spec.algorithm,
+                                    chat_template=cfg.spec.task.chat_template,
+                                    seed=EngineSampler(llm, cfg).seed,
+                                    max_context=int(llm.kwargs["max_model_len"]),  # type: ignore[attr-defined]
+                                    on_sampled=lambda stats: observe.episodes(m, stats))
+    return sampler
+
+
+ENV_WORKERS = 2     # environment worker processes per generator (docs/agents.md)
 
 
 class EngineWeights:
@@ -125,6 +160,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                   max_policy_lag=spec.algorithm.max_policy_lag, beat=server.heartbeat,
                   trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)), leave=leave)
     activity = partial.Activity()
+    closers: list[Callable[[], None]] = []
     try:
         if spec.algorithm.partial_rollouts:   # requests in flight across weight updates (generator.partial)
             sampler = EngineSampler(llm, cfg)
@@ -134,10 +170,14 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
             partial.run(**common, pool=stepper.Pool(steps, group_size=spec.algorithm.group_size),  # type: ignore[arg-type]
                         seed=lambda step: sampler.seed + (step + 1) * 31, synced=steps.synced, activity=activity)
         else:
-            loop.run(**common, sampler=EngineSampler(llm, cfg), activity=activity)  # type: ignore[arg-type]
+            chosen = episode_sampler(llm, cfg, m) if spec.environment is not None else EngineSampler(llm, cfg)
+            closers.append(getattr(getattr(chosen, "host", None), "shutdown", lambda: None))
+            loop.run(**common, sampler=chosen, activity=activity)  # type: ignore[arg-type]
             print(activity.line(cfg.index), flush=True)
     finally:
         done.set()
+        for close in closers:
+            close()
         to_verifiers.close()
         control.close()
         inbox.close()

@@ -9,7 +9,8 @@ from kubeforge.api import progress
 
 def reward_curve(records: Sequence[progress.StepRecord], *, path: pathlib.Path, title: str) -> pathlib.Path:
     """Plot mean reward per step (and a 10-step moving average), and the held-out greedy accuracy at each
-    evaluation when the job has one (same axis: both lie in [0, 1] for the usual verifiers); returns ``path``."""
+    evaluation when the job has one (same axis: both lie in [0, 1] for the usual verifiers), and for a job with
+    ``spec.environment`` the mean policy turns per episode beside them (right axis); returns ``path``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -29,7 +30,16 @@ def reward_curve(records: Sequence[progress.StepRecord], *, path: pathlib.Path, 
     if evals:
         ax.plot([s for s, _ in evals], [a for _, a in evals], "o-", color="tab:green",
                 label="held-out greedy accuracy")
-    ax.legend(loc="upper left")
+    turns = [(r.step, r.episode_turns_mean) for r in records if r.episode_turns_mean is not None]
+    handles, labels = ax.get_legend_handles_labels()
+    if turns:
+        right = ax.twinx()
+        right.plot([s for s, _ in turns], [t for _, t in turns], color="tab:purple", alpha=0.7,
+                   label="turns per episode")
+        right.set_ylabel("turns per episode")
+        more = right.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, loc="upper left")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -11,6 +11,9 @@ Definitions (what each figure means, so bench/ and tests compare like with like)
   first step and at the last evaluation (null without evaluation).
 - ``logprob_mismatch_kl``: mean over the run's steps of the per-step trainer–sampler k3 KL per token (before
   each update; ``grpo/mismatch``); ``logprob_mismatch_max_ratio``: the largest token ratio of the run.
+- ``episode_turns_mean``: mean over the steps of the per-step mean policy turns per episode (null without
+  ``spec.environment``); ``tool_calls_total`` / ``tool_errors_total``: tool calls (and failed ones) of every episode
+  trained on; ``env_masked_tokens``: environment tokens kept in context but masked out of the loss.
 - ``weight_sync_seconds``: mean wall time of one trainer → generators weight push (send, load, ack);
   ``weight_sync_gb_per_second``: total bytes pushed / total push time (GB = 1e9 bytes).
 """
@@ -78,6 +81,10 @@ def summarize(records: Iterable[progress.StepRecord], *, wall_seconds: float, me
         "dropped_stale": sum(r.dropped_stale for r in recs),
         "masked_stale_tokens": sum(r.masked_stale_tokens for r in recs),
         "token_lag_mean": _round(_mean([r.token_lag_mean for r in recs if r.token_lag_mean is not None])),
+        "episode_turns_mean": _round(_mean([r.episode_turns_mean for r in recs if r.episode_turns_mean is not None])),
+        "tool_calls_total": sum(r.tool_calls for r in recs),
+        "tool_errors_total": sum(r.tool_errors for r in recs),
+        "env_masked_tokens": sum(r.env_masked_tokens for r in recs),
         "eval_accuracy_before": next((r.eval_accuracy_base for r in recs if r.eval_accuracy_base is not None), None),
         "eval_accuracy_after": next((r.eval_accuracy for r in reversed(recs) if r.eval_accuracy is not None), None),
         "metrics_path": metrics_path,

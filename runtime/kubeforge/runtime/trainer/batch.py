@@ -73,7 +73,7 @@ class Row:
     completion: types.Completion
     advantage: float
     reward: float
-    keep: np.ndarray | None = None   # partial rollouts: 1 per token trained on, 0 masked as stale (trainer.staleness)
+    keep: np.ndarray | None = None   # 1 per token trained on; 0 masked: stale (trainer.staleness) or environment token
 
     @property
     def tokens(self) -> int:
@@ -84,14 +84,25 @@ def rows_of(*, groups: Sequence[types.RolloutGroup], scale_by_std: bool,
             overlong: overlong_mod.Overlong | None = None, min_version: int | None = None) -> list[Row]:
     """Every completion of ``groups`` as a row, group after group, with its group-normalised advantage (of the
     rewards plus DAPO's overlong penalty when ``overlong`` is given; ``Row.reward`` stays the verifiers'); tokens
-    sampled under a version below ``min_version`` (partial rollouts) are masked out (``trainer.staleness``)."""
+    sampled under a version below ``min_version`` (partial rollouts) are masked out (``trainer.staleness``), and so
+    are an episode's environment tokens (``types.policy_mask``: in the context, never in the loss)."""
     _check(groups)
     rewards = [overlong_mod.shaped_rewards(g, overlong) for g in groups]
     advantages = adv.group_advantages(rewards=rewards, scale_by_std=scale_by_std).tolist()
     pairs = [(g.prompt_token_ids, c, r) for g in groups for c, r in zip(g.completions, g.rewards or [])]
-    keeps = staleness.keep_masks(groups, min_version=min_version)
+    keeps = [_both(k, types.policy_mask(g, i)) for k, (g, i) in
+             zip(staleness.keep_masks(groups, min_version=min_version),
+                 ((g, i) for g in groups for i in range(len(g.completions))))]
     return [Row(prompt=p, completion=c, advantage=float(a), reward=float(r), keep=k)
             for (p, c, r), a, k in zip(pairs, advantages, keeps)]
+
+
+def _both(keep: np.ndarray | None, policy: np.ndarray | None) -> np.ndarray | None:
+    """The loss mask of one completion: not stale (partial rollouts) and sampled by the policy (episodes: environment
+    tokens stay in the context, out of the loss)."""
+    if policy is None:
+        return keep
+    return policy if keep is None else keep * policy
 
 
 def collate(*, groups: Sequence[types.RolloutGroup], pad_id: int, scale_by_std: bool,

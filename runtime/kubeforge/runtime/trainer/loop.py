@@ -62,7 +62,7 @@ from typing import Any, Protocol
 from kubeforge.api import progress
 from kubeforge.runtime import transport, types, wire
 from kubeforge.runtime.trainer import accuracy, buffer, dynamic_sampling, export_requests, membership, pushes
-from kubeforge.runtime.trainer import report, staleness
+from kubeforge.runtime.trainer import episode_figures, report, staleness
 
 POLL_SECONDS = 0.05
 
@@ -416,6 +416,7 @@ class Loop:
             policy_lag={str(k): v for k, v in sorted(self.buffer.lag_counts.items())},
             **staleness.lag_figures(groups, policy_version=self.learner.policy_version - 1,
                                     max_policy_lag=self.s.max_policy_lag),
+            **episode_figures.figures(groups),
         )
 
     def _finish(self, exported: Any) -> None:

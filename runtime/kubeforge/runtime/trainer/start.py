@@ -16,7 +16,7 @@ import transformers
 
 from kubeforge.api import contract, rljob, roleenv
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, tasks, transport, weightsync
-from kubeforge.runtime.trainer import evaluate, export_requests, loop, parallel, pusher, report, step
+from kubeforge.runtime.trainer import episode_eval, evaluate, export_requests, loop, parallel, pusher, report, step
 from kubeforge.runtime.verifiers import registry
 
 
@@ -96,7 +96,7 @@ def export_source(cfg: config.RoleConfig) -> export_requests.Requests | None:
 
 
 def evaluator(cfg: config.RoleConfig, learner: step.Trainer,
-              beat: Callable[[str], None] | None = None) -> evaluate.Evaluator | None:
+              beat: Callable[[str], None] | None = None) -> evaluate.Evaluator | episode_eval.EpisodeEvaluator | None:
     """Rank 0's held-out evaluator on the trainer's own model (None with a sharded model: its forward needs every
     rank, and evaluation runs on rank 0 alone); ``beat`` (the role's heartbeat) hears of every decoding step."""
     spec = cfg.spec
@@ -108,12 +108,19 @@ def evaluator(cfg: config.RoleConfig, learner: step.Trainer,
               file=sys.stderr, flush=True)
         return None
     tok = transformers.AutoTokenizer.from_pretrained(str(learner.model_path))
-    return evaluate.Evaluator(
+    base = evaluate.Evaluator(
         model=learner.model, tokenizer=tok, prompts=evaluate.held_out(tasks.stream(spec.task), ev),
         verifier=registry.build_inner(evaluate.verifier_spec(spec)),
         max_new_tokens=ev.max_new_tokens or spec.algorithm.max_new_tokens, chat_template=spec.task.chat_template,
         compute_dtype=learner.compute_dtype, device=learner.device,
         progress=(lambda: beat("evaluate")) if beat is not None else None)
+    if spec.environment is None:
+        return base
+    from kubeforge.runtime.agents import workers
+
+    return episode_eval.EpisodeEvaluator(
+        base=base, spec=spec, host=workers.SubprocessHost(spec.environment, workers=1),
+        verifier=base.verifier, max_context=int(getattr(learner.model.config, "max_position_embeddings", 2048)))
 
 
 EXIT_TERMINATED = 143   # 128 + SIGTERM, as if the signal had ended the process

@@ -14,7 +14,7 @@ from kubeforge.runtime.verifier import loop
 
 
 def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServer, stop: threading.Event) -> int:
-    scorer = verifiers.Scorer(cfg.spec.verifiers, reward=cfg.spec.reward)
+    scorer = verifiers.Scorer(cfg.spec.verifiers, reward=cfg.spec.reward, environment=cfg.spec.environment)
     inbox = transport.open_receiver(startup.bind(cfg, contract.PORT_DATA), on_drop=m.drop_hook())
     trainers = transport.open_sender(startup.data_addresses(cfg, "trainer"), role="verifier", index=cfg.index,
                                     send_timeout=startup.role_deadline(cfg))

@@ -27,18 +27,20 @@ import numpy as np
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.verifiers import aggregate, base, pool, registry, score_cache
+from kubeforge.runtime.verifiers import aggregate, base, env_reward, pool, registry, score_cache
 
 
 class Scorer:
     """The configured verifiers of a job, their aggregation, a score cache, and counters."""
 
     def __init__(self, specs: Sequence[rljob.VerifierSpec], *, reward: rljob.RewardSpec | None = None,
-                 cache_size: int | None = None, verifiers: Mapping[str, base.Verifier] | None = None) -> None:
+                 cache_size: int | None = None, verifiers: Mapping[str, base.Verifier] | None = None,
+                 environment: rljob.EnvironmentSpec | None = None) -> None:
         if not specs:
             raise ValueError("spec.verifiers: at least one verifier is required")
         self.specs = {s.name: s for s in specs}
         self.reward = reward or rljob.RewardSpec()
+        self.env_reward = str(environment.reward) if environment is not None else None   # env_reward.MODES
         given = dict(verifiers or {})
         built = {s.name: given.get(s.name) or registry.build(s) for s in specs}
         self.pool = pool.Pool(built, timeouts={s.name: s.timeout_seconds for s in specs},
@@ -122,7 +124,7 @@ class Scorer:
         rewards = self.aggregator.rewards(m, step=group.step)
         wire_scores = np.nan_to_num(m, nan=0.0)
         scores = {name: [float(x) for x in wire_scores[:, j]] for j, name in enumerate(self.specs)}
-        return [float(r) for r in rewards], scores
+        return env_reward.combine(self.env_reward, group, [float(r) for r in rewards], scores)
 
     def apply(self, group: types.RolloutGroup) -> types.RolloutGroup:
         """Score the group and store rewards and scores on it (returns the same group)."""

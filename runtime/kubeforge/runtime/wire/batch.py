@@ -394,6 +394,7 @@ def decode(view: memoryview, *, limits: Limits, max_groups: int, max_completions
         d["completions"] = columns(ids[t0:t1], lps[t0:t1], lens[c0:c1], texts, reasons)
         d["policy_version"], d["step"], d["generator"] = version, step, generator
         d["rewards"], d["scores"] = None if rewards is None else rewards[c0:c1], g_scores
+        d["token_versions"] = d["policy_spans"] = d["episode_stats"] = None
         m: Any = new(make)
         m.__dict__["group"] = g
         out.append(m)

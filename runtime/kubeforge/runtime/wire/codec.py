@@ -132,5 +132,7 @@ def pack(msgs: Sequence[messages.Message], *, parts: int = 1, max_bytes: int = r
 
 
 def _alone(msg: messages.Message) -> bool:
-    """A group with token versions (partial rollouts) travels in its own group frame."""
-    return getattr(getattr(msg, "group", None), "token_versions", None) is not None
+    """A group with token versions (partial rollouts) or episodes (multi-turn) travels in its own group frame."""
+    g = getattr(msg, "group", None)
+    return g is not None and (g.token_versions is not None or g.policy_spans is not None
+                              or g.episode_stats is not None)

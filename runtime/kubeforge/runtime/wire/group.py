@@ -10,8 +10,9 @@ Layout (little-endian; offsets from the frame's first byte, so every f64 section
     7   reserved, 0                                                                u8
     8   prompt index, policy version, step, generator                               4 x u64, each <= 2^63 - 1
     40  completions n, prompt tokens P, completion tokens T, verifiers V            4 x u32
-    56  flags (bit 0: rewards present, bit 1: token versions), M, string bytes S, reserved 0    4 x u32
-        (M: token-version segments, 0 without flag bit 1; before partial rollouts a reserved 0)
+    56  flags (bit 0: rewards present, bit 1: token versions, bit 2: episodes), M, string bytes S, K    4 x u32
+        (M: token-version segments, 0 without flag bit 1; before partial rollouts a reserved 0;
+         K: policy spans, 0 without flag bit 2; before multi-turn episodes a reserved 0)
     72  logprobs        f64[T]      completion after completion
         rewards         f64[n]      only with flag bit 0
         scores          f64[V * n]  verifier after verifier, in the order of their names below
@@ -21,6 +22,7 @@ Layout (little-endian; offsets from the frame's first byte, so every f64 section
         token ids       u32[T]      completion after completion
         strings         S bytes     the strings above, back to back
         versions        M x (u32 completion, u32 first token, u64 version)   only with flag bit 1
+        episodes        n stats, K spans (``wire.episodes``)                   only with flag bit 2
 
 Token versions (partial rollouts, ``types.RolloutGroup.token_versions``): the segments of every completion, completion
 after completion; a completion's first segment starts at token 0, its token indices and versions strictly increase,
@@ -50,12 +52,14 @@ from typing import Any
 import numpy as np
 
 from kubeforge.runtime import types
+from kubeforge.runtime.wire import episodes
 
 # frame header (magic, version, kind) + reserved byte + the group's fixed header: one struct, one call each way
 HEAD = struct.Struct("<4sHBB4Q8I")
 assert HEAD.size == 72
 FLAG_REWARDS = 1
 FLAG_VERSIONS = 2
+FLAG_EPISODES = 4
 SEGMENT = struct.Struct("<IIQ")
 MAX_SEGMENTS = 256          # version segments per completion (one per weight update while it was sampled)
 _F64 = types.LOGPROB_DTYPE
@@ -150,15 +154,22 @@ def encode(magic: bytes, version: int, kind: int, g: types.RolloutGroup, *, scor
     try:
         segments = b"" if g.token_versions is None else _encode_versions(g.token_versions, lengths,
                                                                              g.policy_version)
-        flags = (FLAG_REWARDS if rewards is not None else 0) | (FLAG_VERSIONS if segments else 0)
+        multi = g.policy_spans is not None or g.episode_stats is not None
+        section, spans = episodes.encode(g.policy_spans, g.episode_stats, lengths) if multi else (b"", 0)
+        flags = ((FLAG_REWARDS if rewards is not None else 0) | (FLAG_VERSIONS if segments else 0)
+                 | (FLAG_EPISODES if multi else 0))
         head = HEAD.pack(magic, version, kind, 0, *ints, n, len(prompt_ids), total, len(names),
-                         flags, len(segments) // SEGMENT.size, len(blob), 0)
+                         flags, len(segments) // SEGMENT.size, len(blob), spans)
         float_bytes = struct.pack(f"<{len(floats)}d", *floats)
         u32_bytes = struct.pack(f"<{n + len(sizes)}I", *lengths, *sizes)
-        frame = b"".join((head, *lp_parts, float_bytes, u32_bytes, prompt_ids.data, *id_parts, blob, segments))
+        frame = b"".join((head, *lp_parts, float_bytes, u32_bytes, prompt_ids.data, *id_parts, blob, segments,
+                          section))
     except (struct.error, BufferError) as e:
         raise Invalid(f"group: cannot encode ({e})") from None
-    want = HEAD.size + 8 * nf + 4 * (n + len(sizes) + len(prompt_ids) + total) + len(blob) + len(segments)
+    except episodes.Invalid as e:
+        raise Invalid(str(e)) from None
+    want = (HEAD.size + 8 * nf + 4 * (n + len(sizes) + len(prompt_ids) + total) + len(blob) + len(segments)
+            + len(section))
     if len(frame) != want:   # a column of another dtype (the types' constructors prevent it): never send it
         raise Invalid(f"group: columns of {len(frame) - HEAD.size} bytes, the layout wants {want - HEAD.size}")
     if len(frame) > limits.frame_bytes:
@@ -267,9 +278,10 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
     if size < HEAD.size:
         raise Invalid(f"group: {size} bytes, shorter than the {HEAD.size}-byte group header")
     (_, _, _, reserved, index, version, step, generator, n, plen, total, nv, flags, reserved2, sbytes,
-     reserved3) = HEAD.unpack_from(view)
+     spans) = HEAD.unpack_from(view)
     segments = reserved2       # token-version segments (flag bit 1); reserved before partial rollouts
-    if reserved or reserved3 or (segments and not flags & FLAG_VERSIONS):
+    multi = bool(flags & FLAG_EPISODES)   # spans: policy spans (flag bit 2); reserved before multi-turn episodes
+    if reserved or (spans and not multi) or (segments and not flags & FLAG_VERSIONS):
         raise Invalid("group: reserved header fields must be 0")
     if max(index, version, step, generator) > MAX_U64_FIELD:
         raise Invalid(f"group: an integer field (prompt.index {index}, policy_version {version}, step {step}, "
@@ -280,7 +292,7 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
         raise Invalid(f"group.prompt_token_ids: {plen} tokens exceed {limits.tokens}")
     if nv > limits.verifiers:
         raise Invalid(f"group.scores: {nv} verifiers exceed {limits.verifiers}")
-    if flags & ~(FLAG_REWARDS | FLAG_VERSIONS):
+    if flags & ~(FLAG_REWARDS | FLAG_VERSIONS | FLAG_EPISODES):
         raise Invalid(f"group: unknown flags {flags:#x}")
     if segments > n * MAX_SEGMENTS or (flags & FLAG_VERSIONS and segments < n):
         raise Invalid(f"group.token_versions: {segments} segments for {n} completions, expected {n} to "
@@ -293,8 +305,10 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
     u32_at = HEAD.size + 8 * nf
     ids_at = u32_at + 4 * (n + nstr)
     str_at = ids_at + 4 * (plen + total)
-    if str_at + sbytes + SEGMENT.size * segments != size:
-        raise Invalid(f"group: frame of {size} bytes, its header says {str_at + sbytes + SEGMENT.size * segments}")
+    episodes_at = str_at + sbytes + SEGMENT.size * segments
+    want = episodes_at + (episodes.size(n, spans) if multi else 0)
+    if want != size:
+        raise Invalid(f"group: frame of {size} bytes, its header says {want}")
     counts = struct.unpack_from(f"<{n + nstr}I", view, u32_at)
     lengths = counts[:n]
     if sum(lengths) != total:
@@ -342,10 +356,17 @@ def decode(view: memoryview, *, scored: bool, limits: Limits) -> types.RolloutGr
     at = total + n if has_rewards else total
     scores = {name: f64[at + j * n:at + (j + 1) * n].tolist() for j, name in enumerate(names)} if nv else {}
     versions = _decode_versions(view, str_at + sbytes, segments, lengths, version) if segments else None
+    policy_spans = stats = None
+    if multi:
+        try:
+            policy_spans, stats = episodes.decode(view, episodes_at, spans, lengths)
+        except episodes.Invalid as e:
+            raise Invalid(str(e)) from None
     return types.RolloutGroup.decoded(
         prompt=types.Prompt.decoded(index, text, answer), prompt_token_ids=u32[:plen], completions=cols,
         policy_version=version, step=step, generator=generator,
-        rewards=f64[total:total + n].tolist() if has_rewards else None, scores=scores, token_versions=versions)
+        rewards=f64[total:total + n].tolist() if has_rewards else None, scores=scores, token_versions=versions,
+        policy_spans=policy_spans, episode_stats=stats)
 
 
 def _slicer(blob: str, ends: list[int], lo: int, hi: int) -> Callable[[], list[str]]:

@@ -96,8 +96,10 @@ def batch_frame(msgs: Sequence[messages.Message]) -> bytes:
     if cls not in (messages.Rollout, messages.Scored) or any(type(m) is not cls for m in msgs):
         raise frame.WireError(frame.REASON_MALFORMED, "BATCH: items must all be ROLLOUT or all SCORED messages")
     run: Sequence[GroupMessage] = msgs   # type: ignore[assignment]
-    if any(m.group.token_versions is not None for m in run):
-        raise frame.WireError(frame.REASON_MALFORMED, "BATCH: a group with token_versions goes in its own frame")
+    if any(m.group.token_versions is not None or m.group.policy_spans is not None
+           or m.group.episode_stats is not None for m in run):
+        raise frame.WireError(frame.REASON_MALFORMED,
+                              "BATCH: a group with token_versions or episodes goes in its own frame")
     cols = _gather(run, cls, True)
     if len(set(cols.keys)) != 1:
         raise frame.WireError(frame.REASON_MALFORMED,
