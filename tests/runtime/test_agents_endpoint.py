@@ -194,15 +194,18 @@ def test_refusals_have_status_and_count(served: Any) -> None:
         chat(c, msgs, temperature=0.7)
     with pytest.raises(openai.BadRequestError, match="n=2"):
         chat(c, msgs, n=2)
-    with pytest.raises(openai.BadRequestError, match="stream"):
-        chat(c, msgs, stream=True)
+    with pytest.raises(openai.BadRequestError, match="stream must be"):
+        chat(c, msgs, extra_body={"stream": "yes"})
     with pytest.raises(openai.BadRequestError, match="messages"):
         chat(c, [])
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        chat(c, msgs, logprobs=True, top_logprobs=2)
     chat(c, msgs, temperature=1.0, top_p=1.0)              # the job's own values are fine
     path = f"/episodes/{eid}/v1/chat/completions"
     assert raw(ep, "POST", path, b"{not json")[0] == 400
     assert raw(ep, "POST", path, b"[1, 2]")[0] == 400
-    status, body = raw(ep, "POST", path, b"x" * (ep.config.max_body_bytes + 1))
+    # an oversize body is refused from its header, unread (a tiny body here: no race with the closing socket)
+    status, body = raw(ep, "POST", path, b"{}", headers={"Content-Length": str(ep.config.max_body_bytes + 1)})
     assert status == 413 and body["error"]["code"] == "body_too_large"
     assert raw(ep, "PUT", path)[0] == 405
     assert raw(ep, "GET", "/v2/other")[0] == 404
@@ -212,9 +215,25 @@ def test_refusals_have_status_and_count(served: Any) -> None:
     with pytest.raises(openai.NotFoundError):
         chat(c, msgs)                                       # closed: gone
     assert ep.refused == {"unknown_episode": 3, "model_not_found": 1, "unsupported_sampling": 2, "unsupported": 1,
-                          "invalid_request": 2, "bad_json": 1, "body_too_large": 1, "method_not_allowed": 1,
+                          "invalid_request": 3, "bad_json": 1, "body_too_large": 1, "method_not_allowed": 1,
                           "not_found": 1}
     assert ep.answered == 1
+
+
+def test_streaming_answers_the_same_record(served: Any) -> None:
+    ep, sampler = served
+    eid = ep.open_episode()
+    c = client(ep, eid)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
+    chunks = list(chat(c, msgs, stream=True, stream_options={"include_usage": True}, logprobs=True))
+    content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices] == [None, "stop"]
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(content) + 1   # + <eos>
+    msgs += [{"role": "assistant", "content": content}, {"role": "user", "content": "more"}]
+    chat(c, msgs)
+    rec = ep.close_episode(eid)
+    assert [call.reason for call in rec.branches[0].calls] == ["first", "extends"]
+    assert rec.branches[0].calls[0].content == content == f"r{len(sampler.prompts[0])}"
 
 
 def test_models_route(served: Any) -> None:

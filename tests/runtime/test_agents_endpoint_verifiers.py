@@ -36,7 +36,7 @@ def test_verifiers_environment_runs_unchanged_through_the_endpoint(tiny_engine: 
     ep = endpoint.Endpoint(sampler=sampler, chat=endpoint_chat.ChatTemplate(tiny_engine.tokenizer),
                            config=endpoint.EndpointConfig(max_tokens_per_call=8))
     try:
-        outcomes = _env(timeout=240).run_group(ep, [0, 1, 2, 3])
+        outcomes = _env(timeout=240, args={"tasks": 2}).run_group(ep, [0, 1, 2, 3])
     finally:
         ep.close()
         sampler.close()
@@ -53,11 +53,15 @@ def test_verifiers_environment_runs_unchanged_through_the_endpoint(tiny_engine: 
         assert o.reward == float(any(ch.isdigit() for ch in calls[-1].content))
         for c in calls:
             recorded[c.prompt_ids] = (c.sampled_ids, c.logprobs)
+    prompts = [tiny_engine.tokenizer.decode(list(o.recording.branches[0].prompt_ids)) for o in outcomes]
+    assert prompts[0] == prompts[2] != prompts[1] == prompts[3]          # args {tasks: 2}: tasks 0, 1, 0, 1
+    assert "Guess my number 1:" in prompts[1]
     assert sampler.audit is not None and len(sampler.audit) == 8
     assert {a.prompt_ids: (a.token_ids, a.logprobs) for a in sampler.audit} == recorded
     assert ep.refused == {} and ep.branches == {"first": 4, "extends": 4}
 
 
+@pytest.mark.slow
 @needs_envs
 def test_runner_failures_fail_the_group_only(tmp_path: pathlib.Path) -> None:
     tok = __import__("kubeforge.runtime.models.tiny", fromlist=["tiny"]).tokenizer()
@@ -65,6 +69,8 @@ def test_runner_failures_fail_the_group_only(tmp_path: pathlib.Path) -> None:
     try:
         missing = _env(environment="no_such_env", timeout=120).run_group(ep, [0])
         assert [(o.ok, o.finish_reason) for o in missing] == [(False, "env_error")]
+        bad_args = _env(args={"no_such_field": 1}, timeout=120).run_group(ep, [0])
+        assert [(o.ok, o.finish_reason) for o in bad_args] == [(False, "env_error")]
         (tmp_path / "vf_slow").mkdir()
         (tmp_path / "vf_slow" / "__init__.py").write_text("import time\ntime.sleep(60)\n")
         slow = verifiers_env.VerifiersEnvironment(environment="vf_slow", python=PYTHON, paths=(str(tmp_path),),

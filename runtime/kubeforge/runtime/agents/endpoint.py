@@ -7,7 +7,7 @@ Its users: the ``Verifiers`` adapter (``verifiers_env``) and any agent written a
 Routes (``<id>``: an episode opened with :meth:`Endpoint.open_episode`; its ``base_url`` is
 ``http://host:port/episodes/<id>/v1``, so an unchanged ``openai`` client attributes every call to it)::
 
-    POST /episodes/<id>/v1/chat/completions   one non-streaming completion, recorded into episode <id>
+    POST /episodes/<id>/v1/chat/completions   one completion, recorded into episode <id> (stream: whole, as SSE)
     GET  /episodes/<id>/v1/models, /v1/models  the one served model
 
 Threads::
@@ -173,7 +173,8 @@ class Endpoint:
         with self._lock:
             self.branches[plan.reason] += 1
             self.answered += 1
-        return self._response(rec, call, logprobs=req.logprobs)
+        response = self._response(rec, call, logprobs=req.logprobs)
+        return _chunks(response, usage=req.stream_usage) if req.stream else response
 
     def _max_tokens(self, rec: endpoint_record.Recording, plan: endpoint_chat.Plan,
                     req: endpoint_request.ChatRequest) -> int:
@@ -220,6 +221,23 @@ class Endpoint:
     def refuse(self, code: str) -> None:
         with self._lock:
             self.refused[code] += 1
+
+
+def _chunks(response: dict[str, Any], *, usage: bool) -> dict[str, Any]:
+    """A completion as the chunks of a stream: the whole content at once (it is sampled before it is sent), then the
+    finish reason, then the usage when asked; the handler writes them as server-sent events."""
+    head = {k: response[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    choice = response["choices"][0]
+    chunks = [head | {"choices": [{"index": 0, "delta": choice["message"], "logprobs": choice["logprobs"],
+                                   "finish_reason": None}]},
+              head | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                   "finish_reason": choice["finish_reason"]}]}]
+    if usage:
+        chunks.append(head | {"choices": [], "usage": response["usage"]})
+    return {STREAM: chunks}
+
+
+STREAM = "__stream__"
 
 
 def _cut_at_stop(text: str, stops: tuple[str, ...], sample: endpoint_sampler.Sample) -> str:
@@ -310,9 +328,14 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
                                                   "param": None}})
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
+            stream = payload.get(STREAM)
+            if stream is None:
+                data, kind = json.dumps(payload).encode(), "application/json"
+            else:
+                events = [f"data: {json.dumps(chunk)}\n\n" for chunk in stream] + ["data: [DONE]\n\n"]
+                data, kind = "".join(events).encode(), "text/event-stream"
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
             if self.close_connection:
                 self.send_header("Connection", "close")

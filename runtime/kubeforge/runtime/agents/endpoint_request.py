@@ -9,7 +9,8 @@ What happens to each parameter (docs/agents-endpoint.md, "Parameters"):
 - refused when they differ from the job's distribution, because the trainer's logprobs assume it (docs/runtime.md,
   "Logprob convention"): ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``presence_penalty``,
   ``frequency_penalty``, ``repetition_penalty``, ``logit_bias``; ``n`` > 1; ``top_logprobs`` > 0; ``tool_choice``
-  other than auto/none; ``response_format`` other than text; ``stream`` true (not served).
+  other than auto/none; ``response_format`` other than text.
+- ``stream: true`` is served as server-sent events of the whole sample once it is sampled (``endpoint``).
 - anything else (``user``, ``metadata``, ``store``, vLLM extras such as ``skip_special_tokens``): ignored.
 """
 from __future__ import annotations
@@ -43,6 +44,8 @@ class ChatRequest:
     seed: int | None
     tools: list[dict[str, Any]] | None
     logprobs: bool
+    stream: bool = False
+    stream_usage: bool = False
 
 
 def _bad(message: str) -> Refusal:
@@ -58,7 +61,8 @@ def parse(body: Any, *, model: str, policy: endpoint_sampler.Policy) -> ChatRequ
     _check_distribution(body, policy)
     _check_unsupported(body)
     return ChatRequest(messages=_messages(body.get("messages")), max_tokens=_max_tokens(body), stop=_stop(body),
-                       seed=_int_or_none(body, "seed"), tools=_tools(body), logprobs=bool(body.get("logprobs")))
+                       seed=_int_or_none(body, "seed"), tools=_tools(body), logprobs=bool(body.get("logprobs")),
+                       stream=body.get("stream") is True, stream_usage=_stream_usage(body))
 
 
 def _check_distribution(body: dict[str, Any], policy: endpoint_sampler.Policy) -> None:
@@ -85,8 +89,8 @@ def _check_distribution(body: dict[str, Any], policy: endpoint_sampler.Policy) -
 
 
 def _check_unsupported(body: dict[str, Any]) -> None:
-    if body.get("stream"):
-        raise Refusal(400, "unsupported", "stream=true is not served: use non-streaming calls")
+    if body.get("stream") not in (None, True, False):
+        raise _bad("stream must be a boolean")
     top = body.get("top_logprobs")
     if top not in (None, 0):
         raise Refusal(400, "unsupported", "top_logprobs > 0 is not served (each choice carries its token's logprob)")
@@ -96,6 +100,13 @@ def _check_unsupported(body: dict[str, Any]) -> None:
     fmt = body.get("response_format")
     if fmt not in (None, {"type": "text"}):
         raise Refusal(400, "unsupported", "response_format other than text is not served")
+
+
+def _stream_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("stream_options must be an object")
+    return bool((options or {}).get("include_usage"))
 
 
 def _messages(raw: Any) -> tuple[dict[str, Any], ...]:

@@ -6,9 +6,9 @@ interface).
 
 Concurrency (VllmSampler)::
 
-    HTTP thread ─┐  put (request, future)            one batcher thread owns the engine
-    HTTP thread ─┼──────────────▶ bounded queue ───▶ take all queued (≤ max_batch) ─▶ llm.generate([...])
-    HTTP thread ─┘  future.result(timeout)  ◀─────── set each future (or its exception)
+    HTTP thread ─┐ put (request, future)         one batcher thread owns the engine
+    HTTP thread ─┼─────────────▶ bounded queue ─▶ all queued (≤ max_batch) ─▶ llm.generate([...])
+    HTTP thread ─┘ future.result(timeout) ◀────── set each future (or its exception)
 
 Invariants:
 - Only the batcher thread calls the engine, so concurrent episodes are batched into one ``generate`` and vLLM is
@@ -167,6 +167,7 @@ class VllmSampler:
             raise RuntimeError(f"vLLM returned {len(lps)} logprobs for {len(ids)} tokens")
         logprobs = tuple(float(lps[i][tok].logprob) for i, tok in enumerate(ids))
         if self.audit is not None:
-            self.audit.append(Audit(prompt_ids=tuple(int(t) for t in request_output.prompt_token_ids), token_ids=ids, logprobs=logprobs))
+            prompt = tuple(int(t) for t in request_output.prompt_token_ids)
+            self.audit.append(Audit(prompt_ids=prompt, token_ids=ids, logprobs=logprobs))
         reason = str(out.finish_reason or "")
         return Sample(token_ids=ids, logprobs=logprobs, finish_reason="length" if reason == "length" else "stop")

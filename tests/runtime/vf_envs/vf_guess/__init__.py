@@ -23,9 +23,14 @@ class GuessTask(vf.Task):
         return float(any(ch.isdigit() for ch in text))
 
 
-class GuessTaskset(vf.Taskset[GuessTask, vf.TasksetConfig]):
+class GuessConfig(vf.TasksetConfig):
+    tasks: int = 4
+    """How many tasks the taskset yields (``spec.environment.verifiers.args: {tasks: N}``)."""
+
+
+class GuessTaskset(vf.Taskset[GuessTask, GuessConfig]):
     def load(self) -> Iterable[GuessTask]:
-        for i in range(4):
+        for i in range(self.config.tasks):
             yield GuessTask(vf.TaskData(prompt=f"Guess my number {i}:"))
 
 
