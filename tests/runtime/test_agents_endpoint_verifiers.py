@@ -10,6 +10,7 @@ paths (a missing environment, a runner past its timeout) with the scripted sampl
 """
 from __future__ import annotations
 
+import collections
 import pathlib
 from typing import Any
 
@@ -41,7 +42,7 @@ def test_verifiers_environment_runs_unchanged_through_the_endpoint(tiny_engine: 
         ep.close()
         sampler.close()
     assert len(outcomes) == 4
-    recorded = {}
+    recorded: collections.Counter[tuple[Any, ...]] = collections.Counter()
     for o in outcomes:
         assert o.ok and o.error is None, o.error
         assert o.finish_reason == "stop" and o.rewards.keys() == {"answered_with_a_digit"}
@@ -52,12 +53,12 @@ def test_verifiers_environment_runs_unchanged_through_the_endpoint(tiny_engine: 
         assert calls[1].prompt_ids == calls[0].prompt_ids + calls[0].sampled_ids + calls[1].delta_ids
         assert o.reward == float(any(ch.isdigit() for ch in calls[-1].content))
         for c in calls:
-            recorded[c.prompt_ids] = (c.sampled_ids, c.logprobs)
+            recorded[(c.prompt_ids, c.sampled_ids, c.logprobs)] += 1
     prompts = [tiny_engine.tokenizer.decode(list(o.recording.branches[0].prompt_ids)) for o in outcomes]
     assert prompts[0] == prompts[2] != prompts[1] == prompts[3]          # args {tasks: 2}: tasks 0, 1, 0, 1
     assert "Guess my number 1:" in prompts[1]
     assert sampler.audit is not None and len(sampler.audit) == 8
-    assert {a.prompt_ids: (a.token_ids, a.logprobs) for a in sampler.audit} == recorded
+    assert collections.Counter((a.prompt_ids, a.token_ids, a.logprobs) for a in sampler.audit) == recorded
     assert ep.refused == {} and ep.branches == {"first": 4, "extends": 4}
 
 

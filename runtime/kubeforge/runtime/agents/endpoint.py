@@ -124,8 +124,11 @@ class Endpoint:
         """Stop serving the episode (later calls: 404) and hand over what it recorded."""
         with self._lock:
             ep = self._episodes.pop(episode_id)
-        with ep.lock:       # a call still running finishes its record first
-            return ep.recording
+        # a call still running finishes its record first (it ends within request_timeout: the sampler's bound)
+        if not ep.lock.acquire(timeout=self.config.request_timeout + 5.0):
+            raise TimeoutError(f"episode {episode_id!r}: a call still running after {self.config.request_timeout:g} s")
+        ep.lock.release()
+        return ep.recording
 
     def close(self, timeout: float = 10.0) -> None:
         self._httpd.shutdown()
