@@ -255,6 +255,9 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         timeout = endpoint.config.read_timeout
+        # headers and body leave in two writes: with Nagle on, a kept-alive connection waits for the client's
+        # delayed ACK (~40 ms a call; bench/probes/endpoint_overhead.py)
+        disable_nagle_algorithm = True
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             self._serve(post=False)
