@@ -80,3 +80,15 @@ def test_runner_failures_fail_the_group_only(tmp_path: pathlib.Path) -> None:
         assert ep.stats()["episodes_open"] == 0
     finally:
         ep.close()
+
+
+def test_a_missing_interpreter_fails_the_group_and_closes_its_episodes(tmp_path: pathlib.Path) -> None:
+    tok = __import__("kubeforge.runtime.models.tiny", fromlist=["tiny"]).tokenizer()
+    ep = endpoint.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint_chat.ChatTemplate(tok))
+    try:
+        env = verifiers_env.VerifiersEnvironment(environment="vf_guess", python=tmp_path / "no" / "python")
+        assert [(o.ok, o.finish_reason, o.recording.calls) for o in env.run_group(ep, [0, 1])] == \
+            [(False, "env_error", 0)] * 2
+        assert ep.stats()["episodes_open"] == 0
+    finally:
+        ep.close()

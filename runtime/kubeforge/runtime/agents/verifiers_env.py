@@ -78,6 +78,9 @@ class VerifiersEnvironment:
                                   text=True, timeout=self.timeout, env=env, check=False)
         except subprocess.TimeoutExpired:
             return {}, "env_timeout"
+        except OSError as exc:           # no such interpreter (make venv-envs), not executable, ...
+            print(f"verifiers runner did not start: {exc}", file=sys.stderr)
+            return {}, "env_error"
         if proc.returncode != 0:
             print(f"verifiers runner exited {proc.returncode}: {proc.stderr[-2000:]}", file=sys.stderr)
             return {}, "env_error"
