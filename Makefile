@@ -9,7 +9,7 @@ STAMP := $(VENV)/.kubeforge-installed
 KF := $(VENV)/bin/kubeforge
 PYTEST := $(VENV)/bin/python -m pytest
 
-.PHONY: venv venv-resolve host-deps demo test unit e2e-real cluster-up cluster-down crd lint bench clean
+.PHONY: venv venv-envs venv-resolve host-deps demo test unit e2e-real cluster-up cluster-down crd lint bench clean
 
 # Host prerequisites (Debian packages: containerd, runc, CNI plugins, static busybox, iptables, ...), listed with
 # the tools they provide in e2e/host/packages.txt. Idempotent; runs before every target that uses them (checked by
@@ -40,6 +40,17 @@ $(STAMP): pyproject.toml images/overrides.txt
 	rm -f $(VENV)/.kubeforge-installed
 	touch $(STAMP)
 
+# The environments' interpreter for `spec.environment.type: Verifiers`: PrimeIntellect's verifiers library in a venv of
+# its own (verifiers 0.4 needs openai < 3, the runtime pins openai 3), talking HTTP to the agents endpoint
+# (docs/agents-endpoint.md). Idempotent like `venv`.
+VENV_ENVS ?= .venv-envs
+ENVS_STAMP := $(VENV_ENVS)/.kubeforge-envs-installed
+venv-envs: $(ENVS_STAMP)
+$(ENVS_STAMP): images/envs-requirements.txt $(STAMP)
+	test -x $(VENV_ENVS)/bin/python || $(VENV)/bin/uv venv -q --python $(PY) $(VENV_ENVS)
+	$(VENV)/bin/uv pip install -q --python $(VENV_ENVS)/bin/python -r images/envs-requirements.txt
+	touch $(ENVS_STAMP)
+
 # A dry run of the install's resolver for EXTRA (e.g. `make venv-resolve EXTRA=gpu` on a machine without a GPU):
 # prints the pinned set that `make venv EXTRA=...` would install; installs nothing (but uv into $(VENV)).
 venv-resolve:
@@ -56,7 +67,7 @@ unit: venv
 
 # Every suite: unit, runtime (real vLLM / ZeroMQ / torch.distributed), the real control plane with kwok GPU
 # nodes, and the real kubelet node. The cluster binaries are built once and cached by version.
-test: venv host-deps build-cluster
+test: venv venv-envs host-deps build-cluster
 	KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=25 tests e2e
 
 # The CRD is generated from the typed model (kubeforge.api.crd) and copied into the Helm chart, and the field
