@@ -175,3 +175,12 @@ def test_a_full_context_ends_every_episode_without_a_call() -> None:
     assert eng.calls == [] and [c.finish_reason for c in g.completions] == ["max_tokens"] * 2
     assert [len(c.token_ids) for c in g.completions] == [0, 0]
     assert wire.decode(wire.encode(wire.Rollout(group=g))) == wire.Rollout(group=g)
+
+
+def test_calculator_opens_with_a_worked_tool_call_whose_result_is_right() -> None:
+    msgs = calculator.Calculator().reset(types.Prompt(index=0, text="What is 2 * 3?", answer="6"))
+    assert msgs[0]["role"] == "system" and msgs[-1] == {"role": "user", "content": "What is 2 * 3?"}
+    demo = msgs[1:-1]
+    call = tags.tool_call(demo[1]["content"])
+    assert call is not None and demo[2]["content"] == tags.result(arith.show(arith.evaluate(call)))
+    assert demo[3]["content"] == arith.show(arith.evaluate(call))
