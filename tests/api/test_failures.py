@@ -77,3 +77,36 @@ def test_rule_fields_are_checked() -> None:
         rljob.FailurePolicySpec.model_validate({"rules": [{"action": "Restart"}]})
     with pytest.raises(ValueError):
         rljob.FailurePolicySpec.model_validate({"rules": [{"action": "Fail", "onReasons": ["Sad"]}]})
+
+
+TR0_PREEMPTED = F(role="trainer", name="trainer-0", exit_code=None, reason="Preempted")
+GEN0_PREEMPTED = F(role="generator", name="generator-0", exit_code=None, reason="Preempted")
+PREEMPTED_CASES = [
+    # id, policy, failures, restarts -> action, restart scope, counts, reason, preempted
+    ("preempted-restarts-all-even-with-no-restarts-left", policy(max_restarts=0), [TR0_PREEMPTED], 0,
+     ("RestartAll", (), False, "", True)),
+    ("preempted-generator-per-rule", policy(*ELASTIC, max_restarts=1), [GEN0_PREEMPTED], 1,
+     ("RestartRole", ("generator-0",), False, "", True)),
+    ("preempted-with-a-crash-is-a-failure", policy(max_restarts=1), [TR0_PREEMPTED, GEN0], 1,
+     ("Fail", (), False, "BackoffLimitExceeded", False)),
+    ("preempted-with-a-crash-counts", policy(max_restarts=3), [TR0_PREEMPTED, GEN0], 1,
+     ("RestartAll", (), True, "", False)),
+    ("a-rule-may-fail-a-preemption", policy({"action": "Fail", "onReasons": ["Preempted"]}), [TR0_PREEMPTED], 0,
+     ("Fail", (), False, "FailedByRule", False)),
+    ("a-rule-may-ignore-a-preemption", policy({"action": "Ignore", "onReasons": ["Preempted"]}), [GEN0_PREEMPTED], 0,
+     ("Ignore", ("generator-0",), False, "", False)),
+]
+
+
+@pytest.mark.parametrize("pol,seen,restarts,want", [c[1:] for c in PREEMPTED_CASES],
+                         ids=[c[0] for c in PREEMPTED_CASES])
+def test_a_preempted_pod_is_a_preempted_job_not_a_failed_one(
+        pol: rljob.FailurePolicySpec, seen: list[failures.Failure], restarts: int,
+        want: tuple[str, tuple[str, ...], bool, str, bool]) -> None:
+    """Item 4 of issue 28: a preemption restarts per the policy without using up maxRestarts; mixed with a real
+    failure, the decision is the real failure's (counted)."""
+    d = failures.decide(pol, seen, restarts=restarts)
+    assert d is not None
+    assert (d.action, d.restart, d.counts, d.reason, d.preempted) == want
+    if d.preempted:
+        assert d.message.endswith("(not counted against maxRestarts)") and " preempted: " in d.message

@@ -153,3 +153,20 @@ def test_no_step_yet_is_a_start_not_a_stall() -> None:
     assert cond(s1, reasons.STALLED).status == "False"
     _, s2 = run(_job(s1, policy), pods, now=T0 + dt.timedelta(seconds=181))
     assert cond(s2, reasons.STALLED).status == "True" and "limit 180s" in cond(s2, reasons.STALLED).message
+
+
+def test_a_preempted_trainer_restarts_the_job_without_using_up_max_restarts() -> None:
+    """maxRestarts 0: a crash would fail the job; a preemption of its trainer starts a new attempt, restarts stay
+    0, and the event says Preempted."""
+    policy: dict[str, Any] = {"maxRestarts": 0}
+    _, s0 = run(_job(policy=policy), opbuilders.gang())
+    trainer = pod("tiny", "trainer", 0, deleting=True, exit_now=143)
+    trainer["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                            "reason": "PreemptionByScheduler"})
+    plan, s = run(_job(s0, policy), [pod("tiny", "generator", 0), pod("tiny", "verifier", 0), trainer])
+    assert s.phase != "Failed" and (plan.attempt, plan.restarts) == (1, 0)
+    assert s.last_failure is not None and (s.last_failure.reason, s.last_failure.action) == ("Preempted", "RestartAll")
+    assert reasons.PREEMPTED in [e.reason for e in status.transitions(s0, s, plan)]
+    crashed = pod("tiny", "trainer", 0, restarts=1, last_exit=137)
+    _, s = run(_job(s0, policy), [pod("tiny", "generator", 0), pod("tiny", "verifier", 0), crashed])
+    assert s.phase == "Failed"                     # the same policy fails a crash: the test can tell them apart

@@ -1,6 +1,8 @@
 """Observed facts from raw pods: failures of both kinds, progress, scheduling."""
 from __future__ import annotations
 
+from typing import Any
+
 import opbuilders
 from kubeforge.api import progress
 from kubeforge.operator import observed
@@ -36,3 +38,27 @@ def test_unschedulable_message_and_stale_pods() -> None:
     gen = obs.pods[0]
     assert gen.unschedulable == "0/4 nodes are available" and not gen.scheduled
     assert [p.name for p in obs.stale(1)] == ["tiny-generator-0"]
+
+
+def test_a_preempted_pod_reads_as_preempted_before_and_after_its_container_ends() -> None:
+    """The scheduler's preemption (DisruptionTarget PreemptionByScheduler, then the delete) and the kubelet's
+    (phase Failed, reason Preempting): reason Preempted, one failure per pod however the SIGTERM ended it."""
+    def preempted(exit_now: int | None) -> dict[str, Any]:
+        p = opbuilders.pod("tiny", "trainer", 0, deleting=True, exit_now=exit_now)
+        p["metadata"]["uid"] = "u1"
+        p["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                          "reason": "PreemptionByScheduler"})
+        return p
+    running, ended = observed.pod_failure(preempted(None)), observed.pod_failure(preempted(143))
+    assert running is not None and ended is not None
+    assert (running.reason, running.exit_code) == ("Preempted", None) and running.ident == ended.ident
+    kubelet = opbuilders.pod("tiny", "generator", 0, phase="Failed", exit_now=137, ready=False)
+    kubelet["status"]["reason"] = "Preempting"
+    f = observed.pod_failure(kubelet)
+    assert f is not None and f.reason == "Preempted"
+    # a DisruptionTarget that is no preemption keeps its own reason
+    lost = opbuilders.pod("tiny", "trainer", 0, deleting=True)
+    lost["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                         "reason": "DeletionByTaintManager"})
+    f = observed.pod_failure(lost)
+    assert f is not None and f.reason == "NodeLost"

@@ -182,3 +182,14 @@ def test_an_image_pull_secret_name_must_be_a_secret_name() -> None:
     doc["spec"]["roles"]["trainer"]["imagePullSecrets"] = [{"name": "Reg_Cred"}]
     with pytest.raises(load.InvalidRLJob, match=r"spec\.roles\.trainer\.imagePullSecrets\[0\]\.name"):
         load.parse(doc)
+
+
+def test_trainer_pods_get_a_grace_period_above_the_stop_checkpoint_bound() -> None:
+    """The stop checkpoint's chain of bounds (docs/failures.md): write within 45 s of SIGTERM < ranks SIGKILLed by
+    their supervisor at 50 s < the trainer pod's terminationGracePeriodSeconds (60); other roles keep the default."""
+    assert (contract.STOP_CHECKPOINT_WITHIN_SECONDS < contract.TRAINER_RANKS_GRACE_SECONDS
+            < contract.TRAINER_TERMINATION_GRACE_SECONDS)
+    grace = {s["metadata"]["name"]: s["spec"]["template"]["spec"].get("terminationGracePeriodSeconds")
+             for s in _by_kind(render.render(opbuilders.job("tiny"), CTX), "StatefulSet")}
+    assert grace == {"tiny-generator": None, "tiny-verifier": None,
+                     "tiny-trainer": contract.TRAINER_TERMINATION_GRACE_SECONDS}

@@ -488,6 +488,102 @@ def test_sigterm_stops_the_trainer_after_a_complete_checkpoint(tmp_path: Path) -
         r.close()
 
 
+class StopInbox:
+    """The trainer's inbox; sets ``term`` (SIGTERM) at the first receive while the learner has ``at`` steps done:
+    the stop arrives while the trainer collects step ``at + 1``."""
+
+    def __init__(self, inner: transport.Receiver, term: threading.Event, at: int) -> None:
+        self.inner, self.term, self.at, self.learner = inner, term, at, None
+
+    def recv(self, timeout: float | None = None) -> wire.Message | None:
+        if self.learner is not None and self.learner.step == self.at:
+            self.term.set()
+        return self.inner.recv(timeout=timeout)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def _stop_run(tmp: Path, spec_job: rljob.RLJob, *, stop_when: str | None, trained: list[int]) -> str | None:
+    """One attempt of ``spec_job`` in ``tmp`` (resuming from its checkpoints); ``stop_when``: SIGTERM arrives
+    while step 3 is trained ("training") or collected ("collecting"), or never (None). Appends the learner's
+    step before every ``train_step`` to ``trained``; returns the ``Terminated`` message, None on a full run."""
+    n = next(_ids)
+    loaders: list[CopyWeights] = []
+    a, stop, recv = _serve(spec_job, f"stop{n}", loaders)
+    term = threading.Event()
+    inbox = StopInbox(recv[2], term, at=2 if stop_when == "collecting" else -1)
+    loop = _loop(tmp, spec_job, inbox, deadline=60, reissue_after=30,  # type: ignore[arg-type]
+                 generators=transport.open_sender([a["gen"]], role="trainer", index=0), control=recv[3],
+                 checkpoint_every=100)
+    loaders[0].learner = loop.learner  # type: ignore[assignment]
+    inbox.learner = loop.learner  # type: ignore[assignment]
+    train = loop.learner.train_step
+
+    def counted(**kw: object) -> object:
+        trained.append(loop.learner.step)
+        if stop_when == "training" and loop.learner.step == 2:
+            term.set()                                               # SIGTERM arrives during step 3
+        return train(**kw)  # type: ignore[arg-type]
+
+    loop.learner.train_step = counted  # type: ignore[method-assign]
+    loop.should_stop = term.is_set
+    try:
+        loop.run()
+        return None
+    except trainer_role.Terminated as exc:
+        return str(exc)
+    finally:
+        stop.set()
+        for r in recv:
+            r.close()
+
+
+@pytest.mark.parametrize("when", ["training", "collecting"])
+def test_sigterm_writes_a_stop_checkpoint_and_the_resume_repeats_and_loses_no_step(tmp_path: Path,
+                                                                                   when: str) -> None:
+    """Eviction/preemption (the pod deleted: SIGTERM) with no periodic checkpoint due: the trainer finishes the
+    step it trains (or abandons the one it collects), writes a stop checkpoint of the trained steps, and the next
+    attempt resumes there: every step trained exactly once, the records contiguous."""
+    spec_job = job(steps=5)
+    trained: list[int] = []
+    stopped = _stop_run(tmp_path, spec_job, stop_when=when, trained=trained)
+    done = 3 if when == "training" else 2
+    assert stopped is not None and f"stop checkpoint of step {done} written" in stopped, stopped
+    assert stopped.startswith("SIGTERM after step 3" if when == "training" else "SIGTERM while collecting step 2")
+    ckpts = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert ckpts == [f"step-00000000{done}"] and (tmp_path / "ckpt" / ckpts[0] / "COMPLETE").exists()
+    assert trained == list(range(done))                       # the abandoned step was never trained
+    assert _stop_run(tmp_path, spec_job, stop_when=None, trained=trained) is None
+    assert trained == [0, 1, 2, 3, 4]                          # each step trained once, none repeated or lost
+    records = [progress.StepRecord.decode(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r.step for r in records if r is not None] == [1, 2, 3, 4, 5]
+
+
+def test_a_stop_checkpoint_that_would_overrun_its_bound_is_skipped(tmp_path: Path) -> None:
+    """SIGTERM long ago (beyond ``stop_within``): no stop checkpoint is started (the kubelet would kill it half
+    way); the trainer still stops, and the resume starts from the last complete checkpoint (here: none)."""
+    spec_job = job(steps=5)
+    n = next(_ids)
+    loaders: list[CopyWeights] = []
+    a, stop, recv = _serve(spec_job, f"late{n}", loaders)
+    loop = _loop(tmp_path, spec_job, recv[2], deadline=60, reissue_after=30,
+                 generators=transport.open_sender([a["gen"]], role="trainer", index=0), control=recv[3],
+                 checkpoint_every=100)
+    loaders[0].learner = loop.learner  # type: ignore[assignment]
+    import time as _time
+    loop.stopped_at = lambda: _time.monotonic() - 1000.0
+    loop.should_stop = lambda: loop.learner.step >= 1
+    try:
+        with pytest.raises(trainer_role.Terminated, match="no stop checkpoint: SIGTERM 1000"):
+            loop.run()
+    finally:
+        stop.set()
+        for r in recv:
+            r.close()
+    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
+
+
 def test_a_lost_frame_is_reissued_and_a_step_that_never_completes_stalls_within_the_deadline(tmp_path: Path) -> None:
     """Drop a SCORED frame on purpose: the trainer re-issues the missing prompt after ``reissue_after`` and the
     step completes (nothing lost). With nobody serving the work at all, the trainer raises ``Stalled`` within the

@@ -53,7 +53,16 @@ def env_replicas(role: str) -> str:
     return f"KUBEFORGE_{role.upper()}_REPLICAS"
 
 
-# ---- ports: offsets from a process's port base ----
+# ---- stopping a trainer (SIGTERM: its pod deleted, e.g. the job suspended by a Kueue eviction or spec.suspend) ----
+# One chain of bounds, each below the next: the trainer finishes the step in flight (or abandons the one it is
+# collecting) and starts its stop checkpoint only while SIGTERM + the last write's duration stays within
+# STOP_CHECKPOINT_WITHIN_SECONDS; the rank supervisor SIGKILLs ranks still running TRAINER_RANKS_GRACE_SECONDS after
+# it forwarded SIGTERM; the kubelet SIGKILLs the pod TRAINER_TERMINATION_GRACE_SECONDS after SIGTERM (rendered as the
+# trainer pods' terminationGracePeriodSeconds).
+STOP_CHECKPOINT_WITHIN_SECONDS = 45
+TRAINER_RANKS_GRACE_SECONDS = 50
+TRAINER_TERMINATION_GRACE_SECONDS = 60
+
 DEFAULT_PORT_BASE = 29500
 PORT_METRICS = 0      # HTTP: /metrics, /healthz, /readyz
 PORT_DATA = 1         # ZeroMQ: this role's input (verifier: rollouts; trainer: scored groups; generator: control)

@@ -14,6 +14,10 @@ Invariants:
 - One decision counts at most one restart, however many failures it covers (a node loss that takes three
   generators is one restart); ``Ignore`` and ``Fail`` count none.
 - Local exits by signal are mapped as the kubelet reports them: exit code ``128 + signal``, reason ``Error``.
+- A preemption (reason ``Preempted``: a pod of the gang preempted for one of higher priority) is the job being
+  preempted, not failing: when every failure of a decision is one, its restart (the first matching rule's, by
+  default RestartAll: the gang comes back whole and the trainers resume from their stop checkpoint) is not counted
+  against ``maxRestarts`` and is never turned into ``BackoffLimitExceeded``; a rule may still say Fail or Ignore.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ FAIL, IGNORE = Action.FAIL.value, Action.IGNORE.value
 SEVERITY = {IGNORE: 0, RESTART_ROLE: 1, RESTART_ALL: 2, FAIL: 3}
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 FAILED_BY_RULE = "FailedByRule"
+PREEMPTED = rljob.FailureReason.PREEMPTED.value
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,6 +56,7 @@ class Decision:
     message: str = ""
     cause: Failure | None = None             # the failure that decided the action
     rule: int | None = None                  # index of the matching rule (None: the default)
+    preempted: bool = False                  # every failure is a preemption: a restart is not counted
 
 
 def from_exit(code: int) -> tuple[int, str]:
@@ -97,6 +103,11 @@ def decide(policy: rljob.FailurePolicySpec, failures: Sequence[Failure], *, rest
     if action == IGNORE:
         return Decision(action=IGNORE, cause=cause, rule=rule, restart=tuple(sorted({f.name for f in failures})),
                         message=f"{what}: ignored by spec.failurePolicy.rules[{rule}]")
+    if all(f.reason == PREEMPTED for f in failures):
+        scope = tuple(sorted({f.name for f in failures})) if action == RESTART_ROLE else ()
+        where = f"restarting {', '.join(scope)}" if scope else "restarting every role from the last checkpoint"
+        return Decision(action=action, restart=scope, counts=False, preempted=True, cause=cause, rule=rule,
+                        message=f"{cause.role} {cause.name} preempted: {where} (not counted against maxRestarts)")
     if restarts >= policy.max_restarts:
         return Decision(action=FAIL, reason=BACKOFF_LIMIT_EXCEEDED, cause=cause, rule=rule,
                         message=f"{what} after {restarts} restarts (maxRestarts={policy.max_restarts})")

@@ -934,6 +934,7 @@ class FailureReason(str, enum.Enum):
     EVICTED = "Evicted"
     NODE_LOST = "NodeLost"
     UNHEALTHY = "Unhealthy"          # killed because its liveness probe failed (no progress within the deadline)
+    PREEMPTED = "Preempted"          # preempted for a pod of higher priority (scheduler or kubelet): not counted
 
 
 class FailureRule(Model):
@@ -946,7 +947,8 @@ class FailureRule(Model):
         default_factory=list, max_length=64, description="Container exit codes the rule applies to (empty: any).")
     on_reasons: list[FailureReason] = Field(default_factory=list, max_length=8, description="Termination "
                                             "reasons the rule applies to (empty: any): Error, OOMKilled, Evicted, "
-                                            "NodeLost, Unhealthy.")
+                                            "NodeLost, Unhealthy, Preempted (a restart for a preemption is not "
+                                            "counted against maxRestarts).")
 
 
 START_ALLOWANCE_FACTOR = 3      # a role's start may take this many progress deadlines (FailurePolicySpec)

@@ -92,8 +92,12 @@ def _int(value: Any) -> int | None:
 
 
 # Pod-level ends and the failure-policy reason they match (kubeforge.api.rljob.FailureReason).
+# A preemption (the scheduler's for a pod of higher priority: DisruptionTarget reason PreemptionByScheduler; the
+# kubelet's for a critical pod: phase Failed, reason Preempting) reads as Preempted before any container's exit
+# (the SIGTERM it sends ends the trainer with 143): one failure per pod, keyed by the pod, acted on once.
 _DISRUPTION_REASONS = {"DeletionByTaintManager": "NodeLost", "EvictionByEvictionAPI": "Evicted",
                        "TerminationByKubelet": "Evicted", "NodeLost": "NodeLost", "Evicted": "Evicted"}
+PREEMPTION_REASONS = ("PreemptionByScheduler", "Preempting")
 
 
 def _terminated_failure(term: Raw, *, role: str, pod: str, attempt: int | None, key: str) -> Failure | None:
@@ -111,6 +115,11 @@ def pod_failure(pod: Raw) -> Failure | None:
     labels = md.get("labels", {}) or {}
     role, name, attempt = labels.get(contract.LABEL_ROLE, ""), md.get("name", ""), _int(labels.get(contract.LABEL_ATTEMPT))
     uid = md.get("uid") or name
+    disrupted = _condition(st, "DisruptionTarget")
+    if ((disrupted.get("status") == "True" and disrupted.get("reason") in PREEMPTION_REASONS
+         and md.get("deletionTimestamp")) or (st.get("phase") == "Failed" and st.get("reason") in PREEMPTION_REASONS)):
+        return Failure(role=role, pod=name, attempt=attempt, exit_code=None, reason="Preempted", time=None,
+                       key=f"{uid}/pod")
     statuses = st.get("containerStatuses") or []
     for cs in statuses:
         for state in (cs.get("state") or {}, cs.get("lastState") or {}):
@@ -120,7 +129,6 @@ def pod_failure(pod: Raw) -> Failure | None:
                 found = _terminated_failure(term, role=role, pod=name, attempt=attempt, key=key)
                 if found:
                     return found
-    disrupted = _condition(st, "DisruptionTarget")
     if st.get("phase") == "Failed" or (disrupted.get("status") == "True" and md.get("deletionTimestamp")):
         raw = str(st.get("reason") or disrupted.get("reason") or "Failed")
         return Failure(role=role, pod=name, attempt=attempt, exit_code=None,

@@ -212,8 +212,13 @@ def transitions(prev: rljob.RLJobStatus | None, new: rljob.RLJobStatus, plan: li
     out = []
     if plan.new_failure is not None:
         f = plan.new_failure
-        out.append(Event(type="Warning", reason=reasons.CONTAINER_FAILED,
-                         message=f"{f.role} pod {f.pod} failed: exit code {f.exit_code}, reason {f.reason}"))
+        if f.reason == failures.PREEMPTED:
+            out.append(Event(type="Warning", reason=reasons.PREEMPTED,
+                             message=f"{f.role} pod {f.pod} preempted for a pod of higher priority: the job "
+                                     "restarts per spec.failurePolicy, not counted against maxRestarts"))
+        else:
+            out.append(Event(type="Warning", reason=reasons.CONTAINER_FAILED,
+                             message=f"{f.role} pod {f.pod} failed: exit code {f.exit_code}, reason {f.reason}"))
     if plan.decision is not None and plan.decision.action in (failures.RESTART_ROLE, failures.IGNORE):
         out.append(Event(type="Warning" if plan.decision.counts else "Normal",
                          reason=reasons.ROLE_RESTARTED if plan.decision.counts else reasons.FAILURE_IGNORED,

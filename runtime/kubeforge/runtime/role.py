@@ -38,7 +38,8 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
         return startup.EXIT_CONFIG
     if cfg.supervises:     # a trainer pod with several ranks: start them; they serve metrics and probes
         return ranks.supervise(ranks=cfg.spec.roles.trainer.ranks(),
-                               environ=os.environ if environ is None else environ, name=cfg.name)
+                               environ=os.environ if environ is None else environ, name=cfg.name,
+                               grace_s=contract.TRAINER_RANKS_GRACE_SECONDS)
     try:    # first: torch's and vLLM's thread pools inherit the mask (spec.schedule: Disaggregated)
         pinned = affinity.apply_text(cfg.cpus)
     except (ValueError, OSError) as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,10 +19,18 @@ from kubeforge.runtime import config, podmetrics, transport
 EXIT_CONFIG = 2
 
 
-def _stop_flag() -> threading.Event:
-    stop = threading.Event()
+class StopFlag(threading.Event):
+    """Set at SIGTERM/SIGINT; ``at`` is when the first one arrived (``time.monotonic``), None before."""
+
+    at: float | None = None
+
+
+def _stop_flag() -> StopFlag:
+    stop = StopFlag()
 
     def handler(signum: int, frame: Any) -> None:
+        if stop.at is None:
+            stop.at = time.monotonic()
         stop.set()
 
     for s in (signal.SIGTERM, signal.SIGINT):

@@ -129,6 +129,8 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
     if shm_gib(spec):
         pod["volumes"].append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
                                                                 "sizeLimit": f"{shm_gib(spec)}Gi"}})
+    if role == "trainer":       # room for the stop checkpoint (contract: STOP_CHECKPOINT_WITHIN_SECONDS)
+        pod["terminationGracePeriodSeconds"] = contract.TRAINER_TERMINATION_GRACE_SECONDS
     if gang.scheduler_name:
         pod["schedulerName"] = gang.scheduler_name
     if spec.priority_class_name:

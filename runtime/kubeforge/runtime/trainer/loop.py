@@ -45,9 +45,17 @@ Invariants:
   ``start_deadline`` (their vLLM engines load), and while a generator tells rank 0 it is starting (restarted in
   place: an ACK of READY with ``ok=False`` every few seconds while its engine loads) the step's stall clock starts
   again at each such beat, for at most ``start_deadline`` from that generator's first beat.
-- SIGTERM (``should_stop``) ends the loop only at a safe point: while collecting, or after a step whose checkpoint
-  (if due) is complete; a checkpoint write in progress always finishes (the write itself is atomic: temp folder,
-  fsync, rename, COMPLETE marker), so a pod deleted mid-write leaves the new checkpoint or the previous one.
+- SIGTERM (``should_stop``: the pod deleted, e.g. the job suspended by a Kueue eviction/preemption or
+  ``spec.suspend``) ends the loop at a safe point with a stop checkpoint, so a resume repeats no step and loses
+  none: a step being trained finishes (every rank agrees on the stop after it: one all-reduce), a step being
+  collected is abandoned (its groups are generated again after the resume); then the trained steps are checkpointed
+  (model, optimizer, data cursor = the next untrained step, RNG) unless the newest checkpoint already holds them.
+  Bounded: the write starts only if SIGTERM's age plus the last write's duration stays within ``stop_within``
+  (``contract.STOP_CHECKPOINT_WITHIN_SECONDS``, below the pod's grace period), else it is skipped and the resume
+  repeats the steps since the last checkpoint. Abandoning a collect under FSDP with several ranks writes nothing
+  (the write is collective and the other ranks may be inside a step); DDP's rank 0 writes alone. A checkpoint
+  write in progress always finishes (the write itself is atomic: temp folder, fsync, rename, COMPLETE marker), so
+  a pod killed mid-write leaves the new checkpoint or the previous one.
 - Elastic generators (rank 0): a generator that restarts, joins, leaves or goes silent after a failed push
   changes the membership, and with it the weight-sync epoch; its outstanding work is re-issued
   (``trainer.membership``). A push that fails abandons the epoch and training goes on.
@@ -87,6 +95,7 @@ class Settings:
                                       # and a step's wait while a generator says it is starting
     colocated: bool = False           # spec.schedule.mode Colocated: a step's work goes out only after the last
                                       # step is trained and pushed (phases take turns on the same cores)
+    stop_within: float = 45.0         # SIGTERM: the stop checkpoint is written only if it ends within this
     refill_rounds: int = 0            # dynamic sampling (spec.algorithm.refill_rounds()): refills per slot; 0 off
 
 
@@ -161,6 +170,7 @@ class Loop:
                  rank0: Rank0 | None = None, clock: Callable[[], float] = time.time,
                  beat: Callable[[str], None] = lambda activity: None,
                  should_stop: Callable[[], bool] = lambda: False,
+                 stopped_at: Callable[[], float | None] = lambda: None,
                  generator_address: Callable[[int], str | None] = lambda index: None) -> None:
         if (rank0 is None) == (settings.rank == 0):
             raise ValueError("rank 0, and only rank 0, needs the Rank0 parts")
@@ -174,6 +184,9 @@ class Loop:
         self.clock = clock
         self.beat = beat                  # heartbeat: the role's liveness (``/healthz``) follows it
         self.should_stop = should_stop    # SIGTERM: stop at the next safe point (a write in progress finishes)
+        self.stopped_at = stopped_at      # when SIGTERM arrived (time.monotonic), if known
+        self.saved_cursor = -1            # the data cursor of the newest checkpoint this run wrote or resumed
+        self.save_seconds = 0.0           # how long the last checkpoint write took
         self.reissued = 0                 # groups re-issued because they did not arrive in time
         capacity = (settings.max_policy_lag + 2) * settings.prompts_per_step + 16
         self.buffer = buffer.RolloutBuffer(max_policy_lag=settings.max_policy_lag, capacity=capacity)
@@ -228,7 +241,11 @@ class Loop:
         for s in range(start, self.s.steps):
             self._issue_window(current=s)
             waited = self.clock()
-            groups = self._collect(s)
+            try:
+                groups = self._collect(s)
+            except Terminated:          # the step being collected is abandoned: its work goes out again
+                written = self._stop_checkpoint(trained=s, collective=False)
+                raise Terminated(f"SIGTERM while collecting step {s} ({written})") from None
             self.beat("train")
             t0 = self.clock()
             if self.resampler is not None:
@@ -238,8 +255,9 @@ class Loop:
                 stats = self.learner.train_step(groups=groups)
             self._after_step(s, stats, groups, train_seconds=self.clock() - t0, wait_seconds=t0 - waited)
             self.beat("step")
-            if self.should_stop() and s + 1 < self.s.steps:
-                raise Terminated(f"SIGTERM after step {s + 1} (its checkpoint, if due, is complete)")
+            if s + 1 < self.s.steps and self._stop_agreed():
+                written = self._stop_checkpoint(trained=s + 1, collective=True)
+                raise Terminated(f"SIGTERM after step {s + 1} ({written})")
         exported = self.learner.export(directory=self.s.checkpoint_dir)
         if self.rank0 is not None:
             self._finish(exported)
@@ -247,6 +265,7 @@ class Loop:
     def _resume(self) -> int:
         state = self.learner.resume(directory=self.s.checkpoint_dir)
         start = int(state["data_cursor"]) if state else 0
+        self.saved_cursor = start if state else -1
         self.buffer.advance(next_step=start)
         self.issued = start
         if self.rank0 is not None:
@@ -310,7 +329,7 @@ class Loop:
         while not self.buffer.ready(step=step, expected=expected, policy_version=self.learner.policy_version):
             self.beat("collect")
             if self.should_stop():
-                raise Terminated(f"SIGTERM while collecting step {step} (nothing was being written)")
+                raise Terminated(f"SIGTERM while collecting step {step}")
             msg = self.inbox.recv(timeout=POLL_SECONDS)
             if isinstance(msg, wire.Scored) and self._screened_out(msg.group):
                 pass
@@ -397,9 +416,50 @@ class Loop:
         if self.membership is not None:       # forget work of trained steps
             self.membership.forget(trained=s)
         if done % self.s.checkpoint_every == 0 or last:
-            self.beat("checkpoint")
-            self.learner.save_checkpoint(directory=self.s.checkpoint_dir, keep=self.s.checkpoint_keep,
-                                         data_cursor=done)
+            self._save(cursor=done)
+
+    def _save(self, *, cursor: int) -> None:
+        self.beat("checkpoint")
+        t0 = time.monotonic()
+        self.learner.save_checkpoint(directory=self.s.checkpoint_dir, keep=self.s.checkpoint_keep,
+                                     data_cursor=cursor)
+        self.save_seconds = time.monotonic() - t0
+        self.saved_cursor = cursor
+
+    # ------------------------------------------------------------ stopping (SIGTERM)
+
+    def _stop_agreed(self) -> bool:
+        """After a step: True when any rank was told to stop (one all-reduce when there are several ranks)."""
+        flag = self.should_stop()
+        agree = getattr(self.learner, "any_rank", None)
+        return bool(agree(flag)) if agree is not None and self.s.world > 1 else flag
+
+    def _stop_checkpoint(self, *, trained: int, collective: bool) -> str:
+        """The stop checkpoint of ``trained`` steps (data cursor ``trained``), within ``stop_within`` of SIGTERM;
+        ``collective``: every rank is here (after an agreed stop), else only this rank (an abandoned collect).
+        Returns what happened, for the log."""
+        if trained <= max(self.saved_cursor, 0):
+            return f"checkpoint of step {trained} already complete" if trained else "nothing trained yet"
+        if not collective and self.s.world > 1 and not getattr(self.learner, "saves_alone", True):
+            return "no stop checkpoint: the sharded write needs every rank"
+        if not collective and self.s.rank != 0 and getattr(self.learner, "saves_alone", True):
+            return "rank 0 writes the stop checkpoint"
+        at = self.stopped_at()
+        age = time.monotonic() - at if at is not None else 0.0
+        fits = age + self.save_seconds <= self.s.stop_within
+        agree = getattr(self.learner, "agree", None)
+        if collective and self.s.world > 1 and agree is not None:
+            fits = bool(agree(fits))          # rank 0 decides: a sharded write needs every rank or none
+        if not fits:
+            msg = (f"no stop checkpoint: SIGTERM {age:.1f}s ago + last write {self.save_seconds:.1f}s > "
+                   f"{self.s.stop_within:.0f}s; the resume repeats the steps after {max(self.saved_cursor, 0)}")
+            print(f"trainer-{self.s.rank}: {msg}", flush=True)
+            return msg
+        self._save(cursor=trained)
+        msg = (f"stop checkpoint of step {trained} written in {self.save_seconds:.2f}s, "
+               f"{age + self.save_seconds:.1f}s after SIGTERM")
+        print(f"trainer-{self.s.rank}: {msg}", flush=True)
+        return msg
 
     def _record(self, stats: Any, groups: Sequence[types.RolloutGroup], *,
                 sync: types.SyncResult | None, train_seconds: float) -> progress.StepRecord:

@@ -37,7 +37,8 @@ def settings(cfg: config.RoleConfig) -> loop.Settings:
         reissue_after=max(1.0, spec.failure_policy.progress_deadline_seconds / 4),
         start_deadline=float(spec.failure_policy.start_deadline_seconds()),
         colocated=spec.schedule.mode == rljob.ScheduleMode.COLOCATED,
-        refill_rounds=spec.algorithm.refill_rounds())
+        refill_rounds=spec.algorithm.refill_rounds(),
+        stop_within=float(contract.STOP_CHECKPOINT_WITHIN_SECONDS))
 
 
 def reporter(cfg: config.RoleConfig) -> report.Reporter:
@@ -167,6 +168,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
         loop.Loop(settings=s, inbox=inbox, generators=generators, learner=learner, prompt_at=stream.prompt_at,
                   observer=observe.TrainerObserver(m), rank0=rank0, beat=server.heartbeat,
                   should_stop=stop.is_set if stop is not None else lambda: False,
+                  stopped_at=lambda: getattr(stop, "at", None),
                   generator_address=generator_address(cfg)).run()
     except loop.Terminated as exc:
         print(f"{cfg.name}: {exc}", flush=True)

@@ -311,6 +311,15 @@ class Trainer:
             (self._stream or self.named_tensors()).drain()
         self._stream = None
 
+    @property
+    def saves_alone(self) -> bool:
+        """Rank 0 can write a checkpoint without the other ranks (everything but a sharded model)."""
+        return not self.sharded
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is True on any (an all-reduce; e.g. a stop request)."""
+        return bool(self.group.all_reduce_max([1.0 if flag else 0.0])[0] > 0)
+
     def agree(self, value: Any) -> Any:
         """Rank 0's JSON ``value`` on every rank (a broadcast; what rank 0 decided, e.g. an export request)."""
         return self.group.broadcast_json(value)
