@@ -144,6 +144,22 @@ e2e-real: venv host-deps
 	KUBEFORGE_REAL_NODE=1 KF_E2E_REAL_OUT=$$out $(PYTEST) -p no:cacheprovider -m realnode e2e/test_e2e_real.py; rc=$$?; \
 	cat $${out%.json}.figures.json 2>/dev/null; cat $$out 2>/dev/null || echo '{}'; rm -rf $$(dirname $$out); exit $$rc
 
+# --- two real nodes (issue 31; docs/node-loss.md) ---
+# Runs e2e/test_two_nodes.py (pod networking across the nodes, the enforced NetworkPolicy, the tiny RLJob with its
+# trainer and generator on different nodes, then one node lost mid-run and rejoined) inside the real-node lock
+# (one real-node set per machine), on the running two-node cluster or one it starts and stops. Prints the figures
+# as one JSON line LAST: nodesUsed, phase, steps, lostSteps, repeatedSteps, nodeLossDetectSeconds,
+# nodeLossRecoverySeconds, strangerBlocked (a test that did not get as far leaves its fields out). A cluster it
+# starts runs the node lifecycle controller at Kubernetes' defaults (NODE_MONITOR; the test cluster's own 3m20s grace
+# suits kwok at scale, and would add minutes to the detection).
+NODE_MONITOR := node-monitor-grace-period=40s,node-monitor-period=5s
+.PHONY: e2e-nodes
+e2e-nodes: venv host-deps
+	@out=$$(mktemp -d)/nodes.json; \
+	flock /tmp/kubeforge-realnode.lock env KUBEFORGE_REAL_NODE=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} \
+	  KF_CONTROLLER_MANAGER_EXTRA_ARGS=$${KF_CONTROLLER_MANAGER_EXTRA_ARGS:-$(NODE_MONITOR)} KF_E2E_NODES_OUT=$$out $(PYTEST) -p no:cacheprovider -s e2e/test_two_nodes.py; rc=$$?; \
+	cat $$out 2>/dev/null || printf '{}'; echo; rm -rf $$(dirname $$out); exit $$rc
+
 # --- docs/guide.md's local rehearsal (issue 29) ---
 # Makes an HF folder (the built-in tiny model's builder) and a JSONL file of copy records, then runs the guide's
 # manifest, examples/own-model.yaml, with `kubeforge run` (spec.model.path and spec.task.jsonl.path set to those

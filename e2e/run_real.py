@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 _E2E = pathlib.Path(__file__).resolve().parent
@@ -230,6 +231,8 @@ class Result:
     checkpoints: list[str] = dataclasses.field(default_factory=list)
     phases: list[tuple[float, str]] = dataclasses.field(default_factory=list)
     export: dict[str, Any] | None = None              # the export asked for on the RLJob, once status served it
+    failure_seen_s: float | None = None               # fault -> the failure in status.lastFailure
+    next_step_s: float | None = None                  # fault -> the first step record of a trainer 0 started after it
 
     @property
     def succeeded(self) -> bool:
@@ -258,8 +261,10 @@ class Run:
     """One RLJob from apply to a terminal phase, with an optional trainer kill (state of the watch loop)."""
 
     def __init__(self, *, k: kube.Kubectl, namespace: str, name: str, workdir: pathlib.Path,
-                 kill_after_step: int | None, timeout_s: float, export_after_step: int | None = None) -> None:
+                 kill_after_step: int | None, timeout_s: float, export_after_step: int | None = None,
+                 fault: Callable[[int, list[dict[str, Any]]], dict[str, Any]] | None = None) -> None:
         self.k, self.ns, self.name, self.workdir = k, namespace, name, workdir
+        self.fault = fault              # instead of the trainer kill: (step, pods) -> what was done
         self.kill_after_step, self.timeout_s = kill_after_step, timeout_s
         self.export_after_step = export_after_step
         self.export_request: tuple[str, float, int] | None = None    # (id, when asked, trainer step then)
@@ -360,6 +365,7 @@ class Run:
         self.k.apply(job)
         log(f"applied RLJob {self.ns}/{self.name} ({steps} steps)")
         deadline, last_phase, t_kill = t0 + self.timeout_s, None, None
+        before_fault: set[str] = set()
         try:
             while time.monotonic() < deadline:
                 status = self.get_job().get("status") or {}
@@ -381,10 +387,17 @@ class Run:
                     result.restart_to_running_s = time.monotonic() - t_kill
                 if (self.kill_after_step is not None and result.killed is None and phase == "Running"
                         and (step := self.trainer_step(pods)) >= self.kill_after_step):
-                    result.killed, t_kill = self.kill_trainer(step=step), time.monotonic()
+                    result.killed = self.fault(step, pods) if self.fault else self.kill_trainer(step=step)
+                    t_kill, before_fault = time.monotonic(), set(self.followers)
                 self.ask_for_export(status, pods, result)
+                if t_kill is not None and result.next_step_s is None and any(
+                        step_sequence(f.path.read_text(errors="replace"))[1] for key, f in self.followers.items()
+                        if key.startswith("trainer:") and key not in before_fault):
+                    result.next_step_s = time.monotonic() - t_kill
+                    log(f"first step after the fault trained {result.next_step_s:.1f}s after it")
                 if result.killed is not None and result.failure_status is None and status.get("lastFailure"):
                     result.failure_status = status
+                    result.failure_seen_s = time.monotonic() - t_kill if t_kill is not None else None
                     log(f"failure in status: lastFailure={status['lastFailure']} restarts={status.get('restarts')}")
                 if phase in ("Succeeded", "Failed"):
                     result.apply_to_succeeded_s = now if phase == "Succeeded" else None
@@ -409,7 +422,9 @@ class Run:
 
 def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None = None,
         kill_after_step: int | None = 8, timeout_s: float = 1200.0, keep_namespace: bool = False,
-        base: pathlib.Path | None = None, export_after_step: int | None = None) -> Result:
+        base: pathlib.Path | None = None, export_after_step: int | None = None,
+        fault: Callable[[int, list[dict[str, Any]]], dict[str, Any]] | None = None,
+        operator_args: tuple[str, ...] = ()) -> Result:
     """Run the RLJob of ``base`` (default: examples/tiny.yaml) in real pods on ``cluster`` (whose real node is up);
     artefacts under ``workdir``. ``name`` defaults to the manifest's own."""
     doc = realjob.load_tiny(base) if base is not None else realjob.load_tiny()
@@ -423,13 +438,13 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
     checkpoints.mkdir(parents=True, exist_ok=True)
     checkpoints.chmod(0o777)    # a hostPath: the pods run as a non-root UID (render/security.py), fsGroup skips it
     checkpoints.chmod(0o777)        # role pods run as UID 1000 (restricted Pod Security); a hostPath keeps host modes
-    op = harness.Operator(kubeconfig=k.kubeconfig, log_path=workdir / "operator.log", extra=("--namespace", ns))
+    op = harness.Operator(kubeconfig=k.kubeconfig, log_path=workdir / "operator.log", extra=("--namespace", ns, *operator_args))
     op.start()
     log(f"operator up (namespace {ns}); log {workdir / 'operator.log'}")
     try:
         job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints, base=doc)
         result = Run(k=k, namespace=ns, name=name, workdir=workdir, kill_after_step=kill_after_step,
-                     timeout_s=timeout_s, export_after_step=export_after_step).execute(job)
+                     timeout_s=timeout_s, export_after_step=export_after_step, fault=fault).execute(job)
         result.checkpoints = sorted(p.name for p in checkpoints.iterdir())
         if result.export is not None and result.export.get("path"):     # the folder, seen on the host
             folder = checkpoints / pathlib.PurePosixPath(str(result.export["path"])).relative_to(

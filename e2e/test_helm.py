@@ -169,7 +169,7 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     write = {"get", "list", "watch", "create", "patch", "delete"}
     assert granted[("kubeforge.dev", "rljobs")] >= {"get", "list", "watch", "patch"}
     assert granted[("kubeforge.dev", "rljobs/status")] >= {"patch"}
-    assert granted[("", "pods")] == {"get", "list", "watch", "patch"}
+    assert granted[("", "pods")] == {"get", "list", "watch", "patch", "delete"}   # delete: a pod lost with its node
     assert "create" in granted[("", "events")]
     apply = pytest.importorskip("kubeforge.operator.apply")
     for (api_version, kind), plural in apply.KINDS.items():
@@ -183,6 +183,12 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     scanning = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge-scanning")["rules"])
     assert scanning == {("", "namespaces"): {"list", "watch"},
                         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+    # node loss (docs/node-loss.md): the Ready condition of a not-ready pod's node, read only, in both modes
+    for mode in (objs, render(*NAMESPACED)):
+        assert rules_by_resource(one(mode, "ClusterRole", f"{RELEASE}-kubeforge-nodes")["rules"]) == \
+            {("", "nodes"): {"get"}}
+    (container,) = one(objs, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]["containers"]
+    assert "--node-loss-grace-seconds=60" in container["args"]
 
 
 def test_the_admission_webhook_is_wired() -> None:
@@ -216,7 +222,8 @@ def test_namespaced_mode_uses_roles() -> None:
     roles = [o for o in objs if o["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in objs if b["kind"] == "RoleBinding") == ["team-a", "team-b"]
-    assert [o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRole"] == [f"{RELEASE}-kubeforge-scanning"]
+    assert sorted(o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRole") == \
+        [f"{RELEASE}-kubeforge-nodes", f"{RELEASE}-kubeforge-scanning"]
 
 
 def test_monitoring_objects() -> None:
@@ -312,14 +319,15 @@ def test_cluster_wide_rbac_can_i(kube_cluster: Any, namespaces: list[str]) -> No
         for ns in (job_ns, "kube-system"):     # a jobs' namespace and one of the cluster's own
             for verb in ("get", "list", "watch"):
                 assert not can(verb, "secrets", "-n", ns), (verb, ns)
-            for verb in ("create", "delete", "update"):
+            for verb in ("create", "update"):     # delete: a pod lost with its node (docs/node-loss.md)
                 assert not can(verb, "pods", "-n", ns), (verb, ns)
             assert not can("create", "pods", "--subresource=exec", "-n", ns)
             assert not can("patch", "pods", "--subresource=status", "-n", ns)
             assert not can("update", "statefulsets", "-n", ns) and not can("update", "rljobs", "-n", ns)
             assert not can("escalate", "roles", "-n", ns) and not can("bind", "clusterroles", "-n", ns)
             assert not can("get", "deployments", "-n", ns) and not can("create", "leases", "-n", ns)
-        assert not can("get", "nodes") and not can("create", "clusterroles") and not can("create", "namespaces")
+        assert can("get", "nodes") and not can("patch", "nodes") and not can("list", "nodes")
+        assert not can("create", "clusterroles") and not can("create", "namespaces")
         # what it must hold to grant it (the per-job Role names the job's pods): get/patch on pods, no more
         assert can("patch", "pods", "-n", job_ns) and can("create", "roles", "-n", job_ns)
         # and that is enough: as the operator, create a job's Role and RoleBinding (rendered by the operator)

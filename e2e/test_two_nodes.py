@@ -35,6 +35,16 @@ EXTRA_NODE = realnode.SCRIPTS_DIR / "extra-node.sh"
 PORT = 8080
 
 
+def record(**fields: Any) -> None:
+    """Merge figures into the JSON file named by ``KF_E2E_NODES_OUT`` (``make e2e-nodes`` prints it last)."""
+    out = os.environ.get("KF_E2E_NODES_OUT")
+    if not out:
+        return
+    path = pathlib.Path(out)
+    doc = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**doc, **fields}))
+
+
 def _skip(reason: str) -> None:
     print(f"\n[two-nodes] SKIP: {reason}", file=sys.stderr, flush=True)
     pytest.skip(reason)
@@ -264,7 +274,9 @@ def test_job_network_policy_blocks_strangers_and_passes_the_jobs_own_pods(
         seen = {s: probe(k, namespace, s, role_targets) for s in ("stranger-0", "stranger-1")}
         return seen if not any(v for got in seen.values() for v in got.values()) else None
 
+    record(strangerBlocked=False)
     kube.wait_for("strangers blocked from every role port on both nodes", blocked, timeout_s=60, interval_s=2.0)
+    record(strangerBlocked=True)
     # Metrics stay open to anyone (scrapers, probes): the policy's second rule.
     open_metrics = probe(k, namespace, "stranger-1", [f"{ip['job-a']}:{metrics}", f"{ip['job-b']}:{metrics}"])
     assert all(open_metrics.values()), open_metrics
@@ -296,6 +308,7 @@ def test_trainer_and_generator_on_different_nodes_train_to_succeeded(cluster: li
     placed = run_nodes.nodes_of(result.pods)
     figures = {"nodes": placed, "phase": result.status.get("phase"), **run_nodes.step_figures(result.trainer_logs)}
     print(f"\n[two-nodes] job across nodes: {json.dumps(figures)}", file=sys.stderr, flush=True)
+    record(nodesUsed=len(set().union(*placed.values())) if placed else 0, acrossNodes=figures)
     assert result.succeeded, (result.status, result.failures)
     trainer, generator = set(placed.get("trainer", [])), set(placed.get("generator", []))
     assert trainer and generator and not trainer & generator, placed
@@ -304,3 +317,95 @@ def test_trainer_and_generator_on_different_nodes_train_to_succeeded(cluster: li
              if isinstance(d.get("step"), int) and "mean_reward" in d]
     assert steps == list(range(1, JOB_STEPS + 1)), steps
     assert figures["syncs"] and figures["sync_bytes"], figures      # weights crossed to the other node
+
+
+# ------------------------------------------------------------------ node loss (issue 31 item 4; docs/node-loss.md)
+
+LOSS_STEPS = 14
+LOSS_AFTER_STEP = 6            # examples/tiny.yaml checkpoints every 5 steps: the job resumes from step 5
+LOSS_GRACE_S = 10              # the operator's --node-loss-grace-seconds (its minimum) for this test
+LOST = 1                       # node 0 hosts CoreDNS and the apiserver's address: only node i >= 1 can be lost
+
+
+def node_loss_manifest(steps: int) -> dict[str, Any]:
+    """The tiny RLJob with the trainer preferably apart from the generator (Preferred: after the loss both fit on
+    node 0), the verifier preferably beside the generator."""
+    import realjob
+
+    doc = realjob.load_tiny()
+    doc["spec"]["algorithm"]["steps"] = steps
+    roles = doc["spec"]["roles"]
+    roles.setdefault("trainer", {})["affinity"] = {"apartFrom": ["generator"], "mode": "Preferred"}
+    roles.setdefault("verifier", {})["affinity"] = {"colocateWith": ["generator"], "mode": "Preferred"}
+    return doc
+
+
+def lineage(trainer_logs: list[str]) -> list[int]:
+    """The steps the final model was trained through: each trainer log's steps after the step it resumed from."""
+    import run_real
+
+    out: list[int] = []
+    for text in trainer_logs:
+        resumed, steps = run_real.step_sequence(text)
+        if resumed is None and not steps:
+            continue            # a trainer that trained nothing (it failed before resuming) changes nothing
+        out = out[:resumed or 0] + steps
+    return out
+
+
+def test_a_lost_node_is_survived_from_the_checkpoint_and_rejoins(cluster: lifecycle.Cluster, k: kube.Kubectl) -> None:
+    """Mid-run, kf-real-1 (holding a role of the job) loses its kubelet, kube-proxy, containerd and every process
+    of its pods (SIGKILL). The operator fails the pods it lost (NodeLost, naming the node) and force-deletes them;
+    the job restarts on kf-real-0 from its checkpoint and reaches Succeeded with every step in its lineage once.
+    Then the node rejoins Ready."""
+    import tempfile
+    import time
+
+    import run_nodes  # noqa: F401  (also points the pods at this checkout's sources in a worktree)
+    import run_real
+
+    lost_node = realnode.node_name(LOST)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="kf-2n-loss-"))
+    workdir.chmod(0o755)
+    manifest = workdir / "rljob.yaml"
+    manifest.write_text(json.dumps(node_loss_manifest(LOSS_STEPS)))
+    lost: dict[str, Any] = {}
+
+    def lose(step: int, pods: list[dict[str, Any]]) -> dict[str, Any]:
+        on = sorted(p["metadata"]["labels"].get(run_real.LABEL_ROLE, "?") for p in pods
+                    if p.get("spec", {}).get("nodeName") == lost_node and not p["metadata"].get("deletionTimestamp"))
+        subprocess.run(["bash", str(EXTRA_NODE), cluster.workdir, str(LOST), "lose"], check=True, timeout=60)
+        lost.update(node=lost_node, roles=on, at_step=step)
+        print(f"\n[two-nodes] lost {lost_node} at step {step} (roles there: {on})", file=sys.stderr, flush=True)
+        return dict(lost)
+
+    rejoin_s = None
+    try:
+        result = run_real.run(cluster=cluster, workdir=workdir / "run", kill_after_step=LOSS_AFTER_STEP,
+                              timeout_s=900, base=manifest, fault=lose,
+                              operator_args=("--node-loss-grace-seconds", str(LOSS_GRACE_S)))
+    finally:
+        if lost:
+            t = time.monotonic()
+            subprocess.run(["bash", str(EXTRA_NODE), cluster.workdir, str(LOST), "up"], check=True, timeout=180)
+            kube.wait_for(f"{lost_node} Ready again", lambda: lost_node in realnode.ready_real_nodes(k) or None,
+                          timeout_s=120, interval_s=2.0)
+            rejoin_s = round(time.monotonic() - t, 1)
+    line = lineage(result.trainer_logs)
+    want = list(range(1, LOSS_STEPS + 1))
+    failure = (result.failure_status or {}).get("lastFailure") or {}
+    figures = {"lost": lost, "phase": result.status.get("phase"), "lastFailure": failure,
+               "nodeLossDetectSeconds": run_real._r(result.failure_seen_s),
+               "nodeLossRecoverySeconds": run_real._r(result.next_step_s), "rejoinSeconds": rejoin_s,
+               "lostSteps": sorted(set(want) - set(line)), "repeatedSteps": sorted({s for s in line if line.count(s) > 1})}
+    print(f"\n[two-nodes] node loss: {json.dumps(figures)}", file=sys.stderr, flush=True)
+    record(phase=figures["phase"], steps=(result.status.get("progress") or {}).get("step"),
+           **{k: figures[k] for k in ("lostSteps", "repeatedSteps", "nodeLossDetectSeconds",
+                                      "nodeLossRecoverySeconds", "rejoinSeconds")}, nodeLoss=figures)
+    assert lost.get("roles"), f"no role of the job ran on {lost_node}: nothing was lost ({lost})"
+    assert failure.get("reason") == "NodeLost" and failure.get("node") == lost_node, failure
+    assert result.succeeded, (result.status, result.failures)
+    assert (result.status.get("attempt") or 0) >= 1, result.status
+    assert line == want, line
+    assert len(result.trainer_logs) >= 2, "the trainer started again from its checkpoint"
+    assert result.next_step_s is not None, "no step trained after the loss"

@@ -2,7 +2,7 @@
 # One more real node (index >= 1) beside node 0 (issue 31): `make cluster-up REAL_NODES=2` runs it from up.sh
 # once kf-real-0 is Ready, and down.sh runs `down` for every node-<i> dir before it tears node 0 down.
 #
-# Usage: e2e/node/extra-node.sh <cluster-workdir> <index> up|down|stop-local
+# Usage: e2e/node/extra-node.sh <cluster-workdir> <index> up|down|stop-local|lose
 #
 # Node i is a kubelet + containerd (+ runc) + kube-proxy of its own, joined to the same API server, in network
 # namespace kf-real-<i> (its kubelet and containerd enter only that namespace with nsenter: mounts stay shared,
@@ -18,11 +18,12 @@
 #   kubelet port 10250       on its node IP inside the namespace (no clash with node 0's)
 # CoreDNS is node 0's (10.88.0.1:53, reached through the root namespace); every packet stays on this machine.
 # `stop-local` stops only this node's processes and removes its dir (down.sh's path when another cluster owns
-# the host state). Idempotent; prints "real node kf-real-<i> Ready in <s> s" / "... down in <s> s" last.
+# the host state). `lose` is a node loss (docs/node-loss.md): SIGKILL to its kubelet, kube-proxy, containerd, shims
+# and every process in its pods, its namespace, veth, cgroups and state left in place; `up` again rejoins it. Idempotent; prints "real node kf-real-<i> Ready in <s> s" / "... down in <s> s" last.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 W="${1:-}"; IDX="${2:-}"; ACTION="${3:-}"
-case "$IDX" in [1-9]) ;; *) echo "usage: $0 <cluster-workdir> <index 1..> up|down|stop-local" >&2; exit 2 ;; esac
+case "$IDX" in [1-9]) ;; *) echo "usage: $0 <cluster-workdir> <index 1..> up|down|stop-local|lose" >&2; exit 2 ;; esac
 source "$HERE/lib.sh"
 source "$HERE/configs.sh"
 kf_host_deps >/dev/null
@@ -145,9 +146,23 @@ down_extra() {
   echo "real node $KF_NODE_NAME down in $((SECONDS - T0)) s"
 }
 
+lose_extra() {
+  local name pid d
+  for name in kubelet kube-proxy containerd; do
+    pid="$(kf_pid "$name")"; [ -z "$pid" ] || kill -KILL "$pid" 2>/dev/null || true
+  done
+  for pid in $(kf_shim_pids); do kill -KILL "$pid" 2>/dev/null || true; done
+  for d in $(cgroup_dirs); do
+    [ -d "$d/kubepods" ] || continue
+    find "$d/kubepods" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u | xargs -r kill -KILL 2>/dev/null || true
+  done
+  echo "real node $KF_NODE_NAME lost (processes killed; namespace, cgroups and state kept)"
+}
+
 case "$ACTION" in
   up) trap 'rc=$?; [ "$rc" -eq 0 ] || on_error' EXIT; up_extra ;;
   down) set +e; down_extra ;;
+  lose) set +e; lose_extra ;;
   stop-local) set +e; kf_stop 10 kubelet kube-proxy; stop_runtime; clean_node_dir; echo "real node $KF_NODE_NAME stopped" ;;
-  *) echo "usage: $0 <cluster-workdir> <index> up|down|stop-local" >&2; exit 2 ;;
+  *) echo "usage: $0 <cluster-workdir> <index> up|down|stop-local|lose" >&2; exit 2 ;;
 esac

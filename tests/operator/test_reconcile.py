@@ -23,6 +23,9 @@ class FakeCluster:
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return []
 
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": name}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
     def apply(self, obj: dict[str, Any]) -> None:
         self.applies += 1
         self.objects[(obj["kind"], obj["metadata"]["name"])] = obj

@@ -1211,6 +1211,8 @@ class FailureInfo(Model):
     action: str = Field("", description="What the failure policy did: RestartAll | RestartRole | Fail | Ignore.")
     attempt: int | None = Field(None, description="Attempt the failed pod belonged to.")
     time: str | None = Field(None, description="When it was observed.")
+    node: str | None = Field(None, description="The node the pod was lost with (reason NodeLost: the node was not "
+                             "Ready for the operator's node-loss grace; docs/node-loss.md).")
 
 
 class RLJobStatus(Model):

@@ -53,6 +53,8 @@ Least privilege for what it does (every write is a server-side apply or merge PA
   onto that job's trainer 0 pod (one merge patch of an annotation). In cluster-wide mode this is pods patch in every
   namespace: narrowing it needs the `escalate` verb (broader), a `bind` to a fixed ClusterRole (every pod of the
   job's namespace for the job's account) or progress off the pod (docs/install.md, "RBAC").
+  delete: the forced delete (grace period 0, UID precondition) of a job's pod whose node was not Ready for
+  nodeLossGraceSeconds (docs/node-loss.md); the operator deletes no other pod.
 - secrets: create only (the job's key Secret, never read back).
 - events: one per transition.
 - podgroups of each supported gang backend (Coscheduling, Volcano, KAI).
@@ -95,7 +97,7 @@ Least privilege for what it does (every write is a server-side apply or merge PA
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

@@ -237,6 +237,22 @@ class Cluster:
         self.request("DELETE", path_of(obj["apiVersion"], obj["kind"], md["namespace"], md["name"]),
                      body={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
 
+    def get_node(self, name: str) -> Obj | None:
+        """A Node (None: absent); read only for the nodes of a job's pods that are not ready (``nodeloss``)."""
+        return self.request("GET", f"/api/v1/nodes/{name}")
+
+    def force_delete_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Delete a pod at once (grace period 0: the API server forgets it without its kubelet's word), only if it
+        is still the pod of that UID; gone already (404) or re-created meanwhile (409) is fine."""
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            self.request("DELETE", path_of("v1", "Pod", namespace, name), body=body)
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+
     def patch_status(self, namespace: str, name: str, status: Obj) -> Obj | None:
         """Merge-patch the RLJob's status subresource (null deletes a field); returns the updated RLJob."""
         return self.request("PATCH", path_of(contract.API_VERSION, contract.KIND, namespace, name) + "/status",

@@ -92,7 +92,7 @@ def _progress(report: progress.ProgressReport | None, prev: rljob.Progress) -> r
 
 def _failure_info(f: observed.Failure, action: str, now: dt.datetime) -> rljob.FailureInfo:
     return rljob.FailureInfo(role=f.role, pod=f.pod, exit_code=f.exit_code, reason=f.reason, action=action,
-                             attempt=f.attempt, time=f.time or timefmt.fmt(now))
+                             attempt=f.attempt, time=f.time or timefmt.fmt(now), node=f.node)
 
 
 def _rescaled(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> bool:

@@ -32,7 +32,7 @@ from typing import Any
 import kopf
 
 from kubeforge.operator import apply, handlers, leader, memory, metrics, names, reconcile, router as router_mod
-from kubeforge.operator import watchcache
+from kubeforge.operator import nodeloss, watchcache
 from kubeforge.operator import webhook
 
 
@@ -46,6 +46,7 @@ class Options:
     runtime_image: str = names.DEFAULT_RUNTIME_IMAGE
     workers: int = 16
     status_interval: float = 5.0
+    node_loss_grace_seconds: float = nodeloss.GRACE_S
     log_format: str = "json"
     verbose: bool = False
     webhook: bool = True
@@ -77,6 +78,9 @@ def parse_args(argv: Sequence[str]) -> Options:
                    "that changes only counts, messages or a condition's reason; each further such write in a row "
                    "waits twice as long, up to 6 times this (a phase, a condition's status or a failure is written "
                    "at once; 0: every change at once).")
+    p.add_argument("--node-loss-grace-seconds", type=float, default=nodeloss.GRACE_S,
+                   help=f"Seconds a node may be not Ready before the job's pods on it are failed (NodeLost) and "
+                   f"force-deleted, {nodeloss.GRACE_MIN_S:.0f}-{nodeloss.GRACE_MAX_S:.0f} (docs/node-loss.md).")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("-v", "--verbose", action="store_true")
     w = p.add_argument_group("admission webhook (docs/security.md)")
@@ -97,7 +101,8 @@ def parse_args(argv: Sequence[str]) -> Options:
     return Options(namespaces=tuple(a.namespace), all_namespaces=a.all_namespaces or not a.namespace,
                    kubeconfig=a.kubeconfig, metrics_port=a.metrics_port, health_port=a.health_port,
                    runtime_image=a.runtime_image, workers=a.workers,
-                   status_interval=a.status_interval, log_format=a.log_format, verbose=a.verbose,
+                   status_interval=a.status_interval, node_loss_grace_seconds=a.node_loss_grace_seconds,
+                   log_format=a.log_format, verbose=a.verbose,
                    webhook=a.webhook, webhook_addr=a.webhook_addr, webhook_port=a.webhook_port,
                    webhook_host=a.webhook_host, webhook_cert_dir=a.webhook_cert_dir,
                    leader_elect=a.leader_elect, leader_lease=a.leader_lease,
@@ -117,7 +122,8 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, appl
 
     def work(key: tuple[str, str], failures: list[Any]) -> reconcile.Outcome:
         return reconcile.reconcile(cluster, key, image=opts.runtime_image, cache=cache, pool=appliers,
-                                   seen_failures=failures, jobs=jobs, pods=pods, pacer=pacer)
+                                   seen_failures=failures, jobs=jobs, pods=pods, pacer=pacer,
+                                   node_loss_grace=nodeloss.clamp_grace(opts.node_loss_grace_seconds))
 
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
     hook = webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,

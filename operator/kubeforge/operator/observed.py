@@ -28,6 +28,7 @@ class Failure:
     reason: str
     time: str | None
     key: str = ""          # identifies this failure of this pod (container ID, else pod UID + restart count)
+    node: str | None = None   # the node, for a pod the operator judged lost with it (``nodeloss``)
 
     @property
     def ident(self) -> str:
@@ -54,6 +55,8 @@ class PodFacts:
     progress: progress.ProgressReport | None
     stuck: tuple[str, str] | None = None   # (reason, message) of a container that cannot start (STUCK_REASONS)
     export_request: str | None = None      # the pod's contract.ANNOTATION_EXPORT_REQUEST (the operator's relay)
+    node: str | None = None                # spec.nodeName
+    uid: str = ""                          # metadata.uid (the precondition of a forced delete)
 
 
 # Waiting reasons of a container that will not start by waiting: the kubelet retries them silently forever.
@@ -160,6 +163,7 @@ def pod_facts(pod: Raw) -> PodFacts:
         unschedulable=unsched, failure=pod_failure(pod),
         progress=progress.ProgressReport.decode(ann.get(contract.ANNOTATION_PROGRESS)), stuck=_stuck(st),
         export_request=ann.get(contract.ANNOTATION_EXPORT_REQUEST),
+        node=spec.get("nodeName") or None, uid=str(md.get("uid") or ""),
     )
 
 

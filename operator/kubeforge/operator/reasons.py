@@ -45,4 +45,5 @@ QUOTA_ADMITTED = "Admitted"              # Kueue admitted it: pods run with the 
 PREEMPTED = "Preempted"                  # Kueue evicted it for a workload of higher priority: suspended, requeued
 EVICTED = "Evicted"                      # Kueue evicted it for another reason (its message kept): suspended
 QUEUE_INVALID = "QueueInvalid"           # the labels name what cannot admit it (e.g. no such WorkloadPriorityClass)
+NODE_LOST = "NodeLost"                   # event (Warning): a node not Ready past the grace; its pods of the job force-deleted
 CONTAINER_FAILED = "ContainerFailed"      # event: a container of the current attempt failed

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubeforge.api import contract, failures, load, rljob
-from kubeforge.operator import (apply, exports, lifecycle, metrics, observed, queueing, reasons, render, status, timefmt,
-                                watchcache)
+from kubeforge.operator import (apply, exports, lifecycle, metrics, nodeloss, observed, queueing, reasons, render,
+                                status, timefmt, watchcache)
 from kubeforge.operator.render import context, gang, meta, secret
 from kubeforge.operator.render import workload as workload_render
 
@@ -283,7 +283,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
               pool: concurrent.futures.Executor | None = None, seen_failures: Iterable[observed.Failure] = (),
               clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
               jobs: watchcache.JobCache | None = None, pods: watchcache.PodCache | None = None,
-              pacer: StatusPacer | None = None) -> Outcome:
+              pacer: StatusPacer | None = None, node_loss_grace: float = nodeloss.GRACE_S) -> Outcome:
     """Bring the children and the status of RLJob ``key`` (namespace, name) in line with its spec. With the watch
     caches (``jobs``, ``pods``) the pass reads the RLJob and its pods from them instead of GET and LIST; with a
     ``pacer``, status writes of detail only are paced per job."""
@@ -301,6 +301,9 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         return Outcome()
     now = clock()
     obs = observed.observe_facts(_read_pods(cluster, key, pods), seen_failures)
+    lost = _node_loss(cluster, obs, now=now, grace=node_loss_grace)
+    if lost.lost:     # each lost pod is a failure of its role (reason NodeLost): the failure policy acts on it
+        obs = dataclasses.replace(obs, seen_failures=obs.seen_failures + tuple(p.failure for p in lost.lost))
     queue = _read_queue(cluster, job, namespace) if queueing.queue_name(job) is not None else None
     gate = queueing.gate(queue.wl, invalid=queue.invalid) if queue is not None else None
     plan = lifecycle.decide(job, obs, now=now, queue=gate)
@@ -330,7 +333,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         _apply_children(cluster, key, shape, ctx, raw, now=now, cache=cache, pool=pool, jobs=jobs)
         cache.applied(key, render_key)
     new = status.compute(shape, obs, plan, generation=raw["metadata"].get("generation"), now=now)
-    requeue = plan.requeue_after
+    requeue = _min(plan.requeue_after, lost.requeue_after)
     if gate is not None and not gate.admitted and plan.terminal is None:
         requeue = QUEUE_POLL_S if requeue is None else min(requeue, QUEUE_POLL_S)
     if _status_doc(new) != _status_doc(job.status):
@@ -345,6 +348,13 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
                 pacer.wrote(key, detail=detail)
     for ev in status.transitions(job.status, new, plan):
         cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
+    # after the status write that records the failures as handled: a pass that dies in between acts on them again
+    for node in lost.nodes:
+        log.warning("%s/%s: %s", namespace, name, nodeloss.message(lost, node, node_loss_grace))
+        cluster.post_event(raw, type="Warning", reason=reasons.NODE_LOST, now=timefmt.fmt(now),
+                           message=nodeloss.message(lost, node, node_loss_grace))
+    for p in lost.lost:
+        cluster.force_delete_pod(namespace, p.pod, p.uid)
     handoff = exports.relay(job, obs, attempt=plan.attempt, served=new.progress.last_export,
                             annotations=raw["metadata"].get("annotations")) if plan.active else None
     if handoff is not None:      # the user's export request on the RLJob, for trainer 0 (exports.py)
@@ -353,6 +363,19 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
                    requeue_after=requeue, created=raw["metadata"].get("creationTimestamp"),
                    decision=plan.decision, all_ready=ready)
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _node_loss(cluster: apply.Cluster, obs: observed.Observed, *, now: dt.datetime, grace: float) -> nodeloss.Verdict:
+    """The job's pods lost with their node (``nodeloss``): reads only the nodes of pods that are not ready."""
+    names = nodeloss.suspects(obs.pods)
+    if not names:
+        return nodeloss.Verdict()
+    nodes = {n: nodeloss.node_facts(cluster.get_node(n), n) for n in names}
+    return nodeloss.judge(obs.pods, nodes, now=now, grace=grace)
 
 
 def _apply_children(cluster: apply.Cluster, key: Key, job: rljob.RLJob, ctx: context.RenderContext,
