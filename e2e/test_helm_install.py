@@ -546,7 +546,8 @@ def test_prometheus_scraped_rl_and_operator_series(prometheus: Prometheus, job: 
 EVENT_ONLY = {"kubeforge_operator_failures_total", "kubeforge_operator_recovery_seconds_bucket",
               "kubeforge_operator_reconcile_errors_total",   # a pass that raised (none in a clean run)
               "kubeforge_rollouts_dropped_total", "kubeforge_verifier_errors_total",
-              "kubeforge_verifier_fallbacks_total"}
+              "kubeforge_verifier_fallbacks_total",
+              "kubeforge_env_failures_total"}                # an environment that failed an episode (by kind)
 
 
 def test_every_dashboard_query_parses_and_names_a_real_series(prometheus: Prometheus, job: JobRun) -> None:

@@ -299,7 +299,7 @@ CASES: tuple[Case, ...] = (
     Case(id="environment-verifiers-without-settings", change=_set("spec.environment", {"type": "Verifiers"}),
          path="spec.environment", message=rljob.MSG_ENV_VERIFIERS),
     Case(id="environment-python-entry-point-shape", change=_set("spec.environment", {
-         "type": "Python", "python": {"entryPoint": "not an entry point"}}), path="spec.environment.python.entryPoint",
+         "type": "Python", "python": {"entryPoint": "not an entry point"}}), path="spec.environment.python",
          message=rljob.MSG_ENTRY_POINT),
 )
 
