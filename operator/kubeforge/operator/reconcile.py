@@ -335,7 +335,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     new = status.compute(shape, obs, plan, generation=raw["metadata"].get("generation"), now=now)
     requeue = _min(plan.requeue_after, lost.requeue_after)
     if gate is not None and not gate.admitted and plan.terminal is None:
-        requeue = QUEUE_POLL_S if requeue is None else min(requeue, QUEUE_POLL_S)
+        requeue = _min(requeue, QUEUE_POLL_S)
     if _status_doc(new) != _status_doc(job.status):
         detail = pacer is not None and status.substance(new) == status.substance(job.status)
         wait = pacer.wait(key) if pacer is not None and detail else 0.0
