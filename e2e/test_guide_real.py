@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pathlib
 import uuid
 from collections.abc import Iterator
@@ -37,7 +36,6 @@ from kubeforge.api import load
 from node import realnode
 
 REAL = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
-ASKED = os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes")
 ID = uuid.uuid4().hex[:5]
 STORAGE = guide_rehearsal.ROOT / "examples" / "storage" / "own-model-storage.yaml"
 #: The claims of the guide and the host directory (under the test's workdir) each local volume serves.
@@ -130,19 +128,6 @@ def test_guide_claims_and_volumes_pair_up() -> None:
 
 
 # ------------------------------------------------------------------------------------------- in real pods
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[lifecycle.Cluster]:
-    got = run_real.acquire_cluster(start=ASKED)
-    if isinstance(got, str):
-        if ASKED:
-            pytest.fail(f"real node requested but not usable: {got}")
-        pytest.skip(f"{got}; or set KUBEFORGE_REAL_NODE=1")
-    yield got.cluster
-    private = got.cluster.name.startswith("kf-pytest-")
-    if got.started and not private and os.environ.get("KF_KEEP_CLUSTER") != "1":
-        lifecycle.down(workdir=got.cluster.workdir)
 
 
 class GuideRun:

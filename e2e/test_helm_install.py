@@ -45,7 +45,6 @@ pytestmark = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow, pytes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "kubeforge"
-ASKED = os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes")
 STEPS = 10
 ID = uuid.uuid4().hex[:5]
 RELEASE = f"kf{ID}"
@@ -60,18 +59,6 @@ def log(msg: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[lifecycle.Cluster]:
-    got = run_real.acquire_cluster(start=ASKED)
-    if isinstance(got, str):
-        if ASKED:
-            pytest.fail(f"real node requested but not usable: {got}")
-        pytest.skip(f"{got}; or set KUBEFORGE_REAL_NODE=1")
-    yield got.cluster
-    if got.started and not got.cluster.name.startswith("kf-pytest-") and os.environ.get("KF_KEEP_CLUSTER") != "1":
-        lifecycle.down(workdir=got.cluster.workdir)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ saying so; with ``KUBEFORGE_REAL_NODE=1`` a node that is not Ready is a failure,
 from __future__ import annotations
 
 import json
-import os
 import random
 import uuid
 from collections.abc import Iterator
@@ -21,13 +20,11 @@ from typing import Any
 
 import pytest
 
-from kfcluster import config as cfg
 from kfcluster import kube, lifecycle
 from node import realnode
 
 pytestmark = [pytest.mark.realnode, pytest.mark.cluster]
 
-ASKED = os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes")
 
 # Runs inside the smoke pod with the host's Python; prints one JSON line the test parses.
 SMOKE_SCRIPT = r"""
@@ -59,36 +56,6 @@ import yaml  # from the venv: proves the venv's site-packages are visible
 out["yaml"] = yaml.__version__
 print("SMOKE " + json.dumps(out), flush=True)
 """
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[lifecycle.Cluster]:
-    """A running cluster whose real node is Ready (reused, or started here when asked)."""
-    base = cfg.from_env()
-    started = False
-    try:
-        running: lifecycle.Cluster | None = lifecycle.Cluster.load(base.workdir)
-        if not running.kubectl.readyz():
-            running = None
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError):
-        running = None
-    if running is None:
-        if not ASKED:
-            pytest.skip("no test cluster with a real node: run `make cluster-up REAL_NODE=1` "
-                        "or set KUBEFORGE_REAL_NODE=1")
-        overrides = realnode.cluster_overrides(workdir=base.workdir, name=base.name)
-        # One real node per machine: if another session's node runs, wait for it rather than fail at once.
-        os.environ.setdefault("KF_REAL_NODE_WAIT_S", "300")
-        running = lifecycle.up(cfg.from_env(real_node=True, **overrides))
-        started = True
-    state = realnode.status(running.kubectl)
-    if not state.up:
-        if ASKED:
-            pytest.fail(f"real node requested but not usable: {state.reason}")
-        pytest.skip(f"real node not usable: {state.reason}")
-    yield running
-    if started:
-        lifecycle.down(workdir=running.workdir)
 
 
 @pytest.fixture(scope="module")
