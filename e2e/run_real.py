@@ -328,6 +328,14 @@ class Run:
                     return int(json.loads(ann).get("step", 0))
         return 0
 
+    def progress_step(self, status: dict[str, Any], pods: list[dict[str, Any]]) -> int:
+        """The furthest step seen of the current trainer 0: its step records (the log being followed), its progress
+        annotation, ``status.progress.step``; before any fault all three count the first attempt's steps."""
+        logged = [step_sequence(f.path.read_text(errors="replace"))[1] for key, f in self.followers.items()
+                  if key.startswith("trainer:")]
+        return max([self.trainer_step(pods), int((status.get("progress") or {}).get("step") or 0),
+                    *(max(s) for s in logged if s)])
+
     def ask_for_export(self, status: dict[str, Any], pods: list[dict[str, Any]], result: Result) -> None:
         """Once trainer 0 reached ``export_after_step``: annotate the RLJob with an export request (as a user
         would), then record ``status.progress.lastExport`` when it names that request."""
@@ -385,8 +393,11 @@ class Run:
                 if phase == "Running" and t_kill is not None and result.restart_to_running_s is None \
                         and status.get("attempt", 0) >= 1:
                     result.restart_to_running_s = time.monotonic() - t_kill
-                if (self.kill_after_step is not None and result.killed is None and phase == "Running"
-                        and (step := self.trainer_step(pods)) >= self.kill_after_step):
+                # On training progress, not on the phase: a short job can train every step between two polls of
+                # a phase that reads Starting (a role's readiness probe lagging behind its first steps), and then
+                # never reads Running (seen: Starting -> Succeeded in 122 s, 14 steps in 6 s, the fault unfired).
+                if (self.kill_after_step is not None and result.killed is None and phase not in ("Succeeded", "Failed")
+                        and (step := self.progress_step(status, pods)) >= self.kill_after_step):
                     result.killed = self.fault(step, pods) if self.fault else self.kill_trainer(step=step)
                     t_kill, before_fault = time.monotonic(), set(self.followers)
                 self.ask_for_export(status, pods, result)

@@ -168,6 +168,41 @@ def cannot_host_nodes(count: int, *, proc: pathlib.Path = pathlib.Path("/proc"),
     return None
 
 
+#: kube-controller-manager's own defaults (Kubernetes 1.34) for the node lifecycle controller
+NODE_MONITOR_DEFAULTS = {"node-monitor-grace-period": 40.0, "node-monitor-period": 5.0}
+
+
+def go_duration_s(text: str) -> float:
+    """Seconds of a Go duration as flags print them (``3m20s``, ``40s``, ``1h0m0s``, ``500ms``)."""
+    import re  # noqa: PLC0415 (only this parser needs it)
+
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"([0-9.]+)(ms|us|µs|ns|h|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text.strip():
+        raise ValueError(f"not a Go duration: {text!r}")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def node_monitor(workdir: str, *, proc: pathlib.Path = pathlib.Path("/proc")) -> dict[str, float]:
+    """``node-monitor-grace-period`` and ``node-monitor-period`` (seconds) of the kube-controller-manager running
+    for the cluster in ``workdir`` (its command line, which names files under the workdir); the defaults for a
+    flag it does not set. How long a lost node takes to read NotReady: grace, plus up to one period."""
+    out = dict(NODE_MONITOR_DEFAULTS)
+    for cmdline in proc.glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if not args or not args[0].endswith("kube-controller-manager") or not any(workdir in a for a in args):
+            continue
+        for a in args:
+            flag, _, value = a.removeprefix("--").partition("=")
+            if flag in out and value:
+                out[flag] = go_duration_s(value)
+        break
+    return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PodParts:
     """Pieces of a pod spec that run the project's venv Python inside the busybox base image."""

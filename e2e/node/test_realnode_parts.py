@@ -201,3 +201,38 @@ def test_cluster_config_real_nodes_from_env_and_bounds() -> None:
     assert cfg.from_env({}).real_nodes == 1
     with pytest.raises(ValueError, match="real_nodes"):
         cfg.from_env({"KF_REAL_NODES": "5"})
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("40s", 40.0), ("3m20s", 200.0), ("1h0m0s", 3600.0), ("500ms", 0.5),
+                                               ("5s", 5.0)])
+def test_go_duration(text: str, seconds: float) -> None:
+    assert realnode.go_duration_s(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "40", "forty", "3m20"])
+def test_go_duration_refuses_other_text(text: str) -> None:
+    with pytest.raises(ValueError):
+        realnode.go_duration_s(text)
+
+
+def _proc(tmp_path: pathlib.Path, pid: int, *args: str) -> None:
+    (tmp_path / str(pid)).mkdir()
+    (tmp_path / str(pid) / "cmdline").write_bytes("\0".join(args).encode() + b"\0")
+
+
+def test_node_monitor_reads_the_clusters_controller_manager(tmp_path: pathlib.Path) -> None:
+    _proc(tmp_path, 10, "/bin/kube-controller-manager", "--kubeconfig=/tmp/other/kubeconfig",
+          "--node-monitor-grace-period=1h0m0s")
+    _proc(tmp_path, 11, "/bin/kube-apiserver", "--etcd-servers=http://x", "--cert-dir=/tmp/mine/pki")
+    _proc(tmp_path, 12, "/bin/kube-controller-manager", "--kubeconfig=/tmp/mine/kubeconfig",
+          "--node-monitor-grace-period=3m20s", "--node-monitor-period=10s")
+    assert realnode.node_monitor("/tmp/mine", proc=tmp_path) == {"node-monitor-grace-period": 200.0,
+                                                                 "node-monitor-period": 10.0}
+
+
+def test_node_monitor_defaults_for_flags_not_set_and_no_process(tmp_path: pathlib.Path) -> None:
+    _proc(tmp_path, 12, "/bin/kube-controller-manager", "--kubeconfig=/tmp/mine/kubeconfig",
+          "--node-monitor-grace-period=40s")
+    assert realnode.node_monitor("/tmp/mine", proc=tmp_path) == {"node-monitor-grace-period": 40.0,
+                                                                 "node-monitor-period": 5.0}
+    assert realnode.node_monitor("/tmp/none", proc=tmp_path) == realnode.NODE_MONITOR_DEFAULTS
