@@ -97,6 +97,22 @@ clean_netns() {
     kf_log "leftover netns $ns: removing"
     ip netns delete "$ns" 2>/dev/null || { umount -l "/var/run/netns/$ns" 2>/dev/null; rm -f "/var/run/netns/$ns"; }
   done
+  release_run_netns
+}
+
+# release_run_netns: `ip netns add` (node i >= 1, extra-node.sh) and containerd (pod namespaces) bind-mount
+# /run/netns onto itself with shared propagation. When the directory was not there before pre-up.sh and is now
+# empty, unmount it (every stacked layer; lazily when busy) and remove it, so nothing is left behind. Node 1's
+# `down` runs before node 0's pods are gone (their cni-* namespaces keep the directory busy), so down.sh calls
+# this again after clean_netns. (/var/run is a link to /run: mountinfo names the mount /run/netns.)
+release_run_netns() {
+  local d
+  grep -qx /var/run/netns "$KF_HOST_STATE/paths.before" 2>/dev/null && return 0
+  d="$(readlink -f /var/run/netns 2>/dev/null)" || return 0
+  [ -d "$d" ] && [ -z "$(ls -A "$d" 2>/dev/null)" ] || return 0
+  while mountpoint -q "$d"; do umount "$d" 2>/dev/null || umount -l "$d" 2>/dev/null || break; done
+  mountpoint -q "$d" && { kf_log "warning: $d is still a mount point"; return 0; }
+  rmdir "$d" 2>/dev/null || true
 }
 
 clean_node_dir() {
@@ -120,7 +136,9 @@ clean_host_paths() {
   for p in "${KF_HOST_PATHS[@]}"; do
     [ -e "$p" ] || continue
     grep -qx "$p" "$KF_HOST_STATE/paths.before" && continue
-    if [ -n "$(kf_mounts_under "$p")" ]; then kf_log "warning: mounts remain under $p; leaving it"; continue; fi
+    if [ -n "$(kf_mounts_under "$p")$(kf_mounts_under "$(readlink -f "$p")")" ]; then
+      kf_log "warning: mounts remain under $p; leaving it"; continue
+    fi
     rm -rf --one-file-system "$p"
   done
 }
