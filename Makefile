@@ -151,12 +151,13 @@ e2e-real: venv host-deps
 # as one JSON line LAST: nodesUsed, phase, steps, lostSteps, repeatedSteps, nodeLossDetectSeconds,
 # nodeLossRecoverySeconds, strangerBlocked (a test that did not get as far leaves its fields out). A cluster it
 # starts runs the node lifecycle controller at Kubernetes' defaults (NODE_MONITOR; the test cluster's own 3m20s grace
-# suits kwok at scale, and would add minutes to the detection).
+# suits kwok at scale, and would add minutes to the detection). `make test` runs the same module on its session
+# cluster, at that cluster's own settings: the node-loss test reads them and sizes its bound (docs/node-loss.md).
 NODE_MONITOR := node-monitor-grace-period=40s,node-monitor-period=5s
 .PHONY: e2e-nodes
 e2e-nodes: venv host-deps
 	@out=$$(mktemp -d)/nodes.json; \
-	flock /tmp/kubeforge-realnode.lock env KUBEFORGE_REAL_NODE=1 KF_E2E_NODE_LOSS=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} \
+	flock /tmp/kubeforge-realnode.lock env KUBEFORGE_REAL_NODE=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} \
 	  KF_CONTROLLER_MANAGER_EXTRA_ARGS=$${KF_CONTROLLER_MANAGER_EXTRA_ARGS:-$(NODE_MONITOR)} KF_E2E_NODES_OUT=$$out $(PYTEST) -p no:cacheprovider -s e2e/test_two_nodes.py; rc=$$?; \
 	cat $$out 2>/dev/null || printf '{}'; echo; rm -rf $$(dirname $$out); exit $$rc
 

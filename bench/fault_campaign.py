@@ -1,17 +1,24 @@
 """Fault campaign: run an RLJob locally and kill -9 random roles at random moments, then check nothing was lost.
 
     python bench/fault_campaign.py examples/tiny.yaml --kills 20 [--seed 0] [--run-dir DIR] [--deadline S]
+    python bench/fault_campaign.py --cluster --kills 10 --node-losses 2 --partitions 2 [--partition-seconds 30]
+
+``--cluster`` runs the campaign over two real nodes instead (bench/fault_campaign_cluster.py: pod kills, node losses,
+network partitions of kf-real-1; the tiny RLJob), with the same JSON fields.
 
 The job runs with its own manifest plus a failure policy fit for the campaign (printed in the result):
 ``RestartRole`` for generators and verifiers (the trainer keeps running), the default ``RestartAll`` for trainers,
 ``maxRestarts`` = kills + 2, ``progressDeadlineSeconds`` ``--deadline`` (default 300; a role's start, such as a vLLM
 engine load, has 3 times that before it counts as hung: 226 s were seen on the shared 2 cores at load 30), and
-enough steps for every kill to land while it trains (at least 3 per kill). Kills pick a role at random (trainer, generator, verifier); every third kill waits
+enough steps for every kill to land while it trains (``STEPS_PER_KILL`` per kill: the steps trained between two
+kills, up to a checkpoint interval waiting for a checkpoint write, and those retrained from a checkpoint; 3 per kill
+once let ``--kills 20`` stop at 14 when the steps ran out). When the job still ends first, the JSON says so. Kills pick a role at random (trainer, generator, verifier); every third kill waits
 for the trainer to be in a weight sync and every third+1 in a checkpoint write (read from trainer 0's
 ``/healthz`` ``activity``), the rest land after a random delay. After each kill the campaign waits for the next
 new step (the recovery time) before the next kill.
 
-The last stdout line is JSON: ``kills``, ``kills_by_role``, ``kills_during`` (sync / checkpoint / anytime),
+The last stdout line is JSON: ``faultsRequested``, ``faultsDelivered``, ``faultsNotDeliveredReason`` (null when
+every kill was delivered), ``kills``, ``kills_by_role``, ``kills_during`` (sync / checkpoint / anytime),
 ``steps``, ``lost_steps``, ``repeated_steps`` (steps with more than one record in the final history),
 ``retrained_steps`` (steps trained again after a trainer restart resumed from its checkpoint; their first
 results were discarded with the restart), ``policy_version_monotonic``, ``restarts_by_role``, ``restarts``,
@@ -87,21 +94,38 @@ def activity(port: int) -> str:
         return ""
 
 
+STEPS_PER_KILL = 10
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("file")
-    ap.add_argument("--kills", type=int, required=True)
+    ap.add_argument("file", nargs="?", help="the RLJob (local mode)")
+    ap.add_argument("--kills", type=int, required=True, help="faults to deliver (cluster mode: of every kind)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-dir", default=None)
-    ap.add_argument("--deadline", type=int, default=300, help="progressDeadlineSeconds of the campaign's policy")
+    ap.add_argument("--deadline", type=int, default=300, help="progressDeadlineSeconds of the campaign's policy "
+                    "(cluster mode: seconds the whole campaign may take, default 3600)")
+    ap.add_argument("--cluster", action="store_true", help="two real nodes (bench/fault_campaign_cluster.py)")
+    ap.add_argument("--node-losses", type=int, default=0, help="cluster mode: how many of the faults are node losses")
+    ap.add_argument("--partitions", type=int, default=0, help="cluster mode: how many are network partitions")
+    ap.add_argument("--partition-seconds", type=float, default=30.0, help="cluster mode: each partition's length")
     args = ap.parse_args()
+    if args.cluster:
+        import fault_campaign_cluster
+
+        return int(fault_campaign_cluster.main(
+            faults=args.kills, node_losses=args.node_losses, partitions=args.partitions,
+            partition_s=args.partition_seconds, seed=args.seed, run_dir=args.run_dir,
+            deadline_s=3600.0 if args.deadline == 300 else float(args.deadline)))
+    if not args.file:
+        ap.error("the RLJob file is required in local mode")
     rng = random.Random(args.seed)
     doc = yaml.safe_load(pathlib.Path(args.file).read_text())
     spec = doc["spec"]
     policy = {"maxRestarts": args.kills + 2, "progressDeadlineSeconds": args.deadline,
               "rules": [{"action": "RestartRole", "roles": ["generator", "verifier"]}]}
     spec["failurePolicy"] = policy
-    steps = max(int(spec.get("algorithm", {}).get("steps", 1)), 3 * args.kills)
+    steps = max(int(spec.get("algorithm", {}).get("steps", 1)), STEPS_PER_KILL * args.kills)
     spec.setdefault("algorithm", {})["steps"] = steps
     work = pathlib.Path(tempfile.mkdtemp(prefix="fault-campaign-"))
     run_dir = pathlib.Path(args.run_dir or work / "run").resolve()
@@ -170,7 +194,13 @@ def main() -> int:
     seen = [r["step"] for r in recs]
     versions = [r.get("policy_version") for r in recs]
     q = statistics.quantiles(recovery, n=20) if len(recovery) >= 2 else recovery * 19
+    reason = None
+    if len(kills) < args.kills:
+        reason = (f"the job ended (step {max_step} of {steps}) after {len(kills)} of {args.kills} kills"
+                  if proc.returncode is not None else f"stopped after {len(kills)} of {args.kills} kills")
     result = {
+        "mode": "local",
+        "faultsRequested": args.kills, "faultsDelivered": len(kills), "faultsNotDeliveredReason": reason,
         "kills": len(kills),
         "kills_by_role": {r: sum(1 for k in kills if k["role"] == r) for r in ("generator", "verifier", "trainer")},
         "kills_during": {m: sum(1 for k in kills if k["moment"] == m) for m in ("sync", "checkpoint", "anytime")},
@@ -191,7 +221,7 @@ def main() -> int:
         "run_dir": str(run_dir),
     }
     print(json.dumps(result), flush=True)
-    ok = result["succeeded"] and not result["lost_steps"] and not result["repeated_steps"]
+    ok = result["succeeded"] and not result["lost_steps"] and not result["repeated_steps"] and reason is None
     return 0 if ok and result["policy_version_monotonic"] else 1
 
 

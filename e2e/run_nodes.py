@@ -66,6 +66,18 @@ def placement_manifest(*, same_node: bool, steps: int) -> dict[str, Any]:
     return doc
 
 
+def node_loss_manifest(steps: int) -> dict[str, Any]:
+    """The tiny RLJob for node faults (the node-loss test, ``bench/fault_campaign.py --cluster``): the trainer
+    preferably apart from the generator (mode Preferred: after a node is lost both fit on node 0), the verifier
+    preferably beside the generator, ``steps`` steps."""
+    doc = realjob.load_tiny()
+    doc["spec"]["algorithm"]["steps"] = steps
+    roles = doc["spec"]["roles"]
+    roles.setdefault("trainer", {})["affinity"] = {"apartFrom": ["generator"], "mode": "Preferred"}
+    roles.setdefault("verifier", {})["affinity"] = {"colocateWith": ["generator"], "mode": "Preferred"}
+    return doc
+
+
 def step_figures(trainer_logs: list[str]) -> dict[str, Any]:
     """Weight sync GB/s and rollout wait seconds (medians) from trainer 0's per-step JSON records."""
     recs = [d for t in trainer_logs for d in run_real.json_lines(t) if isinstance(d.get("step"), int)]

@@ -333,19 +333,6 @@ LOST = 1                       # node 0 hosts CoreDNS and the apiserver's addres
 RUN_TIMEOUT_S = 900            # apply -> Succeeded with one restart, beside the node lifecycle controller's share
 
 
-def node_loss_manifest(steps: int) -> dict[str, Any]:
-    """The tiny RLJob with the trainer preferably apart from the generator (Preferred: after the loss both fit on
-    node 0), the verifier preferably beside the generator."""
-    import realjob
-
-    doc = realjob.load_tiny()
-    doc["spec"]["algorithm"]["steps"] = steps
-    roles = doc["spec"]["roles"]
-    roles.setdefault("trainer", {})["affinity"] = {"apartFrom": ["generator"], "mode": "Preferred"}
-    roles.setdefault("verifier", {})["affinity"] = {"colocateWith": ["generator"], "mode": "Preferred"}
-    return doc
-
-
 def lineage(trainer_logs: list[str]) -> list[int]:
     """The steps the final model was trained through: each trainer log's steps after the step it resumed from."""
     import run_real
@@ -374,7 +361,7 @@ def test_a_lost_node_is_survived_from_the_checkpoint_and_rejoins(cluster: lifecy
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="kf-2n-loss-"))
     workdir.chmod(0o755)
     manifest = workdir / "rljob.yaml"
-    manifest.write_text(json.dumps(node_loss_manifest(LOSS_STEPS)))
+    manifest.write_text(json.dumps(run_nodes.node_loss_manifest(LOSS_STEPS)))
     lost: dict[str, Any] = {}
     # The node reads NotReady a grace (plus up to a period) after its last heartbeat: 40 s + 5 s at Kubernetes'
     # defaults (make e2e-nodes), 3m20s in a cluster started with kwokctl's own (make test's session cluster).

@@ -2,7 +2,7 @@
 # One more real node (index >= 1) beside node 0 (issue 31): `make cluster-up REAL_NODES=2` runs it from up.sh
 # once kf-real-0 is Ready, and down.sh runs `down` for every node-<i> dir before it tears node 0 down.
 #
-# Usage: e2e/node/extra-node.sh <cluster-workdir> <index> up|down|stop-local|lose
+# Usage: e2e/node/extra-node.sh <cluster-workdir> <index> up|down|stop-local|lose|partition|heal
 #
 # Node i is a kubelet + containerd (+ runc) + kube-proxy of its own, joined to the same API server, in network
 # namespace kf-real-<i> (its kubelet and containerd enter only that namespace with nsenter: mounts stay shared,
@@ -19,11 +19,12 @@
 # CoreDNS is node 0's (10.88.0.1:53, reached through the root namespace); every packet stays on this machine.
 # `stop-local` stops only this node's processes and removes its dir (down.sh's path when another cluster owns
 # the host state). `lose` is a node loss (docs/node-loss.md): SIGKILL to its kubelet, kube-proxy, containerd, shims
-# and every process in its pods, its namespace, veth, cgroups and state left in place; `up` again rejoins it. Idempotent; prints "real node kf-real-<i> Ready in <s> s" / "... down in <s> s" last.
+# and every process in its pods, its namespace, veth, cgroups and state left in place; `up` again rejoins it. `partition` drops every packet between the node and the rest (its processes keep
+# running: the node goes NotReady while its pods run), `heal` ends that. Idempotent; prints "real node kf-real-<i> Ready in <s> s" / "... down in <s> s" last.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 W="${1:-}"; IDX="${2:-}"; ACTION="${3:-}"
-case "$IDX" in [1-9]) ;; *) echo "usage: $0 <cluster-workdir> <index 1..> up|down|stop-local|lose" >&2; exit 2 ;; esac
+case "$IDX" in [1-9]) ;; *) echo "usage: $0 <cluster-workdir> <index 1..> up|down|stop-local|lose|partition|heal" >&2; exit 2 ;; esac
 source "$HERE/lib.sh"
 source "$HERE/configs.sh"
 kf_host_deps >/dev/null
@@ -135,11 +136,9 @@ down_extra() {
   [ -d /var/log/containers ] && find /var/log/containers -maxdepth 1 -type l -lname "$KF_N/*" -delete 2>/dev/null
   # The namespace takes its veth end, bridge, routes and iptables rules with it; the root end of the veth goes too.
   if [ -e "/run/netns/$KF_NETNS" ]; then ip netns delete "$KF_NETNS" || rc=1; fi
-  # `ip netns add` made /run/netns a mount point of its own; undo that when it was ours and is now empty
-  # (node 0's down.sh then removes the directory with the other host paths the runtime created).
-  if ! grep -qx /var/run/netns "$KF_HOST_STATE/paths.before" 2>/dev/null && [ -z "$(ls -A /run/netns 2>/dev/null)" ]; then
-    while mountpoint -q /run/netns; do umount /run/netns || break; done
-  fi
+  # `ip netns add` made /run/netns a mount point of its own: undone when it was ours and is now empty (down.sh's
+  # release_run_netns; node 0's pods' namespaces may still be there, then down.sh does it after its clean_netns)
+  release_run_netns
   ip link show "$VETH_ROOT" >/dev/null 2>&1 && ip link delete "$VETH_ROOT"
   clean_node_cgroups
   [ "$rc" -eq 0 ] || { kf_log "real node $KF_NODE_NAME down with errors (see above)"; exit 1; }
@@ -159,10 +158,37 @@ lose_extra() {
   echo "real node $KF_NODE_NAME lost (processes killed; namespace, cgroups and state kept)"
 }
 
+# partition / heal: drop every packet through the node's link to the root namespace, both ways (the kubelet's
+# heartbeats, kube-proxy's watch, its pods' traffic to node 0), no process killed; heal removes the rules again.
+# iptables in the node's own namespace (first in INPUT, OUTPUT, FORWARD, matched on the veth kfup), so the pods on
+# the node still reach each other across its bridge. Idempotent.
+PARTITION_RULES=("INPUT -i $VETH_NS" "OUTPUT -o $VETH_NS" "FORWARD -i $VETH_NS" "FORWARD -o $VETH_NS")
+partition_extra() {
+  local r
+  [ -e "/run/netns/$KF_NETNS" ] || { echo "no namespace $KF_NETNS: node $KF_NODE_NAME is not up" >&2; exit 1; }
+  for r in "${PARTITION_RULES[@]}"; do
+    # shellcheck disable=SC2086  # the rule's words
+    in_ns iptables -w -C ${r%% *} ${r#* } -m comment --comment kubeforge-partition -j DROP 2>/dev/null ||
+      in_ns iptables -w -I ${r%% *} 1 ${r#* } -m comment --comment kubeforge-partition -j DROP
+  done
+  echo "real node $KF_NODE_NAME partitioned (every packet through $VETH_NS dropped)"
+}
+heal_extra() {
+  local r
+  [ -e "/run/netns/$KF_NETNS" ] || return 0
+  for r in "${PARTITION_RULES[@]}"; do
+    # shellcheck disable=SC2086
+    while in_ns iptables -w -D ${r%% *} ${r#* } -m comment --comment kubeforge-partition -j DROP 2>/dev/null; do :; done
+  done
+  echo "real node $KF_NODE_NAME healed (partition rules removed)"
+}
+
 case "$ACTION" in
+  partition) partition_extra ;;
+  heal) set +e; heal_extra ;;
   up) trap 'rc=$?; [ "$rc" -eq 0 ] || on_error' EXIT; up_extra ;;
   down) set +e; down_extra ;;
   lose) set +e; lose_extra ;;
   stop-local) set +e; kf_stop 10 kubelet kube-proxy; stop_runtime; clean_node_dir; echo "real node $KF_NODE_NAME stopped" ;;
-  *) echo "usage: $0 <cluster-workdir> <index> up|down|stop-local|lose" >&2; exit 2 ;;
+  *) echo "usage: $0 <cluster-workdir> <index> up|down|stop-local|lose|partition|heal" >&2; exit 2 ;;
 esac
