@@ -49,7 +49,7 @@ from node import realnode  # noqa: E402
 
 NODE = 1
 EXTRA_NODE = realnode.SCRIPTS_DIR / "extra-node.sh"
-STEPS_PER_FAULT = 10            # steps a fault may use: those between two faults plus those retrained from a checkpoint
+STEPS_PER_FAULT = 8             # steps a fault may use: 1-2 between two faults, up to 4 retrained from a checkpoint
 NODE_LOSS_GRACE_S = 10          # the operator's --node-loss-grace-seconds
 KINDS = ("pod_kill", "node_loss", "partition")
 
@@ -108,6 +108,8 @@ class Campaign:
         if kind == "pod_kill":
             live = [p for p in pods if not p["metadata"].get("deletionTimestamp") and any(
                 "running" in (cs.get("state") or {}) for cs in p.get("status", {}).get("containerStatuses") or [])]
+            if not live:
+                return None
             pod = self.rng.choice(sorted(live, key=lambda p: p["metadata"]["name"]))
             role = pod["metadata"]["labels"].get(run_real.LABEL_ROLE, "?")
             res = self.run.k.run("exec", "-n", self.run.ns, pod["metadata"]["name"], "-c", role, "--", "sh", "-c",
@@ -178,7 +180,12 @@ def execute(*, run: run_real.Run, campaign: Campaign, kinds: list[str], job: dic
             time.sleep(campaign.rng.uniform(0.5, 4.0))
             kind = kinds[len(faults)]
             step = last_step(run)
-            detail = campaign.deliver(kind, run.get_pods())
+            try:
+                detail = campaign.deliver(kind, run.get_pods())
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:     # the node scripts failed: say so, stop
+                reason = f"fault {len(faults) + 1} ({kind}) could not be delivered: {exc}"[:1000]
+                log(reason)
+                break
             if detail is None:
                 continue
             faults.append(Fault(kind=kind, step=step, at=time.monotonic(), detail=detail))
