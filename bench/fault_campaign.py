@@ -12,7 +12,8 @@ The job runs with its own manifest plus a failure policy fit for the campaign (p
 engine load, has 3 times that before it counts as hung: 226 s were seen on the shared 2 cores at load 30), and
 enough steps for every kill to land while it trains (``STEPS_PER_KILL`` per kill: the steps trained between two
 kills, up to a checkpoint interval waiting for a checkpoint write, and those retrained from a checkpoint; 3 per kill
-once let ``--kills 20`` stop at 14 when the steps ran out). When the job still ends first, the JSON says so. Kills pick a role at random (trainer, generator, verifier); every third kill waits
+once let ``--kills 20`` stop at 14 when the steps ran out). When the job still ends first, the JSON says so.
+Kills pick a role at random (trainer, generator, verifier); every third kill waits
 for the trainer to be in a weight sync and every third+1 in a checkpoint write (read from trainer 0's
 ``/healthz`` ``activity``), the rest land after a random delay. After each kill the campaign waits for the next
 new step (the recovery time) before the next kill.

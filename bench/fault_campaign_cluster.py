@@ -62,7 +62,8 @@ def plan(*, faults: int, node_losses: int, partitions: int, rng: random.Random) 
     """The kinds of the faults to deliver, in order: node losses and partitions as asked, pod kills for the rest."""
     if node_losses + partitions > faults:
         raise ValueError(f"{node_losses} node losses + {partitions} partitions > {faults} faults")
-    kinds = ["node_loss"] * node_losses + ["partition"] * partitions + ["pod_kill"] * (faults - node_losses - partitions)
+    kills = faults - node_losses - partitions
+    kinds = ["node_loss"] * node_losses + ["partition"] * partitions + ["pod_kill"] * kills
     rng.shuffle(kinds)
     return kinds
 

@@ -188,12 +188,13 @@ def node_monitor(workdir: str, *, proc: pathlib.Path = pathlib.Path("/proc")) ->
     for the cluster in ``workdir`` (its command line, which names files under the workdir); the defaults for a
     flag it does not set. How long a lost node takes to read NotReady: grace, plus up to one period."""
     out = dict(NODE_MONITOR_DEFAULTS)
+    mine = workdir.rstrip("/") + "/"
     for cmdline in proc.glob("[0-9]*/cmdline"):
         try:
             args = cmdline.read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if not args or not args[0].endswith("kube-controller-manager") or not any(workdir in a for a in args):
+        if not args or not args[0].endswith("kube-controller-manager") or not any(mine in a for a in args):
             continue
         for a in args:
             flag, _, value = a.removeprefix("--").partition("=")

@@ -221,7 +221,7 @@ def _proc(tmp_path: pathlib.Path, pid: int, *args: str) -> None:
 
 
 def test_node_monitor_reads_the_clusters_controller_manager(tmp_path: pathlib.Path) -> None:
-    _proc(tmp_path, 10, "/bin/kube-controller-manager", "--kubeconfig=/tmp/other/kubeconfig",
+    _proc(tmp_path, 10, "/bin/kube-controller-manager", "--kubeconfig=/tmp/mine-2/kubeconfig",
           "--node-monitor-grace-period=1h0m0s")
     _proc(tmp_path, 11, "/bin/kube-apiserver", "--etcd-servers=http://x", "--cert-dir=/tmp/mine/pki")
     _proc(tmp_path, 12, "/bin/kube-controller-manager", "--kubeconfig=/tmp/mine/kubeconfig",
