@@ -86,6 +86,21 @@ class Fault:
     at: float                                   # time.monotonic() once delivered (a partition: once healed)
     detail: dict[str, Any]
     recovery_s: float | None = None
+    left_running: bool = False                  # the phase has read other than Running since the fault
+
+
+def recovered(fault: Fault, *, step: int, phase: str | None, on_node: list[str]) -> bool:
+    """Has the job recovered from ``fault``? A step beyond the one it came at is not enough alone: right after a
+    kill the trainer can still finish a step from rollouts already made (a generator kill "recovered" in 1.0 s, a
+    node loss in 1.3 s, so the node came back before it was ever NotReady). A fault that hit the job's pods (a pod
+    kill; a node loss with pods on the node) has recovered once the phase, having left Running, reads Running again
+    with a step beyond, and for a node loss no pod of the job is left on the node (the operator force-deleted them).
+    A partition, or a node loss that hit no pod: a step beyond (after the heal)."""
+    if step <= fault.step:
+        return False
+    if fault.kind == "pod_kill" or (fault.kind == "node_loss" and fault.detail.get("pods")):
+        return fault.left_running and phase == "Running" and not (fault.kind == "node_loss" and on_node)
+    return True
 
 
 class Campaign:
@@ -165,7 +180,9 @@ def execute(*, run: run_real.Run, campaign: Campaign, kinds: list[str], job: dic
         run.follow_new_containers(pods)
         run.report_failures(pods)
         phase, step = status.get("phase"), last_step(run)
-        if pending is not None and step > pending.step:
+        if pending is not None and phase != "Running":
+            pending.left_running = True
+        if pending is not None and recovered(pending, step=step, phase=phase, on_node=campaign.on_node(pods)):
             pending.recovery_s = round(time.monotonic() - pending.at, 1)
             log(f"fault {len(faults)} ({pending.kind}) recovered in {pending.recovery_s}s (step {step})")
             pending = None

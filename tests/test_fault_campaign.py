@@ -65,3 +65,24 @@ def test_summary_counts_lost_steps_and_faults_not_delivered() -> None:
 def test_a_repeated_step_in_one_log_is_counted() -> None:
     got = _summary([_log([1, 2, 2, 3])], faults=[], kinds=[], steps=3)
     assert (got["lost_steps"], got["repeated_steps"]) == (0, 1)
+
+
+def _fault(kind: str, *, pods: list[str] | None = None, left: bool = False) -> fc.Fault:
+    return fc.Fault(kind=kind, step=5, at=0.0, detail={"pods": pods} if pods is not None else {}, left_running=left)
+
+
+@pytest.mark.parametrize(("fault", "step", "phase", "on_node", "want"), [
+    # a step from rollouts made before a kill is no recovery: the phase must leave Running and come back
+    (_fault("pod_kill"), 6, "Running", [], False),
+    (_fault("pod_kill", left=True), 6, "Starting", [], False),
+    (_fault("pod_kill", left=True), 6, "Running", [], True),
+    (_fault("pod_kill", left=True), 5, "Running", [], False),
+    # a node loss that hit the job: also none of its pods left on the node
+    (_fault("node_loss", pods=["tiny-generator-0"], left=True), 6, "Running", ["tiny-generator-0"], False),
+    (_fault("node_loss", pods=["tiny-generator-0"], left=True), 6, "Running", [], True),
+    (_fault("node_loss", pods=[]), 6, "Running", [], True),
+    (_fault("partition", pods=["tiny-generator-0"]), 6, "Running", ["tiny-generator-0"], True),
+    (_fault("partition", pods=["tiny-generator-0"]), 5, "Running", ["tiny-generator-0"], False),
+])
+def test_recovered(fault: fc.Fault, step: int, phase: str, on_node: list[str], want: bool) -> None:
+    assert fc.recovered(fault, step=step, phase=phase, on_node=on_node) is want
