@@ -299,7 +299,11 @@ def main(*, faults: int, node_losses: int, partitions: int, partition_s: float, 
                                                                   partition_s=partition_s),
                                        kinds=kinds, job=job, deadline_s=deadline_s)
     finally:
-        subprocess.run(["bash", str(EXTRA_NODE), cluster.workdir, str(NODE), "heal"], capture_output=True, timeout=60)
+        try:        # never let a hung heal skip the rest of the clean-up (it once left the whole cluster running)
+            subprocess.run(["bash", str(EXTRA_NODE), cluster.workdir, str(NODE), "heal"], capture_output=True,
+                           timeout=60)
+        except subprocess.TimeoutExpired:
+            log("heal timed out; the node goes with the cluster")
         logs = [f.finish() for key, f in run.followers.items() if key.startswith("trainer:")]
         op.stop()
         (work / "pods.json").write_text(json.dumps(list(run.seen.values()), indent=1))

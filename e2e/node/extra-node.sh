@@ -168,8 +168,8 @@ partition_extra() {
   [ -e "/run/netns/$KF_NETNS" ] || { echo "no namespace $KF_NETNS: node $KF_NODE_NAME is not up" >&2; exit 1; }
   for r in "${PARTITION_RULES[@]}"; do
     # shellcheck disable=SC2086  # the rule's words
-    in_ns iptables -w -C ${r%% *} ${r#* } -m comment --comment kubeforge-partition -j DROP 2>/dev/null ||
-      in_ns iptables -w -I ${r%% *} 1 ${r#* } -m comment --comment kubeforge-partition -j DROP
+    in_ns iptables -w 10 -C ${r%% *} ${r#* } -m comment --comment kubeforge-partition -j DROP 2>/dev/null ||
+      in_ns iptables -w 10 -I ${r%% *} 1 ${r#* } -m comment --comment kubeforge-partition -j DROP
   done
   echo "real node $KF_NODE_NAME partitioned (every packet through $VETH_NS dropped)"
 }
@@ -178,7 +178,7 @@ heal_extra() {
   [ -e "/run/netns/$KF_NETNS" ] || return 0
   for r in "${PARTITION_RULES[@]}"; do
     # shellcheck disable=SC2086
-    while in_ns iptables -w -D ${r%% *} ${r#* } -m comment --comment kubeforge-partition -j DROP 2>/dev/null; do :; done
+    while timeout 20 nsenter --net="/run/netns/$KF_NETNS" iptables -w 10 -D ${r%% *} ${r#* } -m comment --comment kubeforge-partition -j DROP 2>/dev/null; do :; done
   done
   echo "real node $KF_NODE_NAME healed (partition rules removed)"
 }
