@@ -8,7 +8,10 @@ on first use: e2e/build/build.sh kueue).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import os
+import pathlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kfcluster import harness, lifecycle, testing
+from kfcluster import config as cfg
+from kfcluster import harness, kueue, lifecycle, procs, testing
 from kfcluster.harness import wait
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -193,3 +197,36 @@ def test_bad_labels_are_named_and_nothing_leaks(env: Any, ns: str) -> None:
     k.run("delete", "rljob", "noqueue", "noclass", "huge", "-n", ns, "--wait=true")
     wait("their Workloads gone with them", lambda: not [w for w in k.items("workloads.kueue.x-k8s.io", ns, "")
                                                        if w["metadata"]["name"] != "fine"], timeout_s=60)
+
+
+def _tree(path: pathlib.Path) -> dict[str, str]:
+    """Every file under ``path`` with a digest of its content ({} when absent)."""
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.rglob("*")) if f.is_file()} \
+        if path.exists() else {}
+
+
+def test_kueue_up_down_leaves_nothing_behind(tmp_path: pathlib.Path) -> None:
+    """A cluster with Kueue, up then down: the manager reads its metrics certificate from the work dir (its private
+    /etc overlay), the host's /etc/kueue is not written (created, or changed where an older run left one), no mount
+    of the work dir stays on the host, and down leaves no process and no port."""
+    host = pathlib.Path("/etc/kueue")
+    before = _tree(host)
+    cluster = lifecycle.up(cfg.ClusterConfig(name="kf-kueue-leak", root=str(tmp_path), nodes=(cfg.NodePool(count=1),)))
+    try:
+        cluster = kueue.start(cluster)
+        home = pathlib.Path(cluster.kwok_dir) / "kueue"
+        pid = int((home / "kueue.pid").read_text())
+        upper, _ = kueue.etc_overlay(home)
+        seen = pathlib.Path(f"/proc/{pid}/root") / str(kueue.METRICS_CERT_DIR).lstrip("/") / "tls.crt"
+        ours = upper / "kueue" / "metrics" / "certs" / "tls.crt"
+        assert seen.read_bytes() == ours.read_bytes(), "Kueue does not read the work dir's metrics certificate"
+        assert _tree(host) == before, "starting Kueue wrote the host's /etc/kueue"
+        assert cluster.workdir not in pathlib.Path("/proc/self/mountinfo").read_text()
+        ports = set(cluster.ports.values())
+    finally:
+        lifecycle.down(workdir=cluster.workdir)
+    assert not procs.processes_mentioning(cluster.workdir)
+    assert not ports & procs.listening_ports()
+    assert not os.path.exists(cluster.workdir)
+    assert _tree(host) == before
+    assert cluster.workdir not in pathlib.Path("/proc/self/mountinfo").read_text()
