@@ -17,43 +17,25 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import run_real
-from kfcluster import lifecycle, testing
+from kfcluster import testing
 from node import realnode
 
 pytestmark = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-ASKED = os.environ.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes")
 KILL_AFTER = 8
-SETUP: dict[str, float | None] = {"cluster_setup_s": None}    # cluster-up with the real node, when started here
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[lifecycle.Cluster]:
-    got = run_real.acquire_cluster(start=ASKED)
-    if isinstance(got, str):
-        if ASKED:
-            pytest.fail(f"real node requested but not usable: {got}")
-        pytest.skip(f"{got}; or set KUBEFORGE_REAL_NODE=1")
-    SETUP["cluster_setup_s"] = None if got.setup_seconds is None else round(got.setup_seconds, 1)
-    yield got.cluster
-    # The session's private cluster (kf-pytest-<pid>) is left to e2e/conftest.py, which stops it at session end,
-    # so suites that run after this one still find it.
-    private = got.cluster.name.startswith("kf-pytest-")
-    if got.started and not private and os.environ.get("KF_KEEP_CLUSTER") != "1":
-        lifecycle.down(workdir=got.cluster.workdir)
-
-
-@pytest.fixture(scope="module")
-def result(cluster: lifecycle.Cluster, tmp_path_factory: pytest.TempPathFactory) -> run_real.Result:
+def result(real_cluster: run_real.Acquired, tmp_path_factory: pytest.TempPathFactory) -> run_real.Result:
     workdir = tmp_path_factory.mktemp("e2e-real")
-    res = run_real.run(cluster=cluster, workdir=workdir, kill_after_step=KILL_AFTER)
-    figures = {**res.figures(), **SETUP}
+    res = run_real.run(cluster=real_cluster.cluster, workdir=workdir, kill_after_step=KILL_AFTER)
+    setup = real_cluster.setup_seconds
+    figures = {**res.figures(), "cluster_setup_s": None if setup is None else round(setup, 1)}
     print("E2E-REAL " + json.dumps(figures))
     out = os.environ.get("KF_E2E_REAL_OUT")     # `make e2e-real` prints these files after the suite
     if out:
