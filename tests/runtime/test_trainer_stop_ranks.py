@@ -33,7 +33,7 @@ def run(tiny: Path, out: Path, *, steps: int, term_rank: int, term_at: int) -> l
            "--ckpt", str(out.parent / "ckpt"), "--world", "2", "--port", str(port), "--steps", str(steps),
            "--prompts", "5", "--term-rank", str(term_rank), "--term-at", str(term_at)]
     procs = [subprocess.Popen([*cmd, "--rank", str(r)], env=env) for r in range(2)]
-    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    assert [p.wait(timeout=900) for p in procs] == [0, 0]      # a hang guard: 2 loaded cores took 6.5 min
     return [json.loads((out / f"stop-rank{r}.json").read_text()) for r in range(2)]
 
 
