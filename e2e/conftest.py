@@ -55,3 +55,4 @@ def cluster(real_node_cluster: run_real.Acquired) -> lifecycle.Cluster:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _PRIVATE_WORKDIR and os.environ.get("KF_KEEP_CLUSTER") != "1" and os.path.isdir(_PRIVATE_WORKDIR):
         lifecycle.down(workdir=_PRIVATE_WORKDIR)
+

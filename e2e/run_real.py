@@ -435,9 +435,10 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
         kill_after_step: int | None = 8, timeout_s: float = 1200.0, keep_namespace: bool = False,
         base: pathlib.Path | None = None, export_after_step: int | None = None,
         fault: Callable[[int, list[dict[str, Any]]], dict[str, Any]] | None = None,
-        operator_args: tuple[str, ...] = ()) -> Result:
+        operator_args: tuple[str, ...] = (), prepare: Callable[[str], None] | None = None) -> Result:
     """Run the RLJob of ``base`` (default: examples/tiny.yaml) in real pods on ``cluster`` (whose real node is up);
-    artefacts under ``workdir``. ``name`` defaults to the manifest's own."""
+    artefacts under ``workdir``. ``name`` defaults to the manifest's own; ``prepare(namespace)`` runs once the
+    namespace exists, before the RLJob is applied (e.g. a Kueue LocalQueue in it)."""
     doc = realjob.load_tiny(base) if base is not None else realjob.load_tiny()
     name = name or str(doc.get("metadata", {}).get("name") or "tiny")
     k = cluster.kubectl
@@ -445,6 +446,8 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
     hk.ensure_crd()
     ns = f"e2e-real-{uuid.uuid4().hex[:6]}"
     k.run("create", "namespace", ns)
+    if prepare is not None:
+        prepare(ns)
     checkpoints = workdir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     checkpoints.chmod(0o777)    # a hostPath: the pods run as a non-root UID (render/security.py), fsGroup skips it

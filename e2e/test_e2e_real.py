@@ -28,16 +28,14 @@ from node import realnode
 pytestmark = [pytest.mark.realnode, pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 KILL_AFTER = 8
-SETUP: dict[str, float | None] = {"cluster_setup_s": None}    # cluster-up with the real node, when started here
 
 
 @pytest.fixture(scope="module")
 def result(real_node_cluster: run_real.Acquired, tmp_path_factory: pytest.TempPathFactory) -> run_real.Result:
-    cluster, setup_s = real_node_cluster.cluster, real_node_cluster.setup_seconds
-    SETUP["cluster_setup_s"] = None if setup_s is None else round(setup_s, 1)
     workdir = tmp_path_factory.mktemp("e2e-real")
-    res = run_real.run(cluster=cluster, workdir=workdir, kill_after_step=KILL_AFTER)
-    figures = {**res.figures(), **SETUP}
+    res = run_real.run(cluster=real_node_cluster.cluster, workdir=workdir, kill_after_step=KILL_AFTER)
+    setup = real_node_cluster.setup_seconds
+    figures = {**res.figures(), "cluster_setup_s": None if setup is None else round(setup, 1)}
     print("E2E-REAL " + json.dumps(figures))
     out = os.environ.get("KF_E2E_REAL_OUT")     # `make e2e-real` prints these files after the suite
     if out:

@@ -8,7 +8,10 @@ on first use: e2e/build/build.sh kueue).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import os
+import pathlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from kfcluster import harness, lifecycle, testing
+from kfcluster import config as cfg
+from kfcluster import harness, kueue, lifecycle, procs, testing
 from kfcluster.harness import wait
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -169,6 +173,56 @@ def test_partial_admission_starts_with_the_generator_minimum(env: Any, ns: str) 
     assert all(p["spec"]["nodeSelector"].get("type") == "kwok" for p in gens)     # the flavor's node labels
 
 
+def role_pods(k: harness.K, ns: str, name: str, role: str) -> list[dict[str, Any]]:
+    return [p for p in pods(k, ns, name) if p["metadata"]["labels"]["kubeforge.dev/role"] == role
+            and not p["metadata"].get("deletionTimestamp")]
+
+
+def test_a_partially_admitted_job_grows_when_quota_frees(env: Any, ns: str) -> None:
+    """Two jobs share 6 GPUs: A (3) runs; B asks for 5 (a 1-GPU trainer and 4 generators, at least 1), is admitted
+    with 2 generators and asks for the other two with one grow Workload each; when A finishes, Kueue admits them and
+    B runs 4 generators, its trainer pod untouched (same UID, no restart, same attempt)."""
+    k, _ = env
+    queue(k, ns, gpus=6)
+    k.apply(rljob(ns, "a", labels={QUEUE: "team"}))
+    wait("a Running", phase(k, ns, "a", "Running"), timeout_s=120)
+    roles = {"generator": {"replicas": 4, "minReplicas": 1, "resources": {"limits": {"nvidia.com/gpu": 1}}},
+             "trainer": {"replicas": 1, "resources": {"limits": {"nvidia.com/gpu": 1}}}}
+    k.apply(rljob(ns, "b", labels={QUEUE: "team"}, roles=roles))
+    wait("b Running", phase(k, ns, "b", "Running"), timeout_s=120)
+    wl = k.get("workloads.kueue.x-k8s.io", "b", "-n", ns)
+    assert {a["name"]: a["count"] for a in wl["status"]["admission"]["podSetAssignments"]}["generator"] == 2
+    wait("b's 2 generator pods", lambda: len(role_pods(k, ns, "b", "generator")) == 2, timeout_s=60)
+    grows = wait("b's grow Workloads pending", lambda: (g := sorted(
+        w["metadata"]["name"] for w in k.items("workloads.kueue.x-k8s.io", ns, f"{LABEL_JOB}=b")
+        if w["metadata"]["name"] != "b")) and g, timeout_s=60)
+    assert grows == ["b.generator-2", "b.generator-3"]
+    time.sleep(5)
+    assert len(role_pods(k, ns, "b", "generator")) == 2, "b grew while A still held the quota"
+    (trainer,) = role_pods(k, ns, "b", "trainer")
+    attempt = status(k, ns, "b").get("attempt")
+    finish(k, ns, "a")
+    t0 = time.monotonic()
+    gens = wait("b grown to 4 generators", lambda: (g := role_pods(k, ns, "b", "generator")) and len(g) == 4 and all(
+        p["status"].get("phase") == "Running" for p in g) and g, timeout_s=120)
+    grow_s = time.monotonic() - t0
+    assert sorted(int(p["metadata"]["labels"]["apps.kubernetes.io/pod-index"]) for p in gens) == [0, 1, 2, 3]
+    st = status(k, ns, "b")
+    assert st["phase"] == "Running" and st.get("attempt") == attempt
+    assert "(+2 as quota freed)" in cond(st, "Admitted")["message"]
+    (after,) = role_pods(k, ns, "b", "trainer")
+    assert after["metadata"]["uid"] == trainer["metadata"]["uid"], "b's trainer was restarted to grow"
+    assert all(c.get("restartCount", 0) == 0 for c in after["status"].get("containerStatuses", []))
+    for name in grows:
+        w = k.get("workloads.kueue.x-k8s.io", name, "-n", ns)
+        assert any(c["type"] == "Admitted" and c["status"] == "True" for c in w["status"]["conditions"]), name
+    finish(k, ns, "b")
+    wait("b's grow Workloads gone with the job over", lambda: not [
+        w for w in k.items("workloads.kueue.x-k8s.io", ns, f"{LABEL_JOB}=b") if w["metadata"]["name"] != "b"],
+        timeout_s=60)
+    print(json.dumps({"a_finished_to_b_grown_s": round(grow_s, 1)}))
+
+
 def test_bad_labels_are_named_and_nothing_leaks(env: Any, ns: str) -> None:
     k, _ = env
     queue(k, ns, gpus=3)
@@ -193,3 +247,36 @@ def test_bad_labels_are_named_and_nothing_leaks(env: Any, ns: str) -> None:
     k.run("delete", "rljob", "noqueue", "noclass", "huge", "-n", ns, "--wait=true")
     wait("their Workloads gone with them", lambda: not [w for w in k.items("workloads.kueue.x-k8s.io", ns, "")
                                                        if w["metadata"]["name"] != "fine"], timeout_s=60)
+
+
+def _tree(path: pathlib.Path) -> dict[str, str]:
+    """Every file under ``path`` with a digest of its content ({} when absent)."""
+    return {str(f): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.rglob("*")) if f.is_file()} \
+        if path.exists() else {}
+
+
+def test_kueue_up_down_leaves_nothing_behind(tmp_path: pathlib.Path) -> None:
+    """A cluster with Kueue, up then down: the manager reads its metrics certificate from the work dir (its private
+    /etc overlay), the host's /etc/kueue is not written (created, or changed where an older run left one), no mount
+    of the work dir stays on the host, and down leaves no process and no port."""
+    host = pathlib.Path("/etc/kueue")
+    before = _tree(host)
+    cluster = lifecycle.up(cfg.ClusterConfig(name="kf-kueue-leak", root=str(tmp_path), nodes=(cfg.NodePool(count=1),)))
+    try:
+        cluster = kueue.start(cluster)
+        home = pathlib.Path(cluster.kwok_dir) / "kueue"
+        pid = int((home / "kueue.pid").read_text())
+        upper, _ = kueue.etc_overlay(home)
+        seen = pathlib.Path(f"/proc/{pid}/root") / str(kueue.METRICS_CERT_DIR).lstrip("/") / "tls.crt"
+        ours = upper / "kueue" / "metrics" / "certs" / "tls.crt"
+        assert seen.read_bytes() == ours.read_bytes(), "Kueue does not read the work dir's metrics certificate"
+        assert _tree(host) == before, "starting Kueue wrote the host's /etc/kueue"
+        assert cluster.workdir not in pathlib.Path("/proc/self/mountinfo").read_text()
+        ports = set(cluster.ports.values())
+    finally:
+        lifecycle.down(workdir=cluster.workdir)
+    assert not procs.processes_mentioning(cluster.workdir)
+    assert not ports & procs.listening_ports()
+    assert not os.path.exists(cluster.workdir)
+    assert _tree(host) == before
+    assert cluster.workdir not in pathlib.Path("/proc/self/mountinfo").read_text()

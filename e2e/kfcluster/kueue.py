@@ -13,8 +13,11 @@ Choices (docs/test-cluster.md "Kueue"):
   only v1beta2 is used).
 - ``internalCertManagement`` is off: it stores certificates in a Secret for a kubelet to mount, which a host
   process never sees. With it off Kueue reads its metrics certificate from the fixed path
-  ``/etc/kueue/metrics/certs``; a self-signed one is written there once if absent (the one file outside the work
-  dir; shared by every test cluster on the machine, never changed once written).
+  ``/etc/kueue/metrics/certs`` (hard-coded in v0.17's ``cmd/kueue/main.go``, no flag or setting). So the manager
+  runs in a private mount namespace (``unshare --mount``) whose ``/etc`` is an overlay: the host's ``/etc`` below,
+  ``<workdir>/kwok/kueue/etc`` above, where the self-signed metrics certificate is written. The host's ``/etc`` is
+  never written; ``down`` removes the work dir and with it the certificate, and the namespace ends with the
+  process (nothing stays mounted on the host).
 - Only the ``batch/job`` integration is on, leader election off, the visibility API server off.
 """
 from __future__ import annotations
@@ -33,7 +36,7 @@ from kfcluster import lifecycle as lc
 
 NAMESPACE = "kueue-system"
 API_VERSION = "kueue.x-k8s.io/v1beta2"
-METRICS_CERT_DIR = pathlib.Path("/etc/kueue/metrics/certs")
+METRICS_CERT_DIR = pathlib.Path("/etc/kueue/metrics/certs")   # as the manager sees it (its private /etc)
 PORT_NAMES = ("kueue-health", "kueue-metrics", "kueue-webhook")
 READY_TIMEOUT_S = 90.0
 
@@ -73,14 +76,28 @@ def _self_signed(dir_: pathlib.Path, *, cn: str) -> None:
     tmp.rmdir()
 
 
-def _ensure_metrics_cert() -> None:
-    if (METRICS_CERT_DIR / "tls.crt").is_file() and (METRICS_CERT_DIR / "tls.key").is_file():
-        return
-    try:
-        _self_signed(METRICS_CERT_DIR, cn="kueue-metrics")
-    except OSError as exc:
-        raise RuntimeError(f"Kueue reads its metrics certificate from {METRICS_CERT_DIR} (fixed path when its "
-                           f"internal certificate management is off) and it cannot be written: {exc}") from exc
+def etc_overlay(home: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """The upper and work directories of the manager's private ``/etc`` overlay under ``home``."""
+    return home / "etc", home / "etc-work"
+
+
+def isolated_command(argv: list[str], *, home: pathlib.Path) -> list[str]:
+    """``argv`` run in a private mount namespace whose ``/etc`` is the host's with ``<home>/etc`` laid over it (the
+    metrics certificate's fixed path lands in the work dir). ``exec`` keeps the pid and the command line (which
+    names the work dir: ``down`` finds it). Not root: a user namespace maps the caller to root for the mount."""
+    upper, work = etc_overlay(home)
+    script = ('mount -t overlay kueue-etc -o "lowerdir=/etc,upperdir=$1,workdir=$2" /etc && shift 2 && '
+              'exec "$@"')
+    userns = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *userns, "--mount", "--propagation", "private", "sh", "-c", script, "kueue-etc",
+            str(upper), str(work), *argv]
+
+
+def _metrics_cert(home: pathlib.Path) -> None:
+    """The metrics certificate at ``/etc/kueue/metrics/certs`` as the manager sees it: in the overlay's upper dir."""
+    upper, work = etc_overlay(home)
+    work.mkdir(parents=True, exist_ok=True)
+    _self_signed(upper / METRICS_CERT_DIR.relative_to("/etc"), cn="kueue-metrics")
 
 
 def _ready(port: int) -> bool:
@@ -116,15 +133,15 @@ def start(cluster: lc.Cluster, *, timeout_s: float = READY_TIMEOUT_S) -> lc.Clus
     home = pathlib.Path(cluster.kwok_dir) / "kueue"    # under <workdir>/kwok: ``down`` stops what names it
     cert_dir = home / "certs"
     _self_signed(cert_dir, cn="kueue-webhook")
-    _ensure_metrics_cert()
+    _metrics_cert(home)
     ports = dict(zip(PORT_NAMES, procs.free_ports(len(PORT_NAMES)), strict=True))
     cfg_path = home / "config.yaml"
     cfg_path.write_text(json.dumps(config(ports=ports, cert_dir=str(cert_dir)), indent=2) + "\n")
     kubeconfig = pathlib.Path(cluster.kwok_dir) / "clusters" / cluster.name / "kubeconfig.yaml"
     log_path = home / "kueue.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([bins["kueue"], f"--config={cfg_path}", f"--kubeconfig={kubeconfig}",
-                                 "--zap-log-level=2"], stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(isolated_command([bins["kueue"], f"--config={cfg_path}", f"--kubeconfig={kubeconfig}",
+                                                  "--zap-log-level=2"], home=home), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     (home / "kueue.pid").write_text(str(proc.pid))
 
@@ -141,4 +158,4 @@ def start(cluster: lc.Cluster, *, timeout_s: float = READY_TIMEOUT_S) -> lc.Clus
     return updated
 
 
-__all__ = ["API_VERSION", "NAMESPACE", "config", "running", "start"]
+__all__ = ["API_VERSION", "NAMESPACE", "config", "etc_overlay", "isolated_command", "running", "start"]

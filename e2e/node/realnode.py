@@ -241,11 +241,19 @@ def venv_python_parts(*, venv: pathlib.Path | None = None, repo: pathlib.Path | 
     Mounted: the base Python installation, the repo (editable installs point into it) and the venv when
     it lives outside the repo, at their host paths; ``/usr/lib/<multiarch>`` at ``/lib/<multiarch>`` and
     ``/usr/lib64`` at ``/lib64`` (the dynamic loader and libc, ssl, ... the base image lacks).
+
+    A checkout without its own ``.venv`` (a git worktree; neither ``venv`` nor ``repo`` given): the pods run the
+    running interpreter's venv (``sys.prefix``), whose editable install points at another checkout, with this
+    checkout mounted too and its sources first on ``PYTHONPATH``, so the pods run this checkout's code.
     """
+    worktree = venv is None and repo is None and not (REPO_ROOT / ".venv").is_dir()
+    if worktree:
+        venv = pathlib.Path(sys.prefix)
+        repo = venv.parent
     repo = (repo or REPO_ROOT).resolve()
     venv = (venv or repo / ".venv").absolute()
     multiarch = multiarch or sysconfig.get_config_var("MULTIARCH") or "x86_64-linux-gnu"
-    same_path = _outermost([_venv_home(venv), repo, venv])
+    same_path = _outermost([_venv_home(venv), repo, venv, *([REPO_ROOT.resolve()] if worktree else [])])
     pairs = [(str(p), str(p)) for p in same_path]
     pairs += [(f"/usr/lib/{multiarch}", f"/lib/{multiarch}"), ("/usr/lib64", "/lib64")]
     volumes, mounts = [], []
@@ -259,6 +267,9 @@ def venv_python_parts(*, venv: pathlib.Path | None = None, repo: pathlib.Path | 
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "HOME", "value": "/tmp"},
     ]
+    if worktree:
+        env.append({"name": "PYTHONPATH",
+                    "value": ":".join(str(REPO_ROOT.resolve() / d) for d in ("api", "operator", "runtime"))})
     return PodParts(python=f"{venv}/bin/python", volumes=volumes, volume_mounts=mounts, env=env)
 
 

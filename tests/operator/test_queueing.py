@@ -126,3 +126,60 @@ def test_a_queue_label_with_kueue_pod_groups_is_refused_naming_the_label() -> No
     (problem,) = [p for p in validate.problems(labelled) if "queue-name" in p]
     assert problem.startswith("metadata.labels[kueue.x-k8s.io/queue-name]: Forbidden")
     assert not [p for p in validate.problems(_job()) if "queue-name" in p]
+
+
+ONE_GEN = {"clusterQueue": "cq", "podSetAssignments": [{"name": "generator", "count": 1, "flavors": {}}]}
+GROWN = queueing.facts(_wl(("QuotaReserved", "True", "QuotaReserved", ""), ("Admitted", "True", "Admitted", ""),
+                           admission=ONE_GEN))
+GROW_EVICTED = queueing.facts(_wl(("Admitted", "True", "Admitted", ""), ("Evicted", "True", "Preempted", "x"),
+                                  admission=ONE_GEN))
+GROW_PENDING = queueing.facts(_wl(("QuotaReserved", "False", "Pending", "insufficient quota")))
+
+
+def test_grow_workload_asks_for_one_generator_on_the_admitted_flavors_labels() -> None:
+    job = _job(**{contract.LABEL_KUEUE_PRIORITY: "high"})
+    gw = workload_render.grow_workload(job, CTX, 3, priority=1000, node_labels={"pool": "a"})
+    assert gw["metadata"]["name"] == "tiny.generator-3" and gw["spec"]["queueName"] == "team-a"
+    (ps,) = gw["spec"]["podSets"]
+    assert (ps["name"], ps["count"], "minCount" in ps) == ("generator", 1, False)
+    assert ps["template"]["spec"]["nodeSelector"] == {"pool": "a"} and gw["spec"]["priority"] == 1000
+    assert gw["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    assert list(queueing.grow_candidates(job)) == [2, 3]     # replicas 4, minReplicas 2
+
+
+def test_growth_asks_for_the_missing_generators_and_counts_those_admitted() -> None:
+    job = _job()                                            # 4 generators asked; main admitted with 3
+    main = queueing.facts(ADMITTED)
+    g = queueing.growth(job, main, {}, over=False, live_generators=(0, 1, 2))
+    assert (g.grown, g.create, g.release, g.delete) == (0, (3,), (), ())
+    g = queueing.growth(job, main, {3: GROW_PENDING}, over=False, live_generators=(0, 1, 2))
+    assert g.grown == 0
+    g = queueing.growth(job, main, {3: GROWN}, over=False, live_generators=(0, 1, 2))
+    assert g.grown == 1 and queueing.admitted_job(job, main, {}, grown=g.grown).spec.roles.generator.replicas == 4
+    assert queueing.admission_key(main, {}, grown=1) != queueing.admission_key(main, {}, grown=0)
+    assert "(+1 as quota freed)" in queueing.gate(main, grown=1).message
+
+
+def test_an_evicted_grow_workload_gives_its_quota_back_only_once_its_generator_is_gone() -> None:
+    job, main = _job(), queueing.facts(ADMITTED)
+    g = queueing.growth(job, main, {3: GROW_EVICTED}, over=False, live_generators=(0, 1, 2, 3))
+    assert g.grown == 0 and g.release == ()                   # generator 3 still runs: its quota is still used
+    g = queueing.growth(job, main, {3: GROW_EVICTED}, over=False, live_generators=(0, 1, 2))
+    assert g.release == (3,) and g.create == (3,)             # released; Kueue requeues it, it grows again later
+    assert queueing.release(GROW_EVICTED, now="t") is not None
+
+
+def test_grow_workloads_go_when_the_job_is_evicted_or_over() -> None:
+    job = _job()
+    evicted = queueing.facts(_wl(("Admitted", "True", "Admitted", ""), ("Evicted", "True", "Preempted", "x"),
+                                 admission=ADMISSION))
+    g = queueing.growth(job, evicted, {3: GROWN}, over=False, live_generators=(0, 3))
+    assert (g.grown, g.create, g.delete) == (0, (), ())         # pods still going: the quota stays held
+    g = queueing.growth(job, evicted, {3: GROWN}, over=False, live_generators=())
+    assert g.delete == (3,)
+    g = queueing.growth(job, queueing.facts(ADMITTED), {3: GROWN}, over=True, live_generators=(0, 1, 2, 3))
+    assert (g.create, g.delete) == ((), (3,))                 # over: deleted at once, like Finished frees the quota
+    full = queueing.facts(_wl(("Admitted", "True", "Admitted", ""), admission={"podSetAssignments": [
+        {"name": "generator", "count": 4}]}))
+    g = queueing.growth(job, full, {2: GROWN}, over=False, live_generators=(0, 1, 2, 3))
+    assert (g.create, g.delete) == ((), (2,))                 # readmitted whole: a leftover goes

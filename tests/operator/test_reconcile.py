@@ -353,3 +353,70 @@ def test_detail_writes_in_a_row_wait_longer_each_time_and_substance_resets_the_w
     assert waits == [5.0, 10.0, 20.0, 20.0]
     pacer.wrote(key)
     assert pacer.wait(key) == 5.0
+
+
+def test_a_partially_admitted_kueue_job_asks_for_the_rest_and_grows_without_touching_the_trainer() -> None:
+    """Reconcile of an RLJob Kueue admitted with 2 of 4 generators: one grow Workload per missing generator; once
+    Kueue admits one, the generators number 3 and the trainer's pods stay those of the same attempt and world."""
+    main_name = "tiny"
+
+    class Kueue(FakeCluster):
+        def __init__(self, job: dict[str, Any]) -> None:
+            super().__init__(job)
+            self.workloads: dict[str, dict[str, Any]] = {}
+
+        def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+            return copy.deepcopy(self.workloads.get(name))
+
+        def list_of_job(self, api_version: str, kind: str, namespace: str, job: str) -> list[dict[str, Any]]:
+            return [copy.deepcopy(w) for w in self.workloads.values()]
+
+        def get_kueue(self, plural: str, name: str) -> dict[str, Any] | None:
+            return {"spec": {"nodeLabels": {"pool": "a"}}}
+
+        def apply(self, obj: dict[str, Any]) -> None:
+            super().apply(obj)
+            if obj["kind"] == "Workload":
+                self.workloads.setdefault(obj["metadata"]["name"], copy.deepcopy(obj))
+
+        def delete(self, obj: dict[str, Any]) -> None:
+            super().delete(obj)
+            if obj["kind"] == "Workload":
+                self.workloads.pop(obj["metadata"]["name"], None)
+
+        def admit(self, name: str, count: int) -> None:
+            self.workloads[name]["status"] = {
+                "conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"}],
+                "admission": {"podSetAssignments": [{"name": "generator", "count": count, "flavors": {"g": "f"}}]
+                              + ([{"name": r, "count": 1} for r in ("verifier", "trainer")] if name == main_name
+                                 else [])}}
+
+    doc = raw_job(spec__roles__generator={"replicas": 4, "minReplicas": 1})
+    doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
+    fake = Kueue(doc)
+    cache = reconcile.ApplyCache()
+
+    def run() -> None:
+        reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=cache, clock=lambda: opbuilders.T0)
+
+    run()
+    assert list(fake.workloads) == ["tiny"]                           # queued: no grow Workload yet
+    fake.admit("tiny", 2)
+    run()
+    assert sorted(fake.workloads) == ["tiny", "tiny.generator-2", "tiny.generator-3"]
+    grow = fake.workloads["tiny.generator-2"]["spec"]["podSets"][0]
+    assert grow["count"] == 1 and grow["template"]["spec"]["nodeSelector"]["pool"] == "a"
+    trainer = fake.objects[("StatefulSet", "tiny-trainer")]
+    assert fake.objects[("StatefulSet", "tiny-gen-surplus")]["spec"]["replicas"] in (0, 1)   # 0 until placed
+    fake.admit("tiny.generator-2", 1)
+    run()
+    after = fake.objects[("StatefulSet", "tiny-trainer")]
+    # OnDelete: a changed template (the generator peers) replaces no pod; the attempt and world stay: no new attempt
+    assert after["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert after["spec"]["template"]["metadata"] == trainer["spec"]["template"]["metadata"]
+    surplus = fake.objects[("StatefulSet", "tiny-gen-surplus")]
+    peers = next(e["value"] for e in surplus["spec"]["template"]["spec"]["containers"][0]["env"]
+                 if e["name"] == "KUBEFORGE_GENERATOR_REPLICAS")
+    assert peers == "3"                                                # 2 admitted + 1 grown
+    assert "(+1 as quota freed)" in next(c["message"] for c in fake.job["status"]["conditions"]
+                                        if c["type"] == "Admitted")

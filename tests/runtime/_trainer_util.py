@@ -187,8 +187,109 @@ def _scale_worker(argv: list[str]) -> None:
     group.close()
 
 
+class _Feed:
+    """A trainer rank's inbox: this rank's share of the synthetic groups of the step its learner trains next."""
+
+    def __init__(self, learner: object, *, rank: int, world: int, prompts: int) -> None:
+        self.learner, self.rank, self.world, self.prompts = learner, rank, world, prompts
+        self.sent: set[int] = set()
+
+    def recv(self, timeout: float | None = None) -> object:
+        from kubeforge.runtime import wire
+
+        s = self.learner.step  # type: ignore[attr-defined]
+        for g in synthetic_groups(step=s, prompts=self.prompts, group_size=4):
+            if g.prompt.index % self.world == self.rank and g.prompt.index not in self.sent:
+                self.sent.add(g.prompt.index)
+                return wire.Scored(group=g)
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class _NoGenerators:
+    """No generator: the loop's work goes nowhere (the inbox feeds the groups)."""
+
+    peers = 0
+
+    def send(self, msg: object, *, to: int | None = None, timeout: float | None = None) -> None:
+        raise AssertionError("no generator to send to")
+
+    def recv(self, timeout: float | None = None) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def _stop_worker(argv: list[str]) -> None:
+    """One rank of a 2-rank DDP trainer ``Loop`` (gloo) of ``--steps`` steps; SIGTERM (``should_stop``) reaches
+    only rank ``--term-rank``, while it trains step ``--term-at`` + 1. Writes ``stop-rank<r>.json``: the
+    ``Terminated`` message (or None), the steps this rank trained, and the seconds from that SIGTERM to the end of
+    the run (rank ``--term-rank`` only)."""
+    import time
+
+    from kubeforge.runtime import metrics, observe
+    from kubeforge.runtime.trainer import loop as trainer_role
+    from kubeforge.runtime.trainer import parallel, report, step
+
+    ap = argparse.ArgumentParser()
+    for name in ("--model", "--out", "--ckpt"):
+        ap.add_argument(name, required=True)
+    for name in ("--rank", "--world", "--port", "--steps", "--prompts", "--term-rank", "--term-at"):
+        ap.add_argument(name, type=int, required=True)
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    group = parallel.DataParallel(config=parallel.DistConfig(rank=a.rank, world_size=a.world, master_port=a.port,
+                                                             timeout_s=120))
+    learner = step.Trainer(model_path=a.model, algorithm=algorithm(loss="DAPO"), group=group)
+    none = _NoGenerators()
+
+    class Pusher:
+        def push(self, *, version: int, step: int) -> types.SyncResult:
+            return types.SyncResult(seconds=0.0, bytes=0)
+
+        def reform(self, *, members: int | None = None) -> int:
+            return 0
+
+    rank0 = trainer_role.Rank0(control=none, pusher=Pusher(),  # type: ignore[arg-type]
+                               reporter=report.JsonlReporter(path=out / "steps.jsonl", echo=False)) \
+        if a.rank == 0 else None
+    term: list[float] = []
+    loop = trainer_role.Loop(
+        settings=trainer_role.Settings(rank=a.rank, world=a.world, steps=a.steps, prompts_per_step=a.prompts,
+                                       max_policy_lag=1, sync_every=1, checkpoint_every=100,
+                                       checkpoint_dir=a.ckpt, checkpoint_keep=2, deadline=120, reissue_after=60),
+        inbox=_Feed(learner, rank=a.rank, world=a.world, prompts=a.prompts),  # type: ignore[arg-type]
+        generators=none, learner=learner, prompt_at=lambda k: types.Prompt(index=k, text="", answer=""),  # type: ignore[arg-type]
+        observer=observe.TrainerObserver(metrics.Metrics(role="trainer", replica=a.rank)), rank0=rank0,
+        should_stop=lambda: bool(term), stopped_at=lambda: term[0] if term else None)
+    trained: list[int] = []
+    train = learner.train_step
+
+    def counted(**kw: object) -> object:
+        trained.append(learner.step)
+        if a.rank == a.term_rank and learner.step == a.term_at:
+            term.append(time.monotonic())                       # SIGTERM reaches this rank while it trains
+        return train(**kw)  # type: ignore[arg-type]
+
+    learner.train_step = counted  # type: ignore[method-assign]
+    stopped: str | None = None
+    try:
+        loop.run()
+    except trainer_role.Terminated as exc:
+        stopped = str(exc)
+    took = time.monotonic() - term[0] if term else None
+    (out / f"stop-rank{a.rank}.json").write_text(json.dumps({"stopped": stopped, "trained": trained,
+                                                             "sigterm_to_end_s": took}))
+    group.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:
         _worker(sys.argv[2:])
     elif sys.argv[1:2] == ["scale-worker"]:
         _scale_worker(sys.argv[2:])
+    elif sys.argv[1:2] == ["stop-worker"]:
+        _stop_worker(sys.argv[2:])

@@ -504,7 +504,8 @@ class StopInbox:
         return getattr(self.inner, name)
 
 
-def _stop_run(tmp: Path, spec_job: rljob.RLJob, *, stop_when: str | None, trained: list[int]) -> str | None:
+def _stop_run(tmp: Path, spec_job: rljob.RLJob, *, stop_when: str | None, trained: list[int],
+              pushed: list[int] | None = None) -> str | None:
     """One attempt of ``spec_job`` in ``tmp`` (resuming from its checkpoints); ``stop_when``: SIGTERM arrives
     while step 3 is trained ("training") or collected ("collecting"), or never (None). Appends the learner's
     step before every ``train_step`` to ``trained``; returns the ``Terminated`` message, None on a full run."""
@@ -528,6 +529,14 @@ def _stop_run(tmp: Path, spec_job: rljob.RLJob, *, stop_when: str | None, traine
 
     loop.learner.train_step = counted  # type: ignore[method-assign]
     loop.should_stop = term.is_set
+    if pushed is not None and loop.rank0 is not None:
+        push = loop.rank0.pusher.push
+
+        def recorded(**kw: Any) -> Any:
+            pushed.append(int(kw["step"]))
+            return push(**kw)
+
+        loop.rank0.pusher.push = recorded  # type: ignore[method-assign]
     try:
         loop.run()
         return None
@@ -547,8 +556,12 @@ def test_sigterm_writes_a_stop_checkpoint_and_the_resume_repeats_and_loses_no_st
     attempt resumes there: every step trained exactly once, the records contiguous."""
     spec_job = job(steps=5)
     trained: list[int] = []
-    stopped = _stop_run(tmp_path, spec_job, stop_when=when, trained=trained)
+    pushed: list[int] = []
+    stopped = _stop_run(tmp_path, spec_job, stop_when=when, trained=trained, pushed=pushed)
     done = 3 if when == "training" else 2
+    # the policies of steps 1 and 2 went out; the stop agreed after step 3 skips its push (the generators stop too:
+    # a push to a peer gone would wait out its send timeout within the stop checkpoint's bound)
+    assert pushed == [1, 2], pushed
     assert stopped is not None and f"stop checkpoint of step {done} written" in stopped, stopped
     assert stopped.startswith("SIGTERM after step 3" if when == "training" else "SIGTERM while collecting step 2")
     ckpts = sorted(p.name for p in (tmp_path / "ckpt").iterdir())

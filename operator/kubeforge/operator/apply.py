@@ -212,6 +212,12 @@ class Cluster:
         """A namespaced object of a kind in ``KINDS`` (None: absent)."""
         return self.request("GET", path_of(api_version, kind, namespace, name))
 
+    def list_of_job(self, api_version: str, kind: str, namespace: str, job: str) -> list[Obj]:
+        """The objects of a kind in ``KINDS`` labelled with the job (the grow Workloads: ``queueing.growth``)."""
+        out = self.request("GET", path_of(api_version, kind, namespace),
+                           query={"labelSelector": f"{contract.LABEL_JOB}={job}"}) or {}
+        return list(out.get("items", []))
+
     def get_kueue(self, plural: str, name: str) -> Obj | None:
         """A cluster-scoped Kueue object (``resourceflavors``, ``workloadpriorityclasses``); None: absent."""
         return self.request("GET", f"{KUEUE}/{plural}/{name}")

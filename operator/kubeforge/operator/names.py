@@ -60,6 +60,12 @@ def workload(job: str) -> str:
     return job
 
 
+def grow_workload(job: str, ordinal: int) -> str:
+    """The Workload asking Kueue for generator ``ordinal`` beyond a partial admission (``queueing.growth``); the dot
+    keeps it apart from every job's own Workload (RLJob names are DNS-1035 labels: no dot)."""
+    return f"{job}.generator-{ordinal}"
+
+
 pod = contract.pod_name            # replica ``index`` of ``role`` (StatefulSet ordinal naming)
 peer_host = contract.peer_host     # stable DNS name of a pod behind the job's headless Service
 

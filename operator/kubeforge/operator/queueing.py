@@ -10,6 +10,15 @@ one podSet per role). Its pods exist only while Kueue admits it:
         the operator clears the admission (``release``), as Kueue's job integrations do; Kueue requeues it
     RLJob Succeeded/Failed ──▶ the Workload's Finished condition (``finish``): its quota frees
 
+Growth (partial admission): Kueue's admitted counts are fixed, so a job admitted with fewer generators than it asks
+for holds one more Workload per missing generator, ``<job>.generator-<ordinal>`` (one podSet, one generator; the
+job's queue and priority; nodeSelector pinned to the flavors the job's generators were admitted on). Kueue admits
+each when quota frees; the job then runs ``admitted count + grown`` generators (the surplus StatefulSet scales up,
+the trainer follows the generator count without a restart). One evicted (preempted before the gang: Kueue takes the
+most recently admitted of equal priority first) scales the generators down and gives its quota back once the
+generator pods beyond the new count are gone; Kueue requeues it. They exist only while the job's own Workload is
+admitted and the job is not over (``growth``).
+
 Neighbours: ``reconcile`` reads the Workload, the ResourceFlavors and the WorkloadPriorityClass and writes what
 this module returns; ``lifecycle`` treats a job that is not admitted like a suspended one. Invariant: nothing
 here talks to the API server or reads a clock (``now`` is passed in).
@@ -104,15 +113,17 @@ class Gate:
     message: str
 
 
-def gate(wl: WorkloadFacts, *, invalid: str | None = None) -> Gate:
-    """The gate of a queued job: ``invalid`` (a bad label: no such WorkloadPriorityClass) keeps it out for good."""
+def gate(wl: WorkloadFacts, *, invalid: str | None = None, grown: int = 0) -> Gate:
+    """The gate of a queued job: ``invalid`` (a bad label: no such WorkloadPriorityClass) keeps it out for good;
+    ``grown``: generators admitted since through grow Workloads."""
     if invalid:
         return Gate(admitted=False, reason=reasons.QUEUE_INVALID, message=invalid)
     if wl.evicted is not None:
         reason = reasons.PREEMPTED if wl.evicted[0] == EVICTED_BY_PREEMPTION else reasons.EVICTED
         return Gate(admitted=False, reason=reason, message=f"Kueue: {wl.evicted[1]}".strip())
     if wl.admitted:
-        counts = ", ".join(f"{r} {a.count}" for r, a in sorted(wl.assigned.items()))
+        counts = ", ".join(f"{r} {a.count}" + (f" (+{grown} as quota freed)" if r == "generator" and grown else "")
+                           for r, a in sorted(wl.assigned.items()))
         return Gate(admitted=True, reason=reasons.QUOTA_ADMITTED, message=f"admitted by Kueue: {counts}")
     why = wl.pending or ("waiting for Kueue to see its Workload" if wl.exists else "creating its Workload")
     return Gate(admitted=False, reason=reasons.QUEUED, message=f"Kueue: {why}")
@@ -131,10 +142,11 @@ def flavor(raw: Raw) -> Flavor:
     return Flavor(node_labels=dict(spec.get("nodeLabels") or {}), tolerations=tuple(spec.get("tolerations") or ()))
 
 
-def admitted_job(job: rljob.RLJob, wl: WorkloadFacts, flavors: Mapping[str, Flavor]) -> rljob.RLJob:
+def admitted_job(job: rljob.RLJob, wl: WorkloadFacts, flavors: Mapping[str, Flavor], *,
+                 grown: int = 0) -> rljob.RLJob:
     """``job`` as Kueue admitted it: each role's assigned flavors' node labels join its nodeSelector and their
     tolerations its tolerations; the generators number what was admitted (partial admission: at least
-    ``minReplicas``)."""
+    ``minReplicas``) plus ``grown`` (grow Workloads admitted since), never more than asked."""
     roles = job.spec.roles
     updates: dict[str, Any] = {}
     for role in contract.ROLES:
@@ -149,14 +161,16 @@ def admitted_job(job: rljob.RLJob, wl: WorkloadFacts, flavors: Mapping[str, Flav
             tolerations += [dict(t) for t in f.tolerations if dict(t) not in tolerations]
         change: dict[str, Any] = {"node_selector": selector, "tolerations": tolerations}
         if role == "generator" and got.count:
-            change["replicas"] = got.count
+            change["replicas"] = min(got.count + grown, spec.replicas)
         updates[role] = spec.model_copy(update=change)
     return job.model_copy(update={"spec": job.spec.model_copy(update={"roles": roles.model_copy(update=updates)})})
 
 
-def admission_key(wl: WorkloadFacts, flavors: Mapping[str, Flavor]) -> str:
-    """A short digest of what was admitted (part of the render context: a new admission re-renders)."""
-    doc = {r: [a.count, list(a.flavors)] for r, a in sorted(wl.assigned.items())}
+def admission_key(wl: WorkloadFacts, flavors: Mapping[str, Flavor], *, grown: int = 0) -> str:
+    """A short digest of what was admitted (part of the render context: a new admission, or a generator grown or
+    taken back, re-renders)."""
+    doc: dict[str, Any] = {r: [a.count, list(a.flavors)] for r, a in sorted(wl.assigned.items())}
+    doc["grown"] = grown
     doc["flavors"] = [[n, dict(f.node_labels), list(map(dict, f.tolerations))] for n, f in sorted(flavors.items())]
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -197,3 +211,35 @@ def finish(wl: WorkloadFacts, *, succeeded: bool, message: str, now: str,
     _set(conds, FINISHED, "True", "Succeeded" if succeeded else "Failed", message or "the RLJob finished", now,
          generation)
     return {"metadata": {"resourceVersion": wl.resource_version}, "status": {"conditions": conds}}
+
+
+def grow_candidates(job: rljob.RLJob) -> range:
+    """Generator ordinals that may have a grow Workload: those beyond the minimum Kueue may admit."""
+    gen = job.spec.roles.generator
+    return range(gen.gang_held(), gen.replicas)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Growth:
+    """What this pass owes the grow Workloads (ordinal → Workload facts read; absent ones have ``exists`` False)."""
+
+    grown: int                                    # grow Workloads admitted and not evicted: generators added
+    create: tuple[int, ...] = ()                  # ordinals whose grow Workload is to exist (applied each pass)
+    release: tuple[int, ...] = ()                 # evicted ones whose generator is gone: give the quota back
+    delete: tuple[int, ...] = ()                  # not wanted (the job's Workload not admitted, or the job over)
+
+
+def growth(job: rljob.RLJob, wl: WorkloadFacts, grows: Mapping[int, WorkloadFacts], *, over: bool,
+           live_generators: tuple[int, ...]) -> Growth:
+    """The grow Workloads' plan. ``live_generators``: indexes of the job's generator pods not terminating. A grow
+    Workload's quota is given back (released when evicted, deleted when not wanted) only once no generator beyond the
+    new count is alive, so the quota never serves two pods at once."""
+    got = wl.assigned.get("generator")
+    base = got.count if wl.admitted and wl.evicted is None and got is not None and not over else None
+    wanted = range(base, job.spec.roles.generator.replicas) if base is not None else range(0)
+    grown = sum(1 for i in wanted if grows.get(i, WorkloadFacts()).admitted and grows[i].evicted is None)
+    target = base + grown if base is not None else 0
+    drained = all(i < target for i in live_generators)
+    release = tuple(i for i in wanted if grows.get(i, WorkloadFacts()).evicted is not None and drained)
+    delete = tuple(i for i, f in sorted(grows.items()) if f.exists and i not in wanted and (drained or over))
+    return Growth(grown=grown, create=tuple(wanted), release=release, delete=delete)

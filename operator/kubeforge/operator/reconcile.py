@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubeforge.api import contract, failures, load, rljob
-from kubeforge.operator import (apply, exports, lifecycle, metrics, nodeloss, observed, queueing, reasons, render,
+from kubeforge.operator import (apply, exports, lifecycle, metrics, names, nodeloss, observed, queueing, reasons, render,
                                 status, timefmt, watchcache)
 from kubeforge.operator.render import context, gang, meta, secret
 from kubeforge.operator.render import workload as workload_render
@@ -229,6 +229,24 @@ class Queue:
     flavors: dict[str, queueing.Flavor]
     priority: int | None
     invalid: str | None
+    grows: dict[int, tuple[queueing.WorkloadFacts, meta.Obj]] = dataclasses.field(default_factory=dict)
+
+    def growth(self, job: rljob.RLJob, obs: observed.Observed, *, over: bool) -> queueing.Growth:
+        live = tuple(p.index for p in obs.pods if p.role == "generator" and p.index is not None and not p.terminating)
+        return queueing.growth(job, self.wl, {i: f for i, (f, _) in self.grows.items()}, over=over,
+                               live_generators=live)
+
+
+def _read_grows(cluster: apply.Cluster, job: rljob.RLJob,
+                namespace: str) -> dict[int, tuple[queueing.WorkloadFacts, meta.Obj]]:
+    """The job's grow Workloads by ordinal (one LIST; only for a job Kueue may admit partially)."""
+    if not queueing.grow_candidates(job):
+        return {}
+    by_name = {names.grow_workload(job.metadata.name, i): i for i in queueing.grow_candidates(job)}
+    kind = {"apiVersion": queueing.API_VERSION, "kind": "Workload"}     # a LIST's items may leave them out
+    return {by_name[o["metadata"]["name"]]: (queueing.facts(o), {**o, **kind})
+            for o in cluster.list_of_job(queueing.API_VERSION, "Workload", namespace, job.metadata.name)
+            if o["metadata"]["name"] in by_name}
 
 
 def _read_queue(cluster: apply.Cluster, job: rljob.RLJob, namespace: str) -> Queue:
@@ -248,13 +266,14 @@ def _read_queue(cluster: apply.Cluster, job: rljob.RLJob, namespace: str) -> Que
         for name in sorted({f for a in wl.assigned.values() for f in a.flavors}):
             fl = cluster.get_kueue("resourceflavors", name)
             flavors[name] = queueing.flavor(fl) if fl is not None else queueing.Flavor()
-    return Queue(wl=wl, raw=raw, flavors=flavors, priority=priority, invalid=invalid)
+    grows = _read_grows(cluster, job, namespace) if wl.exists else {}
+    return Queue(wl=wl, raw=raw, flavors=flavors, priority=priority, invalid=invalid, grows=grows)
 
 
 def _sync_workload(cluster: apply.Cluster, key: Key, job: rljob.RLJob, ctx: context.RenderContext, q: Queue,
                    plan: lifecycle.Plan, obs: observed.Observed, *, cache: ApplyCache, now: dt.datetime) -> None:
     """What the integration owes Kueue this pass: the Workload (while the job is not over), its quota given back
-    once an evicted job has no pod left, and Finished once the job is over."""
+    once an evicted job has no pod left, and Finished once the job is over; the grow Workloads (``growth``)."""
     stamp = timefmt.fmt(now)
     if plan.terminal is None and q.invalid is None:
         wl = workload_render.workload(job, ctx, priority=q.priority)
@@ -263,6 +282,24 @@ def _sync_workload(cluster: apply.Cluster, key: Key, job: rljob.RLJob, ctx: cont
             cache.remember(key, wl)
     if q.raw is None:
         return
+    grow = q.growth(job, obs, over=plan.terminal is not None or q.invalid is not None)
+    gen = q.wl.assigned.get("generator")
+    labels = {k: v for name in (gen.flavors if gen else ()) for k, v in q.flavors.get(
+        name, queueing.Flavor()).node_labels.items()}
+    for i in grow.create:
+        gw = workload_render.grow_workload(job, ctx, i, priority=q.priority, node_labels=labels)
+        if not cache.fresh(key, gw):
+            cluster.apply(gw)
+            cache.remember(key, gw)
+    for i in grow.release:
+        f, raw_grow = q.grows[i]
+        released = queueing.release(f, now=stamp)
+        if released is not None:
+            cluster.patch_object_status(raw_grow, released)
+    for i in grow.delete:
+        gone = q.grows[i][1]
+        cluster.delete(gone)
+        cache.drop(key, gone)
     patch = None
     if plan.terminal is not None:
         patch = queueing.finish(q.wl, succeeded=plan.terminal == rljob.Phase.SUCCEEDED.value,
@@ -305,7 +342,8 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     if lost.lost:     # each lost pod is a failure of its role (reason NodeLost): the failure policy acts on it
         obs = dataclasses.replace(obs, seen_failures=obs.seen_failures + tuple(p.failure for p in lost.lost))
     queue = _read_queue(cluster, job, namespace) if queueing.queue_name(job) is not None else None
-    gate = queueing.gate(queue.wl, invalid=queue.invalid) if queue is not None else None
+    grown = queue.growth(job, obs, over=False).grown if queue is not None else 0
+    gate = queueing.gate(queue.wl, invalid=queue.invalid, grown=grown) if queue is not None else None
     plan = lifecycle.decide(job, obs, now=now, queue=gate)
     if plan.delete_job:
         log.info("deleting %s/%s: ttlSecondsAfterFinished expired", namespace, name)
@@ -317,11 +355,12 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
                                 active=plan.active, gang_active=plan.gang_active, image=image,
                                 surplus_active=plan.surplus_active, surplus_present=plan.surplus_present,
-                                admission=queueing.admission_key(queue.wl, queue.flavors)
+                                admission=queueing.admission_key(queue.wl, queue.flavors, grown=grown)
                                 if queue is not None and gate is not None and gate.admitted else "")
     if queue is not None:
         _sync_workload(cluster, key, job, ctx, queue, plan, obs, cache=cache, now=now)
-    shape = queueing.admitted_job(job, queue.wl, queue.flavors) if ctx.admission and queue is not None else job
+    shape = queueing.admitted_job(job, queue.wl, queue.flavors, grown=grown) \
+        if ctx.admission and queue is not None else job
     if not cache.has_key_secret(key):   # the job key: drawn once, created only when absent (render/secret.py)
         cluster.create_if_absent(secret.job_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
         cache.key_secret_made(key)

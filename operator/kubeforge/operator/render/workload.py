@@ -5,6 +5,9 @@ requests (limits where no request is set, as the API server defaults a pod's), t
 tolerations (flavors must match them). Generators with ``minReplicas`` have it as ``minCount`` (partial
 admission: Kueue may admit fewer, never fewer than the gang's minimum). The priority is the
 WorkloadPriorityClass's value, resolved by the caller (``priority``). Owned by the RLJob.
+
+``grow_workload``: one more generator beyond a partial admission (``queueing.growth``), pinned to the node labels
+of the flavors the job's generators were admitted on (the generators share one pod template).
 """
 from __future__ import annotations
 
@@ -37,13 +40,33 @@ def pod_set(job: rljob.RLJob, ctx: context.RenderContext, role: str) -> meta.Obj
     return out
 
 
-def workload(job: rljob.RLJob, ctx: context.RenderContext, *, priority: int | None = None) -> meta.Obj:
-    """The Workload ``<job>`` in the job's namespace (``priority``: the WorkloadPriorityClass's value)."""
-    wl_spec: dict[str, Any] = {"queueName": queueing.queue_name(job) or "",
-                               "podSets": [pod_set(job, ctx, r) for r in contract.ROLES]}
+def _workload(job: rljob.RLJob, ctx: context.RenderContext, *, name: str, pod_sets: list[meta.Obj],
+              priority: int | None) -> meta.Obj:
+    wl_spec: dict[str, Any] = {"queueName": queueing.queue_name(job) or "", "podSets": pod_sets}
     pc = queueing.priority_class(job)
     if pc is not None and priority is not None:
         wl_spec["priorityClassRef"] = {"group": queueing.PRIORITY_GROUP, "kind": queueing.PRIORITY_KIND, "name": pc}
         wl_spec["priority"] = priority
     return {"apiVersion": queueing.API_VERSION, "kind": "Workload",
-            "metadata": meta.metadata(job, ctx, name=names.workload(job.metadata.name)), "spec": wl_spec}
+            "metadata": meta.metadata(job, ctx, name=name), "spec": wl_spec}
+
+
+def workload(job: rljob.RLJob, ctx: context.RenderContext, *, priority: int | None = None) -> meta.Obj:
+    """The Workload ``<job>`` in the job's namespace (``priority``: the WorkloadPriorityClass's value)."""
+    return _workload(job, ctx, name=names.workload(job.metadata.name),
+                     pod_sets=[pod_set(job, ctx, r) for r in contract.ROLES], priority=priority)
+
+
+def grow_workload(job: rljob.RLJob, ctx: context.RenderContext, ordinal: int, *, priority: int | None = None,
+                  node_labels: dict[str, str] | None = None) -> meta.Obj:
+    """The Workload ``<job>.generator-<ordinal>``: one generator, its nodeSelector joined by ``node_labels`` (the
+    flavors' the job's generators run on), so Kueue can only assign it a flavor those pods fit."""
+    ps = pod_set(job, ctx, "generator")
+    ps.pop("minCount", None)
+    ps["count"] = 1
+    pod = ps["template"]["spec"]
+    selector = {**pod.get("nodeSelector", {}), **(node_labels or {})}
+    if selector:
+        pod["nodeSelector"] = dict(sorted(selector.items()))
+    return _workload(job, ctx, name=names.grow_workload(job.metadata.name, ordinal), pod_sets=[ps],
+                     priority=priority)
