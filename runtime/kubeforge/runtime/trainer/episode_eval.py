@@ -6,6 +6,14 @@ environment; the role loop calls ``run()`` (same ``EvalResult``). ``HFTurns`` is
 HF model: one greedy ``generate`` per turn for a batch of contexts (left-padded), each row cut at its token budget,
 at the EOS token and after a stop string. The environments run in one worker process (``agents.workers``).
 
+Shared prefix: every context of a turn starts with the same system prompt and, for ``Calculator``, its worked
+demonstration (118 of the first turn's 139 tokens on SmolLM2-135M-Instruct), and on a CPU the prefill of that
+prefix in every row dominated a turn. As ``evaluate.Evaluator`` does for prompts, a turn whose contexts share at
+least ``evaluate.MIN_SHARED`` tokens computes the prefix's KV cache once and runs each batch of equal-length rows
+from a copy of it (same turns, the contexts' order kept: tests/runtime/test_episode_eval.py). Measured on 8 held-out
+problems of examples/tool-calculator.yaml, 1 thread, load ~20: the first turn 38.2 s -> 20.5 s; later turns,
+whose contexts differ in length, gain little (docs/benchmarks.md, session 16).
+
 Correct: the episode's environment reward >= 0.5 (``reward: Environment`` or ``Both``), else the evaluation
 verifier's score of the transcript >= 0.5 (``reward: Verifiers``).
 """
