@@ -75,10 +75,10 @@ class HFTurns:
                 cache.batch_repeat_interleave(len(chunk))
                 done = self._generate(batch, torch.ones_like(batch), [limits[i] for i in chunk], stop,
                                       past_key_values=cache)
-                for i, c in zip(chunk, done):
-                    out[i] = c
-        assert all(c is not None for c in out)
-        return [c for c in out if c is not None]
+                for i, turn in zip(chunk, done):
+                    out[i] = turn
+        assert all(t is not None for t in out)
+        return [t for t in out if t is not None]
 
     def _batch(self, contexts: Sequence[Sequence[int]], limits: Sequence[int],
                stop: Sequence[str]) -> list[types.Completion]:
