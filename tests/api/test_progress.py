@@ -61,3 +61,18 @@ def test_every_status_progress_field_flows_from_the_step_record() -> None:
     values = {name: 1 for name in reported}
     report = progress.ProgressReport.of_step(progress.StepRecord(**values), done=False)
     assert report.status(rljob.Progress()).model_dump(exclude={"last_export"}) == values
+
+
+def test_status_progress_carries_the_episode_figures_of_a_job_with_an_environment() -> None:
+    rec = progress.StepRecord(step=3, episode_turns_mean=1.75, tool_calls=22, tool_errors=1)
+    report = progress.ProgressReport.of_step(rec, done=False)
+    doc = json.loads(report.encode())
+    assert (doc["episodeTurnsMean"], doc["toolCalls"]) == (1.75, 22)
+    status = progress.ProgressReport.decode(report.encode())
+    assert status is not None
+    got = status.status(rljob.Progress())
+    assert (got.episode_turns_mean, got.tool_calls) == (1.75, 22)
+    # without an environment there are no episodes: neither field is reported (not "0 tool calls")
+    single = progress.ProgressReport.of_step(progress.StepRecord(step=3), done=False)
+    assert single.tool_calls is None and single.episode_turns_mean is None
+    assert not {"episodeTurnsMean", "toolCalls"} & set(json.loads(single.encode()))

@@ -6,6 +6,7 @@ Not a conftest (others own those): test files import it as a sibling module.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import socket
@@ -93,6 +94,31 @@ def synthetic_groups(*, step: int, prompts: int, group_size: int) -> list[types.
     return groups
 
 
+ENV = (7, 8, 9)   # an environment turn's tokens, between two policy turns (episodes())
+
+
+def episodes(groups: list[types.RolloutGroup], *, env_logprob: float | None,
+             spans: bool = True) -> list[types.RolloutGroup]:
+    """``groups`` as multi-turn episodes: each completion becomes policy turn, environment turn (``ENV``), policy
+    turn ``[4, 5]``. ``env_logprob``: the environment tokens' behaviour logprob (None: random values, seeded: a
+    perturbation); ``spans`` False: no policy spans, every token counts as a policy token."""
+    rng = random.Random(5)
+    out = []
+    for g in groups:
+        comps, all_spans = [], []
+        for c in g.completions:
+            first, second = c.token_ids.tolist(), [4, 5]
+            lps = [rng.uniform(-9, 0) if env_logprob is None else env_logprob for _ in ENV]
+            comps.append(types.Completion(token_ids=first + list(ENV) + second,
+                                          logprobs=c.logprobs.tolist() + lps + [-1.5, -2.0], text=""))
+            k = len(first)
+            all_spans.append(((0, k), (k + len(ENV), k + len(ENV) + len(second))))
+        out.append(dataclasses.replace(g, completions=comps, policy_spans=tuple(all_spans) if spans else None,
+                                       episode_stats=tuple(types.EpisodeStats(turns=2, tool_calls=1)
+                                                           for _ in comps)))
+    return out
+
+
 def algorithm(**kw: object) -> rljob.AlgorithmSpec:
     base: dict[str, object] = {"learningRate": 1e-3, "maxNewTokens": 5}
     base.update(kw)
@@ -152,6 +178,8 @@ def _scale_worker(argv: list[str]) -> None:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--ac", action="store_true")
     ap.add_argument("--lora", action="store_true")
+    ap.add_argument("--episodes", choices=["", "zero", "random", "zero-unmasked", "random-unmasked"], default="",
+                    help="train on episodes(): environment logprobs 0 or random, with or without policy spans")
     a = ap.parse_args(argv)
     out = Path(a.out)
     group = parallel.DataParallel(config=parallel.DistConfig(rank=a.rank, world_size=a.world, master_port=a.port,
@@ -162,8 +190,12 @@ def _scale_worker(argv: list[str]) -> None:
                      group=group, scale=scale, dtype=a.dtype, lora=lora)
 
     def share(s: int) -> list[types.RolloutGroup]:
-        return [g for g in synthetic_groups(step=s, prompts=a.prompts, group_size=4)
+        mine = [g for g in synthetic_groups(step=s, prompts=a.prompts, group_size=4)
                 if g.prompt.index % a.world == a.rank]
+        if not a.episodes:
+            return mine
+        return episodes(mine, env_logprob=0.0 if a.episodes.startswith("zero") else None,
+                        spans=not a.episodes.endswith("unmasked"))
 
     first = 0
     if a.resume:

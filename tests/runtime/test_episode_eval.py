@@ -59,3 +59,30 @@ def test_hf_turns_cut_at_budget_eos_and_stop() -> None:
     assert turns._turn([1, 9, 3], 5, ()).token_ids.tolist() == [1, 9]
     assert turns._turn([1, 2, 3, 4], 5, ("bc",)).token_ids.tolist() == [1, 2, 3]
     assert isinstance(turns._turn([1], 1, ()), types.Completion)
+
+
+def test_hf_turns_with_a_shared_prefix_give_the_padded_turns_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    # contexts of three lengths behind one 12-token prefix (a system prompt and demonstration), interleaved
+    path = models.resolve(rljob.ModelSpec(builtin="tiny"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path))
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    base = evaluate.Evaluator(model=model, tokenizer=tok, prompts=[types.Prompt(index=0, text="x", answer="")],
+                              verifier=registry.build_inner(rljob.VerifierSpec(name="a", type="ExactAnswer")),
+                              max_new_tokens=6, chat_template=False)
+    prefix = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    tails = [[3], [4, 5, 6], [7, 8], [9], [10, 11, 12], [13, 14], [15]]
+    contexts = [prefix + t for t in tails]
+    limits = [6, 3, 6, 2, 6, 6, 4]
+    turns = episode_eval.HFTurns(base)
+    used: list[int] = []
+    real = turns._shared
+    monkeypatch.setattr(turns, "_shared", lambda *a: used.append(a[-1]) or real(*a))
+    monkeypatch.setattr(episode_eval, "BATCH", 2)     # several batches per length
+    got = turns.sample_turns(contexts, max_tokens=limits, seeds=[0] * 7, stop=())
+    assert used == [len(prefix)]
+    monkeypatch.setattr(evaluate, "shared_prefix", lambda contexts: 0)   # the padded path, prefix in every row
+    plain = turns.sample_turns(contexts, max_tokens=limits, seeds=[0] * 7, stop=())
+    assert used == [len(prefix)]
+    assert [c.token_ids.tolist() for c in got] == [c.token_ids.tolist() for c in plain]
+    assert [len(c.token_ids) for c in got] == [min(m, len(c.token_ids)) for c, m in zip(got, limits)]
+    assert len({tuple(c.token_ids.tolist()) for c in got}) > 1   # different turns, so an order mix-up would show

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ import _trainer_util as util
 from kubeforge.runtime import types
 from kubeforge.runtime.trainer import episode_figures, step
 
-ENV = (7, 8, 9)   # the environment turn's tokens, between two policy turns
+ENV = util.ENV   # the environment turn's tokens, between two policy turns
 
 
 @pytest.fixture(scope="module")
@@ -30,21 +29,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def episode_groups(*, env_logprob: float | None, spans: bool = True) -> list[types.RolloutGroup]:
     """Synthetic groups whose completions are episodes: policy turn, environment turn (``ENV``), policy turn.
     ``env_logprob``: the environment tokens' behaviour logprob (None: random values, a perturbation)."""
-    rng = random.Random(5)
-    out = []
-    for g in util.synthetic_groups(step=0, prompts=3, group_size=4):
-        comps, all_spans = [], []
-        for c in g.completions:
-            first, second = c.token_ids.tolist(), [4, 5]
-            lps = [rng.uniform(-9, 0) if env_logprob is None else env_logprob for _ in ENV]
-            comps.append(types.Completion(token_ids=first + list(ENV) + second,
-                                          logprobs=c.logprobs.tolist() + lps + [-1.5, -2.0], text=""))
-            k = len(first)
-            all_spans.append(((0, k), (k + len(ENV), k + len(ENV) + len(second))))
-        out.append(dataclasses.replace(g, completions=comps, policy_spans=tuple(all_spans) if spans else None,
-                                       episode_stats=tuple(types.EpisodeStats(turns=2, tool_calls=1)
-                                                           for _ in comps)))
-    return out
+    return util.episodes(util.synthetic_groups(step=0, prompts=3, group_size=4), env_logprob=env_logprob,
+                         spans=spans)
 
 
 def grads(tiny: Path, groups: list[types.RolloutGroup], *, loss: str = "GRPO",

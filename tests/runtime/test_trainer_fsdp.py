@@ -26,7 +26,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run(tiny: Path, out: Path, *, tag: str, sharding: str, world: int, steps: int, ckpt: Path, micro: int = 0,
         resume: bool = False, ac: bool = False, dtype: str = "float32",
-        lora: bool = False) -> tuple[dict[str, torch.Tensor], list[dict]]:
+        lora: bool = False, episodes: str = "") -> tuple[dict[str, torch.Tensor], list[dict]]:
     """Launch ``world`` real trainer processes; (rank 0's full parameters after the last step, step metrics)."""
     port = util.free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -34,7 +34,7 @@ def run(tiny: Path, out: Path, *, tag: str, sharding: str, world: int, steps: in
     cmd = [sys.executable, str(HERE / "_trainer_util.py"), "scale-worker", "--model", str(tiny), "--out", str(out),
            "--ckpt", str(ckpt), "--sharding", sharding, "--tag", tag, "--dtype", dtype, "--world", str(world),
            "--port", str(port), "--steps", str(steps), "--prompts", str(PROMPTS), "--micro", str(micro)]
-    cmd += ["--resume"] * resume + ["--ac"] * ac + ["--lora"] * lora
+    cmd += ["--resume"] * resume + ["--ac"] * ac + ["--lora"] * lora + ["--episodes", episodes] * bool(episodes)
     procs = [subprocess.Popen([*cmd, "--rank", str(r)], env=env) for r in range(world)]
     codes = [p.wait(timeout=300) for p in procs]
     assert codes == [0] * world
@@ -98,3 +98,23 @@ def test_fsdp_lora_matches_ddp_lora(tiny: Path, tmp_path: Path) -> None:
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
     close(ddp, fsdp, atol=2e-4)                                                  # lr 1e-2 x 2 steps
     assert any(float(v.abs().max()) > 0 for k, v in fsdp.items() if ".lora_B." in k)
+
+
+@pytest.mark.slow
+def test_environment_tokens_give_no_gradient_under_fsdp(tiny: Path, tmp_path: Path) -> None:
+    """Episodes (policy turn, environment turn, policy turn) on 2 FSDP ranks with micro-batches: perturbing the
+    environment tokens' behaviour logprobs leaves the step (loss, gradient norm, every parameter) bit-identical;
+    the same perturbation without the policy spans changes it (the check can fail)."""
+    def one(kind: str) -> tuple[dict[str, torch.Tensor], dict]:
+        p, h = run(tiny, tmp_path, tag=kind, sharding="FSDP", world=2, steps=1, ckpt=tmp_path / f"ckpt-{kind}",
+                   micro=20, episodes=kind)
+        return p, h[0]
+
+    zero, h_zero = one("zero")
+    perturbed, h_perturbed = one("random")
+    assert (h_perturbed["loss"], h_perturbed["grad_norm"]) == (h_zero["loss"], h_zero["grad_norm"])
+    assert all(torch.equal(zero[k], perturbed[k]) for k in zero)
+    _, u_zero = one("zero-unmasked")
+    _, u_perturbed = one("random-unmasked")
+    assert (u_perturbed["loss"], u_perturbed["grad_norm"]) != (u_zero["loss"], u_zero["grad_norm"])
+    assert h_zero["tokens"] < u_zero["tokens"]            # the environment tokens are out of the loss's count

@@ -142,14 +142,17 @@ class ProgressReport(rljob.Progress):
         given, else the record's own (when it served a request)."""
         shared = {name: getattr(record, name) for name in rljob.Progress.model_fields
                   if name in StepRecord.model_fields}
+        if record.episode_turns_mean is None:       # no episodes: no tool calls to report (not "0 calls")
+            shared["tool_calls"] = None
         if last_export is None and record.export_request is not None:
             last_export = rljob.ExportInfo(request=record.export_request, path=record.export, step=record.step)
         return cls(**shared, last_export=last_export, done=done)
 
     def encode(self) -> str:
-        """The annotation's value: compact camelCase JSON; ``evalAccuracy`` and ``lastExport`` only once known."""
+        """The annotation's value: compact camelCase JSON; ``evalAccuracy``, ``lastExport`` and the episode fields
+        only once known."""
         doc = self.model_dump(mode="json", by_alias=True)
-        for key in ("evalAccuracy", "lastExport"):
+        for key in ("evalAccuracy", "lastExport", "episodeTurnsMean", "toolCalls"):
             if doc.get(key) is None:
                 doc.pop(key, None)
         return json.dumps(doc, separators=(",", ":"))

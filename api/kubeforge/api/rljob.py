@@ -1196,6 +1196,10 @@ class Progress(Model):
                                               "token.")
     eval_accuracy: float | None = Field(None, description="Held-out greedy accuracy at the last evaluation "
                                         "(spec.evaluation).")
+    episode_turns_mean: float | None = Field(None, description="Mean policy turns per episode of the last step "
+                                             "(spec.environment; trainer rank 0's share).")
+    tool_calls: int | None = Field(None, description="Tool calls of the last step's episodes (spec.environment; "
+                                   "trainer rank 0's share).")
     last_export: ExportInfo | None = Field(None, description="The last export served on request (set the "
                                            "annotation kubeforge.dev/export-request on the RLJob to a new id to "
                                            "ask for one); it stays once set.")

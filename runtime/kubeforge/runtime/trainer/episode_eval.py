@@ -6,16 +6,26 @@ environment; the role loop calls ``run()`` (same ``EvalResult``). ``HFTurns`` is
 HF model: one greedy ``generate`` per turn for a batch of contexts (left-padded), each row cut at its token budget,
 at the EOS token and after a stop string. The environments run in one worker process (``agents.workers``).
 
+Shared prefix: every context of a turn starts with the same system prompt and, for ``Calculator``, its worked
+demonstration (118 of the first turn's 139 tokens on SmolLM2-135M-Instruct), and on a CPU the prefill of that
+prefix in every row dominated a turn. As ``evaluate.Evaluator`` does for prompts, a turn whose contexts share at
+least ``evaluate.MIN_SHARED`` tokens computes the prefix's KV cache once and runs each batch of equal-length rows
+from a copy of it (same turns, the contexts' order kept: tests/runtime/test_episode_eval.py). Measured on 8 held-out
+problems of examples/tool-calculator.yaml, 1 thread, load ~20: the first turn 38.2 s -> 20.5 s; later turns,
+whose contexts differ in length, gain little (docs/benchmarks.md, session 16).
+
 Correct: the episode's environment reward >= 0.5 (``reward: Environment`` or ``Both``), else the evaluation
 verifier's score of the transcript >= 0.5 (``reward: Verifiers``).
 """
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
@@ -36,10 +46,39 @@ class HFTurns:
 
     def sample_turns(self, contexts: Sequence[Sequence[int]], *, max_tokens: Sequence[int], seeds: Sequence[int],
                      stop: Sequence[str]) -> list[types.Completion]:
+        shared = evaluate.shared_prefix(contexts)
+        if shared:
+            return self._shared(contexts, max_tokens, stop, shared)
         out: list[types.Completion] = []
         for start in range(0, len(contexts), BATCH):
             out += self._batch(contexts[start:start + BATCH], max_tokens[start:start + BATCH], stop)
         return out
+
+    def _shared(self, contexts: Sequence[Sequence[int]], limits: Sequence[int], stop: Sequence[str],
+                shared: int) -> list[types.Completion]:
+        """``sample_turns`` with the contexts' common prefix (system prompt, demonstration) computed once, as
+        ``evaluate.Evaluator`` does for prompts: rows of equal length batched, the contexts' order kept."""
+        ev = self.ev
+        ids = torch.tensor([list(contexts[0][:shared])], dtype=torch.long, device=ev.device)
+        prefix = transformers.DynamicCache(config=getattr(ev.model, "config", None))
+        with ev._inference():
+            ev.model(input_ids=ids, use_cache=True, past_key_values=prefix)
+        by_length: dict[int, list[int]] = {}
+        for i, c in enumerate(contexts):
+            by_length.setdefault(len(c), []).append(i)
+        out: list[types.Completion | None] = [None] * len(contexts)
+        for rows in by_length.values():
+            for start in range(0, len(rows), BATCH):
+                chunk = rows[start:start + BATCH]
+                batch = torch.tensor([list(contexts[i]) for i in chunk], dtype=torch.long)
+                cache = copy.deepcopy(prefix)
+                cache.batch_repeat_interleave(len(chunk))
+                done = self._generate(batch, torch.ones_like(batch), [limits[i] for i in chunk], stop,
+                                      past_key_values=cache)
+                for i, turn in zip(chunk, done):
+                    out[i] = turn
+        assert all(t is not None for t in out)
+        return [t for t in out if t is not None]
 
     def _batch(self, contexts: Sequence[Sequence[int]], limits: Sequence[int],
                stop: Sequence[str]) -> list[types.Completion]:
@@ -50,12 +89,18 @@ class HFTurns:
         for i, c in enumerate(contexts):
             ids[i, width - len(c):] = torch.tensor(list(c), dtype=torch.long)
             mask[i, width - len(c):] = 1
+        return self._generate(ids, mask, limits, stop)
+
+    def _generate(self, ids: torch.Tensor, mask: torch.Tensor, limits: Sequence[int], stop: Sequence[str],
+                  **cache: Any) -> list[types.Completion]:
+        ev = self.ev
+        width = ids.shape[1]
         gen: Any = ev.model
         kw: dict[str, Any] = {"stop_strings": list(stop), "tokenizer": self.tokenizer} if stop else {}
         with ev._inference():
             seq = gen.generate(input_ids=ids.to(ev.device), attention_mask=mask.to(ev.device),
                                max_new_tokens=max(limits), do_sample=False, pad_token_id=ev.pad_id,
-                               eos_token_id=ev.eos_id, stopping_criteria=ev._beats(), **kw)
+                               eos_token_id=ev.eos_id, stopping_criteria=ev._beats(), **kw, **cache)
         return [self._turn(row[width:].tolist(), limit, stop) for row, limit in zip(seq, limits)]
 
     def _turn(self, new: list[int], limit: int, stop: Sequence[str]) -> types.Completion:
