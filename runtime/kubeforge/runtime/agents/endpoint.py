@@ -150,11 +150,14 @@ class Endpoint:
             ep = self._episodes.get(episode_id)
         if ep is None:
             raise Refusal(404, "unknown_episode", f"episode {episode_id!r} is not open (never opened, or closed)")
-        req = endpoint_request.parse(body, model=self.config.model, policy=self.sampler.policy)
         if not ep.lock.acquire(blocking=False):
             raise Refusal(409, "episode_busy", "another call of this episode is running: one call at a time")
         try:
+            req = endpoint_request.parse(body, model=self.config.model, policy=self.sampler.policy)
             return self._complete(ep.recording, req)
+        except Refusal as refusal:     # the episode's owner reads why its calls stopped (a bound, a bad request)
+            ep.recording.refused[refusal.code] += 1
+            raise
         finally:
             ep.lock.release()
 
