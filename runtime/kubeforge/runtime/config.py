@@ -99,7 +99,7 @@ def _job(path: str, problems: list[str], *, role: str) -> rljob.RLJob | None:
 #: The files of a spec each role reads itself (generators and trainers load the model; trainer rank 0 reads the
 #: prompts; verifiers neither), so a pod needs only its own role's volumes (docs/guide.md, "Volumes per role").
 READS: dict[str, frozenset[str]] = {
-    "generator": frozenset({"model", "envs"}),
+    "generator": frozenset({"model"}),
     "trainer": frozenset({"model", "task"}),
     "verifier": frozenset(),
 }
@@ -121,7 +121,7 @@ def local_problems(spec: rljob.RLJobSpec, *, role: str | None = None) -> list[st
         problems.extend(modelfolder.lora_problems(spec.model))
     if "task" in reads and spec.task.jsonl is not None and not pathlib.Path(spec.task.jsonl.path).is_file():
         problems.append(f"spec.task.jsonl.path: Not found: {spec.task.jsonl.path!r} is not a file")
-    if (role is None or "envs" in reads) and spec.environment is not None and \
+    if role in (None, "generator") and spec.environment is not None and \
             spec.environment.type == rljob.EnvironmentType.VERIFIERS.value:
         from kubeforge.runtime.agents import verifiers_env   # the generator runs the library's rollouts with it
 
