@@ -101,8 +101,7 @@ class Endpoint:
         self.requests = 0
         self.answered = 0
         self.branches: collections.Counter[str] = collections.Counter()
-        self._httpd = http.server.ThreadingHTTPServer((self.config.host, self.config.port), _handler(self))
-        self._httpd.daemon_threads = True
+        self._httpd = _Server((self.config.host, self.config.port), _handler(self))
         self.port = int(self._httpd.server_address[1])
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="kf-endpoint", daemon=True)
@@ -227,6 +226,12 @@ class Endpoint:
     def refuse(self, code: str) -> None:
         with self._lock:
             self.refused[code] += 1
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    # a batch's agents connect at once (hundreds of rollouts): socketserver's default listen backlog is 5
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 def _chunks(response: dict[str, Any], *, usage: bool) -> dict[str, Any]:
