@@ -48,7 +48,7 @@ ENVS_STAMP := $(VENV_ENVS)/.kubeforge-envs-installed
 venv-envs: $(ENVS_STAMP)
 $(ENVS_STAMP): images/envs-requirements.txt $(STAMP)
 	test -x $(VENV_ENVS)/bin/python || $(VENV)/bin/uv venv -q --python $(PY) $(VENV_ENVS)
-	$(VENV)/bin/uv pip install -q --python $(VENV_ENVS)/bin/python -r images/envs-requirements.txt
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(VENV_ENVS)/bin/python -r images/envs-requirements.txt
 	touch $(ENVS_STAMP)
 
 # A dry run of the install's resolver for EXTRA (e.g. `make venv-resolve EXTRA=gpu` on a machine without a GPU):

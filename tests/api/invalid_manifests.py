@@ -452,9 +452,9 @@ SEMANTIC_CASES: tuple[Case, ...] = (
     Case(id="environment-turn-timeout-beyond-deadline", change=_all(_set("spec.environment", {"type": "Calculator",
          "turnTimeoutSeconds": 500}), _set("spec.failurePolicy", {"progressDeadlineSeconds": 400})), path="spec.environment.turnTimeoutSeconds",
          message="should be at most spec.failurePolicy.progressDeadlineSeconds"),
-    Case(id="environment-verifiers-not-run-by-roles", change=_set("spec.environment", {"type": "Verifiers",
-         "verifiers": {"environment": "my_vf_env"}}), path="spec.environment.type",
-         message="not run by the roles yet"),
+    Case(id="environment-verifiers-with-evaluation", change=_all(_set("spec.environment", {"type": "Verifiers",
+         "verifiers": {"environment": "my_vf_env"}}), _set("spec.evaluation", {"everySteps": 5})),
+         path="spec.evaluation", message="cannot be used with spec.environment.type 'Verifiers'"),
 )
 
 ALL_CASES: tuple[Case, ...] = CASES + SEMANTIC_CASES

@@ -1035,8 +1035,10 @@ class VerifiersEnvironment(Model):
     OpenAI-compatible endpoint in front of the generators (docs/agents.md)."""
 
     environment: str = Field(min_length=1, max_length=256, pattern=MODULE_PATTERN,
-                             description="The environment's module (its ``load_environment(**args)`` is called).")
-    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of load_environment (JSON).",
+                             description="The taskset's module (verifiers 0.4: a package exporting its vf.Taskset "
+                             "subclass), imported in the environments' interpreter.")
+    args: dict[str, Any] = Field(default_factory=dict, description="The taskset's config fields (JSON), validated by "
+                                 "the library.",
                                  json_schema_extra=_FREE_FORM)
 
 

@@ -40,12 +40,11 @@ def problems(spec: rljob.RLJobSpec) -> Iterator[str]:
         yield (f"spec.environment.turnTimeoutSeconds: Invalid value: {env.turn_timeout_seconds:g}: should be at "
                f"most spec.failurePolicy.progressDeadlineSeconds ({spec.failure_policy.progress_deadline_seconds}): a "
                "generator waiting that long on one step makes no progress and is restarted as hung first")
-    if env.type == rljob.EnvironmentType.VERIFIERS.value:
-        # the library's environments run against the agents endpoint (runtime agents/verifiers_env.py, tested on its
-        # own), but no role starts the endpoint yet: refused here rather than failing the generator at start-up
-        yield ("spec.environment.type: Unsupported value: 'Verifiers': not run by the roles yet (the endpoint and "
-               "the library's runner are tested alone: docs/agents-endpoint.md); use Calculator, GuessNumber, "
-               "CodeFeedback or Python")
+    if env.type == rljob.EnvironmentType.VERIFIERS.value and spec.evaluation is not None:
+        # held-out episodes run the built-in episode runner over the trainer's HF model (trainer/episode_eval.py); a
+        # Verifiers agent samples through the generator's endpoint, which the trainer does not have
+        yield ("spec.evaluation: Forbidden: cannot be used with spec.environment.type 'Verifiers' yet (held-out "
+               "episodes run the built-in episode runner; the library's agents sample through a generator's endpoint)")
     if env.type == rljob.EnvironmentType.CODE_FEEDBACK.value and spec.task.code is None and spec.task.jsonl is None:
         yield ("spec.environment.type: Invalid value: 'CodeFeedback': runs the task's reference answer as tests; "
                "use it with a code or jsonl task")

@@ -101,8 +101,7 @@ class Endpoint:
         self.requests = 0
         self.answered = 0
         self.branches: collections.Counter[str] = collections.Counter()
-        self._httpd = http.server.ThreadingHTTPServer((self.config.host, self.config.port), _handler(self))
-        self._httpd.daemon_threads = True
+        self._httpd = _Server((self.config.host, self.config.port), _handler(self))
         self.port = int(self._httpd.server_address[1])
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="kf-endpoint", daemon=True)
@@ -150,11 +149,14 @@ class Endpoint:
             ep = self._episodes.get(episode_id)
         if ep is None:
             raise Refusal(404, "unknown_episode", f"episode {episode_id!r} is not open (never opened, or closed)")
-        req = endpoint_request.parse(body, model=self.config.model, policy=self.sampler.policy)
         if not ep.lock.acquire(blocking=False):
             raise Refusal(409, "episode_busy", "another call of this episode is running: one call at a time")
         try:
+            req = endpoint_request.parse(body, model=self.config.model, policy=self.sampler.policy)
             return self._complete(ep.recording, req)
+        except Refusal as refusal:     # the episode's owner reads why its calls stopped (a bound, a bad request)
+            ep.recording.refused[refusal.code] += 1
+            raise
         finally:
             ep.lock.release()
 
@@ -224,6 +226,12 @@ class Endpoint:
     def refuse(self, code: str) -> None:
         with self._lock:
             self.refused[code] += 1
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    # a batch's agents connect at once (hundreds of rollouts): socketserver's default listen backlog is 5
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 def _chunks(response: dict[str, Any], *, usage: bool) -> dict[str, Any]:

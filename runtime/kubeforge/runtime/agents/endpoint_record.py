@@ -13,6 +13,7 @@ Invariants (checked by :meth:`Branch.append`):
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Protocol
 
@@ -101,6 +102,7 @@ class Recording:
 
     episode_id: str
     branches: list[Branch] = dataclasses.field(default_factory=list)
+    refused: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)   # by error code
 
     @property
     def calls(self) -> int:

@@ -15,7 +15,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
-from kubeforge.api import contract
+from kubeforge.api import contract, rljob
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, transport, types, weightsync, wire
 from kubeforge.runtime.generator import loop, partial
 
@@ -64,6 +64,10 @@ def episode_sampler(llm: object, cfg: config.RoleConfig, m: metrics.Metrics) -> 
 
     env = cfg.spec.environment
     assert env is not None
+    if env.type == rljob.EnvironmentType.VERIFIERS.value:   # an agent drives the sampling (agents.verifiers_sampler)
+        from kubeforge.runtime.agents import verifiers_sampler
+
+        return verifiers_sampler.from_engine(llm, spec=cfg.spec, on_sampled=lambda stats: observe.episodes(m, stats))
     host = workers.SubprocessHost(env, workers=ENV_WORKERS)
     sampler = runner.EpisodeSampler(engine=EngineTurns(llm, cfg), host=host, spec=env, algorithm=cfg.spec.algorithm,
                                     chat_template=cfg.spec.task.chat_template,
@@ -172,6 +176,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
         else:
             chosen = episode_sampler(llm, cfg, m) if spec.environment is not None else EngineSampler(llm, cfg)
             closers.append(getattr(getattr(chosen, "host", None), "shutdown", lambda: None))
+            closers.append(getattr(chosen, "close", lambda: None))     # the Verifiers endpoint
             loop.run(**common, sampler=chosen, activity=activity)  # type: ignore[arg-type]
             print(activity.line(cfg.index), flush=True)
     finally:
