@@ -41,6 +41,7 @@ from kubeforge.runtime import transport, types, wire
 from kubeforge.runtime.agents import host
 
 MARGIN_S = 5.0        # over turnTimeoutSeconds: how long a server may say nothing (it says BUSY every second)
+CONNECT_GRACE_S = 1.0  # a reset waits this long for the other servers once one is connected
 DOWN_S = 30.0         # a server lost is not given new episodes for this long (unless it connects again)
 REASON_STALE = "stale"
 REASON_UNEXPECTED = "unexpected"
@@ -114,7 +115,7 @@ class RemoteHost:
     # ------------------------------------------------------------ EnvironmentHost
 
     def reset(self, items: Sequence[tuple[int, types.Prompt]]) -> list[host.Reply]:
-        self._await_any_server()
+        self._await_servers()
         out: list[host.Reply | None] = [None] * len(items)
         placed: dict[int, list[int]] = {}
         for k, (i, _) in enumerate(items):
@@ -174,15 +175,21 @@ class RemoteHost:
         s.pump()
         return s.connected and now >= s.down_until
 
-    def _await_any_server(self) -> None:
-        """Wait (bounded by the silence rule) until some server is reachable: at a job's start the verifiers may
-        still be coming up."""
-        until = self.clock() + self.silence_s
-        while not any(self._usable(s, self.clock()) for s in self.servers) and self.clock() < until:
-            if not any(s.connected for s in self.servers):
-                time.sleep(0.05)
-            else:
-                return     # connected but marked down: place nothing there, answer env_lost at once
+    def _await_servers(self) -> None:
+        """Wait until every server not marked down is connected: at a job's start the verifiers may still be coming
+        up. Bounded: ``CONNECT_GRACE_S`` once one is there (the others get new episodes when they connect), the
+        silence rule while none is."""
+        until, some_at = self.clock() + self.silence_s, None
+        while True:
+            now = self.clock()
+            usable = [self._usable(s, now) for s in self.servers]
+            if all(u or now < s.down_until for u, s in zip(usable, self.servers)) or now >= until:
+                return
+            if any(usable):
+                some_at = now if some_at is None else some_at
+                if now - some_at >= CONNECT_GRACE_S:
+                    return
+            time.sleep(0.02)
 
     def _place(self) -> int | None:
         now = self.clock()
