@@ -264,3 +264,17 @@ def test_malformed_env_messages_are_refused(bad: wire.Message, why: str) -> None
     with pytest.raises(wire.WireError) as e:
         wire.encode(bad)
     assert e.value.reason == wire.REASON_MALFORMED and why in str(e.value), e.value
+
+
+def test_the_verifiers_serve_built_in_and_python_environments_only() -> None:
+    from pathlib import Path
+
+    from kubeforge.api import load
+
+    job = load.load_file(Path(__file__).resolve().parents[2] / "examples" / "tiny-multiturn.yaml")
+    assert env_server.serves(job.spec)
+    assert job.spec.roles.verifier.replicas == 2          # the example spreads its environments over two verifiers
+    assert not env_server.serves(job.spec.model_copy(update={"environment": None}))
+    assert job.spec.environment is not None
+    vf = job.spec.environment.model_copy(update={"type": "Verifiers"})
+    assert not env_server.serves(job.spec.model_copy(update={"environment": vf}))   # those run through the endpoint

@@ -108,6 +108,7 @@ class EnvServer:
         self.touched: dict[int, tuple[Key, float]] = {}      # the host's id -> (key, last call)
         self.ids = itertools.count()
         self.stopped = threading.Event()
+        self.done = threading.Event()                        # serve returned: sockets closed, workers gone
         self.pool = threading.Thread(target=self._pool, name="env-server-pool", daemon=True)
 
     # ------------------------------------------------------------ the socket thread
@@ -132,9 +133,13 @@ class EnvServer:
             self.calls.put(None)
             self.pool.join(timeout=30.0)
             self._close_sockets()
+            self.done.set()
 
-    def close(self) -> None:
+    def close(self, *, wait_s: float = 0.0) -> None:
+        """Stop serving; wait up to ``wait_s`` for ``serve`` to return (the worker processes shut down)."""
         self.stopped.set()
+        if wait_s > 0 and self.pool.is_alive():
+            self.done.wait(wait_s)
 
     def _refuse(self, reason: str) -> None:
         self.served.dropped[reason] += 1

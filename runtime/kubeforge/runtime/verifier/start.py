@@ -29,7 +29,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                  should_stop=stop.is_set, beat=server.heartbeat, deadline=startup.role_deadline(cfg))
     finally:
         if envs is not None:
-            envs.close()
+            envs.close(wait_s=SERVER_CLOSE_S)
             print(f"{cfg.name}: {envs.served.line()}", flush=True)
         observer.close()
         scorer.close()
@@ -39,6 +39,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
 
 
 ENV_WORKERS = 2     # environment worker processes per verifier (docs/agents.md, "Where environments run")
+SERVER_CLOSE_S = 15.0   # at exit: how long the environment server may take to end a step in flight and its workers
 
 
 def serve_environments(cfg: config.RoleConfig, m: metrics.Metrics,
