@@ -15,7 +15,6 @@ placement asked for.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import pathlib

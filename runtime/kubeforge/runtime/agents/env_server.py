@@ -33,7 +33,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import zmq
 
@@ -316,7 +315,7 @@ def _out(r: host_mod.Reply, *, stepped: bool) -> wire.EnvReply:
 
 
 def start(address: str, spec: rljob.EnvironmentSpec, *, workers: int, on_drop: Callable[[str], None] | None,
-          on_step: Callable[[float], None] | None, should_stop: Callable[[], bool]) -> tuple[EnvServer, Any]:
+          on_step: Callable[[float], None] | None, should_stop: Callable[[], bool]) -> tuple[EnvServer, threading.Thread]:
     """A server at ``address`` over a ``workers.SubprocessHost`` of ``workers`` processes, serving on a daemon
     thread (returned) until ``should_stop`` or ``close``."""
     from kubeforge.runtime.agents import workers as workers_mod
