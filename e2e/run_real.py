@@ -50,6 +50,24 @@ from kfcluster import harness  # noqa: E402
 from kfcluster import kube, lifecycle  # noqa: E402
 from node import realnode  # noqa: E402
 
+if not (realnode.REPO_ROOT / ".venv").is_dir():
+    # A checkout without its own .venv (a git worktree): the pods run the interpreter's venv, with this checkout's
+    # sources first on PYTHONPATH (the venv's editable install points at another checkout).
+    _parts = realnode.venv_python_parts
+
+    def _worktree_parts(**kw: Any) -> realnode.PodParts:
+        venv = pathlib.Path(sys.prefix)
+        parts = _parts(**{"venv": venv, "repo": venv.parent, **kw})
+        src = realnode.REPO_ROOT
+        path = ":".join(str(src / d) for d in ("api", "operator", "runtime"))
+        return dataclasses.replace(
+            parts, volumes=[*parts.volumes, {"name": "kf-worktree", "hostPath": {"path": str(src), "type": "Directory"}}],
+            volume_mounts=[*parts.volume_mounts, {"name": "kf-worktree", "mountPath": str(src), "readOnly": True}],
+            env=[*parts.env, {"name": "PYTHONPATH", "value": path}])
+
+    realnode.venv_python_parts = _worktree_parts  # type: ignore[assignment]
+
+
 LABEL_JOB = "kubeforge.dev/job"
 LABEL_ROLE = "kubeforge.dev/role"
 LABEL_ATTEMPT = "kubeforge.dev/attempt"
@@ -225,6 +243,7 @@ class Result:
     trainer_logs: list[str] = dataclasses.field(default_factory=list)   # one per trainer-0 container followed
     generator_logs: list[str] = dataclasses.field(default_factory=list)
     rank_logs: dict[str, list[str]] = dataclasses.field(default_factory=dict)   # other trainer pods: pod -> logs
+    verifier_logs: dict[str, list[str]] = dataclasses.field(default_factory=dict)   # verifier pods: pod -> logs
     failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)    # containers that exited non-zero
     pods: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # every pod seen (last object)
     memory: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -249,8 +268,13 @@ class Result:
                 "reward_last_step": rewards[-1] if rewards else None,
                 "reward_gain": round(rewards[-1] - rewards[0], 4) if rewards else None, **self.memory,
                 "failures": [{k: v for k, v in f.items() if k != "log_tail"} for f in self.failures],
-                "export": self.export,
+                "export": self.export, "env_servers": self.env_servers(),
                 "phases": [(round(t, 1), p) for t, p in self.phases]}
+
+    def env_servers(self) -> dict[str, str]:
+        """Each verifier pod's environment-server summary line (multi-turn jobs: where the environments ran)."""
+        return {pod: line.split(": ", 1)[1] for pod, texts in self.verifier_logs.items() for text in texts
+                for line in text.splitlines() if ": environment server: " in line}
 
 
 def _r(x: float | None) -> float | None:
@@ -287,9 +311,10 @@ class Run:
             md = p["metadata"]
             role = md.get("labels", {}).get(LABEL_ROLE)
             first = md["name"] in (f"{self.name}-trainer-0", f"{self.name}-generator-0")
-            if not (first or role == "trainer") or md.get("deletionTimestamp"):
+            if not (first or role in ("trainer", "verifier")) or md.get("deletionTimestamp"):
                 continue
-            key = f"{role}:{md['uid']}" if first else f"rank:{md['name']}:{md['uid']}"
+            key = (f"{role}:{md['uid']}" if first else f"verifier:{md['name']}:{md['uid']}" if role == "verifier"
+                   else f"rank:{md['name']}:{md['uid']}")
             running = any("running" in (cs.get("state") or {}) for cs in p.get("status", {}).get("containerStatuses") or [])
             if key not in self.followers and running:
                 stem = role if first else md["name"].removeprefix(f"{self.name}-")
@@ -424,6 +449,8 @@ class Run:
                 text = f.finish()
                 if key.startswith("rank:"):
                     result.rank_logs.setdefault(key.split(":")[1], []).append(text)
+                elif key.startswith("verifier:"):
+                    result.verifier_logs.setdefault(key.split(":")[1], []).append(text)
                 else:
                     (result.trainer_logs if key.startswith("trainer:") else result.generator_logs).append(text)
             result.pods = list(self.seen.values())

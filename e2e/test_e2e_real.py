@@ -122,3 +122,38 @@ def test_trainer_resumed_from_its_checkpoint_without_lost_or_repeated_steps(resu
     assert lineage == list(range(1, result.steps + 1))
     # the checkpoints outlived the pods on the hostPath volume, the last one at the final step
     assert f"step-{result.steps:09d}" in result.checkpoints, result.checkpoints
+
+
+# ------------------------------------------------------------------ the tiny multi-turn job (opt-in: one more run)
+
+MULTITURN = os.environ.get("KF_E2E_MULTITURN", "") in ("1", "true", "yes")
+MULTITURN_MANIFEST = run_real.ROOT / "examples" / "tiny-multiturn.yaml"
+
+
+@pytest.fixture(scope="module")
+def multiturn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> run_real.Result:
+    """``examples/tiny-multiturn.yaml`` in real pods, no fault: its environments step in the two verifier pods.
+    Opt-in (another 10-20 minutes on 2 busy cores); ``make e2e-real MANIFEST=examples/tiny-multiturn.yaml`` is the
+    same run without pytest."""
+    if not MULTITURN:
+        pytest.skip("opt-in: KF_E2E_MULTITURN=1")
+    cluster = request.getfixturevalue("cluster")
+    res = run_real.run(cluster=cluster, workdir=tmp_path_factory.mktemp("e2e-real-multiturn"), kill_after_step=None,
+                       base=MULTITURN_MANIFEST)
+    print("E2E-REAL-MULTITURN " + json.dumps(res.figures()))
+    return res
+
+
+def test_multiturn_environments_ran_in_the_verifier_pods(multiturn: run_real.Result) -> None:
+    assert multiturn.succeeded, json.dumps(multiturn.status)[:2000]
+    served = multiturn.env_servers()
+    verifiers = sorted(p["metadata"]["name"] for p in _role_pods(multiturn, "verifier"))
+    assert sorted(served) == verifiers and len(verifiers) == 2, served          # both verifier pods served
+    for line in served.values():
+        resets, steps = (int(w) for w in line.split()[2:5:2])               # "environment server: R resets, S steps"
+        assert resets > 0 and steps > 0, line
+    records = [d for t in multiturn.trainer_logs for d in run_real.json_lines(t) if "mean_reward" in d and "step" in d]
+    by_step = {d["step"]: d["mean_reward"] for d in records}
+    first = sum(by_step[s] for s in range(1, 11)) / 10
+    last = sum(by_step[s] for s in range(multiturn.steps - 9, multiturn.steps + 1)) / 10
+    assert last > first + 0.3, (first, last)         # tests/runtime/test_multiturn_learning.py's margin

@@ -44,8 +44,8 @@ def _run(tmp_path: pathlib.Path) -> tuple[run_real.Run, FakeKubectl]:
                         timeout_s=1), k
 
 
-def test_every_trainer_pod_and_generator_0_are_followed(tmp_path: pathlib.Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_trainer_and_verifier_pod_and_generator_0_are_followed(tmp_path: pathlib.Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[tuple[str, pathlib.Path]] = []
 
     class Follower:
@@ -59,9 +59,21 @@ def test_every_trainer_pod_and_generator_0_are_followed(tmp_path: pathlib.Path,
             _pod("job-trainer-2", "trainer", uid="u2", running=False)]
     run.follow_new_containers(pods)
     run.follow_new_containers(pods)                 # nothing twice
-    assert sorted(run.followers) == ["generator:g0", "rank:job-trainer-1:u1", "trainer:u0"]
-    assert [p for p, _ in started] == ["job-trainer-0", "job-trainer-1", "job-generator-0"]
-    assert {path.name for _, path in started} == {"trainer-0-u0.log", "trainer-1-0-u1.log", "generator-0-g0.log"}
+    assert sorted(run.followers) == ["generator:g0", "rank:job-trainer-1:u1", "trainer:u0",
+                                     "verifier:job-verifier-0:v0"]
+    assert [p for p, _ in started] == ["job-trainer-0", "job-trainer-1", "job-generator-0", "job-verifier-0"]
+    assert {path.name for _, path in started} == {"trainer-0-u0.log", "trainer-1-0-u1.log", "generator-0-g0.log",
+                                                  "verifier-0-0-v0.log"}
+
+
+def test_each_verifier_pods_environment_server_line_is_a_figure() -> None:
+    line = ("environment server: 5120 resets, 8470 steps (mean 3.0 ms), 5120 closes, 0 forgotten, 1 callers, "
+            "0 undeliverable answers, dropped frames: none")
+    result = run_real.Result(status={}, steps=40, verifier_logs={
+        "job-verifier-0": [f"verifier-0: metrics on 0.0.0.0:29500\nverifier-0: {line}\n"],
+        "job-verifier-1": ["verifier-1: no environments in this job\n"]})
+    assert result.env_servers() == {"job-verifier-0": line}
+    assert result.figures()["env_servers"] == {"job-verifier-0": line}
 
 
 def test_a_failed_container_is_reported_once_with_its_last_log_lines(tmp_path: pathlib.Path,

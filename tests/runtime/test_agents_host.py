@@ -1,17 +1,21 @@
 """Environment hosts: a step that raises, hangs past the timeout, returns garbage or floods megabytes ends that
 episode only (counted by kind, bounded in time and bytes); the other episodes go on, also in the worker process that
-was killed and restarted for it (their state replayed)."""
+was killed and restarted for it (their state replayed). ``remote``: the same cases through a verifier's environment
+server (``env_server`` over a ``SubprocessHost``, in this process on a thread, CURVE over loopback TCP)."""
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kubeforge.api import rljob
-from kubeforge.runtime import types
-from kubeforge.runtime.agents import host, workers
+from kubeforge.runtime import transport, types
+from kubeforge.runtime.agents import env_server, host, remote_host, workers
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 1.0
@@ -22,19 +26,47 @@ def spec() -> rljob.EnvironmentSpec:
                                                  "turnTimeoutSeconds": TIMEOUT, "maxObservationBytes": 4096})
 
 
-@pytest.fixture(params=["in-process", "subprocess"])
-def env_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> host.EnvironmentHost:
+BOUNDS = host.Bounds(timeout_s=TIMEOUT, max_observation_bytes=4096)
+
+
+class Served:
+    """An environment server on a thread of this process (what a verifier pod runs), over ``pool``."""
+
+    def __init__(self, pool: host.EnvironmentHost, *, keys: transport.CurveKeys | None) -> None:
+        self.server = env_server.EnvServer("tcp://127.0.0.1:*", pool, auth=keys)
+        self.thread = threading.Thread(target=self.server.serve, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.close()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive()
+
+
+def remote(pool: host.EnvironmentHost) -> tuple[remote_host.RemoteHost, Served]:
+    keys = transport.CurveKeys.from_job_key(os.urandom(32))
+    served = Served(pool, keys=keys)
+    return remote_host.RemoteHost([served.server.address], bounds=BOUNDS, auth=keys), served
+
+
+@pytest.fixture(params=["in-process", "subprocess", "remote"])
+def env_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[host.EnvironmentHost]:
     monkeypatch.syspath_prepend(str(HERE / "agents_envs"))
     sys.modules.pop("bad_envs", None)
     import bad_envs
 
     h: host.EnvironmentHost
+    served = None
     if request.param == "in-process":
-        h = host.InProcessHost(bad_envs.make_env, bounds=host.Bounds(timeout_s=TIMEOUT, max_observation_bytes=4096))
-    else:
+        h = host.InProcessHost(bad_envs.make_env, bounds=BOUNDS)
+    elif request.param == "subprocess":
         h = workers.SubprocessHost(spec(), workers=1)    # one worker: every episode shares the one that is killed
+    else:
+        h, served = remote(workers.SubprocessHost(spec(), workers=1))
     yield h
     h.shutdown()
+    if served is not None:
+        served.stop()
 
 
 def prompt(i: int) -> types.Prompt:

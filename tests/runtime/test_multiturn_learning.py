@@ -1,5 +1,6 @@
 """The tiny model learns a two-turn game end to end: ``kubeforge run examples/tiny-multiturn.yaml`` (real vLLM,
-verifier and trainer processes, the environment in worker processes beside the generator). GuessNumber over 1..2:
+verifier and trainer processes; the environments in the two verifiers' environment servers, each over its worker
+processes: the generator's episodes step there over ZeroMQ, docs/agents.md "Where environments run"). GuessNumber over 1..2:
 a right first guess earns 1.0, a right second guess (after "higher"/"lower") 0.5.
 
 Measured on 2 busy vCPUs (docs/agents.md, "Figures"): mean reward of the first 10 steps -> the last 10 went from
@@ -7,6 +8,7 @@ Measured on 2 busy vCPUs (docs/agents.md, "Figures"): mean reward of the first 1
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +41,10 @@ def test_the_tiny_model_learns_a_two_turn_game(tmp_path: Path) -> None:
     last = sum(r.episode_turns_mean or 0 for r in records[-10:]) / 10
     assert last < first, (first, last)
     assert (run_dir / "reward.png").exists() or any(run_dir.glob("*.png"))
+    # the environments stepped in the verifiers (both of them), not beside the generator
+    served = {}
+    for log in sorted((run_dir / "logs").glob("verifier-*.log")):
+        m = re.search(r"environment server: (\d+) resets, (\d+) steps", log.read_text(errors="replace"))
+        assert m is not None, f"{log.name}: no environment server summary"
+        served[log.name] = (int(m.group(1)), int(m.group(2)))
+    assert len(served) == 2 and all(resets > 0 and steps > 0 for resets, steps in served.values()), served

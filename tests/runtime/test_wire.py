@@ -49,6 +49,12 @@ MESSAGES: dict[str, Callable[[], wire.Message]] = {
             index=8, text="ü€😀", answer="€"))))),
     "sync": lambda: wire.Sync(version=9, step=9, host="tiny-trainer-0.tiny-trainer", port=29504, world_size=3,
                               backend="nccl", timeout_s=60),
+    "env_call": lambda: wire.EnvCall(call=4, op="reset", ids=(0, 9),
+                                     prompts=(types.Prompt(index=3, text="guess", answer="2"),) * 2),
+    "env_step": lambda: wire.EnvCall(call=5, op="step", ids=(9,), texts=("ü€😀",)),
+    "env_answer": lambda: wire.EnvAnswer(call=5, replies=(
+        wire.EnvReply(messages=(("user", "higher"),), stepped=True, reward=0.5, tool_calls=1, seconds=0.01),
+        wire.EnvReply(failure="env_timeout", detail="no answer within 10 s", seconds=10.0))),
 }
 
 

@@ -69,6 +69,7 @@ PORT_DATA = 1         # ZeroMQ: this role's input (verifier: rollouts; trainer: 
 PORT_CONTROL = 2      # ZeroMQ: control/ack channel
 PORT_DIST = 3         # torch.distributed store of the trainers' data-parallel group (trainer 0)
 PORT_WEIGHTS = 4      # torch.distributed store of the weight-sync group (trainer 0)
+PORT_ENV = 5          # ZeroMQ: a verifier's environment server (generators' episodes step there: docs/agents.md)
 PORTS_PER_PROCESS = 10
 
 # ---- labels and annotations (operator writes; runtime reads/writes where noted) ----

@@ -85,7 +85,7 @@ class Metrics:
                                    "context, masked out of the loss).")
         self.env_failures = Family(self._raw(prom.Counter, "env_failures_total", "Episodes ended by their "
                                              "environment's failure, by kind: env_error, env_timeout, env_garbage, "
-                                             "env_flood.", ("kind",)), self._base)
+                                             "env_flood, env_lost.", ("kind",)), self._base)
         # data plane
         self.rollouts_sent = c("rollouts_sent_total", "Rollout groups sent (generator: ROLLOUT; verifier: SCORED).")
         self.rollouts_received = c("rollouts_received_total", "Rollout groups received.")

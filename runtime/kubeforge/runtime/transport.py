@@ -100,6 +100,40 @@ def use_curve(keys: CurveKeys | None) -> None:
         _Authenticator.get().allow(keys.public)
 
 
+def process_curve() -> CurveKeys | None:
+    """The keys :func:`use_curve` set for this process (None: plain sockets)."""
+    return _default_auth
+
+
+def curve_server(sock: zmq.Socket[bytes], auth: CurveKeys | None) -> zmq.Socket[bytes] | None:
+    """Make ``sock`` (not yet bound) a CURVE server that admits only holders of ``auth`` (None: leave it plain);
+    returns a monitor socket whose events are its failed handshakes (one per refused peer), None when plain."""
+    if auth is None:
+        return None
+    _Authenticator.get().allow(auth.public)   # a peer without the job key never completes a handshake
+    sock.setsockopt(zmq.CURVE_SERVER, 1)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, auth.secret)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, auth.public)
+    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+    return sock.get_monitor_socket(_HANDSHAKE_FAILED)
+
+
+def curve_client(sock: zmq.Socket[bytes], auth: CurveKeys | None) -> None:
+    """Make ``sock`` (not yet connected) a CURVE client with the job's own key pair (the server admits only that
+    one); None leaves it plain."""
+    if auth is not None:
+        sock.setsockopt(zmq.CURVE_SERVERKEY, auth.public)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, auth.public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, auth.secret)
+
+
+def count_refused(monitor: zmq.Socket[bytes] | None, refuse: Callable[[str], None]) -> None:
+    """Each failed handshake a ``curve_server`` monitor reported since the last look, as one ``unauthenticated``."""
+    while monitor is not None and monitor.poll(0):
+        zmq_monitor.recv_monitor_message(monitor)
+        refuse(REASON_UNAUTHENTICATED)
+
+
 class _Authenticator:
     """The process's ZAP handler: admits a CURVE client only when its public key is the job's."""
 
@@ -311,14 +345,7 @@ class ZmqReceiver(_BoundReceiver):
         self._sock.setsockopt(zmq.RCVHWM, hwm)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)  # an oversize peer is cut off, not buffered
-        self._monitor: zmq.Socket[bytes] | None = None
-        if auth is not None:   # CURVE server: a peer without the job key never completes a handshake
-            _Authenticator.get().allow(auth.public)
-            self._sock.setsockopt(zmq.CURVE_SERVER, 1)
-            self._sock.setsockopt(zmq.CURVE_SECRETKEY, auth.secret)
-            self._sock.setsockopt(zmq.CURVE_PUBLICKEY, auth.public)
-            self._sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
-            self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED)
+        self._monitor = curve_server(self._sock, auth)
         try:
             self._sock.bind(address)
         except zmq.ZMQError as e:
@@ -355,11 +382,7 @@ class ZmqReceiver(_BoundReceiver):
 
     def _audit(self) -> None:
         """Count every failed CURVE handshake (a peer without the job key) as an ``unauthenticated`` drop."""
-        if self._monitor is None:
-            return
-        while self._monitor.poll(0):
-            zmq_monitor.recv_monitor_message(self._monitor)
-            self._inbox.refuse(REASON_UNAUTHENTICATED)
+        count_refused(self._monitor, self._inbox.refuse)
 
     def _drain(self) -> wire.Message | None:
         """Read frames while any are queued (no poll per frame); the first valid message, or None when empty."""
@@ -397,10 +420,7 @@ class _Peer:
                  auth: CurveKeys | None = None) -> None:
         self.address = address
         self.sock = ctx.socket(zmq.PUSH)
-        if auth is not None:   # CURVE client with the job's own key pair (the server admits only that one)
-            self.sock.setsockopt(zmq.CURVE_SERVERKEY, auth.public)
-            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, auth.public)
-            self.sock.setsockopt(zmq.CURVE_SECRETKEY, auth.secret)
+        curve_client(self.sock, auth)
         for opt, val in ((zmq.SNDHWM, hwm), (zmq.LINGER, 0), (zmq.IMMEDIATE, 1),
                          (zmq.RECONNECT_IVL, RECONNECT_IVL_MS), (zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)):
             self.sock.setsockopt(opt, val)

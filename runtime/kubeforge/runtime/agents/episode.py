@@ -15,7 +15,8 @@ import numpy as np
 
 from kubeforge.runtime import types
 
-ENDS = ("stop", "length", "max_turns", "max_tokens", "env_error", "env_timeout", "env_garbage", "env_flood")
+ENDS = ("stop", "length", "max_turns", "max_tokens", "env_error", "env_timeout", "env_garbage", "env_flood",
+        "env_lost")
 
 
 @dataclasses.dataclass(kw_only=True)

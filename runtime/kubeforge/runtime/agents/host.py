@@ -3,9 +3,13 @@
 ```
  runner ──reset/step(batch of episodes)──▶ host ──▶ InProcessHost     (unit tests: calls in this process, a
                                              │                          thread per call so a hang is bounded)
-                                             └────▶ SubprocessHost    (the roles: a pool of worker processes,
-                                                     workers.py         agents/worker.py; msgpack over pipes)
- ◀── one Reply per episode: messages / StepResult, or a failure (env_error | env_timeout | env_garbage | env_flood)
+                                             ├────▶ SubprocessHost    (a pool of worker processes, workers.py,
+                                             │                          agents/worker.py; msgpack over pipes)
+                                             └────▶ RemoteHost        (the roles: the verifiers' environment
+                                                     remote_host.py     servers, env_server.py, each running a
+                                                                        SubprocessHost; ZeroMQ, CURVE)
+ ◀── one Reply per episode: messages / StepResult, or a failure (env_error | env_timeout | env_garbage | env_flood
+     | env_lost)
 ```
 
 A step that raises (``env_error``), overruns ``turnTimeoutSeconds`` (``env_timeout``), answers something that is
@@ -25,7 +29,8 @@ from kubeforge.runtime import types
 from kubeforge.runtime.agents import protocol
 
 ERROR, TIMEOUT, GARBAGE, FLOOD = "env_error", "env_timeout", "env_garbage", "env_flood"
-FAILURES = (ERROR, TIMEOUT, GARBAGE, FLOOD)
+LOST = "env_lost"    # the environment's server went silent or away (``remote_host``): its episodes end, counted
+FAILURES = (ERROR, TIMEOUT, GARBAGE, FLOOD, LOST)
 DETAIL_CHARS = 300
 
 

@@ -14,10 +14,14 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from kubeforge.api import contract, rljob
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, transport, types, weightsync, wire
 from kubeforge.runtime.generator import loop, partial
+
+if TYPE_CHECKING:
+    from kubeforge.runtime.agents import host as agents_host
 
 
 class EngineSampler:
@@ -58,9 +62,9 @@ class EngineTurns:
 
 
 def episode_sampler(llm: object, cfg: config.RoleConfig, m: metrics.Metrics) -> loop.Sampler:
-    """The loop's sampler when ``spec.environment`` is set: episodes, their environments in worker processes
-    (``agents.workers.SubprocessHost``: docs/agents.md, "Where environments run")."""
-    from kubeforge.runtime.agents import runner, workers
+    """The loop's sampler when ``spec.environment`` is set: episodes, their environments in the verifiers'
+    environment servers (``env_host``; docs/agents.md, "Where environments run")."""
+    from kubeforge.runtime.agents import runner
 
     env = cfg.spec.environment
     assert env is not None
@@ -68,7 +72,7 @@ def episode_sampler(llm: object, cfg: config.RoleConfig, m: metrics.Metrics) -> 
         from kubeforge.runtime.agents import verifiers_sampler
 
         return verifiers_sampler.from_engine(llm, spec=cfg.spec, on_sampled=lambda stats: observe.episodes(m, stats))
-    host = workers.SubprocessHost(env, workers=ENV_WORKERS)
+    host = env_host(cfg, m)
     sampler = runner.EpisodeSampler(engine=EngineTurns(llm, cfg), host=host, spec=env, algorithm=cfg.spec.algorithm,
                                     chat_template=cfg.spec.task.chat_template,
                                     seed=EngineSampler(llm, cfg).seed,
@@ -77,7 +81,22 @@ def episode_sampler(llm: object, cfg: config.RoleConfig, m: metrics.Metrics) -> 
     return sampler
 
 
-ENV_WORKERS = 2     # environment worker processes per generator (docs/agents.md)
+ENV_WORKERS = 2     # environment worker processes per generator, when no verifier serves them (docs/agents.md)
+
+
+def env_host(cfg: config.RoleConfig, m: metrics.Metrics) -> agents_host.EnvironmentHost:
+    """The verifiers' environment servers (``agents.remote_host``) whenever the job has verifiers to serve them;
+    else worker processes beside this generator (``agents.workers``)."""
+    from kubeforge.runtime.agents import env_server, host, remote_host, workers
+
+    env = cfg.spec.environment
+    assert env is not None
+    servers = [transport.tcp_address(p.host, p.port(contract.PORT_ENV)) for p in cfg.peers.get("verifier", ())]
+    if not servers or not env_server.serves(cfg.spec):
+        return workers.SubprocessHost(env, workers=ENV_WORKERS)
+    return remote_host.RemoteHost(servers, name=cfg.name, total_s=startup.role_deadline(cfg), on_drop=m.drop_hook(),
+                                  bounds=host.Bounds(timeout_s=env.turn_timeout_seconds,
+                                                     max_observation_bytes=env.max_observation_bytes))
 
 
 class EngineWeights:

@@ -13,6 +13,9 @@ Message kinds and directions:
     BATCH    generator -> verifier,   many ROLLOUT or SCORED groups column-wise in one frame (``codec.pack``,
              verifier -> trainer      ``batch``): what a sender has ready at once; the transport unpacks it
                                       (never delivered as such)
+    ENV_CALL    generator -> verifier's environment server: reset / step / close a batch of episodes
+    ENV_ANSWER  environment server -> generator: one reply per episode of a call, or ``busy`` (still working on it)
+                (request/reply on their own port, ``agents.remote_host`` and ``agents.env_server``)
 
 Neighbours: the role loops build and consume these; ``codec`` turns them into frames and back; ``types`` holds the
 plain data (Prompt, Completion, RolloutGroup) that WORK, ROLLOUT and SCORED carry.
@@ -36,6 +39,8 @@ class Kind(enum.IntEnum):
     SCORED = 18
     SYNC = 19
     BATCH = 20
+    ENV_CALL = 21
+    ENV_ANSWER = 22
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -121,11 +126,54 @@ class Batch:
     messages: tuple[Rollout | Scored, ...]
 
 
-Message = Union[Hello, Ready, Ack, Stop, Work, Rollout, Scored, Sync, Batch]
+ENV_OPS = ("reset", "step", "close")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvCall:
+    """One batched environment call: ``op`` on the episodes ``ids`` (the caller's episode ids); ``prompts`` (reset)
+    or ``texts`` (step: the policy turn) hold one entry per id, the other stays empty; close has neither."""
+
+    call: int
+    op: str
+    ids: tuple[int, ...]
+    prompts: tuple[types.Prompt, ...] = ()
+    texts: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvReply:
+    """One episode's answer (``agents.host.Reply`` on the wire): ``messages`` are the reset's start messages or the
+    step's observation as (role, content) pairs; ``stepped`` marks a step result (with done, reward, tool counts);
+    ``failure`` one of ``agents.host.FAILURES`` (then the rest is empty)."""
+
+    messages: tuple[tuple[str, str], ...] = ()
+    stepped: bool = False
+    done: bool = False
+    reward: float | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+    failure: str = ""
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvAnswer:
+    """The answer to call ``call``: one reply per id, in order; or ``busy`` (no replies): the server is still at it
+    (sent every second while a call waits or runs, so a silent server reads as lost, a busy one does not)."""
+
+    call: int
+    busy: bool = False
+    replies: tuple[EnvReply, ...] = ()
+
+
+Message = Union[Hello, Ready, Ack, Stop, Work, Rollout, Scored, Sync, Batch, EnvCall, EnvAnswer]
 
 KIND_OF: dict[type, Kind] = {
     Hello: Kind.HELLO, Ready: Kind.READY, Ack: Kind.ACK, Stop: Kind.STOP,
     Work: Kind.WORK, Rollout: Kind.ROLLOUT, Scored: Kind.SCORED, Sync: Kind.SYNC, Batch: Kind.BATCH,
+    EnvCall: Kind.ENV_CALL, EnvAnswer: Kind.ENV_ANSWER,
 }
 
 

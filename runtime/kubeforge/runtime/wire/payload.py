@@ -9,6 +9,7 @@ length is bounded; unknown or missing keys are errors naming the field path (``W
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,10 @@ ENCODERS: dict[messages.Kind, Callable[[Any], dict[str, Any]]] = {
     messages.Kind.WORK: lambda m: {"step": m.step, "policy_version": m.policy_version,
                           "prompts": [_prompt_out(p) for p in m.prompts]},
     messages.Kind.SYNC: _fields_out,
+    messages.Kind.ENV_CALL: lambda m: {"call": m.call, "op": m.op, "ids": list(m.ids),
+                                       "prompts": [_prompt_out(p) for p in m.prompts], "texts": list(m.texts)},
+    messages.Kind.ENV_ANSWER: lambda m: {"call": m.call, "busy": m.busy, "replies": [
+        {**_fields_out(r), "messages": [list(x) for x in r.messages]} for r in m.replies]},
 }
 
 
@@ -82,6 +87,15 @@ class Reader:
             raise self.fail(key, f"expected a string, got {type(v).__name__}")
         if len(v) > max_len:
             raise self.fail(key, f"{len(v)} characters exceed {max_len}")
+        return v
+
+    def real(self, key: str, *, optional: bool = False) -> float | None:
+        """A finite float (None allowed when ``optional``); an int is not a float."""
+        v = self._get(key)
+        if v is None and optional:
+            return None
+        if type(v) is not float or not math.isfinite(v):
+            raise self.fail(key, f"expected a finite float, got {type(v).__name__}")
         return v
 
     def sub(self, key: str) -> Reader:
@@ -151,6 +165,62 @@ def _sync_in(r: Reader) -> messages.Sync:
     return m
 
 
+MAX_ENV_MESSAGES = 256      # chat messages in one environment reply (a reset's start or a step's observation)
+MAX_TOOL_COUNT = 1000       # agents.protocol's bound on a step's tool calls and errors
+
+
+def _env_call_in(r: Reader) -> messages.EnvCall:
+    op = r.text("op", 16)
+    if op not in messages.ENV_OPS:
+        raise r.fail("op", f"{op!r} is not one of {', '.join(messages.ENV_OPS)}")
+    ids = tuple(_id_at(r, i, v) for i, v in enumerate(r.items("ids", frame.MAX_PROMPTS)))
+    raw = r.items("prompts", frame.MAX_PROMPTS)
+    prompts = tuple(_prompt_in(r.child(p, f"{r.path}.prompts[{i}]")) for i, p in enumerate(raw))
+    texts = tuple(r.child({"t": t}, f"{r.path}.texts[{i}]").text("t") for i, t in enumerate(r.items(
+        "texts", frame.MAX_PROMPTS)))
+    want = {"reset": (len(ids), 0), "step": (0, len(ids)), "close": (0, 0)}[op]
+    if (len(prompts), len(texts)) != want:
+        raise r.fail("ids", f"{op}: {len(ids)} ids with {len(prompts)} prompts and {len(texts)} texts")
+    m = messages.EnvCall(call=r.integer("call"), op=op, ids=ids, prompts=prompts, texts=texts)
+    r.done()
+    return m
+
+
+def _id_at(r: Reader, i: int, v: object) -> int:
+    if type(v) is not int or not 0 <= v <= frame.MAX_INT:
+        raise r.fail(f"ids[{i}]", "expected a non-negative integer")
+    return v
+
+
+def _env_reply_in(r: Reader) -> messages.EnvReply:
+    msgs = []
+    for i, m in enumerate(r.items("messages", MAX_ENV_MESSAGES)):
+        if type(m) is not list or len(m) != 2:
+            raise r.fail(f"messages[{i}]", "expected [role, content]")
+        pair = r.child({"role": m[0], "content": m[1]}, f"{r.path}.messages[{i}]")
+        msgs.append((pair.text("role", frame.MAX_NAME_CHARS), pair.text("content")))
+    seconds = r.real("seconds")
+    assert seconds is not None
+    if seconds < 0:
+        raise r.fail("seconds", "negative")
+    m = messages.EnvReply(messages=tuple(msgs), stepped=r.flag("stepped"), done=r.flag("done"),
+                          reward=r.real("reward", optional=True), tool_calls=r.integer("tool_calls", 0, MAX_TOOL_COUNT),
+                          tool_errors=r.integer("tool_errors", 0, MAX_TOOL_COUNT),
+                          failure=r.text("failure", frame.MAX_NAME_CHARS), detail=r.text("detail"), seconds=seconds)
+    r.done()
+    return m
+
+
+def _env_answer_in(r: Reader) -> messages.EnvAnswer:
+    raw = r.items("replies", frame.MAX_PROMPTS)
+    replies = tuple(_env_reply_in(r.child(x, f"{r.path}.replies[{i}]")) for i, x in enumerate(raw))
+    m = messages.EnvAnswer(call=r.integer("call"), busy=r.flag("busy"), replies=replies)
+    if m.busy and m.replies:
+        raise r.fail("busy", "a busy answer carries no replies")
+    r.done()
+    return m
+
+
 DECODERS: dict[messages.Kind, Callable[[Reader], messages.Message]] = {
     messages.Kind.HELLO: _hello_in,
     messages.Kind.READY: _ready_in,
@@ -158,4 +228,6 @@ DECODERS: dict[messages.Kind, Callable[[Reader], messages.Message]] = {
     messages.Kind.STOP: _stop_in,
     messages.Kind.WORK: _work_in,
     messages.Kind.SYNC: _sync_in,
+    messages.Kind.ENV_CALL: _env_call_in,
+    messages.Kind.ENV_ANSWER: _env_answer_in,
 }
