@@ -35,6 +35,7 @@ from kfcluster import config as cfg  # noqa: E402
 from kfcluster import lifecycle  # noqa: E402
 from node import realnode  # noqa: E402
 
+
 def placement_manifest(*, same_node: bool, steps: int) -> dict[str, Any]:
     """examples/tiny.yaml with the trainer kept apart from (or beside) the generator and the verifier beside the
     generator, ``steps`` steps."""

@@ -50,24 +50,6 @@ from kfcluster import harness  # noqa: E402
 from kfcluster import kube, lifecycle  # noqa: E402
 from node import realnode  # noqa: E402
 
-if not (realnode.REPO_ROOT / ".venv").is_dir():
-    # A checkout without its own .venv (a git worktree): the pods run the interpreter's venv, with this checkout's
-    # sources first on PYTHONPATH (the venv's editable install points at another checkout).
-    _parts = realnode.venv_python_parts
-
-    def _worktree_parts(**kw: Any) -> realnode.PodParts:
-        venv = pathlib.Path(sys.prefix)
-        parts = _parts(**{"venv": venv, "repo": venv.parent, **kw})
-        src = realnode.REPO_ROOT
-        path = ":".join(str(src / d) for d in ("api", "operator", "runtime"))
-        return dataclasses.replace(
-            parts, volumes=[*parts.volumes, {"name": "kf-worktree", "hostPath": {"path": str(src), "type": "Directory"}}],
-            volume_mounts=[*parts.volume_mounts, {"name": "kf-worktree", "mountPath": str(src), "readOnly": True}],
-            env=[*parts.env, {"name": "PYTHONPATH", "value": path}])
-
-    realnode.venv_python_parts = _worktree_parts  # type: ignore[assignment]
-
-
 LABEL_JOB = "kubeforge.dev/job"
 LABEL_ROLE = "kubeforge.dev/role"
 LABEL_ATTEMPT = "kubeforge.dev/attempt"
