@@ -111,9 +111,11 @@ build-cluster:
 
 # Prints `export KUBECONFIG=<path>` last. REAL_NODE=1 (or KUBEFORGE_REAL_NODE=1) adds the real node; REAL_NODES=2
 # two real nodes (kf-real-0 and kf-real-1 in its own network namespace); KUEUE=1 (or KUBEFORGE_KUEUE=1) starts
-# Kueue's manager beside the control plane (built on first use: e2e/build/build.sh kueue).
+# Kueue's manager beside the control plane (built on first use: e2e/build/build.sh kueue). SCHEDULER=default runs
+# the stock kube-scheduler (no Coscheduling, no PodGroup CRD; built on first use: build.sh kube-scheduler-stock).
 cluster-up: $(REAL_NODE_DEPS)
 	@KUBEFORGE_REAL_NODE=$(REAL_NODE_FLAG) $(if $(REAL_NODES),KF_REAL_NODES=$(REAL_NODES)) \
+	  $(if $(SCHEDULER),KF_SCHEDULER=$(SCHEDULER)) \
 	  KUBEFORGE_KUEUE=$(if $(KUEUE),$(KUEUE),$(KUBEFORGE_KUEUE)) PYTHONPATH=e2e $(PY) -m kfcluster up
 
 cluster-down:
