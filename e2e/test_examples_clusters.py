@@ -113,12 +113,22 @@ def expected_backend(doc: dict[str, Any], cluster: lifecycle.Cluster) -> str:
     return "Coscheduling" if cluster.scheduler == kfconfig.SCHEDULER_COSCHEDULING else "None"
 
 
-def running_whole(k: harness.K, ns: str, name: str) -> Any:
+def wait_running_whole(k: harness.K, ns: str, name: str) -> dict[str, Any]:
+    """The job's status once it is Running with every pod ready; on timeout the error shows the last status and
+    the job's pods (phase, node), which say where it stopped."""
+    seen: dict[str, Any] = {}
+
     def probe() -> Any:
-        st = k.get("rljob", name, "-n", ns).get("status", {})
-        ready, _, total = str(st.get("ready", "")).partition("/")
-        return st if st.get("phase") == "Running" and ready == total and total not in ("", "0") else None
-    return probe
+        seen["status"] = st = k.get("rljob", name, "-n", ns).get("status", {})
+        roles = st.get("roles") or {}
+        whole = roles and all(r.get("ready") == r.get("replicas") and r.get("replicas", 0) > 0 for r in roles.values())
+        return st if st.get("phase") == "Running" and whole else None
+    try:
+        return dict(wait(f"{name} Running with every pod ready", probe, timeout_s=WAIT_S))
+    except TimeoutError as exc:
+        pods = [(p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("nodeName"))
+                for p in k.items("pods", ns, f"{LABEL_JOB}={name}")]
+        raise TimeoutError(f"{exc}\nstatus: {json.dumps(seen.get('status'))}\npods: {pods}") from None
 
 
 @pytest.fixture(scope="module")
@@ -166,9 +176,9 @@ def test_example_runs_on_the_cluster(env: tuple[lifecycle.Cluster, harness.K], n
     provide_claims(k, ns, claims_of(doc))
     applied = k.run("apply", "-f", "-", stdin=json.dumps(doc), check=False)
     assert applied.returncode == 0, f"{path.name} refused on {cluster.scheduler}: {applied.stderr.strip()}"
-    st = wait(f"{name} Running with every pod ready", running_whole(k, ns, name), timeout_s=WAIT_S)
+    st = wait_running_whole(k, ns, name)
     pods = k.items("pods", ns, f"{LABEL_JOB}={name}")
-    assert pods and len(pods) == int(st["ready"].split("/")[1])
+    assert len(pods) == sum(r["replicas"] for r in st["roles"].values())
     for p in pods:
         assert p["spec"].get("nodeName", "").startswith("kwok-"), f"{p['metadata']['name']} not on a kwok node"
         assert p["status"]["phase"] == "Running"
