@@ -200,10 +200,11 @@ def apply_failed(job: rljob.RLJob, message: str, *, generation: int | None, now:
 
 
 _PHASE_EVENT = {
-    Phase.PENDING.value: ("Normal", "Pending"), Phase.STARTING.value: ("Normal", "Starting"),
-    Phase.RUNNING.value: ("Normal", "Running"), Phase.RESTARTING.value: ("Warning", "Restarting"),
-    Phase.SUSPENDED.value: ("Normal", "Suspended"), Phase.SUCCEEDED.value: ("Normal", "Succeeded"),
-    Phase.FAILED.value: ("Warning", "Failed"),
+    Phase.PENDING.value: ("Normal", reasons.PHASE_PENDING), Phase.STARTING.value: ("Normal", reasons.PHASE_STARTING),
+    Phase.RUNNING.value: ("Normal", reasons.PHASE_RUNNING),
+    Phase.RESTARTING.value: ("Warning", reasons.PHASE_RESTARTING),
+    Phase.SUSPENDED.value: ("Normal", reasons.PHASE_SUSPENDED),
+    Phase.SUCCEEDED.value: ("Normal", reasons.PHASE_SUCCEEDED), Phase.FAILED.value: ("Warning", reasons.PHASE_FAILED),
 }
 
 

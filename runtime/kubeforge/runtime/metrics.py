@@ -90,7 +90,8 @@ class Metrics:
         self.rollouts_sent = c("rollouts_sent_total", "Rollout groups sent (generator: ROLLOUT; verifier: SCORED).")
         self.rollouts_received = c("rollouts_received_total", "Rollout groups received.")
         self.rollouts_dropped = Family(self._raw(prom.Counter, "rollouts_dropped_total", "Groups or frames dropped, "
-                                                 "by reason: stale (policy lag), malformed, foreign, version.",
+                                                 "by reason: stale (policy lag), malformed, foreign, version, "
+                                                 "unauthenticated.",
                                                  ("reason",)), self._base)
         # verifier
         self.verifier_score = Family(self._raw(prom.Histogram, "verifier_score", "Score of each completion by each "
