@@ -143,11 +143,14 @@ e2e-kind: venv
 e2e-elastic: venv host-deps
 	KUBEFORGE_REAL_NODE=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} $(VENV)/bin/python e2e/run_elastic.py
 
-# MANIFEST=examples/tiny-fsdp.yaml runs that RLJob instead (run_real.py --manifest, no trainer kill), same last line.
+# MANIFEST=examples/tiny-fsdp.yaml runs that RLJob instead (run_real.py --manifest, no trainer kill), same last line;
+# RUNTIME_IMAGE=kubeforge.local/runtime:0.1.0-cpu runs its roles from that image (`make images` imports it into the
+# real node) instead of the host's venv, e.g. MANIFEST=examples/tiny-verifiers.yaml (the image's verifiers library).
 e2e-real: venv host-deps
 	@if [ -n "$(MANIFEST)" ]; then \
 	  KUBEFORGE_REAL_NODE=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} $(VENV)/bin/python e2e/run_real.py \
-	    --manifest "$(MANIFEST)" --kill-after-step -1; exit $$?; fi; \
+	    --manifest "$(MANIFEST)" --kill-after-step -1 $(if $(RUNTIME_IMAGE),--runtime-image "$(RUNTIME_IMAGE)"); \
+	  exit $$?; fi; \
 	out=$$(mktemp -d)/status.json; \
 	KUBEFORGE_REAL_NODE=1 KF_E2E_REAL_OUT=$$out $(PYTEST) -p no:cacheprovider -m realnode e2e/test_e2e_real.py; rc=$$?; \
 	cat $${out%.json}.figures.json 2>/dev/null; cat $$out 2>/dev/null || echo '{}'; rm -rf $$(dirname $$out); exit $$rc
