@@ -19,7 +19,7 @@ import time
 
 from kubeforge.api import rljob
 from kubeforge.runtime import transport, types
-from kubeforge.runtime.agents import env_server, host, remote_host, workers
+from kubeforge.runtime.agents.hosts import env_server, host, remote_host, workers
 
 
 def timed_steps(h: host.EnvironmentHost, *, episodes: int, rounds: int) -> list[float]:

@@ -15,7 +15,7 @@ import pytest
 
 from kubeforge.api import rljob
 from kubeforge.runtime import transport, types
-from kubeforge.runtime.agents import env_server, host, remote_host, workers
+from kubeforge.runtime.agents.hosts import env_server, host, remote_host, workers
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 1.0

@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from kubeforge.runtime import transport, types, wire
-from kubeforge.runtime.agents import env_server, host, remote_host
+from kubeforge.runtime.agents.hosts import env_server, host, remote_host
 from kubeforge.runtime.agents.protocol import StepResult
 
 TIMEOUT = 1.0

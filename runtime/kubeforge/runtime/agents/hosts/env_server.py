@@ -38,7 +38,7 @@ import zmq
 
 from kubeforge.api import rljob
 from kubeforge.runtime import transport, wire
-from kubeforge.runtime.agents import host as host_mod
+from kubeforge.runtime.agents.hosts import host as host_mod
 from kubeforge.runtime.agents.envs import registry
 
 BUSY_EVERY_S = 1.0
@@ -318,7 +318,7 @@ def start(address: str, spec: rljob.EnvironmentSpec, *, workers: int, on_drop: C
           on_step: Callable[[float], None] | None, should_stop: Callable[[], bool]) -> tuple[EnvServer, threading.Thread]:
     """A server at ``address`` over a ``workers.SubprocessHost`` of ``workers`` processes, serving on a daemon
     thread (returned) until ``should_stop`` or ``close``."""
-    from kubeforge.runtime.agents import workers as workers_mod
+    from kubeforge.runtime.agents.hosts import workers as workers_mod
 
     pool = workers_mod.SubprocessHost(spec, workers=workers)
     try:

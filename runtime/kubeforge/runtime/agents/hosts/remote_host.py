@@ -38,7 +38,7 @@ import zmq
 from zmq.utils import monitor as zmq_monitor
 
 from kubeforge.runtime import transport, types, wire
-from kubeforge.runtime.agents import host
+from kubeforge.runtime.agents.hosts import host
 
 MARGIN_S = 5.0        # over turnTimeoutSeconds: how long a server may say nothing (it says BUSY every second)
 CONNECT_GRACE_S = 1.0  # a reset waits this long for the other servers once one is connected
