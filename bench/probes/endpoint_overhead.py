@@ -66,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     tok = tiny.tokenizer()
     ep = endpoint.server.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok),
-                           config=endpoint.server.EndpointConfig(max_calls_per_episode=args.turns))
+                                  config=endpoint.server.EndpointConfig(max_calls_per_episode=args.turns))
     bare = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bare)
     threading.Thread(target=bare.serve_forever, daemon=True).start()
     ours: list[list[float]] = []

@@ -73,7 +73,7 @@ def tok() -> Any:
 def served(tok: Any) -> Any:
     sampler = ScriptedSampler(tok)
     ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tok),
-                           config=endpoint.server.EndpointConfig(request_timeout=5, max_tokens_per_call=16))
+                                  config=endpoint.server.EndpointConfig(request_timeout=5, max_tokens_per_call=16))
     yield ep, sampler
     ep.close()
 
@@ -245,7 +245,7 @@ def test_models_route(served: Any) -> None:
 def test_limits_per_episode(tok: Any) -> None:
     sampler = ScriptedSampler(tok)
     ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tok),
-                           config=endpoint.server.EndpointConfig(max_calls_per_episode=2, max_episode_tokens=40))
+                                  config=endpoint.server.EndpointConfig(max_calls_per_episode=2, max_episode_tokens=40))
     try:
         c = client(ep, ep.open_episode())
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
@@ -269,7 +269,7 @@ def test_limits_per_episode(tok: Any) -> None:
 def test_busy_episode_timeout_and_sampler_error(tok: Any) -> None:
     sampler = ScriptedSampler(tok)
     ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tok),
-                           config=endpoint.server.EndpointConfig(request_timeout=1.0))
+                                  config=endpoint.server.EndpointConfig(request_timeout=1.0))
     try:
         eid = ep.open_episode()
         sampler.gate = threading.Event()
@@ -298,7 +298,7 @@ def test_authentication_beyond_loopback(tok: Any) -> None:
         endpoint.server.EndpointConfig(host="0.0.0.0")
     key = bytes(range(32))
     ep = endpoint.server.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok),
-                           config=endpoint.server.EndpointConfig(host="127.0.0.1", key=key))
+                                  config=endpoint.server.EndpointConfig(host="127.0.0.1", key=key))
     try:
         eid = ep.open_episode()
         msgs = [{"role": "user", "content": "q"}]

@@ -27,7 +27,7 @@ needs_envs = pytest.mark.skipif(not PYTHON.exists(), reason=f"no environments in
 
 def _env(**kw: Any) -> primeintellect.adapter.VerifiersEnvironment:
     return primeintellect.adapter.VerifiersEnvironment(environment=kw.pop("environment", "vf_guess"), python=PYTHON,
-                                              paths=(ENVS,), **kw)
+                                                       paths=(ENVS,), **kw)
 
 
 @pytest.mark.vllm
@@ -35,7 +35,7 @@ def _env(**kw: Any) -> primeintellect.adapter.VerifiersEnvironment:
 def test_verifiers_environment_runs_unchanged_through_the_endpoint(tiny_engine: Any) -> None:
     sampler = endpoint.sampler.VllmSampler(tiny_engine, policy=endpoint.sampler.Policy(), audit=True)
     ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tiny_engine.tokenizer),
-                           config=endpoint.server.EndpointConfig(max_tokens_per_call=8))
+                                  config=endpoint.server.EndpointConfig(max_tokens_per_call=8))
     try:
         outcomes = _env(timeout=240, args={"tasks": 2}).run_group(ep, [0, 1, 2, 3])
     finally:
@@ -75,7 +75,7 @@ def test_runner_failures_fail_the_group_only(tmp_path: pathlib.Path) -> None:
         (tmp_path / "vf_slow").mkdir()
         (tmp_path / "vf_slow" / "__init__.py").write_text("import time\ntime.sleep(60)\n")
         slow = primeintellect.adapter.VerifiersEnvironment(environment="vf_slow", python=PYTHON, paths=(str(tmp_path),),
-                                                  timeout=8).run_group(ep, [0, 1])
+                                                           timeout=8).run_group(ep, [0, 1])
         assert [(o.ok, o.finish_reason) for o in slow] == [(False, "env_timeout")] * 2
         assert ep.stats()["episodes_open"] == 0
     finally:

@@ -39,7 +39,7 @@ def agent(base_url: str) -> list[Any]:
 def test_openai_agent_episode_records_what_vllm_sampled(tiny_engine: Any) -> None:
     sampler = endpoint.sampler.VllmSampler(tiny_engine, policy=endpoint.sampler.Policy(), audit=True)
     ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tiny_engine.tokenizer),
-                           config=endpoint.server.EndpointConfig(max_tokens_per_call=MAX_TOKENS))
+                                  config=endpoint.server.EndpointConfig(max_tokens_per_call=MAX_TOKENS))
     try:
         eid = ep.open_episode()
         replies = agent(ep.base_url(eid))

@@ -100,9 +100,9 @@ def _sampler(agents: Sequence[Agent], spec: rljob.RLJobSpec) -> tuple[primeintel
     scripted = ScriptedSampler(tok)
     bounds = primeintellect.sampler.Bounds.of(spec.environment, spec.algorithm)
     ep = endpoint.server.Endpoint(sampler=scripted, chat=endpoint.chat.ChatTemplate(tok),
-                           config=bounds.endpoint_config(turn_seconds=spec.environment.turn_timeout_seconds))
+                                  config=bounds.endpoint_config(turn_seconds=spec.environment.turn_timeout_seconds))
     return primeintellect.sampler.VerifiersSampler(endpoint=ep, environment=ScriptedRunner(agents), group_size=4,
-                                              fallback_prompt=lambda p: (5, 6), close=ep.close), scripted
+                                                   fallback_prompt=lambda p: (5, 6), close=ep.close), scripted
 
 
 def test_recordings_become_the_built_in_runners_groups() -> None:
@@ -226,8 +226,8 @@ def test_one_runner_process_serves_many_batches_and_a_bad_rollout_costs_its_epis
     tok = _tok()
     ep = endpoint.server.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok))
     env = primeintellect.adapter.VerifiersEnvironment(environment="vf_flaky", python=PYTHON,
-                                             paths=(str(pathlib.Path(__file__).with_name("vf_envs")),),
-                                             rollout_timeout=30, timeout=300)
+                                                      paths=(str(pathlib.Path(__file__).with_name("vf_envs")),),
+                                                      rollout_timeout=30, timeout=300)
     runner = primeintellect.adapter.RunnerProcess(env)
     try:
         first = runner.run_group(ep, [0, 1, 2, 0])

@@ -1,8 +1,8 @@
 """``spec.environment.type: Verifiers`` in an RLJob: ``examples/tiny-verifiers.yaml`` (``examples/envs/vf_guess_number``,
 written against the ``verifiers`` library alone) trains through the generator's endpoint on real vLLM.
 
-- In process: the generator's sampler (``primeintellect.sampler.from_engine``, as ``generator.start`` builds it) over the
-  shared tiny engine, with vLLM's own outputs audited: every policy span of every group holds exactly ids vLLM
+- In process: the generator's sampler (``primeintellect.sampler.from_engine``, as ``generator.start`` builds it) over
+  the shared tiny engine, with vLLM's own outputs audited: every policy span of every group holds exactly ids vLLM
   sampled for that episode's call (and their logprobs), the environment tokens between them are masked (logprob
   0.0, outside the spans), each group's prompt ids are the prompt vLLM was given first, and the environment reward
   is the library's rule recomputed from the recorded replies.

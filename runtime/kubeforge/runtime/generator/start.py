@@ -88,6 +88,7 @@ ENV_WORKERS = 2     # environment worker processes per generator, when no verifi
 def env_host(cfg: config.RoleConfig, m: metrics.Metrics) -> agents_host.EnvironmentHost:
     """The verifiers' environment servers (``agents.hosts.remote_host``) whenever the job has verifiers to serve them;
     else worker processes beside this generator (``agents.hosts.workers``)."""
+    from kubeforge.runtime import rpc
     from kubeforge.runtime.agents.hosts import env_server, host, remote_host, workers
 
     env = cfg.spec.environment
@@ -95,7 +96,8 @@ def env_host(cfg: config.RoleConfig, m: metrics.Metrics) -> agents_host.Environm
     servers = [transport.tcp_address(p.host, p.port(contract.PORT_ENV)) for p in cfg.peers.get("verifier", ())]
     if not servers or not env_server.serves(cfg.spec):
         return workers.SubprocessHost(env, workers=ENV_WORKERS)
-    return remote_host.RemoteHost(servers, name=cfg.name, total_s=startup.role_deadline(cfg), on_drop=m.drop_hook(),
+    return remote_host.RemoteHost(rpc.connect(servers, name=cfg.name), total_s=startup.role_deadline(cfg),
+                                  on_drop=m.drop_hook(),
                                   bounds=host.Bounds(timeout_s=env.turn_timeout_seconds,
                                                      max_observation_bytes=env.max_observation_bytes))
 

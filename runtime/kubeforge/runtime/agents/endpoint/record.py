@@ -69,7 +69,7 @@ class Branch:
             raise ValueError(f"{len(call.sampled_ids)} sampled ids with {len(call.logprobs)} logprobs")
         self.calls.append(call)
         self.last = chat.Turn(messages=messages, prompt_ids=call.prompt_ids,
-                                       sampled_ids=call.sampled_ids, content=call.content)
+                              sampled_ids=call.sampled_ids, content=call.content)
 
     def token_ids(self) -> tuple[int, ...]:
         """Every token after the first prompt, as the trainer will see it."""

@@ -168,12 +168,12 @@ class Endpoint:
         plan = chat.plan(self.chat, req.messages, rec.previous(), tools=req.tools)
         max_tokens = self._max_tokens(rec, plan, req)
         sample = self._sample(sampler.SampleRequest(prompt_ids=plan.prompt_ids, max_tokens=max_tokens,
-                                                             stop=req.stop, seed=req.seed))
+                                                    stop=req.stop, seed=req.seed))
         content = _cut_at_stop(self.chat.decode(sample.token_ids, skip_special=True), req.stop, sample)
         call = record.Call(prompt_ids=plan.prompt_ids, delta_ids=plan.delta_ids,
-                                    delta_text=plan.delta_text, sampled_ids=sample.token_ids,
-                                    logprobs=sample.logprobs, content=content, finish_reason=sample.finish_reason,
-                                    reason=plan.reason)
+                           delta_text=plan.delta_text, sampled_ids=sample.token_ids,
+                           logprobs=sample.logprobs, content=content, finish_reason=sample.finish_reason,
+                           reason=plan.reason)
         rec.add(call, plan.messages)
         with self._lock:
             self.branches[plan.reason] += 1

@@ -68,9 +68,9 @@ class Bounds:
     def endpoint_config(self, *, turn_seconds: float) -> endpoint.server.EndpointConfig:
         # max_in_flight: every rollout of a batch may call at once (the sampler batches them)
         return endpoint.server.EndpointConfig(max_tokens_per_call=self.max_tokens_per_call,
-                                       max_episode_tokens=self.max_episode_tokens,
-                                       max_calls_per_episode=self.max_turns, request_timeout=turn_seconds,
-                                       max_in_flight=4096)
+                                              max_episode_tokens=self.max_episode_tokens,
+                                              max_calls_per_episode=self.max_turns, request_timeout=turn_seconds,
+                                              max_in_flight=4096)
 
 
 class VerifiersSampler:
@@ -163,7 +163,7 @@ def from_engine(engine: Any, *, spec: rljob.RLJobSpec, on_sampled: Callable[[run
         queue_size=max(endpoint.sampler.DEFAULT_QUEUE, algo.prompts_per_step * algo.group_size))
     bounds = Bounds.of(spec.environment, algo)
     ep = endpoint.server.Endpoint(sampler=vllm, chat=endpoint.chat.ChatTemplate(engine.tokenizer),
-                           config=bounds.endpoint_config(turn_seconds=spec.environment.turn_timeout_seconds))
+                                  config=bounds.endpoint_config(turn_seconds=spec.environment.turn_timeout_seconds))
 
     process = adapter.RunnerProcess(env)
 
