@@ -4,7 +4,7 @@ environment's tools and feedback, exactly as the generators run them (``agents.r
 Neighbours: ``trainer.start.evaluator`` builds it instead of ``evaluate.Evaluator`` when the job names an
 environment; the role loop calls ``run()`` (same ``EvalResult``). ``HFTurns`` is the runner's ``TurnEngine`` over the
 HF model: one greedy ``generate`` per turn for a batch of contexts (left-padded), each row cut at its token budget,
-at the EOS token and after a stop string. The environments run in one worker process (``agents.hosts.workers``).
+at the EOS token and after a stop string. The environments run in one worker process (``agents.workers``).
 
 Shared prefix: every context of a turn starts with the same system prompt and, for ``Calculator``, its worked
 demonstration (118 of the first turn's 139 tokens on SmolLM2-135M-Instruct), and on a CPU the prefill of that

@@ -67,7 +67,8 @@ class _Call:
 
 
 class RemoteHost:
-    """``host.EnvironmentHost`` over the environment servers at ``addresses`` (see the module docstring)."""
+    """``host.EnvironmentHost`` over the environment servers ``channel`` links to (see the module docstring); it
+    owns the channel and closes it at ``shutdown``."""
 
     def __init__(self, channel: rpc.Caller, *, bounds: host.Bounds, margin_s: float = MARGIN_S,
                  total_s: float = 600.0, on_drop: Callable[[str], None] | None = None,
