@@ -117,7 +117,7 @@ def evaluator(cfg: config.RoleConfig, learner: step.Trainer,
         progress=(lambda: beat("evaluate")) if beat is not None else None)
     if spec.environment is None:
         return base
-    from kubeforge.runtime.agents import workers
+    from kubeforge.runtime.agents.hosts import workers
 
     return episode_eval.EpisodeEvaluator(
         base=base, spec=spec, host=workers.SubprocessHost(spec.environment, workers=1),

@@ -1,7 +1,7 @@
 """The ``Verifiers`` environment type: episodes of an environment written for PrimeIntellect's ``verifiers`` library,
 run unchanged by the library's own rollout loop against the endpoint, recorded token by token.
 
-Neighbours: ``endpoint`` serves the model calls and records them; ``verifiers_runner`` is the library-side process
+Neighbours: ``endpoint`` serves the model calls and records them; ``runner`` is the library-side process
 (the environments' own interpreter, ``.venv-envs``: verifiers 0.4 needs openai < 3, our stack pins openai 3).
 This module opens one endpoint episode per rollout, starts the runner with the jobs, waits (bounded), and pairs
 each episode's recording with the reward the library computed.
@@ -29,9 +29,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kubeforge.runtime.agents import endpoint, endpoint_record
+from kubeforge.runtime.agents import endpoint
 
-RUNNER = pathlib.Path(__file__).with_name("verifiers_runner.py")
+RUNNER = pathlib.Path(__file__).with_name("runner.py")
 ENV_PYTHON = "KUBEFORGE_ENVS_PYTHON"       # the environments' interpreter (default: .venv-envs/bin/python)
 MAX_OUTPUT = 1 << 20
 API_KEY_VAR = "KUBEFORGE_ENDPOINT_KEY"
@@ -69,7 +69,7 @@ class Outcome:
     error: str | None
     finish_reason: str                       # "stop", or env_error / env_timeout / env_garbage
     tool_calls: int = 0                      # tool messages in the library's traces
-    recording: endpoint_record.Recording
+    recording: endpoint.record.Recording
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,7 +81,7 @@ class VerifiersEnvironment:
     rollout_timeout: float | None = None      # one rollout (None: only the process bound)
     args: dict[str, Any] = dataclasses.field(default_factory=dict)   # spec.environment.verifiers.args
 
-    def run_group(self, ep: endpoint.Endpoint, tasks: Sequence[int]) -> list[Outcome]:
+    def run_group(self, ep: endpoint.server.Endpoint, tasks: Sequence[int]) -> list[Outcome]:
         episodes = [ep.open_episode() for _ in tasks]
         jobs = [{"base_url": ep.base_url(e), "task": int(t)} for e, t in zip(episodes, tasks)]
         spec = {"environment": self.environment, "model": ep.config.model, "jobs": jobs, "api_key_var": API_KEY_VAR,
@@ -117,7 +117,7 @@ class VerifiersEnvironment:
              timeout: float) -> tuple[dict[int, dict[str, Any]], str]:
         """The runner's result lines by job index, and the group's failure reason ("" if none)."""
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(self.paths), PYTHONNOUSERSITE="1",
-                   **{API_KEY_VAR: endpoint.api_key(key) if key is not None else "local"})
+                   **{API_KEY_VAR: endpoint.server.api_key(key) if key is not None else "local"})
         try:
             proc = subprocess.run([str(self.python), str(RUNNER)], input=json.dumps(spec), capture_output=True,
                                   text=True, timeout=timeout, env=env, check=False)
@@ -144,7 +144,7 @@ class VerifiersEnvironment:
 
 
 def _outcome(task: int, line: dict[str, Any] | None, failure: str,
-             recording: endpoint_record.Recording) -> Outcome:
+             recording: endpoint.record.Recording) -> Outcome:
     if line is None:
         return Outcome(task=task, reward=None, rewards={}, ok=False, error=failure or "no result",
                        finish_reason=failure or "env_garbage", recording=recording)
@@ -159,7 +159,7 @@ def _outcome(task: int, line: dict[str, Any] | None, failure: str,
 
 
 class RunnerProcess:
-    """One long-lived runner (``verifiers_runner --serve``) for many groups: the library is imported and the
+    """One long-lived runner (``runner.py --serve``) for many groups: the library is imported and the
     environment loaded once, not per batch (both take seconds). Same ``run_group`` and outcomes as
     :meth:`VerifiersEnvironment.run_group`; the same bounds: a batch's answer is awaited ``environment.timeout``
     seconds at most (its start included when the process is fresh) and ``MAX_OUTPUT`` bytes; past either, or on
@@ -171,7 +171,7 @@ class RunnerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def run_group(self, ep: endpoint.Endpoint, tasks: Sequence[int]) -> list[Outcome]:
+    def run_group(self, ep: endpoint.server.Endpoint, tasks: Sequence[int]) -> list[Outcome]:
         env = self.environment
         episodes = [ep.open_episode() for _ in tasks]
         jobs = [{"base_url": ep.base_url(e), "task": int(t)} for e, t in zip(episodes, tasks)]
@@ -207,7 +207,7 @@ class RunnerProcess:
 
     def _start(self, key: bytes | None) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(self.environment.paths), PYTHONNOUSERSITE="1",
-                   **{API_KEY_VAR: endpoint.api_key(key) if key is not None else "local"})
+                   **{API_KEY_VAR: endpoint.server.api_key(key) if key is not None else "local"})
         self._proc = subprocess.Popen([str(self.environment.python), str(RUNNER), "--serve"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, env=env)
         self.starts += 1

@@ -9,7 +9,7 @@ Invariants (checked by :meth:`Branch.append`):
 - Within a branch, every call after the first extends the one before: its prompt ids are the previous prompt ids +
   the previous sampled ids + its own ``delta_ids``. So the branch is one token sequence, ``prompt_ids`` then the
   calls' (sampled, delta) turns in order, and replaying it gives policy spans that cover exactly the sampled ids.
-- A call that does not extend (``endpoint_chat.Plan.reason``) opens a new branch; the old one is kept whole.
+- A call that does not extend (``chat.Plan.reason``) opens a new branch; the old one is kept whole.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import collections
 import dataclasses
 from typing import Any, Protocol
 
-from kubeforge.runtime.agents import endpoint_chat
+from kubeforge.runtime.agents.endpoint import chat
 
 
 class EpisodeSink(Protocol):
@@ -40,7 +40,7 @@ class Call:
     logprobs: tuple[float, ...]
     content: str
     finish_reason: str
-    reason: str                       # endpoint_chat: EXTENDS, or why a branch started
+    reason: str                       # chat.EXTENDS,, or why a branch started
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -48,7 +48,7 @@ class Branch:
     """A run of calls that extend one another: one token sequence."""
 
     calls: list[Call] = dataclasses.field(default_factory=list)
-    last: endpoint_chat.Turn | None = None
+    last: chat.Turn | None = None
 
     @property
     def prompt_ids(self) -> tuple[int, ...]:
@@ -68,8 +68,8 @@ class Branch:
         if len(call.sampled_ids) != len(call.logprobs):
             raise ValueError(f"{len(call.sampled_ids)} sampled ids with {len(call.logprobs)} logprobs")
         self.calls.append(call)
-        self.last = endpoint_chat.Turn(messages=messages, prompt_ids=call.prompt_ids,
-                                       sampled_ids=call.sampled_ids, content=call.content)
+        self.last = chat.Turn(messages=messages, prompt_ids=call.prompt_ids,
+                              sampled_ids=call.sampled_ids, content=call.content)
 
     def token_ids(self) -> tuple[int, ...]:
         """Every token after the first prompt, as the trainer will see it."""
@@ -112,10 +112,10 @@ class Recording:
     def final(self) -> Branch | None:
         return self.branches[-1] if self.branches else None
 
-    def previous(self) -> endpoint_chat.Turn | None:
+    def previous(self) -> chat.Turn | None:
         return self.branches[-1].last if self.branches else None
 
     def add(self, call: Call, messages: tuple[dict[str, Any], ...]) -> None:
-        if call.reason != endpoint_chat.EXTENDS or not self.branches:
+        if call.reason != chat.EXTENDS or not self.branches:
             self.branches.append(Branch())
         self.branches[-1].append(call, messages)

@@ -19,7 +19,7 @@ import dataclasses
 import math
 from typing import Any
 
-from kubeforge.runtime.agents import endpoint_sampler
+from kubeforge.runtime.agents.endpoint import sampler
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_MESSAGES = 1024
@@ -52,7 +52,7 @@ def _bad(message: str) -> Refusal:
     return Refusal(400, "invalid_request", message)
 
 
-def parse(body: Any, *, model: str, policy: endpoint_sampler.Policy) -> ChatRequest:
+def parse(body: Any, *, model: str, policy: sampler.Policy) -> ChatRequest:
     if not isinstance(body, dict):
         raise _bad("the body must be a JSON object")
     if body.get("model") != model:
@@ -65,7 +65,7 @@ def parse(body: Any, *, model: str, policy: endpoint_sampler.Policy) -> ChatRequ
                        stream=body.get("stream") is True, stream_usage=_stream_usage(body))
 
 
-def _check_distribution(body: dict[str, Any], policy: endpoint_sampler.Policy) -> None:
+def _check_distribution(body: dict[str, Any], policy: sampler.Policy) -> None:
     """Sampling parameters that would change the distribution the trainer assumes: equal to the job's or absent."""
     job = {"temperature": policy.temperature, "top_p": policy.top_p, "top_k": float(policy.top_k),
            "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}

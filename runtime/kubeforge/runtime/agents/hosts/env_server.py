@@ -1,15 +1,15 @@
 """A verifier's environment server: the generators' episodes step here, in this pod's pool of worker processes.
 
 ```
- generator g ─DEALER─┐  CURVE (the job key)        socket thread              pool thread
- generator h ─DEALER─┼──▶ ROUTER (PORT_ENV) ──calls──▶ queue ──▶ host.reset / host.step / host.close
+ generator g ─Caller─┐  rpc.Responder (PORT_ENV)   socket thread              pool thread
+ generator h ─Caller─┼──▶ ZeroMQ ROUTER, CURVE ──calls──▶ queue ──▶ host.reset / host.step / host.close
                      │   decode: refused frames      │           (workers.SubprocessHost: worker processes)
-                     │   counted by reason           ◀── answers ──┘ (woken over inproc)
+                     │   counted by reason           ◀── answers ──┘ (channel.wake)
                      ◀── ENV_ANSWER; BUSY every BUSY_EVERY_S for each call that waits or runs
 ```
 
-Each generator names itself (the DEALER's routing id); its episode ids are its own, so the server keys an episode by
-(caller, id) and hands the host ids of its own. Calls are served one after another in arrival order, consecutive
+Each generator names itself (its caller id: the DEALER's routing id); its episode ids are its own, so the server
+keys an episode by (caller, id) and hands the host ids of its own. Calls are served one after another in arrival order, consecutive
 calls of one op merged into one host call (the host steps the episodes side by side over its workers). An
 episode lives in this server until closed, or forgotten after ``idle_s`` without a call (a generator that died
 never closes its episodes). A step of an episode this server does not know (it restarted, or forgot it) answers
@@ -19,7 +19,8 @@ Invariants: every frame in is ``wire.decode``d; anything else (foreign, malforme
 handshake: ``unauthenticated``) is counted by reason (``dropped``, ``on_drop``) and the server goes on. Each
 environment call is bounded by the host (``turnTimeoutSeconds``); the only answers dropped are those whose caller
 is gone (``undeliverable``: ``ROUTER_MANDATORY``), whose own wait is bounded by its silence rule
-(``remote_host``). A close is never answered.
+(``remote_host``). A close is never answered. The channel is injected (``rpc.bind``: ZeroMQ with CURVE in the roles,
+in memory in the unit tests); the server owns it from then on and closes it when ``serve`` returns.
 
 Neighbours: ``verifier.start`` runs it on a thread when the job has a built-in or Python environment;
 ``remote_host.RemoteHost`` is its client; ``workers.SubprocessHost`` runs the steps.
@@ -34,17 +35,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-import zmq
-
 from kubeforge.api import rljob
-from kubeforge.runtime import transport, wire
-from kubeforge.runtime.agents import host as host_mod
+from kubeforge.runtime import rpc, wire
+from kubeforge.runtime.agents.hosts import host as host_mod
 from kubeforge.runtime.agents.envs import registry
 
 BUSY_EVERY_S = 1.0
 IDLE_EPISODE_S = 900.0
 REASON_UNEXPECTED = "unexpected"     # a valid frame of another kind than ENV_CALL
-_POLL_MS = 200
+_POLL_S = 0.2
 
 Key = tuple[bytes, int]              # (caller's routing id, its episode id)
 Pending = tuple[bytes, wire.EnvCall]
@@ -78,27 +77,15 @@ class Served:
 
 
 class EnvServer:
-    """Serves ENV_CALLs at ``address`` with ``host`` (see the module docstring). ``serve`` runs the socket loop on
-    the calling thread until ``should_stop``; ``close`` ends it from any thread."""
+    """Serves the ENV_CALLs that arrive on ``channel`` with ``host`` (see the module docstring). ``serve`` runs the
+    socket loop on the calling thread until ``should_stop``; ``close`` ends it from any thread."""
 
-    def __init__(self, address: str, host: host_mod.EnvironmentHost, *, auth: transport.CurveKeys | None = None,
+    def __init__(self, channel: rpc.Responder, host: host_mod.EnvironmentHost, *,
                  on_drop: Callable[[str], None] | None = None, on_step: Callable[[float], None] | None = None,
                  idle_s: float = IDLE_EPISODE_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.host, self.on_drop, self.on_step, self.idle_s, self.clock = host, on_drop, on_step, idle_s, clock
-        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
-        for opt, val in ((zmq.LINGER, 0), (zmq.ROUTER_MANDATORY, 1), (zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES)):
-            self.sock.setsockopt(opt, val)
-        self.monitor = transport.curve_server(self.sock, auth or transport.process_curve())
-        try:
-            self.sock.bind(address)
-        except zmq.ZMQError as e:
-            self._close_sockets()
-            raise transport.TransportError(f"cannot bind {address}: {e}") from e
-        self.address = str(self.sock.getsockopt_string(zmq.LAST_ENDPOINT))
-        self.wake_address = f"inproc://kubeforge-env-server-{id(self)}"
-        self.wake: zmq.Socket[bytes] = ctx.socket(zmq.PULL)
-        self.wake.bind(self.wake_address)
+        self.channel = channel
+        self.address = channel.address
         self.served = Served()
         self.calls: queue.Queue[Pending | None] = queue.Queue()
         self.answers: queue.Queue[tuple[bytes, int, bytes]] = queue.Queue()
@@ -114,24 +101,17 @@ class EnvServer:
 
     def serve(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         self.pool.start()
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        poller.register(self.wake, zmq.POLLIN)
         try:
             while not (self.stopped.is_set() or should_stop()):
-                ready = dict(poller.poll(_POLL_MS))
-                transport.count_refused(self.monitor, self._refuse)
-                if self.sock in ready:
-                    self._take_calls()
-                while self.wake.poll(0):
-                    self.wake.recv()
+                self.channel.wait(_POLL_S, self._refuse)     # a call came, the pool has answers, or a busy is due
+                self._take_calls()
                 self._send_answers()
                 self._send_busy()
         finally:
             self.stopped.set()
             self.calls.put(None)
             self.pool.join(timeout=30.0)
-            self._close_sockets()
+            self.channel.close()
             self.done.set()
 
     def close(self, *, wait_s: float = 0.0) -> None:
@@ -150,14 +130,10 @@ class EnvServer:
 
     def _take_calls(self) -> None:
         while True:
-            try:
-                parts = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            got = self.channel.recv(self._refuse)
+            if got is None:
                 return
-            if len(parts) != 2:     # a routing id and one frame; anything else is not ours
-                self._refuse(wire.REASON_MALFORMED)
-                continue
-            caller, frame = parts
+            caller, frame = got
             try:
                 msg = wire.decode(frame)
             except wire.WireError as e:
@@ -172,9 +148,7 @@ class EnvServer:
             self.calls.put((caller, msg))
 
     def _send(self, caller: bytes, frame: bytes) -> None:
-        try:
-            self.sock.send_multipart([caller, frame], zmq.NOBLOCK)
-        except zmq.ZMQError:     # the caller is gone (EHOSTUNREACH) or not reading (EAGAIN): its wait is bounded
+        if not self.channel.send(caller, frame):    # the caller is gone or not reading: its wait is bounded
             self.served.undeliverable += 1
 
     def _send_answers(self) -> None:
@@ -193,20 +167,9 @@ class EnvServer:
                 self.waiting[(caller, call)] = now
                 self._send(caller, wire.encode(wire.EnvAnswer(call=call, busy=True)))
 
-    def _close_sockets(self) -> None:
-        if self.monitor is not None:
-            self.sock.disable_monitor()
-            self.monitor.close(0)
-        self.sock.close(0)
-        if hasattr(self, "wake"):
-            self.wake.close(0)
-
     # ------------------------------------------------------------ the pool thread
 
     def _pool(self) -> None:
-        wake: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PUSH)
-        wake.setsockopt(zmq.LINGER, 0)
-        wake.connect(self.wake_address)
         try:
             while not self.stopped.is_set():
                 try:
@@ -227,13 +190,12 @@ class EnvServer:
                         break
                     batch.append(more)
                 for op, run in itertools.groupby(batch, key=lambda p: p[1].op):
-                    self._serve_run(op, list(run), wake)
+                    self._serve_run(op, list(run))
                 self._forget_idle()
         finally:
-            wake.close(0)
             self.host.shutdown()
 
-    def _serve_run(self, op: str, run: list[Pending], wake: zmq.Socket[bytes]) -> None:
+    def _serve_run(self, op: str, run: list[Pending]) -> None:
         if op == "close":
             self._close([(caller, i) for caller, call in run for i in call.ids])
             return
@@ -244,7 +206,7 @@ class EnvServer:
             mine = tuple(_out(r, stepped=op == "step") for r in replies[at:at + len(call.ids)])
             at += len(call.ids)
             self.answers.put((caller, call.call, wire.encode(wire.EnvAnswer(call=call.call, replies=mine))))
-        wake.send(b"")
+        self.channel.wake()
 
     def _reset(self, items: Sequence[tuple[bytes, wire.EnvCall, int]]) -> list[host_mod.Reply]:
         now, todo = self.clock(), []
@@ -316,13 +278,13 @@ def _out(r: host_mod.Reply, *, stepped: bool) -> wire.EnvReply:
 
 def start(address: str, spec: rljob.EnvironmentSpec, *, workers: int, on_drop: Callable[[str], None] | None,
           on_step: Callable[[float], None] | None, should_stop: Callable[[], bool]) -> tuple[EnvServer, threading.Thread]:
-    """A server at ``address`` over a ``workers.SubprocessHost`` of ``workers`` processes, serving on a daemon
-    thread (returned) until ``should_stop`` or ``close``."""
-    from kubeforge.runtime.agents import workers as workers_mod
+    """A server at ``address`` (``rpc.bind``: the process's CURVE keys) over a ``workers.SubprocessHost`` of
+    ``workers`` processes, serving on a daemon thread (returned) until ``should_stop`` or ``close``."""
+    from kubeforge.runtime.agents.hosts import workers as workers_mod
 
     pool = workers_mod.SubprocessHost(spec, workers=workers)
     try:
-        server = EnvServer(address, pool, on_drop=on_drop, on_step=on_step)
+        server = EnvServer(rpc.bind(address), pool, on_drop=on_drop, on_step=on_step)
     except BaseException:
         pool.shutdown()
         raise

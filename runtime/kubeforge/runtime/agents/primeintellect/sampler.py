@@ -3,7 +3,7 @@ episode through the endpoint in front of this generator's engine; the endpoint's
 
 ```
  WORK(prompts) ─▶ sample: groupSize episodes per prompt (task = the prompt's index in the job's stream)
-      ─▶ verifiers_env.run_group ─▶ runner process (envs interpreter) ─▶ the library's rollouts
+      ─▶ adapter.run_group ─▶ runner process (envs interpreter) ─▶ the library's rollouts
                                           └─ each model call ─▶ endpoint (127.0.0.1) ─▶ VllmSampler ─▶ engine
       ◀─ Outcome per episode: the library's reward + the endpoint's Recording
       ─▶ Branch.replay into agents.episode.Episode ─▶ episode.group: policy_spans, episode_stats (env reward)
@@ -20,7 +20,7 @@ Invariants:
 - Bounds: ``maxTurns`` is the endpoint's calls per episode (the next call is refused: ``max_turns``),
   ``maxTokensPerEpisode`` its token budget and ``maxNewTokens`` its tokens per call (``max_tokens``); each rollout
   has ``maxTurns x turnTimeoutSeconds`` (cancelled past it: ``env_timeout``, that episode only); a batch's answer
-  from the runner process (long-lived: ``verifiers_env.RunnerProcess``) that plus ``START_SECONDS`` (past it the
+  from the runner process (long-lived: ``adapter.RunnerProcess``) that plus ``START_SECONDS`` (past it the
   process is killed, the batch's episodes fail, the next batch starts a fresh one). A failed episode keeps the tokens it sampled and gets no environment reward.
 - The engine is only sampled while ``sample`` runs (the loop's thread waits in it), so a weight sync, which the loop
   does between batches, never meets a request in flight.
@@ -36,7 +36,8 @@ from typing import Any, Protocol
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.agents import endpoint, endpoint_chat, endpoint_record, episode, runner, verifiers_env
+from kubeforge.runtime.agents import endpoint, episode, runner
+from kubeforge.runtime.agents.primeintellect import adapter
 
 START_SECONDS = 120.0     # the runner's own start (the library's import) on loaded CPUs
 BOUND_REASONS = {"episode_call_limit": "max_turns", "episode_token_budget": "max_tokens",
@@ -44,9 +45,9 @@ BOUND_REASONS = {"episode_call_limit": "max_turns", "episode_token_budget": "max
 
 
 class GroupRunner(Protocol):
-    """Runs one rollout per task through the endpoint (``verifiers_env``: a one-shot process or a long-lived one)."""
+    """Runs one rollout per task through the endpoint (``adapter``: a one-shot process or a long-lived one)."""
 
-    def run_group(self, ep: endpoint.Endpoint, tasks: Sequence[int]) -> list[verifiers_env.Outcome]: ...
+    def run_group(self, ep: endpoint.server.Endpoint, tasks: Sequence[int]) -> list[adapter.Outcome]: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,18 +65,18 @@ class Bounds:
                    max_episode_tokens=env.episode_tokens(algorithm.max_new_tokens),
                    rollout_seconds=env.max_turns * env.turn_timeout_seconds)
 
-    def endpoint_config(self, *, turn_seconds: float) -> endpoint.EndpointConfig:
+    def endpoint_config(self, *, turn_seconds: float) -> endpoint.server.EndpointConfig:
         # max_in_flight: every rollout of a batch may call at once (the sampler batches them)
-        return endpoint.EndpointConfig(max_tokens_per_call=self.max_tokens_per_call,
-                                       max_episode_tokens=self.max_episode_tokens,
-                                       max_calls_per_episode=self.max_turns, request_timeout=turn_seconds,
-                                       max_in_flight=4096)
+        return endpoint.server.EndpointConfig(max_tokens_per_call=self.max_tokens_per_call,
+                                              max_episode_tokens=self.max_episode_tokens,
+                                              max_calls_per_episode=self.max_turns, request_timeout=turn_seconds,
+                                              max_in_flight=4096)
 
 
 class VerifiersSampler:
     """``generator.loop.Sampler`` for ``type: Verifiers`` (see the module docstring)."""
 
-    def __init__(self, *, endpoint: endpoint.Endpoint, environment: GroupRunner,
+    def __init__(self, *, endpoint: endpoint.server.Endpoint, environment: GroupRunner,
                  group_size: int, fallback_prompt: Callable[[types.Prompt], tuple[int, ...]],
                  on_sampled: Callable[[runner.Stats], None] | None = None,
                  close: Callable[[], None] = lambda: None) -> None:
@@ -83,7 +84,7 @@ class VerifiersSampler:
         self.fallback_prompt = fallback_prompt    # prompt ids of a group none of whose episodes called the model
         self.on_sampled = on_sampled
         self.stats = runner.Stats()
-        self.outcomes: list[verifiers_env.Outcome] = []    # the last batch's (tests read them)
+        self.outcomes: list[adapter.Outcome] = []    # the last batch's (tests read them)
         self._close = close
 
     def sample(self, prompts: Sequence[types.Prompt]) -> list[types.RolloutGroup]:
@@ -98,7 +99,7 @@ class VerifiersSampler:
             self.on_sampled(self.stats.drain())
         return groups
 
-    def _group(self, prompt: types.Prompt, outcomes: Sequence[verifiers_env.Outcome]) -> types.RolloutGroup:
+    def _group(self, prompt: types.Prompt, outcomes: Sequence[adapter.Outcome]) -> types.RolloutGroup:
         finals = [o.recording.final for o in outcomes]
         prompt_ids = next((b.prompt_ids for o, b in zip(outcomes, finals) if o.ok and b is not None and b.calls),
                           None) or next((b.prompt_ids for b in finals if b is not None and b.calls), None) \
@@ -109,7 +110,7 @@ class VerifiersSampler:
             self.stats.masked_tokens += len(ep.token_ids) - ep.policy_tokens
         return episode.group(prompt, list(prompt_ids), eps)
 
-    def _episode(self, o: verifiers_env.Outcome, branch: endpoint_record.Branch | None,
+    def _episode(self, o: adapter.Outcome, branch: endpoint.record.Branch | None,
                  prompt_ids: tuple[int, ...]) -> episode.Episode:
         ep = episode.Episode()
         if branch is not None and branch.calls and branch.prompt_ids != prompt_ids:
@@ -135,36 +136,36 @@ class VerifiersSampler:
 
 
 def environment(spec: rljob.EnvironmentSpec, *, python: pathlib.Path | None = None,
-                paths: tuple[str, ...] | None = None) -> verifiers_env.VerifiersEnvironment:
+                paths: tuple[str, ...] | None = None) -> adapter.VerifiersEnvironment:
     """The adapter for ``spec.environment`` (type Verifiers): its module, args and time bounds."""
     assert spec.verifiers is not None
     rollout = spec.max_turns * spec.turn_timeout_seconds
-    return verifiers_env.VerifiersEnvironment(
+    return adapter.VerifiersEnvironment(
         environment=spec.verifiers.environment, args=dict(spec.verifiers.args),
-        python=python or verifiers_env.default_python(), paths=verifiers_env.default_paths() if paths is None else paths,
+        python=python or adapter.default_python(), paths=adapter.default_paths() if paths is None else paths,
         rollout_timeout=rollout, timeout=rollout + START_SECONDS)
 
 
 def from_engine(engine: Any, *, spec: rljob.RLJobSpec, on_sampled: Callable[[runner.Stats], None] | None = None,
                 audit: bool = False, check: bool = True,
-                env: verifiers_env.VerifiersEnvironment | None = None) -> VerifiersSampler:
+                env: adapter.VerifiersEnvironment | None = None) -> VerifiersSampler:
     """The sampler over a ``generator.engine.Engine``: the environment checked (``check``), then the endpoint on
     loopback in front of the engine. ``audit`` keeps vLLM's own outputs (tests)."""
-    from kubeforge.runtime.agents import chat, endpoint_sampler
+    from kubeforge.runtime.agents import chat
 
     assert spec.environment is not None
     env = env or environment(spec.environment)
     if check:
         env.check()
     algo = spec.algorithm
-    vllm = endpoint_sampler.VllmSampler(engine, policy=endpoint_sampler.Policy(
+    vllm = endpoint.sampler.VllmSampler(engine, policy=endpoint.sampler.Policy(
         temperature=algo.temperature, top_p=algo.top_p, top_k=algo.top_k), audit=audit,
-        queue_size=max(endpoint_sampler.DEFAULT_QUEUE, algo.prompts_per_step * algo.group_size))
+        queue_size=max(endpoint.sampler.DEFAULT_QUEUE, algo.prompts_per_step * algo.group_size))
     bounds = Bounds.of(spec.environment, algo)
-    ep = endpoint.Endpoint(sampler=vllm, chat=endpoint_chat.ChatTemplate(engine.tokenizer),
-                           config=bounds.endpoint_config(turn_seconds=spec.environment.turn_timeout_seconds))
+    ep = endpoint.server.Endpoint(sampler=vllm, chat=endpoint.chat.ChatTemplate(engine.tokenizer),
+                                  config=bounds.endpoint_config(turn_seconds=spec.environment.turn_timeout_seconds))
 
-    process = verifiers_env.RunnerProcess(env)
+    process = adapter.RunnerProcess(env)
 
     def close() -> None:
         process.close()

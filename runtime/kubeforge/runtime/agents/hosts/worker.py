@@ -1,4 +1,4 @@
-"""An environment worker process: ``python -m kubeforge.runtime.agents.worker SPEC_JSON``.
+"""An environment worker process: ``python -m kubeforge.runtime.agents.hosts.worker SPEC_JSON``.
 
 Started by ``workers.SubprocessHost``; holds the environments of the episodes it is given and answers one request at
 a time over its stdin/stdout (``pipe`` frames). The environment's own prints go to stderr (stdout is the channel).
@@ -17,7 +17,8 @@ from typing import Any
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.agents import pipe, protocol
+from kubeforge.runtime.agents import protocol
+from kubeforge.runtime.agents.hosts import pipe
 from kubeforge.runtime.agents.envs import registry
 
 MEMORY_ENV = "KUBEFORGE_ENV_MEMORY_MIB"

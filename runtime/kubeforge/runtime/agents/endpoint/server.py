@@ -1,8 +1,8 @@
 """An OpenAI-compatible endpoint in front of a generator's engine that records every call into its episode.
 
-Neighbours: ``endpoint_request`` validates a body, ``endpoint_chat`` turns messages into prompt ids without
-re-tokenisation drift, ``endpoint_sampler`` samples (vLLM, batched), ``endpoint_record`` keeps the episode's calls.
-Its users: the ``Verifiers`` adapter (``verifiers_env``) and any agent written against the ``openai`` client.
+Neighbours: ``request`` validates a body, ``chat`` turns messages into prompt ids without re-tokenisation drift,
+``sampler`` samples (vLLM, batched), ``record`` keeps the episode's calls.
+Its users: the ``Verifiers`` adapter (``primeintellect.adapter``) and any agent written against the ``openai`` client.
 
 Routes (``<id>``: an episode opened with :meth:`Endpoint.open_episode`; its ``base_url`` is
 ``http://host:port/episodes/<id>/v1``, so an unchanged ``openai`` client attributes every call to it)::
@@ -19,7 +19,7 @@ Invariants:
 - Every refusal has an HTTP status and an OpenAI-style ``error.code`` and is counted in :attr:`Endpoint.refused` by
   that code: unknown episode 404, bad JSON 400, body over ``max_body_bytes`` 413 (not read), no Content-Length 411,
   wrong or missing key 401, a second concurrent call into one episode 409, more than ``max_in_flight`` calls 503,
-  sampling the trainer cannot honour 400 (``endpoint_request``), sampler queue full 503, sampler timeout 504.
+  sampling the trainer cannot honour 400 (``request``), sampler queue full 503, sampler timeout 504.
 - Every wait is bounded: reading a body (``read_timeout``), a sample (``request_timeout``), ``close``.
 - Authentication: bound to loopback by default (the agent runs in the same pod). Any other bind address needs the
   job key; then every call carries ``Authorization: Bearer <api_key(key)>`` (an ``openai`` client's ``api_key``),
@@ -40,9 +40,9 @@ import threading
 import time
 from typing import Any
 
-from kubeforge.runtime.agents import endpoint_chat, endpoint_record, endpoint_request, endpoint_sampler
+from kubeforge.runtime.agents.endpoint import chat, record, request, sampler
 
-Refusal = endpoint_request.Refusal
+Refusal = request.Refusal
 ROUTE = re.compile(r"^(?:/episodes/(?P<episode>[A-Za-z0-9_-]{1,64}))?/v1/(?P<op>models|chat/completions)/?$")
 
 
@@ -83,14 +83,14 @@ class EndpointConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class _Episode:
-    recording: endpoint_record.Recording
+    recording: record.Recording
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 class Endpoint:
     """The HTTP server, the open episodes and the counters."""
 
-    def __init__(self, *, sampler: endpoint_sampler.Sampler, chat: endpoint_chat.ChatTemplate,
+    def __init__(self, *, sampler: sampler.Sampler, chat: chat.ChatTemplate,
                  config: EndpointConfig | None = None) -> None:
         self.sampler, self.chat = sampler, chat
         self.config = config or EndpointConfig()
@@ -113,13 +113,13 @@ class Endpoint:
         """A new episode; its id is unguessable (128 random bits), so one agent cannot write into another's."""
         episode_id = secrets.token_urlsafe(16)
         with self._lock:
-            self._episodes[episode_id] = _Episode(recording=endpoint_record.Recording(episode_id=episode_id))
+            self._episodes[episode_id] = _Episode(recording=record.Recording(episode_id=episode_id))
         return episode_id
 
     def base_url(self, episode_id: str, *, host: str | None = None) -> str:
         return f"http://{host or self.config.host}:{self.port}/episodes/{episode_id}/v1"
 
-    def close_episode(self, episode_id: str) -> endpoint_record.Recording:
+    def close_episode(self, episode_id: str) -> record.Recording:
         """Stop serving the episode (later calls: 404) and hand over what it recorded."""
         with self._lock:
             ep = self._episodes.pop(episode_id)
@@ -152,7 +152,7 @@ class Endpoint:
         if not ep.lock.acquire(blocking=False):
             raise Refusal(409, "episode_busy", "another call of this episode is running: one call at a time")
         try:
-            req = endpoint_request.parse(body, model=self.config.model, policy=self.sampler.policy)
+            req = request.parse(body, model=self.config.model, policy=self.sampler.policy)
             return self._complete(ep.recording, req)
         except Refusal as refusal:     # the episode's owner reads why its calls stopped (a bound, a bad request)
             ep.recording.refused[refusal.code] += 1
@@ -160,20 +160,20 @@ class Endpoint:
         finally:
             ep.lock.release()
 
-    def _complete(self, rec: endpoint_record.Recording, req: endpoint_request.ChatRequest) -> dict[str, Any]:
+    def _complete(self, rec: record.Recording, req: request.ChatRequest) -> dict[str, Any]:
         cfg = self.config
         if rec.calls >= cfg.max_calls_per_episode:
             raise Refusal(400, "episode_call_limit", f"the episode made {rec.calls} calls: at most "
                                                      f"{cfg.max_calls_per_episode}")
-        plan = endpoint_chat.plan(self.chat, req.messages, rec.previous(), tools=req.tools)
+        plan = chat.plan(self.chat, req.messages, rec.previous(), tools=req.tools)
         max_tokens = self._max_tokens(rec, plan, req)
-        sample = self._sample(endpoint_sampler.SampleRequest(prompt_ids=plan.prompt_ids, max_tokens=max_tokens,
-                                                             stop=req.stop, seed=req.seed))
+        sample = self._sample(sampler.SampleRequest(prompt_ids=plan.prompt_ids, max_tokens=max_tokens,
+                                                    stop=req.stop, seed=req.seed))
         content = _cut_at_stop(self.chat.decode(sample.token_ids, skip_special=True), req.stop, sample)
-        call = endpoint_record.Call(prompt_ids=plan.prompt_ids, delta_ids=plan.delta_ids,
-                                    delta_text=plan.delta_text, sampled_ids=sample.token_ids,
-                                    logprobs=sample.logprobs, content=content, finish_reason=sample.finish_reason,
-                                    reason=plan.reason)
+        call = record.Call(prompt_ids=plan.prompt_ids, delta_ids=plan.delta_ids,
+                           delta_text=plan.delta_text, sampled_ids=sample.token_ids,
+                           logprobs=sample.logprobs, content=content, finish_reason=sample.finish_reason,
+                           reason=plan.reason)
         rec.add(call, plan.messages)
         with self._lock:
             self.branches[plan.reason] += 1
@@ -181,8 +181,8 @@ class Endpoint:
         response = self._response(rec, call, logprobs=req.logprobs)
         return _chunks(response, usage=req.stream_usage) if req.stream else response
 
-    def _max_tokens(self, rec: endpoint_record.Recording, plan: endpoint_chat.Plan,
-                    req: endpoint_request.ChatRequest) -> int:
+    def _max_tokens(self, rec: record.Recording, plan: chat.Plan,
+                    req: request.ChatRequest) -> int:
         cfg = self.config
         used = (len(rec.final.token_ids()) if rec.final is not None and plan.extends else 0) + len(plan.delta_ids)
         room = self.sampler.max_model_len - len(plan.prompt_ids)
@@ -195,17 +195,17 @@ class Endpoint:
         return min(req.max_tokens or cfg.max_tokens_per_call, cfg.max_tokens_per_call, room,
                    cfg.max_episode_tokens - used)
 
-    def _sample(self, request: endpoint_sampler.SampleRequest) -> endpoint_sampler.Sample:
+    def _sample(self, request: sampler.SampleRequest) -> sampler.Sample:
         try:
             return self.sampler.sample(request, timeout=self.config.request_timeout)
-        except endpoint_sampler.SamplerBusy as exc:
+        except sampler.SamplerBusy as exc:
             raise Refusal(503, "sampler_busy", str(exc)) from None
-        except endpoint_sampler.SamplerTimeout as exc:
+        except sampler.SamplerTimeout as exc:
             raise Refusal(504, "sampler_timeout", str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - the engine's error goes back to the caller, counted
             raise Refusal(500, "sampler_error", f"{type(exc).__name__}: {exc}") from None
 
-    def _response(self, rec: endpoint_record.Recording, call: endpoint_record.Call, *,
+    def _response(self, rec: record.Recording, call: record.Call, *,
                   logprobs: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": call.content},
                                   "finish_reason": call.finish_reason, "logprobs": None}
@@ -251,7 +251,7 @@ def _chunks(response: dict[str, Any], *, usage: bool) -> dict[str, Any]:
 STREAM = "__stream__"
 
 
-def _cut_at_stop(text: str, stops: tuple[str, ...], sample: endpoint_sampler.Sample) -> str:
+def _cut_at_stop(text: str, stops: tuple[str, ...], sample: sampler.Sample) -> str:
     """OpenAI's content ends before a stop string (the sampled ids keep it: they are what vLLM sampled)."""
     if sample.finish_reason != "stop" or not stops:
         return text

@@ -4,7 +4,7 @@
  runner ──reset/step(batch of episodes)──▶ host ──▶ InProcessHost     (unit tests: calls in this process, a
                                              │                          thread per call so a hang is bounded)
                                              ├────▶ SubprocessHost    (a pool of worker processes, workers.py,
-                                             │                          agents/worker.py; msgpack over pipes)
+                                             │                          worker.py; msgpack over pipes)
                                              └────▶ RemoteHost        (the roles: the verifiers' environment
                                                      remote_host.py     servers, env_server.py, each running a
                                                                         SubprocessHost; ZeroMQ, CURVE)

@@ -1,6 +1,6 @@
 """Chat messages to prompt token ids without re-tokenisation drift: the endpoint's one rule for building prompts.
 
-Neighbours: ``endpoint`` asks :func:`plan` for every ``/v1/chat/completions`` call of an episode; ``endpoint_record``
+Neighbours: ``server`` asks :func:`plan` for every ``/v1/chat/completions`` call of an episode; ``record``
 keeps what it decided. Nothing here talks HTTP or vLLM: a tokenizer (HF ``PreTrainedTokenizer``-like) is the only
 dependency, so the rule is unit-tested with the tiny model's tokenizer.
 

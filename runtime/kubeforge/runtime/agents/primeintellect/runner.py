@@ -1,6 +1,6 @@
 """Runs episodes of a ``verifiers`` (0.4.x) environment against the endpoint: the process on the library's side.
 
-Neighbours: ``verifiers_env`` (our side) starts this module with the environments' interpreter (its own venv: the
+Neighbours: ``adapter`` (our side) starts this module with the environments' interpreter (its own venv: the
 library needs openai < 3, our stack pins openai 3; docs/agents-endpoint.md, "Verifiers"), hands it jobs on stdin and
 reads results on stdout. It imports only the standard library and ``verifiers``: never kubeforge's other modules.
 
@@ -12,7 +12,7 @@ rollout is cancelled past it, that rollout alone); stdout gets one line per job,
 "timed_out": bool, "tool_calls": int}``. With ``"check": true`` (and no jobs) the runner only loads the environment
 and prints ``{"ok": true, "tasks": N}``: the generator's start-up check (a wrong name or argument fails the job at
 start, naming the field, rather than every episode later). With ``--serve`` it stays up for many batches
-(:func:`serve`; ``verifiers_env.RunnerProcess`` drives it).
+(:func:`serve`; ``adapter.RunnerProcess`` drives it).
 The library runs its own rollout loop (its Env, Taskset, Harness and interception server) with an OpenAI-compatible
 client config whose ``base_url`` is the job's episode URL: every model call lands in that episode's record.
 """

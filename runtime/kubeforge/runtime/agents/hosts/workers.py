@@ -1,4 +1,4 @@
-"""``SubprocessHost``: environment steps in a pool of worker processes (``agents/worker.py``), what the roles use.
+"""``SubprocessHost``: environment steps in a pool of worker processes (``worker``), what the roles use.
 
 ```
  runner ─step([(episode, text), ...])─▶ SubprocessHost ─┬─ thread ─pipe─▶ worker 0  (episodes 0, W, 2W, ...)
@@ -26,7 +26,7 @@ from typing import Any
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.agents import host, pipe, worker
+from kubeforge.runtime.agents.hosts import host, pipe, worker
 
 START_TIMEOUT_S = 30.0
 
@@ -40,7 +40,7 @@ class _Episode:
 
 class _Worker:
     def __init__(self, spec_json: str, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "kubeforge.runtime.agents.worker", spec_json],
+        self.proc = subprocess.Popen([sys.executable, "-m", "kubeforge.runtime.agents.hosts.worker", spec_json],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.wfd, self.rfd = self.proc.stdin.fileno(), self.proc.stdout.fileno()

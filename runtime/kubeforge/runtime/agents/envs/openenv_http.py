@@ -1,7 +1,7 @@
 """An OpenEnv server as an environment, over its HTTP protocol only (no import of openenv-core, which does not
 resolve beside the stack: ../shared/notes/agents.md).
 
-Neighbours: the episode runner (``agents/runner``, docs/agents.md) drives an environment through ``reset(prompt)``
+Neighbours: the episode runner (``agents.runner``, docs/agents.md) drives an environment through ``reset(prompt)``
 and ``step(assistant_text)``; this class speaks OpenEnv's routes for it:
 
     POST /reset  {}                  -> {"observation": {...}, "reward": float | null, "done": bool}

@@ -1,9 +1,9 @@
 """``RemoteHost``: environment steps in the verifiers' environment servers, what the generators use.
 
 ```
- runner ─reset/step(batch)─▶ RemoteHost ─┬─ DEALER ─ENV_CALL─▶ verifier 0's server (env_server.py, PORT_ENV)
-                                         ├─ DEALER ─ENV_CALL─▶ verifier 1's server      each: a SubprocessHost
-                                         └─ ...                 ◀─ ENV_ANSWER (or BUSY while it works)
+ runner ─reset/step(batch)─▶ RemoteHost ─▶ rpc.Caller ─┬─ link 0 ─ENV_CALL─▶ verifier 0's server (env_server.py)
+                                                       ├─ link 1 ─ENV_CALL─▶ verifier 1's server   each: a
+                                                       └─ ...     ◀─ ENV_ANSWER (or BUSY)           SubprocessHost
 ```
 
 A new episode goes to the reachable server with the fewest live episodes of this host (ties: the next in turn), and
@@ -17,69 +17,43 @@ and no new episode goes there for ``DOWN_S`` (or until it connects again). The j
 with none left, new episodes end at once with ``env_lost``, counted like every failure.
 
 Every frame in is ``wire.decode``d: anything refused, of another kind, or answering another call (a late answer to a
-call given up) is counted by reason in ``dropped`` (and ``on_drop``) and skipped. CURVE with the job key
-(``transport.process_curve``), as every socket of the roles. The server judges what the environment answered
-(``host``); this side judges it again against its own bounds (a server is a peer, not a trusted part).
+call given up) is counted by reason in ``dropped`` (and ``on_drop``) and skipped. The channel is injected
+(``rpc.connect``): ZeroMQ with CURVE and the job key in the roles (``transport.process_curve``), as every socket of the
+roles; in memory in the unit tests. The server judges what the environment answered (``host``); this side judges it
+again against its own bounds (a server is a peer, not a trusted part).
 
-Neighbours: ``generator.start`` builds it (the verifiers' PORT_ENV addresses); ``env_server`` is the other end;
-``host`` the interface and the outcome rules.
+Neighbours: ``generator.start`` builds it (``rpc.connect`` to the verifiers' PORT_ENV addresses); ``env_server`` is
+the other end; ``host`` the interface and the outcome rules.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import zmq
-from zmq.utils import monitor as zmq_monitor
-
-from kubeforge.runtime import transport, types, wire
-from kubeforge.runtime.agents import host
+from kubeforge.runtime import rpc, types, wire
+from kubeforge.runtime.agents.hosts import host
 
 MARGIN_S = 5.0        # over turnTimeoutSeconds: how long a server may say nothing (it says BUSY every second)
 CONNECT_GRACE_S = 1.0  # a reset waits this long for the other servers once one is connected
 DOWN_S = 30.0         # a server lost is not given new episodes for this long (unless it connects again)
 REASON_STALE = "stale"
 REASON_UNEXPECTED = "unexpected"
-_POLL_MS = 100
+_POLL_S = 0.1
 
 
+@dataclasses.dataclass
 class _Server:
-    """One DEALER towards one server, with a monitor that tells when it connects and disconnects."""
+    """What this host knows of one server: whether its link is connected, until when it is marked lost, and how many
+    of this host's live episodes it holds."""
 
-    def __init__(self, address: str, *, identity: bytes, auth: transport.CurveKeys | None) -> None:
-        self.address = address
-        self.sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-        transport.curve_client(self.sock, auth)
-        for opt, val in ((zmq.ROUTING_ID, identity), (zmq.LINGER, 0), (zmq.IMMEDIATE, 1),
-                         (zmq.MAXMSGSIZE, wire.MAX_FRAME_BYTES), (zmq.RECONNECT_IVL, transport.RECONNECT_IVL_MS),
-                         (zmq.RECONNECT_IVL_MAX, transport.RECONNECT_IVL_MAX_MS)):
-            self.sock.setsockopt(opt, val)
-        self.monitor: zmq.Socket[bytes] = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-        self.sock.connect(address)
-        self.connected = False
-        self.down_until = 0.0
-        self.live = 0
-
-    def pump(self) -> bool:
-        """Apply the monitor's events; True when the connection dropped since the last look."""
-        dropped = False
-        while self.monitor.poll(0):
-            event = zmq_monitor.recv_monitor_message(self.monitor)["event"]
-            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.connected, self.down_until = True, 0.0
-            elif event == zmq.EVENT_DISCONNECTED:
-                self.connected, dropped = False, True
-        return dropped
-
-    def close(self) -> None:
-        self.sock.disable_monitor()
-        self.monitor.close(0)
-        self.sock.close(0)
+    address: str
+    connected: bool = False
+    down_until: float = 0.0
+    live: int = 0
 
 
 @dataclasses.dataclass
@@ -93,18 +67,18 @@ class _Call:
 
 
 class RemoteHost:
-    """``host.EnvironmentHost`` over the environment servers at ``addresses`` (see the module docstring)."""
+    """``host.EnvironmentHost`` over the environment servers ``channel`` links to (see the module docstring); it
+    owns the channel and closes it at ``shutdown``."""
 
-    def __init__(self, addresses: Sequence[str], *, bounds: host.Bounds, name: str = "host",
-                 auth: transport.CurveKeys | None = None, margin_s: float = MARGIN_S, total_s: float = 600.0,
-                 on_drop: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        if not addresses:
+    def __init__(self, channel: rpc.Caller, *, bounds: host.Bounds, margin_s: float = MARGIN_S,
+                 total_s: float = 600.0, on_drop: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not channel.addresses:
+            channel.close()
             raise ValueError("a remote environment host needs at least one server")
-        self.bounds, self.on_drop, self.clock = bounds, on_drop, clock
+        self.channel, self.bounds, self.on_drop, self.clock = channel, bounds, on_drop, clock
         self.silence_s, self.total_s = bounds.timeout_s + margin_s, max(total_s, bounds.timeout_s + margin_s)
-        identity = f"{name}-{os.getpid()}-{os.urandom(4).hex()}".encode()   # a restarted caller is a new one
-        auth = auth or transport.process_curve()
-        self.servers = [_Server(a, identity=identity, auth=auth) for a in addresses]
+        self.servers = [_Server(a) for a in channel.addresses]
         self.where: dict[int, int] = {}        # episode id -> server index
         self.lost: set[int] = set()            # episodes whose server was lost
         self.dropped: Counter[str] = Counter()
@@ -158,22 +132,27 @@ class RemoteHost:
                 if i not in self.lost:
                     by.setdefault(s, []).append(i)
             self.lost.discard(i)
-        for s, mine in by.items():
-            try:     # never answered; a server that is gone forgets idle episodes by itself
-                self.servers[s].sock.send(wire.encode(wire.EnvCall(call=next(self.calls), op="close",
-                                                                   ids=tuple(mine))), zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+        for s, mine in by.items():   # never answered; a server that is gone forgets idle episodes by itself
+            self.channel.send(s, wire.encode(wire.EnvCall(call=next(self.calls), op="close", ids=tuple(mine))))
 
     def shutdown(self) -> None:
-        for s in self.servers:
-            s.close()
+        self.channel.close()
 
     # ------------------------------------------------------------ internals
 
-    def _usable(self, s: _Server, now: float) -> bool:
-        s.pump()
-        return s.connected and now >= s.down_until
+    def _pump(self, s: int) -> bool:
+        """Apply server ``s``'s connection events; True when its connection dropped since the last look."""
+        server, dropped = self.servers[s], False
+        for event in self.channel.events(s):
+            if event == rpc.CONNECTED:
+                server.connected, server.down_until = True, 0.0
+            else:
+                server.connected, dropped = False, True
+        return dropped
+
+    def _usable(self, s: int, now: float) -> bool:
+        self._pump(s)
+        return self.servers[s].connected and now >= self.servers[s].down_until
 
     def _await_servers(self) -> None:
         """Wait until every server not marked down is connected: at a job's start the verifiers may still be coming
@@ -182,7 +161,7 @@ class RemoteHost:
         until, some_at = self.clock() + self.silence_s, None
         while True:
             now = self.clock()
-            usable = [self._usable(s, now) for s in self.servers]
+            usable = [self._usable(s, now) for s in range(len(self.servers))]
             if all(u or now < s.down_until for u, s in zip(usable, self.servers)) or now >= until:
                 return
             if any(usable):
@@ -193,7 +172,7 @@ class RemoteHost:
 
     def _place(self) -> int | None:
         now = self.clock()
-        ok = [k for k, s in enumerate(self.servers) if self._usable(s, now)]
+        ok = [k for k in range(len(self.servers)) if self._usable(k, now)]
         if not ok:
             return None
         n = len(self.servers)
@@ -207,22 +186,20 @@ class RemoteHost:
         now = self.clock()
         flying: dict[int, _Call] = {}
         for s, call in calls.items():
-            self.servers[s].pump()    # a drop before this call is not this call's
-            try:
-                self.servers[s].sock.send(wire.encode(call), zmq.NOBLOCK)
-            except zmq.ZMQError:      # no connection to it (IMMEDIATE): nothing was queued
+            self._pump(s)    # a drop before this call is not this call's
+            if not self.channel.send(s, wire.encode(call)):    # no connection to it: nothing was queued
                 self._lose(s, placed[s], out, "the environment server is not connected")
                 continue
             flying[s] = _Call(server=s, call=call.call, items=placed[s], heard=now)
         start = now
         while flying:
-            self._wait(flying)
+            self.channel.wait(flying, _POLL_S)
             for s, c in list(flying.items()):
                 if self._receive(c, out, stepped=stepped):
                     del flying[s]
                     continue
                 now = self.clock()
-                why = ("its connection dropped" if self.servers[s].pump() else
+                why = ("its connection dropped" if self._pump(s) else
                        f"no word for {self.silence_s:g} s" if now - c.heard > self.silence_s else
                        f"no answer within {self.total_s:g} s" if now - start > self.total_s else "")
                 if why:
@@ -230,26 +207,12 @@ class RemoteHost:
                     del flying[s]
         return [r if r is not None else host.Reply(failure=host.ERROR, detail="no reply") for r in out]
 
-    def _wait(self, flying: dict[int, _Call]) -> None:
-        poller = zmq.Poller()
-        for s in flying:
-            poller.register(self.servers[s].sock, zmq.POLLIN)
-            poller.register(self.servers[s].monitor, zmq.POLLIN)
-        poller.poll(_POLL_MS)
-
     def _receive(self, c: _Call, out: list[host.Reply | None], *, stepped: bool) -> bool:
         """Read what server ``c.server`` sent; True once call ``c`` is answered."""
-        sock = self.servers[c.server].sock
         while True:
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
+            frame = self.channel.recv(c.server, self._refuse)
+            if frame is None:
                 return False
-            if sock.getsockopt(zmq.RCVMORE):
-                while sock.getsockopt(zmq.RCVMORE):
-                    sock.recv()
-                self._refuse(wire.REASON_MALFORMED)
-                continue
             try:
                 msg = wire.decode(frame)
             except wire.WireError as e:
