@@ -45,7 +45,8 @@ def allowed(cluster: lifecycle.Cluster, account: str, checks: list[Check]) -> di
     """The API server's answer to each check, for ``account`` (one kubectl call)."""
     doc = {"apiVersion": "v1", "kind": "List", "items": [sar(account, c) for c in checks]}
     run = cluster.kubectl.run("create", "-o", "json", "-f", "-", stdin=json.dumps(doc), timeout_s=120)
-    items, text, decoder = [], run.stdout.strip(), json.JSONDecoder()
+    items: list[dict[str, Any]] = []
+    text, decoder = run.stdout.strip(), json.JSONDecoder()
     while text:     # kubectl prints one object after another
         obj, end = decoder.raw_decode(text)
         items += obj["items"] if obj.get("kind") == "List" else [obj]
@@ -65,7 +66,8 @@ def checks_of(rel: installed.Release, *, jobs_namespaces: list[str] | None) -> l
         elif scope is access.Scope.RELEASE:
             out.append((verb, group, resource, rel.namespace))
         else:
-            out += [(verb, group, resource, ns) for ns in (jobs_namespaces or [None])]
+            where: list[str | None] = list(jobs_namespaces) if jobs_namespaces else [None]
+            out += [(verb, group, resource, ns) for ns in where]
     return out
 
 
