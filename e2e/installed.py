@@ -25,10 +25,12 @@ hostPath (``realjob``), so the runtime image is not needed here and is never bui
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -53,12 +55,19 @@ def tool(name: str) -> str:
     return str(path)
 
 
+def uv_env() -> dict[str, str]:
+    """``KF_UV`` for images/build.sh where this checkout has no ``.venv`` (a git worktree): the running venv's uv."""
+    uv = pathlib.Path(sys.prefix) / "bin" / "uv"
+    return {"KF_UV": str(uv)} if not (ROOT / ".venv").is_dir() and uv.is_file() else {}
+
+
+@functools.cache
 def operator_image() -> str:
     """The operator image of this checkout (``images/build.sh operator``: rebuilt when its inputs changed), imported
     into the real node's containerd; its ref."""
     t0 = time.monotonic()
     run = subprocess.run(["bash", str(ROOT / "images" / "build.sh"), "operator"], capture_output=True, text=True,
-                         timeout=3600, env={**os.environ, "KF_IMPORT": "1"})
+                         timeout=3600, env={**os.environ, "KF_IMPORT": "1", **uv_env()})
     if run.returncode != 0:
         raise RuntimeError(f"images/build.sh operator failed:\n{run.stderr[-4000:]}")
     ref = run.stdout.split()[0]
@@ -80,6 +89,11 @@ def helm(cluster: lifecycle.Cluster, home: pathlib.Path, *args: str, timeout_s: 
     return run
 
 
+def esc(key: str) -> str:
+    """A label key as one ``--set`` path element (its dots escaped)."""
+    return key.replace(".", "\\.")
+
+
 def values(*, image: str | None, watch: tuple[str, ...], on_real_node: bool, extra: tuple[str, ...] = ()) -> list[str]:
     """``--set`` arguments: the image (pulled never: imported into the node), the mode, the real node's selector and
     toleration; ``extra`` as given (``key=value``)."""
@@ -91,7 +105,9 @@ def values(*, image: str | None, watch: tuple[str, ...], on_real_node: bool, ext
     if on_real_node:
         sets += [f"tolerations[0].key={realnode.NODE_LABEL}", "tolerations[0].operator=Equal",
                  "tolerations[0].effect=NoSchedule"]
-        strings += [f"nodeSelector.{realnode.NODE_LABEL.replace('.', chr(92) + '.')}=true", "tolerations[0].value=true"]
+        # pinned to node 0 (a two-node suite loses node 1; node 0 hosts CoreDNS and the API server's address)
+        strings += [f"nodeSelector.{esc(realnode.NODE_LABEL)}=true", "tolerations[0].value=true",
+                    f"nodeSelector.{esc(realnode.HOSTNAME_LABEL)}={realnode.NODE_NAME}"]
     return [a for s in sets for a in ("--set", s)] + [a for s in strings for a in ("--set-string", s)]
 
 
