@@ -89,7 +89,7 @@ built_one() {
     [ -d "$WHEELS" ] || { log "missing $WHEELS (the CPU torch wheel)"; exit 1; }
     wheel_hash="$(cd "$WHEELS" && kf_hash .)"   # relative names: the same wheels hash alike from any checkout
   fi
-  local uv="$KF_REPO_ROOT/.venv/bin/uv"
+  local uv="${KF_UV:-$KF_REPO_ROOT/.venv/bin/uv}"   # KF_UV: a checkout without its own .venv (a git worktree)
   [ -x "$uv" ] || { log "$uv not found (make venv)"; exit 1; }
   hash="$( { echo "$ref $ROOTFS_HASH $wheel_hash $("$uv" --version)"; kf_hash "$here/$name/Containerfile" \
     "$here/build.sh" "$here/overrides.txt" "$KF_REPO_ROOT/pyproject.toml" "$KF_REPO_ROOT/README.md" \
