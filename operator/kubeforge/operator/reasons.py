@@ -13,6 +13,7 @@ COMPLETE = "Complete"              # training finished (terminal)
 FAILED = "Failed"                  # the job failed (terminal)
 STALLED = "Stalled"                # the trainer's step has not moved for spec.failurePolicy.progressDeadlineSeconds
 ADMITTED = "Admitted"              # Kueue admitted the job (only for an RLJob labelled kueue.x-k8s.io/queue-name)
+GANG_SCHEDULING = "GangScheduling"  # gang.backend Auto: which gang the operator chose and why (True: a gang holds it)
 
 # ---- reasons ----
 WAITING_FOR_PODS = "WaitingForPods"      # pods of the attempt are not all created yet
@@ -47,3 +48,7 @@ EVICTED = "Evicted"                      # Kueue evicted it for another reason (
 QUEUE_INVALID = "QueueInvalid"           # the labels name what cannot admit it (e.g. no such WorkloadPriorityClass)
 NODE_LOST = "NodeLost"                   # event (Warning): a node not Ready past the grace; its pods of the job force-deleted
 CONTAINER_FAILED = "ContainerFailed"      # event: a container of the current attempt failed
+# gang.backend Auto (condition GangScheduling's reasons, and the event when the choice is made; gangauto.py)
+AUTO_CHOSE_KUEUE = "AutoChoseKueue"                # the RLJob carries a Kueue queue label: Kueue admits it whole
+AUTO_CHOSE_COSCHEDULING = "AutoChoseCoscheduling"  # PodGroups served and the operator names their scheduler
+AUTO_CHOSE_NONE = "AutoChoseNone"                  # neither: no gang, pods scheduled one by one

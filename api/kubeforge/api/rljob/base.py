@@ -24,9 +24,12 @@ NAME_PATTERN_DNS1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-
 class Model(pydantic.BaseModel):
     """Base of every API type: camelCase wire names, unknown fields refused."""
 
+    # validate_by_name: Python code builds models by attribute name (the keyword arguments mypy checks). A manifest
+    # is validated by wire name only: ``kubeforge.api.load.parse`` passes ``by_name=False``, so ``prompts_per_step``
+    # is an unknown field there, as it is to the API server.
     model_config = pydantic.ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", use_enum_values=True,
-        validate_default=True,
+        alias_generator=to_camel, validate_by_name=True, validate_by_alias=True, extra="forbid",
+        use_enum_values=True, validate_default=True,
     )
 
 

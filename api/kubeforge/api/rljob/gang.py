@@ -7,11 +7,12 @@ import enum
 import pydantic
 from pydantic import Field
 
-from kubeforge.api.rljob.base import Model, cel, schema_extra
+from kubeforge.api.rljob.base import NAME_PATTERN_DNS1123, Model, cel, schema_extra
 from kubeforge.api.rljob.roles import PlacementMode
 
 
 class GangBackend(str, enum.Enum):
+    AUTO = "Auto"                    # the operator decides per job from what the cluster serves (docs/operator.md)
     COSCHEDULING = "Coscheduling"
     VOLCANO = "Volcano"
     KAI = "KAI"
@@ -22,10 +23,18 @@ class GangBackend(str, enum.Enum):
 class GangSpec(Model):
     """Gang scheduling: every pod of every role starts together or none does."""
 
-    backend: GangBackend = Field(GangBackend.COSCHEDULING, description="Coscheduling | Volcano | KAI | Kueue | None.")
+    backend: GangBackend = Field(
+        GangBackend.AUTO, description="Auto | Coscheduling | Volcano | KAI | Kueue | None. Auto (the default): "
+        "Kueue's admission of the whole job when the RLJob carries the kueue.x-k8s.io/queue-name label; else "
+        "Coscheduling when the cluster serves PodGroups (scheduling.x-k8s.io) and the operator names a scheduler "
+        "that serves them; else None. The condition GangScheduling says which was chosen and why.")
     schedule_timeout_seconds: int = Field(600, ge=1, le=86400, description="How long a gang may wait for room "
                                           "before the scheduler gives up on this attempt (backends that support it).")
     queue: str | None = Field(None, min_length=1, description="Queue name (Volcano, KAI, Kueue).")
+    scheduler_name: str | None = Field(
+        None, min_length=1, max_length=253, pattern=NAME_PATTERN_DNS1123, description="schedulerName of every role "
+        "pod (a scheduler profile serving the backend). Unset: the backend's own (volcano, kai-scheduler; for "
+        "Coscheduling the operator's setting gang.coschedulingSchedulerName), else the cluster's default.")
 
 
 MSG_EXCLUSIVE_NEEDS_KEY = "exclusive requires topologyKey"

@@ -9,7 +9,7 @@ import pydantic
 from pydantic import Field
 
 from kubeforge.api.rljob.base import FREE_FORM, IMMUTABLE, Model, cel, duplicates, schema_extra
-from kubeforge.api.rljob.container import EnvVar, ResourceRequirements, SecretReference, gpu_count
+from kubeforge.api.rljob.container import EnvFromSource, EnvVar, ResourceRequirements, SecretReference, gpu_count
 
 
 class RoleName(str, enum.Enum):
@@ -61,12 +61,16 @@ class RoleSpec(Model):
                               "runtime image.")
     image_pull_secrets: list[SecretReference] = Field(
         default_factory=list, max_length=16, description="Secrets (kubernetes.io/dockerconfigjson, in the job's "
-        "namespace) the kubelet uses to pull the role's image from a private registry.")
+        "namespace) the kubelet uses to pull the role's image from a private registry; unset: the operator's "
+        "default (the chart's rolePods.imagePullSecrets).")
     command: list[str] | None = Field(None, description="Container command override (e.g. a host Python for "
                                       "tests); the role entrypoint `kubeforge role <role>` is appended as args.")
     env: list[EnvVar] = Field(
         default_factory=list, max_length=256, description="Extra environment variables (names unique).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list, max_length=32, description="Every key of a Secret or ConfigMap as a variable; `env` "
+        "and kubeforge's own variables win over a key of the same name.")
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements,
                                             description="Resource requests and limits of the role's container.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the role's pods need.")
