@@ -116,6 +116,7 @@ RECIPES: dict[str, Callable[[apply.Cluster], None]] = {
                                                                             key_hex="00")),
     "delete_rljob": lambda c: c.delete_rljob("ns", "tiny"),
     "post_event": lambda c: c.post_event(rljob_body(), type="Normal", reason="R", message="m", now="t"),
+    "served_resources": lambda c: c.served_resources("scheduling.x-k8s.io/v1alpha1"),
     "delete_webhook_configuration": lambda c: c.delete_webhook_configuration("kubeforge.dev"),
 }
 
@@ -213,6 +214,7 @@ def test_cluster_scoped_resources_are_cluster_scope() -> None:
      {("patch", "kubeforge.dev", "rljobs/status", True)}),
     ("PUT", "/apis/coordination.k8s.io/v1/namespaces/s/leases/l", "", {("update", "coordination.k8s.io", "leases", True)}),
     ("GET", "/apis/kueue.x-k8s.io/v1beta2/resourceflavors/f", "", {("get", "kueue.x-k8s.io", "resourceflavors", False)}),
+    ("GET", "/apis/scheduling.x-k8s.io/v1alpha1", "", set()),
 ])
 def test_of_request(method: str, path: str, ct: str, want: set[tuple[str, str, str, bool]]) -> None:
     assert access.of_request(method, path, ct or "application/json") == want

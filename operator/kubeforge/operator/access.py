@@ -116,6 +116,8 @@ def of_request(method: str, path: str, content_type: str = "application/json") -
     (``/api/v1/...`` or ``/apis/<group>/<version>/...``, with ``namespaces/<ns>/`` for a namespaced object)."""
     parts = path.split("?", 1)[0].strip("/").split("/")
     group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if not rest and method == "GET":
+        return set()   # API discovery (``/apis/<group>/<version>``): every authenticated user may (system:discovery)
     namespaced = rest[:1] == ["namespaces"] and len(rest) >= 3
     if namespaced:
         rest = rest[2:]
