@@ -18,7 +18,7 @@
  rank 0: STOP every generator, report done
 ```
 
-Neighbours: ``trainer.step.Trainer`` (learner, checkpoints), ``trainer.buffer.RolloutBuffer`` (staleness),
+Neighbours: ``learner.step.Trainer`` (learner, checkpoints), ``trainer.buffer.RolloutBuffer`` (staleness),
 ``tasks`` (``prompt_at(k)``, injected), ``trainer.report`` (Reporter), the transport (inbox and a sender to every
 generator; rank 0 also a control inbox for READY/ACK). The loop owns one part per concern: ``trainer.membership``
 (rank 0's elastic generators: join, leave, restart, silence), ``trainer.pushes`` (when to push, the push that
@@ -65,13 +65,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from kubeforge.api import progress
 from kubeforge.runtime import transport, types, wire
-from kubeforge.runtime.trainer import accuracy, buffer, dynamic_sampling, export_requests, membership, pushes
-from kubeforge.runtime.trainer import episode_figures, report, staleness
+from kubeforge.runtime.learner import base, dynamic_sampling
+from kubeforge.runtime.trainer import accuracy, buffer, export_requests, membership, pushes, record, report, saves
 
 POLL_SECONDS = 0.05
 
@@ -106,22 +107,6 @@ class Stalled(RuntimeError):
 
 class Terminated(Exception):
     """SIGTERM reached the trainer: it stopped at a safe point (never inside a checkpoint write)."""
-
-
-class Learner(Protocol):
-    """What the loop needs of ``trainer.step.Trainer``."""
-
-    step: int
-    policy_version: int
-
-    def train_step(self, *, groups: Sequence[types.RolloutGroup]) -> Any: ...
-    def resume(self, *, directory: str) -> dict[str, Any] | None: ...
-    def save_checkpoint(self, *, directory: str, keep: int, data_cursor: int,
-                        extra: Mapping[str, Any] | None = None) -> Any: ...
-    def follow_sync(self) -> None:
-        """A non-zero rank's part of rank 0's weight push (gathers of sharded weights); may do nothing."""
-    def export(self, *, directory: str) -> Any:
-        """Write the policy as an HF folder under ``directory`` (every rank calls it; rank 0 writes)."""
 
 
 class TrainerObserver(Protocol):
@@ -167,7 +152,7 @@ class Loop:
     """State of one trainer rank's run (see the module docstring for the order of things)."""
 
     def __init__(self, *, settings: Settings, inbox: transport.Receiver, generators: transport.Sender,
-                 learner: Learner, prompt_at: Callable[[int], types.Prompt], observer: TrainerObserver,
+                 learner: base.Learner, prompt_at: Callable[[int], types.Prompt], observer: TrainerObserver,
                  rank0: Rank0 | None = None, clock: Callable[[], float] = time.time,
                  beat: Callable[[str], None] = lambda activity: None,
                  should_stop: Callable[[], bool] = lambda: False,
@@ -186,12 +171,11 @@ class Loop:
         self.beat = beat                  # heartbeat: the role's liveness (``/healthz``) follows it
         self.should_stop = should_stop    # SIGTERM: stop at the next safe point (a write in progress finishes)
         self.stopped_at = stopped_at      # when SIGTERM arrived (time.monotonic), if known
-        self.saved_cursor = -1            # the data cursor of the newest checkpoint this run wrote or resumed
-        self.save_seconds = 0.0           # how long the last checkpoint write took
+        self.saves = saves.Saves(learner=learner, beat=beat)     # checkpoint writes, the stop checkpoint's bound
         self.reissued = 0                 # groups re-issued because they did not arrive in time
         capacity = (settings.max_policy_lag + 2) * settings.prompts_per_step + 16
         self.buffer = buffer.RolloutBuffer(max_policy_lag=settings.max_policy_lag, capacity=capacity)
-        self.resampler = (dynamic_sampling.Resampler(   # DAPO's dynamic sampling (trainer/dynamic_sampling.py)
+        self.resampler = (dynamic_sampling.Resampler(   # DAPO's dynamic sampling (learner/dynamic_sampling.py)
             layout=dynamic_sampling.Layout(prompts_per_step=settings.prompts_per_step, steps=settings.steps,
                                            ranks=settings.world), max_rounds=settings.refill_rounds)
             if settings.refill_rounds > 0 else None)
@@ -245,24 +229,24 @@ class Loop:
             try:
                 groups = self._collect(s)
             except Terminated:          # the step being collected is abandoned: its work goes out again
-                written = self._stop_checkpoint(trained=s, collective=False)
+                written = self.saves.on_stop(self.s, trained=s, collective=False, stopped_at=self.stopped_at())
                 raise Terminated(f"SIGTERM while collecting step {s} ({written})") from None
             self.beat("train")
             t0 = self.clock()
+            counts = None
             if self.resampler is not None:
                 groups, counts = self.resampler.finish(step=s, groups=groups)
-                stats = self.learner.train_step(groups=groups, sampling=counts)    # type: ignore[call-arg]
-            else:
-                stats = self.learner.train_step(groups=groups)
+            metrics = (self.learner.train_step(groups=groups) if counts is None
+                       else self.learner.train_step(groups=groups, sampling=counts))
             # a stop agreed now skips this step's weight push: the generators are stopping too (a suspended or
             # evicted job loses every pod), and a push to a peer gone waits out its send timeout, eating the stop
             # checkpoint's bound (measured: 30 s of 45 under Kueue preemption); a resume pushes anyway
             stopping = s + 1 < self.s.steps and self._stop_agreed()
-            self._after_step(s, stats, groups, train_seconds=self.clock() - t0, wait_seconds=t0 - waited,
+            self._after_step(s, metrics, groups, train_seconds=self.clock() - t0, wait_seconds=t0 - waited,
                              push=not stopping)
             self.beat("step")
             if s + 1 < self.s.steps and (stopping or self._stop_agreed()):
-                written = self._stop_checkpoint(trained=s + 1, collective=True)
+                written = self.saves.on_stop(self.s, trained=s + 1, collective=True, stopped_at=self.stopped_at())
                 raise Terminated(f"SIGTERM after step {s + 1} ({written})")
         exported = self.learner.export(directory=self.s.checkpoint_dir)
         if self.rank0 is not None:
@@ -271,7 +255,7 @@ class Loop:
     def _resume(self) -> int:
         state = self.learner.resume(directory=self.s.checkpoint_dir)
         start = int(state["data_cursor"]) if state else 0
-        self.saved_cursor = start if state else -1
+        self.saves.saved_cursor = start if state else -1
         self.buffer.advance(next_step=start)
         self.issued = start
         if self.rank0 is not None:
@@ -403,34 +387,27 @@ class Loop:
 
     # ------------------------------------------------------------ after a step
 
-    def _after_step(self, s: int, stats: Any, groups: Sequence[types.RolloutGroup], *, train_seconds: float,
-                    wait_seconds: float = 0.0, push: bool = True) -> None:
+    def _after_step(self, s: int, metrics: progress.StepMetrics, groups: Sequence[types.RolloutGroup], *,
+                    train_seconds: float, wait_seconds: float = 0.0, push: bool = True) -> None:
         done = s + 1
         last = done == self.s.steps
         sync: types.SyncResult | None = None
         if (done % self.s.sync_every == 0) and not last and push:
             sync = self.pushes.push_overlapped(step=done)
-        record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
-        record.wait_seconds = wait_seconds
-        self.accuracy.after_step(record, done=done, last=last)
+        rec = record.of(metrics, groups, rollouts=self.buffer, sync=sync, at=self.clock(),
+                        train_seconds=train_seconds, wait_seconds=wait_seconds,
+                        trained_version=self.learner.policy_version - 1, max_policy_lag=self.s.max_policy_lag)
+        self.accuracy.after_step(rec, done=done, last=last)
         if not last:          # the last step exports anyway, after the loop
-            self.exports.after_step(record, requests=self.rank0.exports if self.rank0 is not None else None,
+            self.exports.after_step(rec, requests=self.rank0.exports if self.rank0 is not None else None,
                                     directory=self.s.checkpoint_dir)
-        self.observer.trained(record=record)
+        self.observer.trained(record=rec)
         if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
-            self.rank0.reporter.step(record)
+            self.rank0.reporter.step(rec)
         if self.membership is not None:       # forget work of trained steps
             self.membership.forget(trained=s)
         if done % self.s.checkpoint_every == 0 or last:
-            self._save(cursor=done)
-
-    def _save(self, *, cursor: int) -> None:
-        self.beat("checkpoint")
-        t0 = time.monotonic()
-        self.learner.save_checkpoint(directory=self.s.checkpoint_dir, keep=self.s.checkpoint_keep,
-                                     data_cursor=cursor)
-        self.save_seconds = time.monotonic() - t0
-        self.saved_cursor = cursor
+            self.saves.save(self.s, cursor=done)
 
     # ------------------------------------------------------------ stopping (SIGTERM)
 
@@ -440,52 +417,7 @@ class Loop:
         agree = getattr(self.learner, "any_rank", None)
         return bool(agree(flag)) if agree is not None and self.s.world > 1 else flag
 
-    def _stop_checkpoint(self, *, trained: int, collective: bool) -> str:
-        """The stop checkpoint of ``trained`` steps (data cursor ``trained``), within ``stop_within`` of SIGTERM;
-        ``collective``: every rank is here (after an agreed stop), else only this rank (an abandoned collect).
-        Returns what happened, for the log."""
-        if trained <= max(self.saved_cursor, 0):
-            return f"checkpoint of step {trained} already complete" if trained else "nothing trained yet"
-        if not collective and self.s.world > 1 and not getattr(self.learner, "saves_alone", True):
-            return "no stop checkpoint: the sharded write needs every rank"
-        if not collective and self.s.rank != 0 and getattr(self.learner, "saves_alone", True):
-            return "rank 0 writes the stop checkpoint"
-        at = self.stopped_at()
-        age = time.monotonic() - at if at is not None else 0.0
-        fits = age + self.save_seconds <= self.s.stop_within
-        agree = getattr(self.learner, "agree", None)
-        if collective and self.s.world > 1 and agree is not None:
-            fits = bool(agree(fits))          # rank 0 decides: a sharded write needs every rank or none
-        if not fits:
-            msg = (f"no stop checkpoint: SIGTERM {age:.1f}s ago + last write {self.save_seconds:.1f}s > "
-                   f"{self.s.stop_within:.0f}s; the resume repeats the steps after {max(self.saved_cursor, 0)}")
-            print(f"trainer-{self.s.rank}: {msg}", flush=True)
-            return msg
-        self._save(cursor=trained)
-        msg = (f"stop checkpoint of step {trained} written in {self.save_seconds:.2f}s, "
-               f"{age + self.save_seconds:.1f}s after SIGTERM")
-        print(f"trainer-{self.s.rank}: {msg}", flush=True)
-        return msg
-
-    def _record(self, stats: Any, groups: Sequence[types.RolloutGroup], *,
-                sync: types.SyncResult | None, train_seconds: float) -> progress.StepRecord:
-        base = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
-        drops = sum(self.buffer.drops.values())
-        return progress.StepRecord(
-            **base,
-            time=self.clock(),
-            step_seconds=train_seconds,
-            weight_sync_seconds=sync.seconds if sync else None,
-            weight_sync_bytes=sync.bytes if sync else None,
-            dropped_stale=self.buffer.drops.get(buffer.STALE, 0),
-            dropped_total=drops,
-            policy_lag={str(k): v for k, v in sorted(self.buffer.lag_counts.items())},
-            **staleness.lag_figures(groups, policy_version=self.learner.policy_version - 1,
-                                    max_policy_lag=self.s.max_policy_lag),
-            **episode_figures.figures(groups),
-        )
-
-    def _finish(self, exported: Any) -> None:
+    def _finish(self, exported: Path | None) -> None:
         assert self.rank0 is not None
         self.pushes.finish()
         for g in range(self.members):
