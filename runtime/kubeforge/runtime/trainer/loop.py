@@ -18,12 +18,14 @@
  rank 0: STOP every generator, report done
 ```
 
-Neighbours: ``learner.step.Trainer`` (learner, checkpoints), ``trainer.buffer.RolloutBuffer`` (staleness),
-``tasks`` (``prompt_at(k)``, injected), ``trainer.report`` (Reporter), the transport (inbox and a sender to every
-generator; rank 0 also a control inbox for READY/ACK). The loop owns one part per concern: ``trainer.membership``
-(rank 0's elastic generators: join, leave, restart, silence), ``trainer.pushes`` (when to push, the push that
-overlaps the next step; the weight pusher itself is ``trainer.pusher``), ``trainer.accuracy`` (held-out evaluation
-in the records) and ``trainer.export_requests`` (export on request).
+Neighbours: the learner (``learner.base.Learner``, injected: ``learner.step.Trainer`` in a pod; its step returns
+``progress.StepMetrics``), ``trainer.buffer.RolloutBuffer`` (staleness), ``tasks`` (``prompt_at(k)``, injected),
+``trainer.report`` (Reporter), the transport (inbox and a sender to every generator; rank 0 also a control inbox for
+READY/ACK). The loop owns one part per concern: ``trainer.membership`` (rank 0's elastic generators: join, leave,
+restart, silence), ``trainer.pushes`` (when to push, the push that overlaps the next step; the weight pusher itself
+is ``trainer.pusher``), ``trainer.record`` (the step's record), ``trainer.saves`` (checkpoint writes, the stop
+checkpoint's bound), ``trainer.accuracy`` (held-out evaluation in the records) and ``trainer.export_requests``
+(export on request); dynamic sampling's screening is ``learner.dynamic_sampling``.
 
 Invariants:
 - The cursor is the step: prompts of step s are ``[s*P, (s+1)*P)``, a pure function of the task and seed. A
@@ -72,7 +74,8 @@ from typing import Any, Protocol
 from kubeforge.api import progress
 from kubeforge.runtime import transport, types, wire
 from kubeforge.runtime.learner import base, dynamic_sampling
-from kubeforge.runtime.trainer import accuracy, buffer, export_requests, membership, pushes, record, report, saves
+from kubeforge.runtime.trainer import accuracy, buffer, dispatch, export_requests, membership, pushes, record, report
+from kubeforge.runtime.trainer import saves
 
 POLL_SECONDS = 0.05
 
@@ -132,20 +135,14 @@ class Evaluate(Protocol):
         """Run the held-out evaluation now; the result has ``accuracy`` and ``seconds``."""
 
 
-def prompt_indices(*, step: int, prompts_per_step: int) -> range:
-    return range(step * prompts_per_step, (step + 1) * prompts_per_step)
+prompt_indices = dispatch.prompt_indices     # the cursor's arithmetic and the split over generators live with the
+split = dispatch.split                       # hand-offs; named here too, where the loop's readers look for them
 
 
 def my_share(*, step: int, settings: Settings) -> int:
     """How many groups of ``step`` belong to this rank."""
     return sum(1 for k in prompt_indices(step=step, prompts_per_step=settings.prompts_per_step)
                if k % settings.world == settings.rank)
-
-
-def split(items: Sequence[types.Prompt], parts: int) -> list[list[types.Prompt]]:
-    """Contiguous, nearly equal chunks (some empty when there are fewer items than parts)."""
-    n = len(items)
-    return [list(items[i * n // parts:(i + 1) * n // parts]) for i in range(parts)]
 
 
 class Loop:
@@ -173,19 +170,20 @@ class Loop:
         self.stopped_at = stopped_at      # when SIGTERM arrived (time.monotonic), if known
         self.saves = saves.Saves(learner=learner, beat=beat)     # checkpoint writes, the stop checkpoint's bound
         self.reissued = 0                 # groups re-issued because they did not arrive in time
+        self.dispatch = dispatch.Dispatch(settings=lambda: self.s, generators=generators, prompt_at=prompt_at,
+                                          learner=learner)    # work out: rank 0's window, anyone's re-issues
         capacity = (settings.max_policy_lag + 2) * settings.prompts_per_step + 16
         self.buffer = buffer.RolloutBuffer(max_policy_lag=settings.max_policy_lag, capacity=capacity)
         self.resampler = (dynamic_sampling.Resampler(   # DAPO's dynamic sampling (learner/dynamic_sampling.py)
             layout=dynamic_sampling.Layout(prompts_per_step=settings.prompts_per_step, steps=settings.steps,
                                            ranks=settings.world), max_rounds=settings.refill_rounds)
             if settings.refill_rounds > 0 else None)
-        self.issued = 0                   # rank 0: next step whose work has not been handed out
-        self._next_generator = settings.rank
         self.membership = (membership.Membership(
             settings=settings, generators=generators, control=rank0.control, pusher=rank0.pusher, learner=learner,
             rollouts=self.buffer, observer=observer, generator_address=generator_address,
-            push=lambda step: self.pushes.push(step=step), send_work=self._send_work, work=self._work)
+            push=lambda step: self.pushes.push(step=step), send_work=self.dispatch.send, work=self.dispatch.work)
             if rank0 is not None else None)   # rank 0: the generators taking work, elastic
+        self.dispatch.membership = self.membership
         self.pushes = pushes.Pushes(learner=learner, pusher=rank0.pusher if rank0 is not None else None,
                                     membership=self.membership, beat=beat)
         self.accuracy = accuracy.HeldOutAccuracy(evaluate=rank0.evaluate if rank0 is not None else None,
@@ -211,7 +209,7 @@ class Loop:
     @property
     def members(self) -> int:
         """Generators taking work now (indexes ``0..members-1``): elastic on rank 0, every generator elsewhere."""
-        return self.membership.members if self.membership is not None else self.generators.peers
+        return self.dispatch.members
 
     # ------------------------------------------------------------ the loop
 
@@ -224,7 +222,8 @@ class Loop:
         if start == 0:
             self.accuracy.before_first_step()
         for s in range(start, self.s.steps):
-            self._issue_window(current=s)
+            if self.rank0 is not None:
+                self.dispatch.issue_window(current=s, ahead=self.ahead)
             waited = self.clock()
             try:
                 groups = self._collect(s)
@@ -257,7 +256,7 @@ class Loop:
         start = int(state["data_cursor"]) if state else 0
         self.saves.saved_cursor = start if state else -1
         self.buffer.advance(next_step=start)
-        self.issued = start
+        self.dispatch.issued = start
         if self.rank0 is not None:
             self.rank0.reporter.resumed(step=start)
         return start
@@ -277,38 +276,6 @@ class Loop:
                 self.membership.ready(msg.index)
             elif msg is not None:
                 self.membership.on_control(msg)
-
-    # ------------------------------------------------------------ work out (rank 0)
-
-    def _issue_window(self, *, current: int) -> None:
-        if self.rank0 is None:
-            return
-        last = min(current + self.ahead, self.s.steps - 1)
-        while self.issued <= last:
-            step = self.issued
-            prompts = [self.prompt_at(k) for k in prompt_indices(step=step, prompts_per_step=self.s.prompts_per_step)]
-            for g, chunk in enumerate(split(prompts, self.members)):
-                if chunk:
-                    self._send_work(g, self._work(step, chunk))
-            self.issued += 1
-
-    def _send_work(self, g: int, work: wire.Work) -> None:
-        """Hand ``work`` to generator ``g``, bounded by ``answer_within``: a generator gone without a word (its pod
-        deleted, its notice lost) must not hold the trainer. Rank 0 then counts it as silent (dropped at the top
-        after ``answer_within``, its outstanding work, this one included, re-issued); for any rank the stall timer
-        re-issues what did not go out."""
-        if self.membership is not None:
-            self.membership.handed(g, work)
-        try:
-            self.generators.send(work, to=g, timeout=min(self.s.deadline, self.s.answer_within))
-        except transport.TransportError as exc:
-            print(f"trainer-{self.s.rank}: work of step {work.step} not delivered to generator-{g} ({exc})",
-                  flush=True)
-            if self.membership is not None:
-                self.membership.undelivered(g)
-
-    def _work(self, step: int, prompts: Sequence[types.Prompt]) -> wire.Work:
-        return wire.Work(step=step, policy_version=self.learner.policy_version, prompts=tuple(prompts))
 
     # ------------------------------------------------------------ groups in (every rank)
 
@@ -356,9 +323,7 @@ class Loop:
         if decision.keep:
             return False
         if decision.refill is not None:
-            g = self._next_generator % self.members
-            self._next_generator = g + 1
-            self._send_work(g, self._work(group.step, [self.prompt_at(decision.refill)]))
+            self.dispatch.to_next(group.step, self.prompt_at(decision.refill))
         return True
 
     def _slot_index(self, step: int, k: int) -> int:
@@ -371,9 +336,7 @@ class Loop:
                 if k % self.s.world == self.s.rank]
         missing = [k for k in mine if not self.buffer.holds(step=step, index=k)]
         for k in missing:
-            g = self._next_generator % self.members
-            self._next_generator = g + 1
-            self._send_work(g, self._work(step, [self.prompt_at(k)]))
+            self.dispatch.to_next(step, self.prompt_at(k))
         self.reissued += len(missing)
         print(f"trainer-{self.s.rank}: step {step}: {len(missing)} groups did not arrive within "
               f"{self.s.reissue_after:.0f}s; re-issued", flush=True)
@@ -381,9 +344,7 @@ class Loop:
     def _forward_reissues(self) -> None:
         """Hand dropped-but-needed prompts out again, round robin over generators."""
         for r in self.buffer.drain_reissue():
-            g = self._next_generator % self.members
-            self._next_generator = g + 1
-            self._send_work(g, self._work(r.step, [r.prompt]))
+            self.dispatch.to_next(r.step, r.prompt)
 
     # ------------------------------------------------------------ after a step
 
