@@ -26,6 +26,7 @@ Modules:
 - ``materialise`` — a sharded model built without ever holding the whole model.
 - ``parallel``   — ``DistConfig`` / ``DataParallel``: torch.distributed group (gloo/NCCL), gradient mean.
 - ``checkpoint`` — atomic checkpoints with manifest, checksums and a COMPLETE marker; ``latest``, ``load``.
+- ``persist``    — the learner's state in and out of a checkpoint: rank 0 alone (replicated) or every rank its shards.
 - ``hf_export``  — the policy written as a Hugging Face folder next to the checkpoints.
 - ``malloc``     — freed tensor memory goes back to the system.
 

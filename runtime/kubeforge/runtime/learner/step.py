@@ -49,8 +49,8 @@ from kubeforge.api import progress, rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, mismatch, overlong, registry
 from kubeforge.runtime.learner import batch, checkpoint, compiled, compute_copy, dynamic_sampling, hf_export, logprobs
-from kubeforge.runtime.learner import lora, malloc, materialise, parallel, policy, precision, schedule, sharding
-from kubeforge.runtime.learner import truncation
+from kubeforge.runtime.learner import lora, malloc, materialise, parallel, persist, policy, precision, schedule
+from kubeforge.runtime.learner import sharding, truncation
 from kubeforge.runtime.models import adapter
 
 DTYPES = precision.DTYPES
@@ -405,68 +405,24 @@ class Trainer:
         loop's and come back from :meth:`resume`."""
         state = {"step": self.step, "policy_version": self.policy_version, "data_cursor": data_cursor,
                  "rng": checkpoint.capture_rng(), "extra": dict(extra or {})}
-        if self.scale.sharding != sharding.FSDP:
-            if not self.group.is_main:
-                return None
-            return checkpoint.save(root=directory, step=self.step, model_state=self.model.state_dict(),
-                                   optimizer_state=self.optimizer.state_dict(), state=state, keep=keep)
-        tmp = checkpoint.begin(root=directory, step=self.step) if self.group.is_main else None
-        tmp = Path(self.group.broadcast_json(str(tmp) if tmp else None))
-        sharding.dcp_save(tmp / checkpoint.DCP, root=self.policy, optimizer=self.optimizer)
-        self.group.barrier()
-        final = checkpoint.seal(tmp, root=directory, step=self.step, state=state, keep=keep) \
-            if self.group.is_main else None
-        self.group.barrier()
-        return final
+        return persist.save(self._parts(), directory=directory, keep=keep, step=self.step, state=state)
 
     def resume(self, *, directory: str | Path) -> dict[str, Any] | None:
         """Restore the newest complete checkpoint under ``directory`` (found and verified by rank 0). Returns its
         state (``step``, ``policy_version``, ``data_cursor``, ``extra``), or None when there is none."""
-        loaded = checkpoint.load_latest(directory) if self.group.is_main else None
-        info = None
-        if loaded is not None:
-            info = {"state": loaded.state, "sharded": str(loaded.sharded) if loaded.sharded else None}
-        info = self.group.broadcast_json(info)
-        if info is None:
+        state = persist.restore(self._parts(), directory=directory)
+        if state is None:
             return None
-        fsdp = self.scale.sharding == sharding.FSDP
-        if fsdp != (info["sharded"] is not None):
-            raise checkpoint.CheckpointError(
-                f"{directory}: a {'sharded' if info['sharded'] else 'replicated'} checkpoint cannot resume "
-                f"spec.roles.trainer.sharding {self.scale.sharding}")
-        if fsdp:
-            sharding.dcp_load(info["sharded"], root=self.policy, optimizer=self.optimizer)
-        else:
-            if loaded is not None:
-                self.model.load_state_dict(loaded.model_state)
-                self.optimizer.load_state_dict(loaded.optimizer_state)
-            if self.group.world_size > 1:
-                self._ensure_optimizer_state()
-                self.group.broadcast_tensors(self.params)
-                self.group.broadcast_tensors(self._optimizer_tensors())
         if self.shadow is not None:
             self.shadow.refresh(trainable_only=False)
-        state = info["state"]
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
         checkpoint.restore_rng(state["rng"])
-        return dict(state)
+        return state
 
-    def _ensure_optimizer_state(self) -> None:
-        """Materialise AdamW's lazily created state (as AdamW itself would) so every rank has the same tensors."""
-        for p in self.params:
-            st = self.optimizer.state[p]
-            if not st:
-                st["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device)
-                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
-    def _optimizer_tensors(self) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        for p in self.params:
-            st = self.optimizer.state[p]
-            out.extend(st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor))
-        return out
+    def _parts(self) -> persist.Parts:
+        return persist.Parts(model=self.model, policy=self.policy, optimizer=self.optimizer, params=self.params,
+                             group=self.group, layout=self.scale.sharding)
 
 
 def _filler(pad_id: int) -> batch.Batch:
