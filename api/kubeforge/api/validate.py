@@ -90,7 +90,7 @@ def _algorithm(spec: rljob.RLJobSpec) -> Problems:
 
 
 def _dynamic_sampling(spec: rljob.RLJobSpec) -> Problems:
-    """Refill prompts (runtime ``trainer/dynamic_sampling.py``) are drawn at ``slot + round * stride`` of the task
+    """Refill prompts (runtime ``learner/dynamic_sampling.py``) are drawn at ``slot + round * stride`` of the task
     stream, ``stride`` = promptsPerStep * steps rounded up to the trainer ranks: evaluation prompts must lie above."""
     algo, ev = spec.algorithm, spec.evaluation
     rounds = algo.refill_rounds()

@@ -16,7 +16,8 @@ import transformers
 
 from kubeforge.api import contract, rljob, roleenv
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, tasks, transport, weightsync
-from kubeforge.runtime.trainer import episode_eval, evaluate, export_requests, loop, parallel, pusher, report, step
+from kubeforge.runtime.learner import parallel, step
+from kubeforge.runtime.trainer import episode_eval, evaluate, export_requests, loop, pusher, report
 from kubeforge.runtime.verifiers import registry
 
 

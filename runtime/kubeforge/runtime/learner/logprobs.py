@@ -59,9 +59,9 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.utils import checkpoint
 
-from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import lmhead
-from kubeforge.runtime.trainer import truncation as trunc_mod
+from kubeforge.runtime.learner import batch as batch_mod
+from kubeforge.runtime.learner import lmhead
+from kubeforge.runtime.learner import truncation as trunc_mod
 
 CHUNK_ELEMENTS = 1 << 24     # float32 logits per chunk: 64 MiB
 KEEP_ELEMENTS = 1 << 26      # the forward's probabilities kept for backward up to this many (256 MiB float32)

@@ -20,13 +20,21 @@ import dataclasses
 import datetime
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from kubeforge.api import contract
-from kubeforge.runtime import config
+from kubeforge.api import contract, roleenv
+
+
+class Role(Protocol):
+    """A trainer process's place in the job (``config.RoleConfig``, the env contract parsed)."""
+
+    @property
+    def index(self) -> int: ...
+    def replicas(self, role: str) -> int: ...
+    def peer(self, role: str, index: int) -> roleenv.Peer: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,7 +51,7 @@ class DistConfig:
             raise ValueError(f"{contract.ENV_INDEX}: rank {self.rank} outside trainer world size {self.world_size}")
 
     @classmethod
-    def of_role(cls, cfg: config.RoleConfig, *, backend: str) -> DistConfig:
+    def of_role(cls, cfg: Role, *, backend: str) -> DistConfig:
         """The trainer group of a trainer process: its global rank among every trainer rank, trainer 0 the master."""
         master = cfg.peer("trainer", 0)
         return cls(rank=cfg.index, world_size=cfg.replicas("trainer"), master_host=master.host,

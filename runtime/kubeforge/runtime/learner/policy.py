@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import logprobs
-from kubeforge.runtime.trainer import truncation as trunc_mod
+from kubeforge.runtime.learner import batch as batch_mod
+from kubeforge.runtime.learner import logprobs
+from kubeforge.runtime.learner import truncation as trunc_mod
 
 # Rows up to this many tokens run HF's eager attention on the CPU compute copy (logprobs: "Short rows"): its
 # saved probabilities are rows x heads x T^2 per layer (the demo: 32 x 9 x 62^2 bf16 = 2.2 MB per layer).

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kubeforge.runtime.trainer import precision
+from kubeforge.runtime.learner import precision
 
 FSDP = "FSDP"
 DDP = "DDP"

@@ -29,7 +29,7 @@ import torch
 from kubeforge.runtime import types
 from kubeforge.runtime.grpo import advantages as adv
 from kubeforge.runtime.grpo import overlong as overlong_mod
-from kubeforge.runtime.trainer import staleness
+from kubeforge.runtime.learner import staleness
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,7 +73,7 @@ class Row:
     completion: types.Completion
     advantage: float
     reward: float
-    keep: np.ndarray | None = None   # 1 per token trained on; 0 masked: stale (trainer.staleness) or environment token
+    keep: np.ndarray | None = None   # 1 per token trained on; 0 masked: stale (learner.staleness) or environment token
 
     @property
     def tokens(self) -> int:
@@ -84,7 +84,7 @@ def rows_of(*, groups: Sequence[types.RolloutGroup], scale_by_std: bool,
             overlong: overlong_mod.Overlong | None = None, min_version: int | None = None) -> list[Row]:
     """Every completion of ``groups`` as a row, group after group, with its group-normalised advantage (of the
     rewards plus DAPO's overlong penalty when ``overlong`` is given; ``Row.reward`` stays the verifiers'); tokens
-    sampled under a version below ``min_version`` (partial rollouts) are masked out (``trainer.staleness``), and so
+    sampled under a version below ``min_version`` (partial rollouts) are masked out (``learner.staleness``), and so
     are an episode's environment tokens (``types.policy_mask``: in the context, never in the loss)."""
     _check(groups)
     rewards = [overlong_mod.shaped_rewards(g, overlong) for g in groups]

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import transformers
 
-from kubeforge.runtime.trainer import sharding
+from kubeforge.runtime.learner import sharding
 
 META = torch.device("meta")
 

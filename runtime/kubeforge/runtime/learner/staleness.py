@@ -8,13 +8,13 @@ gradient, not in the token count), the rest of its completion trains with the wh
 rather than drop the group: the group's reward and its fresh tokens stay useful, and dropping would waste exactly
 the long completions partial rollouts exist for. Every masked token is counted (``masked_stale_tokens``).
 
-Neighbours: ``trainer.batch.rows_of`` asks :func:`keep_masks`; ``trainer.loop`` records :func:`lag_figures` in the
+Neighbours: ``learner.batch.rows_of`` asks :func:`keep_masks`; ``trainer.loop`` records :func:`lag_figures` in the
 step's record (``token_lag_mean``, ``old_version_token_fraction``, ``masked_stale_tokens``).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -34,7 +34,16 @@ def keep_masks(groups: Sequence[types.RolloutGroup], *, min_version: int | None)
     return out
 
 
-def lag_figures(groups: Sequence[types.RolloutGroup], *, policy_version: int, max_policy_lag: int) -> dict[str, Any]:
+class LagFigures(TypedDict):
+    """The step record's token-lag fields (``progress.StepRecord``: mypy checks the names where the loop puts
+    them in the record, ``trainer.record``)."""
+
+    token_lag_mean: float | None
+    old_version_token_fraction: float | None
+    masked_stale_tokens: int
+
+
+def lag_figures(groups: Sequence[types.RolloutGroup], *, policy_version: int, max_policy_lag: int) -> LagFigures:
     """Tokens of ``groups`` by their lag behind ``policy_version`` (the version being trained): mean lag, the share
     from a version older than the group's newest (the tokens partial rollouts carried across an update), and how
     many were masked as stale."""

@@ -44,7 +44,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from kubeforge.runtime.trainer import truncation as trunc_mod
+from kubeforge.runtime.learner import truncation as trunc_mod
 
 
 @dataclasses.dataclass(frozen=True)

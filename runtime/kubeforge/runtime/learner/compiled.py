@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from kubeforge.runtime.trainer import sharding
+from kubeforge.runtime.learner import sharding
 
 Backend = str | Callable[..., Any]
 
