@@ -2,9 +2,9 @@
 
 1. ``parity``: one GRPO step of the same random-initialised model on the same batch, once on CPU and once on the
    GPU (float32 both): loss and gradient norm and their relative differences. The CPU path packs each group's
-   prompt once (``trainer/logprobs.py`` "Shared prompts"); the GPU path runs every row whole, so this checks two
+   prompt once (``learner/logprobs.py`` "Shared prompts"); the GPU path runs every row whole, so this checks two
    different computations of the same step against each other.
-2. ``step``: the trainer's step (``trainer.step.Trainer``, as the trainer role builds it) on the GPU for two model
+2. ``step``: the trainer's step (``learner.step.Trainer``, as the trainer role builds it) on the GPU for two model
    shapes built from their configs, no download: the demo model's (SmolLM2-135M) and Qwen2-0.5B's. For each:
    ``--prompts`` x ``--group-size`` completions of ``--completion-len`` tokens after ``--prompt-len`` prompt tokens,
    in ``float32`` (the baseline, in the same run), ``bfloat16`` (float32 masters, a bf16 compute copy) and
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import transformers
 
-from kubeforge.runtime.trainer import parallel, step
+from kubeforge.runtime.learner import parallel, step
 
 import bench_trainer_scale as scale_bench
 import common

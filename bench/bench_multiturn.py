@@ -8,7 +8,7 @@ warm-up batch of each:
 
 - ``multi_turn``: episodes of the example's environment exactly as a generator runs them
   (``agents.runner.EpisodeSampler`` over ``generator.start.EngineTurns``, the environments in
-  ``agents.workers.SubprocessHost`` worker processes): every turn is one batched vLLM call on the episode so far
+  ``agents.hosts.workers.SubprocessHost`` worker processes): every turn is one batched vLLM call on the episode so far
   (prompt + earlier turns + the environment's answers, re-sent as token ids), then one environment step.
 - ``single_turn``: plain completions of the same prompts (``Engine.generate``) with the episodes' token budget per
   completion (``maxNewTokens`` x ``maxTurns``, capped by ``maxTokensPerEpisode``).
@@ -39,7 +39,8 @@ def run(example: str, reps: int) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from kubeforge.api import load
     from kubeforge.runtime import models, tasks
-    from kubeforge.runtime.agents import runner, workers
+    from kubeforge.runtime.agents import runner
+    from kubeforge.runtime.agents.hosts import workers
     from kubeforge.runtime.generator import engine as engine_mod
     from kubeforge.runtime.generator import start as gen_start
 

@@ -3,7 +3,7 @@
 What is compared, on the same model, batch and optimizer settings (CPU by default):
 - baseline: HF ``model(input_ids, attention_mask, labels=...)`` (cross entropy over completion tokens, full
   logits), backward, grad-norm clip, AdamW step — the least a training step can do;
-- trainer: ``kubeforge.runtime.trainer.step.Trainer.train_step`` (collate from RolloutGroups, advantages, logprob
+- trainer: ``kubeforge.runtime.learner.step.Trainer.train_step`` (collate from RolloutGroups, advantages, logprob
   gather with ``logits_to_keep``, entropy, the GRPO loss, the all-reduce bookkeeping for world size 1, clip, AdamW).
 The two are interleaved step by step so machine noise hits both alike; warm-up steps are dropped.
 Tokens = completion tokens trained on (prompt tokens excluded). Prints one JSON object last.
@@ -23,8 +23,8 @@ import torch
 import transformers
 
 from kubeforge.api import rljob
-from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import step
+from kubeforge.runtime.learner import batch as batch_mod
+from kubeforge.runtime.learner import step
 
 import common
 

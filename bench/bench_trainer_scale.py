@@ -34,7 +34,7 @@ import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import models
-from kubeforge.runtime.trainer import parallel, step
+from kubeforge.runtime.learner import parallel, step
 
 import common
 

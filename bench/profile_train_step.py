@@ -5,7 +5,7 @@
                                                  [--compare share-prefix|autocast|attention|pack|compile|keep-probs]
                                                  [--compile] [--pack]
 
-Builds ``trainer.step.Trainer`` exactly as the trainer role does (the example's model, dtype, algorithm), feeds it
+Builds ``learner.step.Trainer`` exactly as the trainer role does (the example's model, dtype, algorithm), feeds it
 groups shaped like the example's steps (its real prompts, ``promptsPerStep`` x ``groupSize`` completions of
 ``maxNewTokens`` random tokens, alternating rewards so every group has signal), drops one warm-up step and prints
 the step's phases (forward, backward, optimizer), the step's FLOPs (6 x parameters x tokens computed, the usual
@@ -13,12 +13,12 @@ estimate, plus the LM head on completion tokens only; with shared prompts each g
 achieved GFLOP/s, and the top operators by self CPU time under ``torch.profiler``. ``--compare`` instead alternates
 two variants of the step on the same batches and prints wall and process CPU seconds of each (CPU time is what a
 loaded machine distorts least): ``share-prefix`` (each distinct prompt once vs the full forward; ``--ab`` is its
-old name) or ``autocast`` (the trainer's bf16 compute copy, ``trainer/compute_copy.py``, vs autocast over the float32
+old name) or ``autocast`` (the trainer's bf16 compute copy, ``learner/compute_copy.py``, vs autocast over the float32
 masters, the path before it) or ``attention`` (eager attention for short rows vs SDPA on the compute copy,
-``trainer/logprobs.py`` "Short rows") or ``pack`` (each group packed into one row, its prompt once, vs the full
-forward; logprobs "Shared prompts") or ``compile`` (compiled decoder blocks vs eager: ``trainer/compiled.py``; the
+``learner/logprobs.py`` "Short rows") or ``pack`` (each group packed into one row, its prompt once, vs the full
+forward; logprobs "Shared prompts") or ``compile`` (compiled decoder blocks vs eager: ``learner/compiled.py``; the
 compile itself happens in the warm-up step, whose seconds are printed as ``warmup_seconds``) or ``keep-probs`` (the
-LM head's probabilities kept from forward to backward vs recomputed there: ``trainer/lmhead.py``). ``--compile`` and
+LM head's probabilities kept from forward to backward vs recomputed there: ``learner/lmhead.py``). ``--compile`` and
 ``--pack`` turn those on for the profile (packing is already the trainer's default for its CPU compute copy;
 ``tokens_computed_per_step`` then counts each prompt once). Nothing else runs in this process; the load average is printed beside the figures.
 """
@@ -38,7 +38,7 @@ import transformers
 
 from kubeforge.api import load
 from kubeforge.runtime import models, tasks, types
-from kubeforge.runtime.trainer import compiled, logprobs, step
+from kubeforge.runtime.learner import compiled, logprobs, step
 
 
 def demo_groups(job_spec, tok, *, seed: int) -> list[types.RolloutGroup]:  # type: ignore[no-untyped-def]

@@ -1,8 +1,10 @@
 """The tiny RLJob in real pods, run by the operator to Succeeded, with one trainer crash on the way.
 
 Role: the driver shared by ``make e2e-real`` (``python e2e/run_real.py``) and ``e2e/test_e2e_real.py``. It
-uses (or starts) a test cluster with the real node, starts the operator for one namespace, applies the manifest
-of ``realjob.manifest`` (every role on the real node, the project's venv from the host), and watches:
+uses (or starts) a test cluster with the real node, installs the operator as users do (``installed``: ``helm
+install`` of the chart with this checkout's operator image, in a pod on the real node, under the chart's RBAC; namespaced
+mode over the job's namespace by default, cluster-wide mode when asked), applies the manifest of
+``realjob.manifest`` (every role on the real node, the project's venv from the host), and watches:
 
 ```
  apply ──▶ Starting ──▶ Running ── trainer step >= kill_after ──▶ kubectl exec: kill -<SIG> <role process>
@@ -18,8 +20,8 @@ container that exits non-zero (once per container, also in the ``E2E-REAL`` line
 pod's cgroup). The command prints a measurement line (``E2E-REAL {...}``) and then, on its LAST line, the
 RLJob's final ``status`` as JSON; it exits 0 only when that status is Succeeded at ``spec.algorithm.steps``.
 
-Neighbours: ``kfcluster`` (cluster), ``node.realnode`` (node status), ``kfcluster.harness.Operator`` (the
-operator as a subprocess), ``realjob`` (manifest). Never connects to a pod: only kubectl and the host's /proc.
+Neighbours: ``kfcluster`` (cluster), ``node.realnode`` (node status), ``installed`` (the chart-installed
+operator), ``realjob`` (manifest). Never connects to a pod: only kubectl and the host's /proc.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ ROOT = _E2E.parent
 if str(_E2E) not in sys.path:
     sys.path.insert(0, str(_E2E))
 
+import installed  # noqa: E402
 import realjob  # noqa: E402
 from kfcluster import config as cfg  # noqa: E402
 from kfcluster import harness  # noqa: E402
@@ -232,6 +235,9 @@ class Result:
     checkpoints: list[str] = dataclasses.field(default_factory=list)
     phases: list[tuple[float, str]] = dataclasses.field(default_factory=list)
     export: dict[str, Any] | None = None              # the export asked for on the RLJob, once status served it
+    operator: dict[str, Any] = dataclasses.field(default_factory=dict)   # the release it ran under (installed.summary)
+    api_requests: dict[str, float] = dataclasses.field(default_factory=dict)  # "verb resource" -> the operator's count
+    undeclared: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # of those, beyond access.NEEDS
     failure_seen_s: float | None = None               # fault -> the failure in status.lastFailure
     next_step_s: float | None = None                  # fault -> the first step record of a trainer 0 started after it
 
@@ -250,7 +256,7 @@ class Result:
                 "reward_last_step": rewards[-1] if rewards else None,
                 "reward_gain": round(rewards[-1] - rewards[0], 4) if rewards else None, **self.memory,
                 "failures": [{k: v for k, v in f.items() if k != "log_tail"} for f in self.failures],
-                "export": self.export, "env_servers": self.env_servers(),
+                "export": self.export, "env_servers": self.env_servers(), "operator": self.operator,
                 "phases": [(round(t, 1), p) for t, p in self.phases]}
 
     def env_servers(self) -> dict[str, str]:
@@ -444,12 +450,15 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
         kill_after_step: int | None = 8, timeout_s: float = 1200.0, keep_namespace: bool = False,
         base: pathlib.Path | None = None, export_after_step: int | None = None,
         fault: Callable[[int, list[dict[str, Any]]], dict[str, Any]] | None = None,
-        operator_args: tuple[str, ...] = (), prepare: Callable[[str], None] | None = None,
-        runtime_image: str | None = None) -> Result:
+        chart_values: tuple[str, ...] = (), prepare: Callable[[str], None] | None = None,
+        mode: str = installed.NAMESPACED, runtime_image: str | None = None) -> Result:
     """Run the RLJob of ``base`` (default: examples/tiny.yaml) in real pods on ``cluster`` (whose real node is up);
     artefacts under ``workdir``. ``name`` defaults to the manifest's own; ``prepare(namespace)`` runs once the
-    namespace exists, before the RLJob is applied (e.g. a Kueue LocalQueue in it). ``runtime_image``: the roles
-    run from that image (imported into the real node) instead of the base image with the host's venv mounted."""
+    namespace exists, before the RLJob is applied (e.g. a Kueue LocalQueue in it). The operator is the chart's
+    (``installed.install``) in ``mode``, with ``chart_values`` (``key=value``) set; the job's namespace is made here
+    first, without a Pod Security label (its pods mount the host's venv), so the chart leaves it as it is.
+    ``runtime_image``: the roles run from that image (imported into the real node) instead of the base image with
+    the host's venv mounted."""
     doc = realjob.load_tiny(base) if base is not None else realjob.load_tiny()
     name = name or str(doc.get("metadata", {}).get("name") or "tiny")
     k = cluster.kubectl
@@ -463,9 +472,14 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
     checkpoints.mkdir(parents=True, exist_ok=True)
     checkpoints.chmod(0o777)    # a hostPath: the pods run as a non-root UID (render/security.py), fsGroup skips it
     checkpoints.chmod(0o777)        # role pods run as UID 1000 (restricted Pod Security); a hostPath keeps host modes
-    op = harness.Operator(kubeconfig=k.kubeconfig, log_path=workdir / "operator.log", extra=("--namespace", ns, *operator_args))
-    op.start()
-    log(f"operator up (namespace {ns}); log {workdir / 'operator.log'}")
+    try:
+        rel = installed.install(cluster, watch=(ns,) if mode == installed.NAMESPACED else (), workdir=workdir,
+                                extra=chart_values)
+    except BaseException:
+        if not keep_namespace:
+            k.run("delete", "namespace", ns, "--wait=false", check=False)
+        raise
+    log(f"operator installed by the chart ({rel.mode}, release {rel.name} in {rel.namespace})")
     try:
         parts = realjob.image_parts(runtime_image) if runtime_image else None
         job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints, base=doc, parts=parts)
@@ -477,9 +491,14 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
                 realjob.CONTAINER_CHECKPOINTS)
             result.export["files"] = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else None
         (workdir / "pods.json").write_text(json.dumps(result.pods, indent=1))
+        requests = rel.requests()
+        result.operator = installed.summary(rel)
+        result.api_requests = {f"{v} {r}": n for (v, r), n in sorted(requests.items())}
+        result.undeclared = installed.undeclared(requests)
         return result
     finally:
-        op.stop()
+        (workdir / "operator.log").write_text(rel.logs(tail=2000))
+        rel.uninstall()
         if not keep_namespace:
             k.run("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False, timeout_s=150)
 

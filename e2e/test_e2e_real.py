@@ -1,6 +1,7 @@
 """End to end in real pods: the operator runs the tiny RLJob to Succeeded with the real runtime on the real node.
 
-One run (``run_real.run``) covers the whole issue, because one vLLM start in a pod costs a minute or two on 2
+The operator is installed as users install it: ``helm install`` of the chart, in a pod, in **cluster-wide mode**
+(``installed``; the Kueue real-pod suite runs namespaced mode). One run (``run_real.run``) covers the whole issue, because one vLLM start in a pod costs a minute or two on 2
 cores: every role on the real kubelet node (CPU only; the kwok GPU nodes keep their taint), vLLM generating in
 the generator pod, rollouts over ZeroMQ between pods by headless-Service DNS names, weights over gloo, progress
 from the trainer's pod annotation into the RLJob's status; then the trainer process killed with SIGUSR1 (exit
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import installed
 import run_real
 from kfcluster import testing
 from node import realnode
@@ -33,7 +35,8 @@ KILL_AFTER = 8
 @pytest.fixture(scope="module")
 def result(real_node_cluster: run_real.Acquired, tmp_path_factory: pytest.TempPathFactory) -> run_real.Result:
     workdir = tmp_path_factory.mktemp("e2e-real")
-    res = run_real.run(cluster=real_node_cluster.cluster, workdir=workdir, kill_after_step=KILL_AFTER)
+    res = run_real.run(cluster=real_node_cluster.cluster, workdir=workdir, kill_after_step=KILL_AFTER,
+                       mode=installed.CLUSTER_WIDE)
     setup = real_node_cluster.setup_seconds
     figures = {**res.figures(), "cluster_setup_s": None if setup is None else round(setup, 1)}
     print("E2E-REAL " + json.dumps(figures))
@@ -57,6 +60,12 @@ def test_job_succeeds_with_progress_in_status(result: run_real.Result) -> None:
     complete = next(c for c in st["conditions"] if c["type"] == "Complete")
     assert complete["status"] == "True"
     assert result.apply_to_running_s is not None and result.apply_to_succeeded_s is not None
+
+
+def test_the_chart_installed_operator_used_only_what_its_rbac_grants(result: run_real.Result) -> None:
+    """The operator ran in a pod under the chart's cluster-wide RBAC; every API call it counted is declared."""
+    assert result.operator["mode"] == installed.CLUSTER_WIDE
+    assert result.api_requests and not result.undeclared, (result.undeclared, result.api_requests)
 
 
 def test_every_role_ran_in_real_pods_on_the_real_node(result: run_real.Result) -> None:

@@ -178,15 +178,14 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
             continue
         assert granted.get((group, plural), set()) >= write, f"{kind} ({api_version}): {granted.get((group, plural))}"
     assert granted[("kueue.x-k8s.io", "workloads/status")] == {"get", "patch"}      # eviction, Finished
-    assert granted[("kueue.x-k8s.io", "resourceflavors")] == granted[("kueue.x-k8s.io", "workloadpriorityclasses")] \
-        == {"get"}
-    scanning = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge-scanning")["rules"])
-    assert scanning == {("", "namespaces"): {"list", "watch"},
-                        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
-    # node loss (docs/node-loss.md): the Ready condition of a not-ready pod's node, read only, in both modes
+    # cluster-scoped reads, in both modes: kopf's scanning, node loss (docs/node-loss.md: the Ready condition of a
+    # not-ready pod's node), Kueue's flavors and priority classes (cluster-scoped: a Role could not grant them)
     for mode in (objs, render(*NAMESPACED)):
-        assert rules_by_resource(one(mode, "ClusterRole", f"{RELEASE}-kubeforge-nodes")["rules"]) == \
-            {("", "nodes"): {"get"}}
+        reads = rules_by_resource(one(mode, "ClusterRole", f"{RELEASE}-kubeforge-cluster-reads")["rules"])
+        assert reads == {("", "namespaces"): {"list", "watch"},
+                         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+                         ("", "nodes"): {"get"}, ("kueue.x-k8s.io", "resourceflavors"): {"get"},
+                         ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"}}
     (container,) = one(objs, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]["containers"]
     assert "--node-loss-grace-seconds=60" in container["args"]
 
@@ -223,7 +222,47 @@ def test_namespaced_mode_uses_roles() -> None:
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert sorted(b["metadata"]["namespace"] for b in objs if b["kind"] == "RoleBinding") == ["team-a", "team-b"]
     assert sorted(o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRole") == \
-        [f"{RELEASE}-kubeforge-nodes", f"{RELEASE}-kubeforge-scanning"]
+        [f"{RELEASE}-kubeforge-cluster-reads"]
+    for role in roles:     # a Role's rule on a cluster-scoped resource grants nothing: none may hold one
+        assert not {r for _, r in rules_by_resource(role["rules"])} & {"nodes", "namespaces", "resourceflavors",
+                                                                        "workloadpriorityclasses"}, role["rules"]
+
+
+def granted_by_scope(objs: Sequence[Obj], *, jobs_namespaces: Sequence[str]) -> set[tuple[str, str, str, Any]]:
+    """(verb, group, resource, access.Scope) of every rule the rendered chart grants the operator's account: the
+    ClusterRoles (cluster-scoped resources: CLUSTER; the main one of cluster-wide mode: JOBS), the Roles in the
+    watched namespaces (JOBS: each must grant the same) and in the release namespace (RELEASE)."""
+    access = pytest.importorskip("kubeforge.operator.access")
+    out: set[tuple[str, str, str, Any]] = set()
+    per_ns: dict[str, set[tuple[str, str, str]]] = {}
+    for o in objs:
+        if o["kind"] not in ("Role", "ClusterRole"):
+            continue
+        flat = {(v, g, r) for (g, r), verbs in rules_by_resource(o["rules"]).items() for v in verbs}
+        if o["kind"] == "ClusterRole":
+            scope = access.Scope.CLUSTER if o["metadata"]["name"].endswith("-cluster-reads") else access.Scope.JOBS
+        elif o["metadata"]["namespace"] == RELEASE_NS:
+            scope = access.Scope.RELEASE
+        else:
+            per_ns.setdefault(o["metadata"]["namespace"], set()).update(flat)
+            scope = access.Scope.JOBS
+        out |= {(*k, scope) for k in flat}
+    if jobs_namespaces:
+        assert sorted(per_ns) == sorted(jobs_namespaces) and len({frozenset(v) for v in per_ns.values()}) == 1, per_ns
+    return out
+
+
+@pytest.mark.parametrize("mode", ["clusterwide", "namespaced"])
+def test_chart_rbac_is_exactly_the_operators_needs(mode: str) -> None:
+    """The chart grants what ``kubeforge.operator.access.NEEDS`` lists (checked against the code by
+    tests/operator/test_access.py), no more and no less, in each mode; leader election's Lease with replicas > 1."""
+    access = pytest.importorskip("kubeforge.operator.access")
+    sets = ("replicas=2", *(NAMESPACED if mode == "namespaced" else ()))
+    got = granted_by_scope(render(*sets), jobs_namespaces=["team-a", "team-b"] if mode == "namespaced" else [])
+    want = access.flat()
+    assert got == want, {"chart lacks": sorted(map(str, want - got)), "chart grants beyond": sorted(map(str, got - want))}
+    single = granted_by_scope(render(*sets[1:]), jobs_namespaces=["team-a", "team-b"] if sets[1:] else [])
+    assert single == {k for k in want if k[3] is not access.Scope.RELEASE}, "the Lease Role only with an election"
 
 
 def test_monitoring_objects() -> None:
@@ -349,3 +388,17 @@ def test_cluster_wide_rbac_can_i(kube_cluster: Any, namespaces: list[str]) -> No
         k("delete", "-n", job_ns, "role,rolebinding,serviceaccount", "-l", f"{contract.LABEL_JOB}={job.metadata.name}")
     finally:
         k("delete", "-f", "-", stdin=rendered.stdout)
+
+
+def test_watched_namespaces_are_created_restricted_and_kept() -> None:
+    """`helm install --set 'watchNamespaces={rl-jobs}'` (docs/install.md) on a cluster without rl-jobs: the chart
+    creates it (its Role goes there), enforcing `restricted`, kept on uninstall; never the release namespace (Helm's
+    --create-namespace), nothing with createWatchNamespaces=false. An existing namespace is left alone (``lookup``:
+    e2e/test_rbac.py, against a real API server)."""
+    objs = render(f"watchNamespaces={{team-a,{RELEASE_NS}}}")
+    (ns,) = [o for o in objs if o["kind"] == "Namespace"]
+    assert ns["metadata"]["name"] == "team-a"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert ns["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert not [o for o in render(*NAMESPACED, "createWatchNamespaces=false") if o["kind"] == "Namespace"]
+    assert not [o for o in render() if o["kind"] == "Namespace"]

@@ -7,6 +7,11 @@ Measured (printed as ``E2E-KUEUE-REAL {...}``): Workload evicted → the job's p
 checkpoint, exit), and readmission → the next trained step (vLLM and the trainer start again, resume). One real
 node per machine: run under ``flock /tmp/kubeforge-realnode.lock`` with ``KUBEFORGE_REAL_NODE=1``
 (``real_node_cluster`` in e2e/conftest.py).
+
+The operator is the chart's, installed as users do (``installed``: ``helm install``, in a pod on the real node) in
+**namespaced mode**, the mode docs/install.md recommends: every Kueue read it makes (the Workload in the job's
+namespace; the ResourceFlavor and WorkloadPriorityClass, cluster-scoped) goes through the chart's RBAC.
+``test_flavor_and_priority_class_under_namespaced_chart_rbac`` is the short run of that (no preemption).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+import installed
 import run_real
 from kfcluster import harness, kueue, testing
 from node import realnode
@@ -155,3 +161,70 @@ def test_preempted_mid_run_resumes_from_its_stop_checkpoint(real_node_cluster: r
         "real_node": realnode.NODE_NAME}
     print("E2E-KUEUE-REAL " + json.dumps(figures))
     assert figures["evicted_to_pods_gone_s"] is not None and figures["readmitted_to_next_step_s"] is not None
+
+
+FLAVOR = f"{CQ}-real-node"                   # a flavor whose node labels are the real node's own
+PRIORITY_CLASS = f"{CQ}-team"
+SHORT_STEPS = 4
+
+
+def flavored_manifest(path: pathlib.Path) -> pathlib.Path:
+    """examples/tiny.yaml labelled for the queue with a WorkloadPriorityClass, ``SHORT_STEPS`` steps."""
+    doc = yaml.safe_load((harness.ROOT / "examples" / "tiny.yaml").read_text())
+    doc["metadata"]["labels"] = {**QUEUE_LABELS, "kueue.x-k8s.io/priority-class": PRIORITY_CLASS}
+    doc["spec"]["algorithm"]["steps"] = SHORT_STEPS
+    for role in ("generator", "verifier", "trainer"):
+        doc["spec"]["roles"][role]["resources"] = {"requests": {"cpu": "100m"}}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def setup_flavored_queue(k: harness.K, ns: str) -> None:
+    """A ResourceFlavor with the real node's label (copied into the pods' nodeSelector on admission: the operator
+    must GET the flavor), a WorkloadPriorityClass (the operator must GET it to set the Workload's priority), a
+    ClusterQueue and the LocalQueue ``team``."""
+    k.apply({"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR},
+             "spec": {"nodeLabels": {realnode.NODE_LABEL: "true"}}})
+    k.apply({"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": FLAVOR}, "spec": {
+        "namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": FLAVOR, "resources": [{"name": "cpu", "nominalQuota": "4"}]}]}]}})
+    k.apply({"apiVersion": KUEUE, "kind": "WorkloadPriorityClass", "metadata": {"name": PRIORITY_CLASS},
+             "value": 500})
+    k.apply({"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": "team", "namespace": ns},
+             "spec": {"clusterQueue": FLAVOR}})
+
+
+def test_flavor_and_priority_class_under_namespaced_chart_rbac(real_node_cluster: run_real.Acquired,
+                                                               tmp_path: pathlib.Path) -> None:
+    """Issue 37's done-when: a Kueue RLJob with a WorkloadPriorityClass and a ResourceFlavor runs to Succeeded in
+    real pods under the chart's namespaced-mode RBAC (before the fix: 403 on both GETs, the job never started)."""
+    cluster = kueue.start(real_node_cluster.cluster)
+    k = harness.K(kubectl=cluster.kubectl.binary, kubeconfig=cluster.kubeconfig)
+    seen: dict[str, Any] = {}
+
+    def watch_workload(step: int, pods: list[dict[str, Any]]) -> dict[str, Any]:
+        ns = pods[0]["metadata"]["namespace"]
+        seen["workload"] = k.get(WORKLOADS, "tiny", "-n", ns)
+        seen["pods"] = pods
+        return {"step": step, "observed": "workload"}
+
+    try:
+        res = run_real.run(cluster=cluster, workdir=tmp_path, kill_after_step=1, fault=watch_workload,
+                           base=flavored_manifest(tmp_path / "tiny-flavored.yaml"),
+                           prepare=lambda ns: setup_flavored_queue(k, ns), timeout_s=1200)
+    finally:
+        k.run("delete", "clusterqueue", FLAVOR, "--wait=false", check=False)
+        k.run("delete", "workloadpriorityclass", PRIORITY_CLASS, check=False)
+        k.run("delete", "resourceflavor", FLAVOR, "--wait=false", check=False)
+    assert res.operator["mode"] == installed.NAMESPACED, res.operator
+    assert res.succeeded, (res.status, res.phases, res.failures)
+    wl = seen["workload"]
+    assert wl["spec"]["priority"] == 500 and wl["spec"]["priorityClassRef"]["name"] == PRIORITY_CLASS, wl["spec"]
+    flavors = {a["name"]: a["flavors"] for a in wl["status"]["admission"]["podSetAssignments"]}
+    assert all(f == {"cpu": FLAVOR} for f in flavors.values()), flavors
+    # the operator read both cluster-scoped objects (its own counter) and used nothing its RBAC lacks
+    assert res.api_requests.get("get resourceflavors", 0) >= 1, res.api_requests
+    assert res.api_requests.get("get workloadpriorityclasses", 0) >= 1, res.api_requests
+    assert not res.undeclared, res.undeclared
+    print("E2E-KUEUE-RBAC " + json.dumps({"operator": res.operator, "apply_to_succeeded_s": res.figures()[
+        "apply_to_succeeded_s"], "phases": res.figures()["phases"], "api_requests": res.api_requests}))

@@ -25,6 +25,7 @@ from kfcluster.harness import wait
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 ROOT = harness.ROOT
 LABEL_JOB = "kubeforge.dev/job"
+COSCHEDULING = ("--coscheduling-scheduler-name=default-scheduler",)
 CHILD_KINDS = ("statefulsets", "services", "configmaps", "serviceaccounts", "roles", "rolebindings",
                "networkpolicies", "podgroups.scheduling.x-k8s.io", "pods")
 
@@ -35,7 +36,9 @@ def env(kube_cluster: lifecycle.Cluster,
     cluster = kube_cluster
     k = harness.K(kubectl=cluster.kubectl.binary, kubeconfig=cluster.kubeconfig)
     k.ensure_crd()
-    op = harness.Operator(kubeconfig=cluster.kubeconfig,
+    # the test cluster's scheduler is scheduler-plugins' Coscheduling as `default-scheduler`: say so, as the chart
+    # value gang.coschedulingSchedulerName would, so gang.backend Auto (the examples) chooses Coscheduling
+    op = harness.Operator(kubeconfig=cluster.kubeconfig, extra=("--all-namespaces", *COSCHEDULING),
                           log_path=tmp_path_factory.mktemp("operator") / "operator.log").start()
     yield cluster, k, op
     op.stop()
@@ -120,6 +123,29 @@ def test_examples_create_every_child_and_run(env: Any, ns: str) -> None:
     table = k.run("get", "rljobs", "-n", ns).stdout
     assert table.split("\n")[0].split()[:5] == ["NAME", "PHASE", "READY", "RESTARTS", "STEP"]
     assert "Running" in table and "3/3" in table
+
+
+def test_auto_chooses_coscheduling_on_the_test_cluster(env: Any, ns: str) -> None:
+    """gang.backend Auto (issue 37 item 3) where the PodGroup CRD is served and the operator names its scheduler:
+    Coscheduling, said once by condition and event; the pods name the scheduler. The trainer of
+    examples/hf-token-secret.yaml carries its Secret reference into the pod (the kwok node starts no container)."""
+    _, k, _ = env
+    doc = example("hf-token-secret", ns)
+    assert "gang" not in doc["spec"]          # the example takes the default
+    k.apply(doc)
+    name = doc["metadata"]["name"]
+    st = wait(f"{name} Running", phase_is(k, ns, name, "Running"))
+    cond = condition(st, "GangScheduling")
+    assert (cond["status"], cond["reason"]) == ("True", "AutoChoseCoscheduling"), cond
+    assert "default-scheduler" in cond["message"] and condition(st, "GangScheduled")["status"] == "True"
+    assert children(k, ns, name)["podgroups.scheduling.x-k8s.io"] == [name]
+    ps = pods(k, ns, name)
+    assert len(ps) == 3 and all(p["spec"]["schedulerName"] == "default-scheduler" for p in ps)
+    assert all(p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == name for p in ps)
+    trainer = next(p for p in ps if p["metadata"]["labels"]["kubeforge.dev/role"] == "trainer")
+    env_vars = {e["name"]: e for e in trainer["spec"]["containers"][0]["env"]}
+    assert env_vars["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    assert event_reasons(k, ns, name).count("AutoChoseCoscheduling") == 1
 
 
 def test_gang_waits_for_gpus_then_starts_whole(env: Any, ns: str) -> None:

@@ -328,7 +328,7 @@ def test_trainer_and_generator_on_different_nodes_train_to_succeeded(cluster: li
 # run yet), so a fault that waited for Running never fired. 40 steps keep the fault mid-run on a fast machine too.
 LOSS_STEPS = 40
 LOSS_AFTER_STEP = 6            # examples/tiny.yaml checkpoints every 5 steps: the job resumes from the last one
-LOSS_GRACE_S = 10              # the operator's --node-loss-grace-seconds (its minimum) for this test
+LOSS_GRACE_S = 10              # the chart's nodeLossGraceSeconds (its minimum) for this test
 LOST = 1                       # node 0 hosts CoreDNS and the apiserver's address: only node i >= 1 can be lost
 RUN_TIMEOUT_S = 1200           # apply -> Succeeded, one restart: two vLLM starts (400 s each seen at load 19)
 
@@ -382,7 +382,7 @@ def test_a_lost_node_is_survived_from_the_checkpoint_and_rejoins(cluster: lifecy
     try:
         result = run_real.run(cluster=cluster, workdir=workdir / "run", kill_after_step=LOSS_AFTER_STEP,
                               timeout_s=timeout_s, base=manifest, fault=lose,
-                              operator_args=("--node-loss-grace-seconds", str(LOSS_GRACE_S)))
+                              chart_values=(f"nodeLossGraceSeconds={LOSS_GRACE_S}",))
     finally:
         if lost:
             t = time.monotonic()

@@ -89,7 +89,7 @@ built_one() {
     [ -d "$WHEELS" ] || { log "missing $WHEELS (the CPU torch wheel)"; exit 1; }
     wheel_hash="$(cd "$WHEELS" && kf_hash .)"   # relative names: the same wheels hash alike from any checkout
   fi
-  local uv="${KF_UV:-$KF_REPO_ROOT/.venv/bin/uv}"   # KF_UV: `make images` passes $(VENV)'s
+  local uv="${KF_UV:-$KF_REPO_ROOT/.venv/bin/uv}"   # KF_UV: a checkout without its own .venv (a git worktree)
   [ -x "$uv" ] || { log "$uv not found (make venv)"; exit 1; }
   local extra=()   # the runtime's second venv: the verifiers library and the example environments
   if [ "$name" = runtime ]; then extra=("$here/envs-requirements.txt" "$KF_REPO_ROOT/examples/envs"); fi

@@ -59,7 +59,7 @@ def test_the_base_packages_import_only_base_dependencies() -> None:
 
 
 # The one runtime file that runs in the environments' interpreter (`make venv-envs`), with its own requirements.
-ENVS_RUNNER = "runtime/kubeforge/runtime/agents/verifiers_runner.py"
+ENVS_RUNNER = "runtime/kubeforge/runtime/agents/primeintellect/runner.py"
 ENVS_REQUIREMENTS = ROOT / "images" / "envs-requirements.txt"
 
 

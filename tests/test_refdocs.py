@@ -47,10 +47,11 @@ def test_committed_page_is_the_generated_one(page: str) -> None:
 
 
 def test_a_reason_without_text_fails_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reasons, "AUTO_CHOSE_KUEUE", "AutoChoseKueue", raising=False)
+    monkeypatch.setattr(reasons, "NEW_REASON_WITHOUT_TEXT", "NewReasonWithoutText", raising=False)
     bad = refdocs.problems()
-    assert any("'AutoChoseKueue'" in b and "reasons.AUTO_CHOSE_KUEUE" in b and "REFERENCE" in b for b in bad), bad
-    with pytest.raises(SystemExit, match="AutoChoseKueue"):
+    assert any("'NewReasonWithoutText'" in b and "reasons.NEW_REASON_WITHOUT_TEXT" in b and "REFERENCE" in b
+               for b in bad), bad
+    with pytest.raises(SystemExit, match="NewReasonWithoutText"):
         refdocs.pages()
 
 

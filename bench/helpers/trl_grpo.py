@@ -7,7 +7,7 @@ dependencies only so that both sides draw prompts from the same task stream and 
 
 What is matched to the kubeforge run: model folder (kubeforge's converted SmolLM2), prompts (``tasks.stream``,
 prompts of step s are ``[s*P, (s+1)*P)`` in order, no shuffling), chat template, group size, prompts per step,
-max new tokens, temperature, top-p, learning rate and its schedule (kubeforge's own ``trainer.schedule.factor``
+max new tokens, temperature, top-p, learning rate and its schedule (kubeforge's own ``learner.schedule.factor``
 as a LambdaLR: warm-up, Constant or Cosine, identical per step), weight decay, grad-norm clip, clip epsilon, KL
 coefficient, the GRPO loss (per-sequence mean: TRL ``loss_type="grpo"``, rewards scaled by the group's std),
 the reward (kubeforge's ``Scorer``: the weighted sum of the manifest's verifiers), dtype (float32, or bfloat16
@@ -41,7 +41,8 @@ from trl import GRPOConfig, GRPOTrainer
 from kubeforge.api import rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.tasks import registry as tasks
-from kubeforge.runtime.trainer import evaluate, schedule
+from kubeforge.runtime.learner import schedule
+from kubeforge.runtime.trainer import evaluate
 from kubeforge.runtime.verifiers import registry as verifier_registry
 from kubeforge.runtime.verifiers import score
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import openai
 
-from kubeforge.runtime.agents import endpoint, endpoint_chat
+from kubeforge.runtime.agents import endpoint
 from kubeforge.runtime.models import tiny
 from test_agents_endpoint import ScriptedSampler
 
@@ -65,8 +65,8 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=20)
     args = ap.parse_args()
     tok = tiny.tokenizer()
-    ep = endpoint.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint_chat.ChatTemplate(tok),
-                           config=endpoint.EndpointConfig(max_calls_per_episode=args.turns))
+    ep = endpoint.server.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok),
+                                  config=endpoint.server.EndpointConfig(max_calls_per_episode=args.turns))
     bare = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Bare)
     threading.Thread(target=bare.serve_forever, daemon=True).start()
     ours: list[list[float]] = []

@@ -18,8 +18,8 @@ import threading
 import time
 
 from kubeforge.api import rljob
-from kubeforge.runtime import transport, types
-from kubeforge.runtime.agents import env_server, host, remote_host, workers
+from kubeforge.runtime import rpc, transport, types
+from kubeforge.runtime.agents.hosts import env_server, host, remote_host, workers
 
 
 def timed_steps(h: host.EnvironmentHost, *, episodes: int, rounds: int) -> list[float]:
@@ -50,11 +50,12 @@ def main() -> None:
     finally:
         local.shutdown()
     keys = transport.CurveKeys.from_job_key(os.urandom(32))
-    server = env_server.EnvServer("tcp://127.0.0.1:*", workers.SubprocessHost(spec, workers=a.workers), auth=keys)
+    pool = workers.SubprocessHost(spec, workers=a.workers)
+    server = env_server.EnvServer(rpc.bind("tcp://127.0.0.1:*", auth=keys), pool)
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
     bounds = host.Bounds(timeout_s=spec.turn_timeout_seconds, max_observation_bytes=spec.max_observation_bytes)
-    remote = remote_host.RemoteHost([server.address], bounds=bounds, auth=keys)
+    remote = remote_host.RemoteHost(rpc.connect([server.address], auth=keys), bounds=bounds)
     try:
         timed_steps(remote, episodes=a.episodes, rounds=2)
         far = timed_steps(remote, episodes=a.episodes, rounds=a.rounds)

@@ -258,6 +258,21 @@ CASES: tuple[Case, ...] = (
          path="spec.roles.generator.gpuMemoryUtilization", message=f"{GT}0"),
     Case(id="env-duplicate", change=_set("spec.roles.trainer.env", [{"name": "A"}, {"name": "A", "value": "2"}]),
          path="spec.roles.trainer.env", message=DUP),
+    # env sources (issue 37 item 5): the CEL rules of EnvVar, EnvVarSource and EnvFromSource
+    Case(id="env-value-and-value-from", change=_set("spec.roles.trainer.env", [
+        {"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]),
+        path="spec.roles.trainer.env[0]", message="value and valueFrom are mutually exclusive"),
+    Case(id="env-value-from-two-sources", change=_set("spec.roles.trainer.env", [
+        {"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"},
+                                    "configMapKeyRef": {"name": "c", "key": "k"}}}]),
+        path="spec.roles.trainer.env[0].valueFrom", message="exactly one of secretKeyRef or configMapKeyRef"),
+    Case(id="env-from-no-source", change=_set("spec.roles.trainer.envFrom", [{"prefix": "X_"}]),
+         path="spec.roles.trainer.envFrom[0]", message="exactly one of secretRef or configMapRef"),
+    Case(id="env-secret-key-invalid", change=_set("spec.roles.trainer.env", [
+        {"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "a/b"}}}]),
+        path="spec.roles.trainer.env[0].valueFrom.secretKeyRef.key", message="should match"),
+    Case(id="gang-scheduler-name-invalid", change=_set("spec.gang.schedulerName", "Not_A_Name"),
+         path="spec.gang.schedulerName", message="should match"),
     Case(id="resource-quantity", change=_set("spec.roles.generator.resources.limits.cpu", "lots"),
          path="spec.roles.generator.resources.limits.cpu", message="should match"),
     Case(id="node-selector-not-string", change=_set("spec.roles.generator.nodeSelector", {"zone": 1}),

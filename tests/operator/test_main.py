@@ -19,3 +19,11 @@ def test_repeated_namespaces_scope_the_operator() -> None:
 def test_namespace_and_all_namespaces_conflict() -> None:
     with pytest.raises(SystemExit):
         main.parse_args(["-n", "a", "-A"])
+
+
+def test_role_pod_defaults_from_the_chart() -> None:
+    """The chart's gang.coschedulingSchedulerName and rolePods.imagePullSecrets (templates/deployment.yaml)."""
+    assert (main.parse_args([]).coscheduling_scheduler, main.parse_args([]).image_pull_secrets) == ("", ())
+    opts = main.parse_args(["--coscheduling-scheduler-name=default-scheduler", "--image-pull-secret=a",
+                            "--image-pull-secret", "b"])
+    assert opts.coscheduling_scheduler == "default-scheduler" and opts.image_pull_secrets == ("a", "b")

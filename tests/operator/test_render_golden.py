@@ -4,6 +4,7 @@ Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/operator
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 
@@ -11,12 +12,15 @@ import pytest
 import yaml
 
 import opbuilders
+from kubeforge.api import load, rljob
 from kubeforge.operator import render
 from kubeforge.operator.render import context
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
+# gang_backend: what gang.backend Auto resolves to on the test cluster (PodGroups served, a scheduler named); the
+# manifests here name their backend, so it matters only to the Auto cases (and hf-token-secret, an Auto example).
 CTX = context.RenderContext(namespace="ns", uid="00000000-0000-0000-0000-000000000001", attempt=0,
-                            image="kubeforge/runtime:test")
+                            image="kubeforge/runtime:test", gang_backend="Coscheduling")
 
 CASES = {
     "tiny": (lambda: opbuilders.job("tiny"), CTX),
@@ -27,7 +31,29 @@ CASES = {
     "tiny-nogang": (lambda: opbuilders.job("tiny", spec__gang__backend="None"), CTX),
     "tiny-suspended": (lambda: opbuilders.job("tiny", spec__suspend=True),
                        context.RenderContext(namespace="ns", uid=CTX.uid, image=CTX.image, attempt=2,
-                                             active=False, gang_active=False)),
+                                             active=False, gang_active=False, gang_backend="Coscheduling")),
+    # gang.backend Auto (issue 37 item 3): unresolved or resolved to None -> no PodGroup, no pod-group label
+    "tiny-auto-none": (lambda: opbuilders.job("tiny", spec__gang__backend="Auto"),
+                       dataclasses.replace(CTX, gang_backend="None")),
+    # Auto resolved to Coscheduling, the operator naming its scheduler: the PodGroup, schedulerName on every pod
+    "tiny-coscheduling-scheduler": (lambda: opbuilders.job("tiny", spec__gang__backend="Auto"),
+                                    dataclasses.replace(CTX, coscheduling_scheduler="scheduler-plugins")),
+    # the job's own gang.schedulerName wins over the backend's (volcano)
+    "tiny-scheduler-name": (lambda: opbuilders.job("tiny", spec__gang__backend="Volcano",
+                                                   spec__gang__schedulerName="volcano-gpu"), CTX),
+    # env valueFrom (Secret and ConfigMap keys) and envFrom (with a prefix), issue 37 item 5
+    "tiny-env-sources": (lambda: opbuilders.job("tiny", spec__roles__trainer={
+        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}},
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode",
+                                                                    "optional": True}}},
+                {"name": "PLAIN", "value": "1"}, {"name": "EMPTY"}],
+        "envFrom": [{"secretRef": {"name": "api-keys"}},
+                    {"prefix": "CFG_", "configMapRef": {"name": "settings", "optional": True}}]}), CTX),
+    # the operator's default imagePullSecrets on every role pod; the trainer's own list wins
+    "tiny-pull-secrets": (lambda: opbuilders.job("tiny", spec__roles__trainer={
+        "imagePullSecrets": [{"name": "trainer-registry"}]}),
+        dataclasses.replace(CTX, image_pull_secrets=("registry-a", "registry-b"))),
+    "hf-token-secret": (lambda: _example("hf-token-secret"), CTX),   # examples/: its trainer reads a Secret
     "tiny-placement": (lambda: opbuilders.job(
         "tiny", spec__placement={"topologyKey": "topology.kubeforge.dev/rack", "mode": "Preferred",
                                  "exclusive": True},
@@ -53,6 +79,12 @@ CASES = {
     "tiny-surplus-kai": (lambda: opbuilders.job("tiny", spec__gang__backend="KAI",
                                                 spec__roles__generator={"replicas": 3, "minReplicas": 2}), CTX),
 }
+
+
+def _example(name: str) -> rljob.RLJob:
+    doc = yaml.safe_load((pathlib.Path(__file__).parents[2] / "examples" / f"{name}.yaml").read_text())
+    doc["metadata"]["namespace"] = "ns"
+    return load.parse(doc)
 
 
 def dump(case: str) -> str:

@@ -16,7 +16,7 @@ import _trainer_util as util  # noqa: E402
 from kubeforge.api import rljob  # noqa: E402
 from kubeforge.runtime import models, types, weightsync  # noqa: E402
 from kubeforge.runtime.generator import engine  # noqa: E402
-from kubeforge.runtime.trainer import step  # noqa: E402
+from kubeforge.runtime.learner import step  # noqa: E402
 
 
 def policy_logprobs(model: torch.nn.Module, prompt: list[int], tokens: list[int]) -> list[float]:

@@ -130,7 +130,7 @@ def _worker(argv: list[str]) -> None:
     of the synthetic groups, save parameters and metrics. Then rank 0 checkpoints the last trainer, fresh trainers
     on every rank resume (only rank 0 can see the checkpoint folder: the rest get it by broadcast) and take one
     more step; their parameters are saved too."""
-    from kubeforge.runtime.trainer import parallel, step
+    from kubeforge.runtime.learner import parallel, step
 
     ap = argparse.ArgumentParser()
     for name in ("--model", "--out", "--losses"):
@@ -148,7 +148,7 @@ def _worker(argv: list[str]) -> None:
     t = None
     for loss in a.losses.split(","):
         t = step.Trainer(model_path=a.model, algorithm=algorithm(loss=loss), group=group)
-        history = [t.train_step(groups=share(s)).as_dict() for s in range(a.steps)]
+        history = [t.train_step(groups=share(s)).model_dump() for s in range(a.steps)]
         torch.save(dict(t.model.state_dict()), out / f"{loss}-rank{a.rank}.pt")
         (out / f"{loss}-rank{a.rank}.json").write_text(json.dumps(history))
     assert t is not None
@@ -168,7 +168,7 @@ def _scale_worker(argv: list[str]) -> None:
     the newest checkpoint in ``--ckpt``); after each step rank 0 writes the full parameters ``<tag>-<step>.pt``
     (gathered as a weight sync would: every rank iterates the stream), at the end the step metrics; a fresh run
     also checkpoints."""
-    from kubeforge.runtime.trainer import parallel, step
+    from kubeforge.runtime.learner import parallel, step
 
     ap = argparse.ArgumentParser()
     for name in ("--model", "--out", "--ckpt", "--sharding", "--tag", "--dtype"):
@@ -204,7 +204,7 @@ def _scale_worker(argv: list[str]) -> None:
         first = int(state["data_cursor"])
     history = []
     for s in range(first, first + a.steps):
-        history.append(t.train_step(groups=share(s)).as_dict())
+        history.append(t.train_step(groups=share(s)).model_dump())
         stream = t.named_tensors()
         if a.rank == 0:
             assert [e.name for e in stream.meta] == [n for n, p in t.model.named_parameters()
@@ -263,8 +263,9 @@ def _stop_worker(argv: list[str]) -> None:
     import time
 
     from kubeforge.runtime import metrics, observe
+    from kubeforge.runtime.learner import parallel, step
     from kubeforge.runtime.trainer import loop as trainer_role
-    from kubeforge.runtime.trainer import parallel, report, step
+    from kubeforge.runtime.trainer import report
 
     ap = argparse.ArgumentParser()
     for name in ("--model", "--out", "--ckpt"):

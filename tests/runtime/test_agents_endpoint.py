@@ -1,6 +1,6 @@
 """The OpenAI-compatible endpoint over real HTTP with the real ``openai`` client and a deterministic sampler of ours.
 
-The sampler (:class:`ScriptedSampler`) implements ``endpoint_sampler.Sampler``: it answers each prompt with a reply
+The sampler (:class:`ScriptedSampler`) implements ``endpoint.sampler.Sampler``: it answers each prompt with a reply
 derived from the prompt's length, ending in ``<eos>``, and keeps every prompt it was given, so the tests check the
 exact token sequences the endpoint builds: delta tokenisation (no re-tokenisation of sampled ids), branches when the
 agent rewrites history, and every refusal's status and counter. The tokenizer is the tiny built-in's (built from
@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from kubeforge.runtime.agents import endpoint, endpoint_chat, endpoint_record, endpoint_sampler
+from kubeforge.runtime.agents import endpoint
 from kubeforge.runtime.models import tiny
 
 EOS = 1
@@ -25,17 +25,17 @@ EOS = 1
 class ScriptedSampler:
     """Replies ``r<len(prompt)>`` + <eos> (or ``max_tokens`` of them, finish "length"); logprob -0.25 per token."""
 
-    def __init__(self, tokenizer: Any, *, policy: endpoint_sampler.Policy | None = None) -> None:
+    def __init__(self, tokenizer: Any, *, policy: endpoint.sampler.Policy | None = None) -> None:
         self.tokenizer = tokenizer
-        self.policy = policy or endpoint_sampler.Policy()
+        self.policy = policy or endpoint.sampler.Policy()
         self.max_model_len = 512
         self.prompts: list[tuple[int, ...]] = []
         self.gate: threading.Event | None = None
         self.error: Exception | None = None
 
-    def sample(self, request: endpoint_sampler.SampleRequest, *, timeout: float) -> endpoint_sampler.Sample:
+    def sample(self, request: endpoint.sampler.SampleRequest, *, timeout: float) -> endpoint.sampler.Sample:
         if self.gate is not None and not self.gate.wait(timeout):
-            raise endpoint_sampler.SamplerTimeout(f"no sample within {timeout:g} s")
+            raise endpoint.sampler.SamplerTimeout(f"no sample within {timeout:g} s")
         if self.error is not None:
             raise self.error
         self.prompts.append(request.prompt_ids)
@@ -43,7 +43,7 @@ class ScriptedSampler:
         finish = "stop"
         if len(ids) > request.max_tokens:
             ids, finish = ids[:request.max_tokens], "length"
-        return endpoint_sampler.Sample(token_ids=ids, logprobs=tuple(-0.25 for _ in ids), finish_reason=finish)
+        return endpoint.sampler.Sample(token_ids=ids, logprobs=tuple(-0.25 for _ in ids), finish_reason=finish)
 
 
 class Sink:
@@ -72,13 +72,13 @@ def tok() -> Any:
 @pytest.fixture
 def served(tok: Any) -> Any:
     sampler = ScriptedSampler(tok)
-    ep = endpoint.Endpoint(sampler=sampler, chat=endpoint_chat.ChatTemplate(tok),
-                           config=endpoint.EndpointConfig(request_timeout=5, max_tokens_per_call=16))
+    ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tok),
+                                  config=endpoint.server.EndpointConfig(request_timeout=5, max_tokens_per_call=16))
     yield ep, sampler
     ep.close()
 
 
-def client(ep: endpoint.Endpoint, episode: str, api_key: str = "unused") -> openai.OpenAI:
+def client(ep: endpoint.server.Endpoint, episode: str, api_key: str = "unused") -> openai.OpenAI:
     return openai.OpenAI(base_url=ep.base_url(episode), api_key=api_key, max_retries=0, timeout=10)
 
 
@@ -86,7 +86,7 @@ def chat(c: openai.OpenAI, messages: list[dict[str, Any]], **kw: Any) -> Any:
     return c.chat.completions.create(model="policy", messages=messages, **kw)  # type: ignore[arg-type]
 
 
-def raw(ep: endpoint.Endpoint, method: str, path: str, body: bytes | None = None,
+def raw(ep: endpoint.server.Endpoint, method: str, path: str, body: bytes | None = None,
         headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
     conn = http.client.HTTPConnection("127.0.0.1", ep.port, timeout=10)
     try:
@@ -139,11 +139,11 @@ def test_an_end_of_turn_token_the_model_emitted_is_not_fed_twice(tok: Any) -> No
     """A template that closes assistant turns with the EOS the model samples: the delta starts after it."""
     template = ("{%- for m in messages %}{{ m['role'] }}: {{ m['content'] }}<eos>\n{% endfor -%}"
                 "{%- if add_generation_prompt %}assistant: {% endif -%}")
-    chat_t = endpoint_chat.ChatTemplate(tok, template=template)
-    first = endpoint_chat.plan(chat_t, [{"role": "user", "content": "a"}], None)
+    chat_t = endpoint.chat.ChatTemplate(tok, template=template)
+    first = endpoint.chat.plan(chat_t, [{"role": "user", "content": "a"}], None)
     sampled = tuple(tok.encode("x", add_special_tokens=False)) + (EOS,)
-    prev = endpoint_chat.Turn(messages=first.messages, prompt_ids=first.prompt_ids, sampled_ids=sampled, content="x")
-    nxt = endpoint_chat.plan(chat_t, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"},
+    prev = endpoint.chat.Turn(messages=first.messages, prompt_ids=first.prompt_ids, sampled_ids=sampled, content="x")
+    nxt = endpoint.chat.plan(chat_t, [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"},
                                       {"role": "user", "content": "b"}], prev)
     assert nxt.extends and nxt.delta_text == "\nuser: b<eos>\nassistant: "
     assert nxt.prompt_ids == first.prompt_ids + sampled + nxt.delta_ids
@@ -244,8 +244,8 @@ def test_models_route(served: Any) -> None:
 
 def test_limits_per_episode(tok: Any) -> None:
     sampler = ScriptedSampler(tok)
-    ep = endpoint.Endpoint(sampler=sampler, chat=endpoint_chat.ChatTemplate(tok),
-                           config=endpoint.EndpointConfig(max_calls_per_episode=2, max_episode_tokens=40))
+    ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tok),
+                                  config=endpoint.server.EndpointConfig(max_calls_per_episode=2, max_episode_tokens=40))
     try:
         c = client(ep, ep.open_episode())
         msgs: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
@@ -268,8 +268,8 @@ def test_limits_per_episode(tok: Any) -> None:
 
 def test_busy_episode_timeout_and_sampler_error(tok: Any) -> None:
     sampler = ScriptedSampler(tok)
-    ep = endpoint.Endpoint(sampler=sampler, chat=endpoint_chat.ChatTemplate(tok),
-                           config=endpoint.EndpointConfig(request_timeout=1.0))
+    ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tok),
+                                  config=endpoint.server.EndpointConfig(request_timeout=1.0))
     try:
         eid = ep.open_episode()
         sampler.gate = threading.Event()
@@ -295,10 +295,10 @@ def test_busy_episode_timeout_and_sampler_error(tok: Any) -> None:
 
 def test_authentication_beyond_loopback(tok: Any) -> None:
     with pytest.raises(ValueError, match="without the job key"):
-        endpoint.EndpointConfig(host="0.0.0.0")
+        endpoint.server.EndpointConfig(host="0.0.0.0")
     key = bytes(range(32))
-    ep = endpoint.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint_chat.ChatTemplate(tok),
-                           config=endpoint.EndpointConfig(host="127.0.0.1", key=key))
+    ep = endpoint.server.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok),
+                                  config=endpoint.server.EndpointConfig(host="127.0.0.1", key=key))
     try:
         eid = ep.open_episode()
         msgs = [{"role": "user", "content": "q"}]
@@ -306,18 +306,18 @@ def test_authentication_beyond_loopback(tok: Any) -> None:
             chat(client(ep, eid, api_key="wrong"), msgs)
         with pytest.raises(openai.AuthenticationError):
             chat(client(ep, eid, api_key=key.hex()), msgs)      # the raw key is not the token
-        assert chat(client(ep, eid, api_key=endpoint.api_key(key)), msgs).choices[0].message.content
+        assert chat(client(ep, eid, api_key=endpoint.server.api_key(key)), msgs).choices[0].message.content
         assert ep.refused == {"unauthorized": 2}
     finally:
         ep.close()
 
 
 def test_recording_refuses_a_call_that_breaks_its_sequence() -> None:
-    branch = endpoint_record.Branch()
-    call = endpoint_record.Call(prompt_ids=(5, 6), delta_ids=(), delta_text="", sampled_ids=(7,), logprobs=(-1.0,),
+    branch = endpoint.record.Branch()
+    call = endpoint.record.Call(prompt_ids=(5, 6), delta_ids=(), delta_text="", sampled_ids=(7,), logprobs=(-1.0,),
                                 content="a", finish_reason="stop", reason="first")
     branch.append(call, ())
-    bad = endpoint_record.Call(prompt_ids=(5, 6, 9), delta_ids=(8,), delta_text="b", sampled_ids=(1,),
+    bad = endpoint.record.Call(prompt_ids=(5, 6, 9), delta_ids=(8,), delta_text="b", sampled_ids=(1,),
                                logprobs=(-1.0,), content="c", finish_reason="stop", reason="extends")
     with pytest.raises(ValueError, match="does not extend"):
         branch.append(bad, ())

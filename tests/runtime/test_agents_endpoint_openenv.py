@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kubeforge.runtime.agents import openenv_http
+from kubeforge.runtime.agents.envs import openenv_http
 
 SECRET = 6
 SCHEMA = {"type": "object", "properties": {"guess": {"type": "integer"}}, "required": ["guess"]}

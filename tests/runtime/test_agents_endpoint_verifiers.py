@@ -16,26 +16,26 @@ from typing import Any
 
 import pytest
 
-from kubeforge.runtime.agents import endpoint, endpoint_chat, endpoint_sampler, verifiers_env
+from kubeforge.runtime.agents import endpoint, primeintellect
 from test_agents_endpoint import ScriptedSampler
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENVS = str(pathlib.Path(__file__).with_name("vf_envs"))
-PYTHON = verifiers_env.default_python(ROOT)
+PYTHON = primeintellect.adapter.default_python(ROOT)
 needs_envs = pytest.mark.skipif(not PYTHON.exists(), reason=f"no environments interpreter at {PYTHON}: make venv-envs")
 
 
-def _env(**kw: Any) -> verifiers_env.VerifiersEnvironment:
-    return verifiers_env.VerifiersEnvironment(environment=kw.pop("environment", "vf_guess"), python=PYTHON,
-                                              paths=(ENVS,), **kw)
+def _env(**kw: Any) -> primeintellect.adapter.VerifiersEnvironment:
+    return primeintellect.adapter.VerifiersEnvironment(environment=kw.pop("environment", "vf_guess"), python=PYTHON,
+                                                       paths=(ENVS,), **kw)
 
 
 @pytest.mark.vllm
 @needs_envs
 def test_verifiers_environment_runs_unchanged_through_the_endpoint(tiny_engine: Any) -> None:
-    sampler = endpoint_sampler.VllmSampler(tiny_engine, policy=endpoint_sampler.Policy(), audit=True)
-    ep = endpoint.Endpoint(sampler=sampler, chat=endpoint_chat.ChatTemplate(tiny_engine.tokenizer),
-                           config=endpoint.EndpointConfig(max_tokens_per_call=8))
+    sampler = endpoint.sampler.VllmSampler(tiny_engine, policy=endpoint.sampler.Policy(), audit=True)
+    ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tiny_engine.tokenizer),
+                                  config=endpoint.server.EndpointConfig(max_tokens_per_call=8))
     try:
         outcomes = _env(timeout=240, args={"tasks": 2}).run_group(ep, [0, 1, 2, 3])
     finally:
@@ -66,7 +66,7 @@ def test_verifiers_environment_runs_unchanged_through_the_endpoint(tiny_engine: 
 @needs_envs
 def test_runner_failures_fail_the_group_only(tmp_path: pathlib.Path) -> None:
     tok = __import__("kubeforge.runtime.models.tiny", fromlist=["tiny"]).tokenizer()
-    ep = endpoint.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint_chat.ChatTemplate(tok))
+    ep = endpoint.server.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok))
     try:
         missing = _env(environment="no_such_env", timeout=120).run_group(ep, [0])
         assert [(o.ok, o.finish_reason) for o in missing] == [(False, "env_error")]
@@ -74,8 +74,8 @@ def test_runner_failures_fail_the_group_only(tmp_path: pathlib.Path) -> None:
         assert [(o.ok, o.finish_reason) for o in bad_args] == [(False, "env_error")]
         (tmp_path / "vf_slow").mkdir()
         (tmp_path / "vf_slow" / "__init__.py").write_text("import time\ntime.sleep(60)\n")
-        slow = verifiers_env.VerifiersEnvironment(environment="vf_slow", python=PYTHON, paths=(str(tmp_path),),
-                                                  timeout=8).run_group(ep, [0, 1])
+        slow = primeintellect.adapter.VerifiersEnvironment(environment="vf_slow", python=PYTHON, paths=(str(tmp_path),),
+                                                           timeout=8).run_group(ep, [0, 1])
         assert [(o.ok, o.finish_reason) for o in slow] == [(False, "env_timeout")] * 2
         assert ep.stats()["episodes_open"] == 0
     finally:
@@ -84,9 +84,9 @@ def test_runner_failures_fail_the_group_only(tmp_path: pathlib.Path) -> None:
 
 def test_a_missing_interpreter_fails_the_group_and_closes_its_episodes(tmp_path: pathlib.Path) -> None:
     tok = __import__("kubeforge.runtime.models.tiny", fromlist=["tiny"]).tokenizer()
-    ep = endpoint.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint_chat.ChatTemplate(tok))
+    ep = endpoint.server.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok))
     try:
-        env = verifiers_env.VerifiersEnvironment(environment="vf_guess", python=tmp_path / "no" / "python")
+        env = primeintellect.adapter.VerifiersEnvironment(environment="vf_guess", python=tmp_path / "no" / "python")
         assert [(o.ok, o.finish_reason, o.recording.calls) for o in env.run_group(ep, [0, 1])] == \
             [(False, "env_error", 0)] * 2
         assert ep.stats()["episodes_open"] == 0

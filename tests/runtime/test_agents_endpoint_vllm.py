@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from kubeforge.runtime.agents import endpoint, endpoint_chat, endpoint_sampler
+from kubeforge.runtime.agents import endpoint
 from test_agents_endpoint import Sink
 
 TURNS = 3
@@ -37,9 +37,9 @@ def agent(base_url: str) -> list[Any]:
 
 @pytest.mark.vllm
 def test_openai_agent_episode_records_what_vllm_sampled(tiny_engine: Any) -> None:
-    sampler = endpoint_sampler.VllmSampler(tiny_engine, policy=endpoint_sampler.Policy(), audit=True)
-    ep = endpoint.Endpoint(sampler=sampler, chat=endpoint_chat.ChatTemplate(tiny_engine.tokenizer),
-                           config=endpoint.EndpointConfig(max_tokens_per_call=MAX_TOKENS))
+    sampler = endpoint.sampler.VllmSampler(tiny_engine, policy=endpoint.sampler.Policy(), audit=True)
+    ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tiny_engine.tokenizer),
+                                  config=endpoint.server.EndpointConfig(max_tokens_per_call=MAX_TOKENS))
     try:
         eid = ep.open_episode()
         replies = agent(ep.base_url(eid))

@@ -1,7 +1,9 @@
 """Environment hosts: a step that raises, hangs past the timeout, returns garbage or floods megabytes ends that
 episode only (counted by kind, bounded in time and bytes); the other episodes go on, also in the worker process that
 was killed and restarted for it (their state replayed). ``remote``: the same cases through a verifier's environment
-server (``env_server`` over a ``SubprocessHost``, in this process on a thread, CURVE over loopback TCP)."""
+server (``env_server`` over a ``SubprocessHost``, in this process on a thread) and ``RemoteHost``, over the in-memory
+channel (``rpc``, ``mem://``: the outcome rules need no sockets; the ZeroMQ channel's own cases are in
+test_agents_remote.py)."""
 from __future__ import annotations
 
 import os
@@ -14,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from kubeforge.api import rljob
-from kubeforge.runtime import transport, types
-from kubeforge.runtime.agents import env_server, host, remote_host, workers
+from kubeforge.runtime import rpc, types
+from kubeforge.runtime.agents.hosts import env_server, host, remote_host, workers
 
 HERE = Path(__file__).resolve().parent
 TIMEOUT = 1.0
@@ -32,8 +34,8 @@ BOUNDS = host.Bounds(timeout_s=TIMEOUT, max_observation_bytes=4096)
 class Served:
     """An environment server on a thread of this process (what a verifier pod runs), over ``pool``."""
 
-    def __init__(self, pool: host.EnvironmentHost, *, keys: transport.CurveKeys | None) -> None:
-        self.server = env_server.EnvServer("tcp://127.0.0.1:*", pool, auth=keys)
+    def __init__(self, pool: host.EnvironmentHost) -> None:
+        self.server = env_server.EnvServer(rpc.bind(f"mem://env-host-{os.urandom(4).hex()}"), pool)
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()
 
@@ -44,9 +46,8 @@ class Served:
 
 
 def remote(pool: host.EnvironmentHost) -> tuple[remote_host.RemoteHost, Served]:
-    keys = transport.CurveKeys.from_job_key(os.urandom(32))
-    served = Served(pool, keys=keys)
-    return remote_host.RemoteHost([served.server.address], bounds=BOUNDS, auth=keys), served
+    served = Served(pool)
+    return remote_host.RemoteHost(rpc.connect([served.server.address]), bounds=BOUNDS), served
 
 
 @pytest.fixture(params=["in-process", "subprocess", "remote"])

@@ -3,7 +3,10 @@ where they started; a caller without the job key is refused and counted; garbage
 server that dies or goes silent costs its episodes only (``env_lost``, bounded in time), the rest go on.
 
 The servers run on threads of this process over an in-process host (``host.InProcessHost``: the bad-environment
-cases through a real worker pool are in test_agents_host.py, parametrized ``remote``)."""
+cases through a real worker pool are in test_agents_host.py, parametrized ``remote``). The placement, stickiness,
+busy, forgotten-episode and late-answer rules run over the in-memory channel (``rpc``, ``mem://``); what only
+ZeroMQ can show stays on it: a caller without the job key (CURVE), garbage and multi-part frames, a silent server;
+a lost server runs on both."""
 from __future__ import annotations
 
 import os
@@ -14,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from kubeforge.runtime import transport, types, wire
-from kubeforge.runtime.agents import env_server, host, remote_host
+from kubeforge.runtime import rpc, transport, types, wire
+from kubeforge.runtime.agents.hosts import env_server, host, remote_host
 from kubeforge.runtime.agents.protocol import StepResult
 
 TIMEOUT = 1.0
@@ -38,11 +41,16 @@ class Counter:
         return StepResult(observation=f"{self.where}:{self.turns}:{text}", done=False)
 
 
+def address(backend: str, name: str) -> str:
+    """Where a test's server binds: loopback ZeroMQ (an ephemeral port) or a fresh in-memory name."""
+    return "tcp://127.0.0.1:*" if backend == "tcp" else f"mem://env-{name}-{os.urandom(4).hex()}"
+
+
 class Server:
-    def __init__(self, name: str, *, keys: transport.CurveKeys | None = KEYS, address: str = "tcp://127.0.0.1:*",
+    def __init__(self, name: str, *, backend: str = "mem", keys: transport.CurveKeys | None = KEYS,
                  idle_s: float = env_server.IDLE_EPISODE_S) -> None:
-        self.server = env_server.EnvServer(address, host.InProcessHost(lambda: Counter(name), bounds=BOUNDS),
-                                           auth=keys, idle_s=idle_s)
+        self.server = env_server.EnvServer(rpc.bind(address(backend, name), auth=keys),
+                                           host.InProcessHost(lambda: Counter(name), bounds=BOUNDS), idle_s=idle_s)
         self.address = self.server.address
         self.thread = threading.Thread(target=self.server.serve, daemon=True)
         self.thread.start()
@@ -53,18 +61,32 @@ class Server:
         assert not self.thread.is_alive()
 
 
-@pytest.fixture
-def two() -> Iterator[list[Server]]:
-    servers = [Server("a"), Server("b")]
+def pair(backend: str) -> Iterator[list[Server]]:
+    servers = [Server("a", backend=backend), Server("b", backend=backend)]
     yield servers
     for s in servers:
         if s.thread.is_alive():
             s.stop()
 
 
+@pytest.fixture
+def two() -> Iterator[list[Server]]:
+    yield from pair("mem")
+
+
+@pytest.fixture
+def two_tcp() -> Iterator[list[Server]]:
+    yield from pair("tcp")
+
+
+@pytest.fixture(params=["mem", "tcp"])
+def two_of_each(request: pytest.FixtureRequest) -> Iterator[list[Server]]:
+    yield from pair(request.param)
+
+
 def client(servers: list[Server], **kw: object) -> remote_host.RemoteHost:
-    return remote_host.RemoteHost([s.address for s in servers], bounds=BOUNDS, auth=KEYS, margin_s=MARGIN,
-                                  **kw)  # type: ignore[arg-type]
+    return remote_host.RemoteHost(rpc.connect([s.address for s in servers], auth=KEYS), bounds=BOUNDS,
+                                  margin_s=MARGIN, **kw)  # type: ignore[arg-type]
 
 
 def prompts(ids: range) -> list[tuple[int, types.Prompt]]:
@@ -76,7 +98,8 @@ def where(reply: host.Reply) -> str:
     return reply.result.observation[0]["content"].split(":")[0]
 
 
-def test_episodes_spread_over_the_servers_and_stay_where_they_started(two: list[Server]) -> None:
+def test_episodes_spread_over_the_servers_and_stay_where_they_started(two_of_each: list[Server]) -> None:
+    two = two_of_each
     h = client(two)
     try:
         starts = h.reset(prompts(range(6)))
@@ -98,9 +121,11 @@ def test_episodes_spread_over_the_servers_and_stay_where_they_started(two: list[
         h.shutdown()
 
 
-def test_a_caller_without_the_job_key_is_refused_and_counted(two: list[Server]) -> None:
-    stranger = remote_host.RemoteHost([two[0].address], bounds=BOUNDS, margin_s=MARGIN,
-                                      auth=transport.CurveKeys.from_job_key(os.urandom(32)))
+def test_a_caller_without_the_job_key_is_refused_and_counted(two_tcp: list[Server]) -> None:
+    two = two_tcp
+    stranger = remote_host.RemoteHost(rpc.connect([two[0].address],
+                                                  auth=transport.CurveKeys.from_job_key(os.urandom(32))),
+                                      bounds=BOUNDS, margin_s=MARGIN)
     try:
         t0 = time.monotonic()
         replies = stranger.reset(prompts(range(2)))
@@ -115,7 +140,8 @@ def test_a_caller_without_the_job_key_is_refused_and_counted(two: list[Server]) 
         stranger.shutdown()
 
 
-def test_garbage_frames_are_counted_and_the_server_goes_on(two: list[Server]) -> None:
+def test_garbage_frames_are_counted_and_the_server_goes_on(two_tcp: list[Server]) -> None:
+    two = two_tcp
     raw: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     transport.curve_client(raw, KEYS)
     raw.setsockopt(zmq.LINGER, 0)
@@ -143,7 +169,8 @@ def test_garbage_frames_are_counted_and_the_server_goes_on(two: list[Server]) ->
         raw.close(0)
 
 
-def test_a_server_lost_mid_episode_costs_its_episodes_only(two: list[Server]) -> None:
+def test_a_server_lost_mid_episode_costs_its_episodes_only(two_of_each: list[Server]) -> None:
+    two = two_of_each
     h = client(two)
     try:
         h.reset(prompts(range(4)))
@@ -173,7 +200,7 @@ def test_a_silent_server_ends_the_call_with_env_lost_within_the_bound() -> None:
     mute.setsockopt(zmq.LINGER, 0)
     monitor = transport.curve_server(mute, KEYS)
     port = mute.bind_to_random_port("tcp://127.0.0.1")
-    h = remote_host.RemoteHost([f"tcp://127.0.0.1:{port}"], bounds=BOUNDS, auth=KEYS, margin_s=MARGIN)
+    h = remote_host.RemoteHost(rpc.connect([f"tcp://127.0.0.1:{port}"], auth=KEYS), bounds=BOUNDS, margin_s=MARGIN)
     try:
         t0 = time.monotonic()
         replies = h.reset(prompts(range(3)))
@@ -200,13 +227,13 @@ def test_a_busy_server_is_not_lost() -> None:
             time.sleep(3.0)
             return super().step(text)
 
-    server = env_server.EnvServer("tcp://127.0.0.1:*", host.InProcessHost(lambda: Slow("s"), bounds=slow_bounds),
-                                  auth=KEYS)
+    server = env_server.EnvServer(rpc.bind(address("mem", "slow")),
+                                  host.InProcessHost(lambda: Slow("s"), bounds=slow_bounds))
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
     # silence bound 0.5 + 1.0 s: without the BUSY frames the 3 s step would read as a lost server
-    h = remote_host.RemoteHost([server.address], bounds=host.Bounds(timeout_s=0.5, max_observation_bytes=4096),
-                               auth=KEYS, margin_s=1.0)
+    h = remote_host.RemoteHost(rpc.connect([server.address]),
+                               bounds=host.Bounds(timeout_s=0.5, max_observation_bytes=4096), margin_s=1.0)
     try:
         h.reset(prompts(range(1)))
         assert where(h.step([(0, "x")])[0]) == "s"
@@ -240,6 +267,43 @@ def test_idle_episodes_are_forgotten() -> None:
     finally:
         h.shutdown()
         s.stop()
+
+
+def test_a_late_answer_is_counted_stale_and_another_kind_unexpected() -> None:
+    """A scripted server (the in-memory responder, driven by hand): before the answer to this call it sends the answer
+    to another call (one given up earlier) and a valid frame of another kind; the host counts both and skips them."""
+    responder = rpc.bind(address("mem", "scripted"))
+    h = remote_host.RemoteHost(rpc.connect([responder.address]), bounds=BOUNDS, margin_s=MARGIN)
+    sent: list[wire.Message] = []
+
+    def serve() -> None:
+        got = None
+        deadline = time.monotonic() + 10
+        while got is None and time.monotonic() < deadline:
+            responder.wait(0.1, lambda reason: None)
+            got = responder.recv(lambda reason: None)
+        assert got is not None
+        caller, frame = got
+        call = wire.decode(frame)
+        assert isinstance(call, wire.EnvCall) and call.op == "reset"
+        reply = wire.EnvReply(messages=(("user", "right"),))
+        sent.extend([wire.EnvAnswer(call=call.call + 7, replies=(wire.EnvReply(messages=(("user", "late"),)),)),
+                     wire.Stop(reason="x"), wire.EnvAnswer(call=call.call, busy=True),
+                     wire.EnvAnswer(call=call.call, replies=(reply,))])
+        for m in sent:
+            assert responder.send(caller, wire.encode(m))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        replies = h.reset(prompts(range(1)))
+        assert [r.messages for r in replies] == [[{"role": "user", "content": "right"}]]
+        assert dict(h.dropped) == {remote_host.REASON_STALE: 1, remote_host.REASON_UNEXPECTED: 1}
+        assert len(sent) == 4
+    finally:
+        thread.join(timeout=10)
+        h.shutdown()
+        responder.close()
 
 
 def test_every_env_call_and_answer_round_trips() -> None:

@@ -11,7 +11,9 @@ import pytest
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types, wire
-from kubeforge.runtime.agents import arith, chat, host, runner, tags
+from kubeforge.runtime.agents import chat, runner
+from kubeforge.runtime.agents.envs import arith, tags
+from kubeforge.runtime.agents.hosts import host
 from kubeforge.runtime.agents.envs import calculator, guess_number, registry
 from kubeforge.runtime.models import tiny
 

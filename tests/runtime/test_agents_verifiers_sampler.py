@@ -1,4 +1,4 @@
-"""The generator's sampler for ``type: Verifiers`` (``agents.verifiers_sampler``): the endpoint's recordings become
+"""The generator's sampler for ``type: Verifiers`` (``agents.primeintellect.sampler``): the endpoint's recordings become
 the same groups the built-in episode runner makes, with the bounds of ``spec.environment``.
 
 The unit tests drive the endpoint in process with scripted agents (no HTTP, no library, no vLLM): the group's prompt
@@ -21,68 +21,68 @@ import pytest
 
 from kubeforge.api import load, rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.agents import endpoint, endpoint_chat, endpoint_request, verifiers_env, verifiers_sampler
+from kubeforge.runtime.agents import endpoint, primeintellect
 from test_agents_endpoint import ScriptedSampler
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PYTHON = verifiers_env.default_python(ROOT)
+PYTHON = primeintellect.adapter.default_python(ROOT)
 needs_envs = pytest.mark.skipif(not PYTHON.exists(), reason=f"no environments interpreter at {PYTHON}: make venv-envs")
-Agent = Callable[[endpoint.Endpoint, str, int], dict[str, Any]]
+Agent = Callable[[endpoint.server.Endpoint, str, int], dict[str, Any]]
 
 
 def _tok() -> Any:
     return __import__("kubeforge.runtime.models.tiny", fromlist=["tiny"]).tokenizer()
 
 
-def _call(ep: endpoint.Endpoint, eid: str, messages: list[dict[str, str]]) -> str:
+def _call(ep: endpoint.server.Endpoint, eid: str, messages: list[dict[str, str]]) -> str:
     r = ep.complete(eid, {"model": "policy", "messages": messages})
     return str(r["choices"][0]["message"]["content"])
 
 
-def two_turns(ep: endpoint.Endpoint, eid: str, task: int) -> dict[str, Any]:
+def two_turns(ep: endpoint.server.Endpoint, eid: str, task: int) -> dict[str, Any]:
     msgs = [{"role": "user", "content": f"task {task}"}]
     reply = _call(ep, eid, msgs)
     _call(ep, eid, msgs + [{"role": "assistant", "content": reply}, {"role": "user", "content": "higher"}])
     return {"reward": 0.5, "ok": True, "tool_calls": 1}
 
 
-def too_many_turns(ep: endpoint.Endpoint, eid: str, task: int) -> dict[str, Any]:
+def too_many_turns(ep: endpoint.server.Endpoint, eid: str, task: int) -> dict[str, Any]:
     msgs = [{"role": "user", "content": f"task {task}"}]
     for _ in range(3):
         try:
             msgs += [{"role": "assistant", "content": _call(ep, eid, msgs)}, {"role": "user", "content": "again"}]
-        except endpoint_request.Refusal:
+        except endpoint.request.Refusal:
             return {"reward": 0.25, "ok": False, "error": "BadRequestError: episode_call_limit"}
     raise AssertionError("the third call was not refused")
 
 
-def crashes(ep: endpoint.Endpoint, eid: str, task: int) -> dict[str, Any]:
+def crashes(ep: endpoint.server.Endpoint, eid: str, task: int) -> dict[str, Any]:
     _call(ep, eid, [{"role": "user", "content": f"task {task}"}])
     return {"reward": None, "ok": False, "error": "RuntimeError: the agent crashed"}
 
 
-def hangs(ep: endpoint.Endpoint, eid: str, task: int) -> dict[str, Any]:
+def hangs(ep: endpoint.server.Endpoint, eid: str, task: int) -> dict[str, Any]:
     _call(ep, eid, [{"role": "user", "content": f"task {task}"}])
     return {"reward": None, "ok": False, "error": "TimeoutError", "timed_out": True}
 
 
-def rewrites_the_prompt(ep: endpoint.Endpoint, eid: str, task: int) -> dict[str, Any]:
+def rewrites_the_prompt(ep: endpoint.server.Endpoint, eid: str, task: int) -> dict[str, Any]:
     _call(ep, eid, [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"task {task}"}])
     return {"reward": 1.0, "ok": True}
 
 
 class ScriptedRunner:
-    """``verifiers_sampler.GroupRunner`` with in-process agents, one per episode in order."""
+    """``primeintellect.sampler.GroupRunner`` with in-process agents, one per episode in order."""
 
     def __init__(self, agents: Sequence[Agent]) -> None:
         self.agents = list(agents)
 
-    def run_group(self, ep: endpoint.Endpoint, tasks: Sequence[int]) -> list[verifiers_env.Outcome]:
+    def run_group(self, ep: endpoint.server.Endpoint, tasks: Sequence[int]) -> list[primeintellect.adapter.Outcome]:
         out = []
         for agent, task in zip(self.agents, tasks):
             eid = ep.open_episode()
             line = {"task": task, "rewards": {}, "error": None, **agent(ep, eid, task)}
-            out.append(verifiers_env._outcome(task, line, "", ep.close_episode(eid)))
+            out.append(primeintellect.adapter._outcome(task, line, "", ep.close_episode(eid)))
         return out
 
 
@@ -93,16 +93,16 @@ def _spec(**env: Any) -> rljob.RLJobSpec:
     return load.parse(doc).spec
 
 
-def _sampler(agents: Sequence[Agent], spec: rljob.RLJobSpec) -> tuple[verifiers_sampler.VerifiersSampler,
+def _sampler(agents: Sequence[Agent], spec: rljob.RLJobSpec) -> tuple[primeintellect.sampler.VerifiersSampler,
                                                                       ScriptedSampler]:
     assert spec.environment is not None
     tok = _tok()
     scripted = ScriptedSampler(tok)
-    bounds = verifiers_sampler.Bounds.of(spec.environment, spec.algorithm)
-    ep = endpoint.Endpoint(sampler=scripted, chat=endpoint_chat.ChatTemplate(tok),
-                           config=bounds.endpoint_config(turn_seconds=spec.environment.turn_timeout_seconds))
-    return verifiers_sampler.VerifiersSampler(endpoint=ep, environment=ScriptedRunner(agents), group_size=4,
-                                              fallback_prompt=lambda p: (5, 6), close=ep.close), scripted
+    bounds = primeintellect.sampler.Bounds.of(spec.environment, spec.algorithm)
+    ep = endpoint.server.Endpoint(sampler=scripted, chat=endpoint.chat.ChatTemplate(tok),
+                                  config=bounds.endpoint_config(turn_seconds=spec.environment.turn_timeout_seconds))
+    return primeintellect.sampler.VerifiersSampler(endpoint=ep, environment=ScriptedRunner(agents), group_size=4,
+                                                   fallback_prompt=lambda p: (5, 6), close=ep.close), scripted
 
 
 def test_recordings_become_the_built_in_runners_groups() -> None:
@@ -148,7 +148,7 @@ def test_an_episode_from_another_prompt_is_dropped_empty() -> None:
 
 
 def test_a_group_with_no_call_gets_the_fallback_prompt() -> None:
-    def silent(ep: endpoint.Endpoint, eid: str, task: int) -> dict[str, Any]:
+    def silent(ep: endpoint.server.Endpoint, eid: str, task: int) -> dict[str, Any]:
         return {"reward": None, "ok": False, "error": "no model call"}
 
     sampler, _ = _sampler([silent] * 4, _spec())
@@ -163,21 +163,21 @@ def test_a_group_with_no_call_gets_the_fallback_prompt() -> None:
 def test_bounds_follow_the_spec() -> None:
     spec = _spec(maxTurns=3, turnTimeoutSeconds=7, maxTokensPerEpisode=40)
     assert spec.environment is not None
-    b = verifiers_sampler.Bounds.of(spec.environment, spec.algorithm)
+    b = primeintellect.sampler.Bounds.of(spec.environment, spec.algorithm)
     assert (b.max_turns, b.max_tokens_per_call, b.max_episode_tokens, b.rollout_seconds) == (3, 1, 40, 21.0)
     cfg = b.endpoint_config(turn_seconds=7)
     assert (cfg.max_calls_per_episode, cfg.max_tokens_per_call, cfg.max_episode_tokens, cfg.request_timeout) == \
         (3, 1, 40, 7)
     assert cfg.host == "127.0.0.1" and cfg.key is None          # loopback: the runner lives in the same pod
-    env = verifiers_sampler.environment(spec.environment, python=pathlib.Path("/x/python"), paths=("/envs",))
+    env = primeintellect.sampler.environment(spec.environment, python=pathlib.Path("/x/python"), paths=("/envs",))
     assert (env.environment, env.args, env.rollout_timeout) == ("vf_guess_number",
                                                                 {"max_value": 2, "tasks": 64, "turns": 2}, 21.0)
-    assert env.timeout == 21.0 + verifiers_sampler.START_SECONDS
+    assert env.timeout == 21.0 + primeintellect.sampler.START_SECONDS
 
 
 def test_a_missing_interpreter_is_refused_at_start(tmp_path: pathlib.Path) -> None:
-    env = verifiers_env.VerifiersEnvironment(environment="vf_guess_number", python=tmp_path / "no" / "python")
-    with pytest.raises(verifiers_env.EnvironmentUnavailable, match="make venv-envs"):
+    env = primeintellect.adapter.VerifiersEnvironment(environment="vf_guess_number", python=tmp_path / "no" / "python")
+    with pytest.raises(primeintellect.adapter.EnvironmentUnavailable, match="make venv-envs"):
         env.check()
 
 
@@ -185,11 +185,11 @@ def test_the_launcher_names_the_missing_interpreter(monkeypatch: pytest.MonkeyPa
                                                     tmp_path: pathlib.Path) -> None:
     from kubeforge.runtime import config
 
-    monkeypatch.setenv(verifiers_env.ENV_PYTHON, str(tmp_path / "none"))
+    monkeypatch.setenv(primeintellect.adapter.ENV_PYTHON, str(tmp_path / "none"))
     problems = config.local_problems(_spec())
     assert len(problems) == 1 and problems[0].startswith("spec.environment.type: Invalid value: 'Verifiers'")
     assert config.local_problems(_spec(), role="verifier") == []
-    monkeypatch.setenv(verifiers_env.ENV_PYTHON, sys.executable)
+    monkeypatch.setenv(primeintellect.adapter.ENV_PYTHON, sys.executable)
     assert config.local_problems(_spec()) == []
 
 
@@ -212,7 +212,7 @@ def _fake(script: str) -> subprocess.Popen[bytes]:
 def test_a_batch_answer_is_bounded(script: str, n: int, want: str) -> None:
     proc = _fake(script)
     try:
-        lines, failure = verifiers_env._read_answer(proc, n=n, timeout=3.0)
+        lines, failure = primeintellect.adapter._read_answer(proc, n=n, timeout=3.0)
     finally:
         proc.kill()
         proc.wait()
@@ -224,11 +224,11 @@ def test_a_batch_answer_is_bounded(script: str, n: int, want: str) -> None:
 @needs_envs
 def test_one_runner_process_serves_many_batches_and_a_bad_rollout_costs_its_episode() -> None:
     tok = _tok()
-    ep = endpoint.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint_chat.ChatTemplate(tok))
-    env = verifiers_env.VerifiersEnvironment(environment="vf_flaky", python=PYTHON,
-                                             paths=(str(pathlib.Path(__file__).with_name("vf_envs")),),
-                                             rollout_timeout=30, timeout=300)
-    runner = verifiers_env.RunnerProcess(env)
+    ep = endpoint.server.Endpoint(sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok))
+    env = primeintellect.adapter.VerifiersEnvironment(environment="vf_flaky", python=PYTHON,
+                                                      paths=(str(pathlib.Path(__file__).with_name("vf_envs")),),
+                                                      rollout_timeout=30, timeout=300)
+    runner = primeintellect.adapter.RunnerProcess(env)
     try:
         first = runner.run_group(ep, [0, 1, 2, 0])
         second = runner.run_group(ep, [0, 0])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import _trainer_util as util
-from kubeforge.runtime.trainer import checkpoint, step
+from kubeforge.runtime.learner import checkpoint, step
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,10 @@ import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import models, types
-from kubeforge.runtime.agents import workers
+from kubeforge.runtime.agents.hosts import workers
 from kubeforge.runtime.tasks import registry as tasks
-from kubeforge.runtime.trainer import episode_eval, evaluate, step
+from kubeforge.runtime.learner import step
+from kubeforge.runtime.trainer import episode_eval, evaluate
 from kubeforge.runtime.verifiers import registry
 
 

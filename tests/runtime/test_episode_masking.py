@@ -16,7 +16,8 @@ import torch
 
 import _trainer_util as util
 from kubeforge.runtime import types
-from kubeforge.runtime.trainer import episode_figures, step
+from kubeforge.runtime.learner import step
+from kubeforge.runtime.trainer import episode_figures
 
 ENV = util.ENV   # the environment turn's tokens, between two policy turns
 

@@ -1,4 +1,4 @@
-"""Held-out evaluation (trainer.evaluate), the learning-rate schedule (trainer.schedule) and where their figures go
+"""Held-out evaluation (trainer.evaluate), the learning-rate schedule (learner.schedule) and where their figures go
 (summary, plot, progress annotation, operator status)."""
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import transformers
 from kubeforge.api import progress, rljob
 from kubeforge.runtime import models, tasks, types
 from kubeforge.runtime.launcher import plot, summary
-from kubeforge.runtime.trainer import evaluate, schedule
+from kubeforge.runtime.learner import schedule
+from kubeforge.runtime.trainer import evaluate
 
 
 def sched(**kw: object) -> rljob.LRScheduleSpec:
@@ -51,7 +52,7 @@ def test_cosine_schedule_runs_from_one_to_min_ratio() -> None:
 
 
 def test_trainer_applies_the_schedule(tmp_path: Path) -> None:
-    from kubeforge.runtime.trainer import step
+    from kubeforge.runtime.learner import step
     path = models.resolve(rljob.ModelSpec(builtin="tiny"))
     algo = rljob.AlgorithmSpec.model_validate({"learningRate": 1e-3, "steps": 4, "maxNewTokens": 4,
                                                "learningRateSchedule": {"type": "Cosine", "warmupSteps": 2}})

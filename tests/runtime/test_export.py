@@ -11,7 +11,7 @@ import _trainer_util as util
 from kubeforge.api import rljob
 from kubeforge.runtime import models
 from kubeforge.runtime.models import tiny as tiny_model
-from kubeforge.runtime.trainer import hf_export as export, step
+from kubeforge.runtime.learner import hf_export as export, step
 
 
 def test_any_hf_folder_trains_and_exports_a_loadable_folder(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ import transformers
 import _trainer_util as util
 from kubeforge.api import rljob
 from kubeforge.runtime import models, tasks, types
-from kubeforge.runtime.trainer import evaluate, step
+from kubeforge.runtime.learner import step
+from kubeforge.runtime.trainer import evaluate
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -1,4 +1,4 @@
-"""The LM head / embedding autograd functions (trainer/lmhead.py) give the plain HF path's logprobs, entropy and
+"""The LM head / embedding autograd functions (learner/lmhead.py) give the plain HF path's logprobs, entropy and
 gradients, tied and untied, in float32 and bf16, with micro-batches accumulating, and hold one weight gradient."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from kubeforge.runtime.trainer import lmhead, logprobs
+from kubeforge.runtime.learner import lmhead, logprobs
 
 
 def _lm(*, tied: bool, arch: str = "qwen2", dtype: torch.dtype = torch.float32, pad: int | None = 0,
@@ -197,6 +197,6 @@ def test_kept_probabilities_survive_a_second_backward() -> None:
 
 
 def test_the_policy_keeps_probabilities_by_default() -> None:
-    from kubeforge.runtime.trainer import policy
+    from kubeforge.runtime.learner import policy
 
     assert policy.Policy(_lm(tied=True)).keep_elements == logprobs.KEEP_ELEMENTS > 0

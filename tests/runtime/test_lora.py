@@ -11,7 +11,8 @@ import transformers
 
 import _trainer_util as util
 from kubeforge.api import rljob
-from kubeforge.runtime.trainer import lora, step
+from kubeforge.runtime.learner import lora, step
+from kubeforge.runtime.models import adapter
 
 SPEC = rljob.LoraSpec(rank=4, alpha=8, targetModules=["q_proj", "v_proj", "down_proj"])
 
@@ -66,10 +67,10 @@ def test_export_writes_merged_model_and_peft_adapter(tiny: Path, tmp_path: Path)
     ids = torch.tensor([[1, 5, 7, 2]])
     with torch.no_grad():
         assert torch.allclose(merged(ids).logits, t.model(ids).logits, atol=1e-5)
-    cfg = json.loads((out / step.ADAPTER / lora.CONFIG).read_text())
+    cfg = json.loads((out / step.ADAPTER / adapter.CONFIG).read_text())
     assert (cfg["peft_type"], cfg["r"], cfg["lora_alpha"]) == ("LORA", 4, 8)
     assert cfg["target_modules"] == ["down_proj", "q_proj", "v_proj"]
-    weights = safetensors.torch.load_file(str(out / step.ADAPTER / lora.WEIGHTS))
+    weights = safetensors.torch.load_file(str(out / step.ADAPTER / adapter.WEIGHTS))
     assert all(k.startswith("base_model.model.model.layers.") for k in weights) and len(weights) == 12
 
 

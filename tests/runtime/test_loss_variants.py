@@ -15,7 +15,7 @@ import torch
 from kubeforge.api import load, rljob, validate
 from kubeforge.runtime import types, wire
 from kubeforge.runtime.grpo import gspo, inputs, overlong, registry
-from kubeforge.runtime.trainer import batch, dynamic_sampling
+from kubeforge.runtime.learner import batch, dynamic_sampling
 from kubeforge.runtime.trainer import loop as trainer_role
 
 
@@ -345,7 +345,7 @@ def test_loop_all_zero_signal_rank_still_steps() -> None:
 
 def test_train_step_counts_screened_groups_in_the_reward_and_the_record() -> None:
     from kubeforge.runtime import models
-    from kubeforge.runtime.trainer import step
+    from kubeforge.runtime.learner import step
 
     spec = algo(loss="DAPO", maxNewTokens=4, learningRate=1e-3)
     learner = step.Trainer(model_path=models.resolve(rljob.ModelSpec(builtin="tiny")), algorithm=spec)

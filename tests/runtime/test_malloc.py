@@ -1,4 +1,4 @@
-"""trainer/malloc.py: with the fixed mmap threshold, tensors freed in the middle of a glibc heap leave the RSS;
+"""learner/malloc.py: with the fixed mmap threshold, tensors freed in the middle of a glibc heap leave the RSS;
 without it (glibc's dynamic threshold, raised by one freed 20 MB block) they stay resident."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 SCRIPT = """
 import sys, torch
-from kubeforge.runtime.trainer import malloc
+from kubeforge.runtime.learner import malloc
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 on = malloc.return_freed_memory() if sys.argv[1] == "1" else False
@@ -41,7 +41,7 @@ def test_freed_tensors_leave_the_rss_with_the_fixed_threshold_and_stay_without()
 
 
 def test_an_explicit_environment_setting_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubeforge.runtime.trainer import malloc
+    from kubeforge.runtime.learner import malloc
     monkeypatch.setattr(malloc, "_done", [])
     monkeypatch.setenv(malloc.ENV, "1048576")
     assert malloc.return_freed_memory() is False

@@ -1,4 +1,4 @@
-"""Meta-device build + shard-wise load from an HF folder (``trainer/materialise.py``), one process (the 2-process
+"""Meta-device build + shard-wise load from an HF folder (``learner/materialise.py``), one process (the 2-process
 FSDP path is covered by test_trainer_fsdp.py: FSDP built this way equals DDP built from ``from_pretrained``)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import transformers
 
 import _trainer_util as util
-from kubeforge.runtime.trainer import materialise
+from kubeforge.runtime.learner import materialise
 
 
 def test_empty_has_no_parameter_storage_and_real_buffers(tmp_path: Path) -> None:

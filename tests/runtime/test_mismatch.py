@@ -14,7 +14,7 @@ import torch
 import _trainer_util as util
 from kubeforge.api import rljob
 from kubeforge.runtime.grpo import grpo, inputs, mismatch
-from kubeforge.runtime.trainer import step
+from kubeforge.runtime.learner import step
 from test_grpo import SYM, example
 
 

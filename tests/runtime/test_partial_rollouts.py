@@ -14,7 +14,8 @@ import torch
 
 from kubeforge.runtime import transport, types, wire
 from kubeforge.runtime.generator import loop, partial, stepper
-from kubeforge.runtime.trainer import batch, buffer, staleness
+from kubeforge.runtime.learner import batch, staleness
+from kubeforge.runtime.trainer import buffer
 from kubeforge.runtime.wire import group as wire_group
 
 PROMPTS = (types.Prompt(index=0, text="a", answer="a"), types.Prompt(index=1, text="b", answer="b"))

@@ -24,7 +24,7 @@ from kubeforge.runtime.generator import loop as generator_role
 from kubeforge.runtime.trainer import loop as trainer_role
 from kubeforge.runtime.trainer import report
 from kubeforge.runtime.verifier import loop as verifier_role
-from kubeforge.runtime.trainer import step
+from kubeforge.runtime.learner import step
 
 _ids = itertools.count()
 

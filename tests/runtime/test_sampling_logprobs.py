@@ -15,8 +15,8 @@ import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import logprobs, policy, truncation
+from kubeforge.runtime.learner import batch as batch_mod
+from kubeforge.runtime.learner import logprobs, policy, truncation
 from test_weightsync import ATOL, PROMPTS, trainer_model
 
 MAX_TOKENS = 8

@@ -13,8 +13,8 @@ import torch
 import _trainer_util as util
 import test_config as tc
 from kubeforge.runtime import config
-from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import logprobs, parallel, step
+from kubeforge.runtime.learner import batch as batch_mod
+from kubeforge.runtime.learner import logprobs, parallel, step
 
 HERE = Path(__file__).resolve().parent
 
@@ -42,7 +42,7 @@ def test_padded_batch_logprobs_match_each_sequence_alone(tiny: Path) -> None:
 
 
 def _tokens(kw: dict[str, torch.Tensor | None]) -> torch.Tensor:
-    """The decoder's input: token ids, or the embeddings of the tied head's path (trainer/lmhead.py)."""
+    """The decoder's input: token ids, or the embeddings of the tied head's path (learner/lmhead.py)."""
     ids = kw.get("input_ids")
     out = ids if ids is not None else kw["inputs_embeds"]
     assert out is not None

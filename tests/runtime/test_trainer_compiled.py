@@ -1,4 +1,4 @@
-"""spec.roles.trainer.compile (trainer/compiled.py): compiled decoder blocks compute the eager step within bf16
+"""spec.roles.trainer.compile (learner/compiled.py): compiled decoder blocks compute the eager step within bf16
 rounding, compile once for every block and batch shape, fall back to eager when compiling fails, and leave the
 held-out evaluation's generation eager."""
 from __future__ import annotations
@@ -14,8 +14,9 @@ import transformers
 import _trainer_util as util
 from kubeforge.api import rljob
 from kubeforge.runtime import models, tasks, types
-from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import compiled, evaluate, step
+from kubeforge.runtime.learner import batch as batch_mod
+from kubeforge.runtime.learner import compiled, step
+from kubeforge.runtime.trainer import evaluate
 
 
 @pytest.fixture(scope="module")

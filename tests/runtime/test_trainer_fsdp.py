@@ -13,7 +13,7 @@ import safetensors.torch
 import torch
 
 import _trainer_util as util
-from kubeforge.runtime.trainer import checkpoint
+from kubeforge.runtime.learner import checkpoint
 
 HERE = Path(__file__).resolve().parent
 PROMPTS = 5        # rank 0 gets 3 groups, rank 1 gets 2: uneven shares, uneven micro-batch counts

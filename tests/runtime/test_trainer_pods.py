@@ -44,7 +44,7 @@ def _two(script: str, tmp_path: Path, *, timeout: float = 240.0) -> list[subproc
 BUILD_IN_GROUP = """
     import sys, pathlib
     from kubeforge.runtime.models import cache, tiny
-    from kubeforge.runtime.trainer import parallel
+    from kubeforge.runtime.learner import parallel
     rank, port, root = int(sys.argv[1]), int(sys.argv[2]), pathlib.Path(sys.argv[3])
     group = parallel.DataParallel(config=parallel.DistConfig(rank=rank, world_size=2, master_port=port,
                                                              timeout_s=120))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import _trainer_util as util
-from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import logprobs, step
+from kubeforge.runtime.learner import batch as batch_mod
+from kubeforge.runtime.learner import logprobs, step
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The trainer's bf16 compute copy (trainer/compute_copy.py): same numerics as autocast over the float32 masters
+"""The trainer's bf16 compute copy (learner/compute_copy.py): same numerics as autocast over the float32 masters
 within a stated bf16 tolerance, refreshed once per optimizer step, gradients accumulated in float32 in the masters."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 
 import _trainer_util as util
 from kubeforge.api import rljob
-from kubeforge.runtime.trainer import batch as batch_mod
-from kubeforge.runtime.trainer import policy as policy_mod
-from kubeforge.runtime.trainer import precision, step
+from kubeforge.runtime.learner import batch as batch_mod
+from kubeforge.runtime.learner import policy as policy_mod
+from kubeforge.runtime.learner import precision, step
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 import _trainer_util as util
 from kubeforge.api import progress
-from kubeforge.runtime.trainer import checkpoint
+from kubeforge.runtime.learner import checkpoint
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,8 +1,8 @@
 """``spec.environment.type: Verifiers`` in an RLJob: ``examples/tiny-verifiers.yaml`` (``examples/envs/vf_guess_number``,
 written against the ``verifiers`` library alone) trains through the generator's endpoint on real vLLM.
 
-- In process: the generator's sampler (``verifiers_sampler.from_engine``, as ``generator.start`` builds it) over the
-  shared tiny engine, with vLLM's own outputs audited: every policy span of every group holds exactly ids vLLM
+- In process: the generator's sampler (``primeintellect.sampler.from_engine``, as ``generator.start`` builds it) over
+  the shared tiny engine, with vLLM's own outputs audited: every policy span of every group holds exactly ids vLLM
   sampled for that episode's call (and their logprobs), the environment tokens between them are masked (logprob
   0.0, outside the spans), each group's prompt ids are the prompt vLLM was given first, and the environment reward
   is the library's rule recomputed from the recorded replies.
@@ -24,12 +24,12 @@ import pytest
 
 from kubeforge.api import load
 from kubeforge.runtime import types
-from kubeforge.runtime.agents import verifiers_env, verifiers_sampler
+from kubeforge.runtime.agents import primeintellect
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-verifiers.yaml"
 ENVS = str(ROOT / "examples" / "envs")
-PYTHON = verifiers_env.default_python(ROOT)
+PYTHON = primeintellect.adapter.default_python(ROOT)
 needs_envs = pytest.mark.skipif(not PYTHON.exists(), reason=f"no environments interpreter at {PYTHON}: make venv-envs")
 
 
@@ -47,8 +47,8 @@ def _reward(replies: list[str], secret: int, turns: int) -> float:
 def test_the_generators_verifiers_sampler_records_what_vllm_sampled(tiny_engine: Any) -> None:
     spec = load.load_file(str(EXAMPLE)).spec
     assert spec.environment is not None
-    env = verifiers_sampler.environment(spec.environment, python=PYTHON, paths=(ENVS,))
-    sampler = verifiers_sampler.from_engine(tiny_engine, spec=spec, audit=True, env=env)
+    env = primeintellect.sampler.environment(spec.environment, python=PYTHON, paths=(ENVS,))
+    sampler = primeintellect.sampler.from_engine(tiny_engine, spec=spec, audit=True, env=env)
     prompts = [types.Prompt(index=i, text="unused", answer="1") for i in range(4)]
     try:
         assert env.check() == 64
@@ -92,7 +92,7 @@ def audit_prompt(branch: Any) -> tuple[int, ...]:
 @needs_envs
 def test_kubeforge_run_trains_on_a_verifiers_environment(tmp_path: pathlib.Path) -> None:
     run_dir = tmp_path / "run"
-    env = dict(os.environ, **{verifiers_env.ENV_PATH: ENVS, verifiers_env.ENV_PYTHON: str(PYTHON)})
+    env = dict(os.environ, **{primeintellect.adapter.ENV_PATH: ENVS, primeintellect.adapter.ENV_PYTHON: str(PYTHON)})
     proc = subprocess.run([sys.executable, "-m", "kubeforge.cli", "run", str(EXAMPLE), "--steps", "3",
                            "--run-dir", str(run_dir)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=1800)

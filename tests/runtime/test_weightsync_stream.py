@@ -10,7 +10,7 @@ import torch
 
 import _trainer_util as util
 from kubeforge.runtime import weightsync
-from kubeforge.runtime.trainer import sharding, step
+from kubeforge.runtime.learner import sharding, step
 
 
 class LoggedStream:

@@ -2,19 +2,32 @@
 
 Neighbours: the local launcher and every role call :func:`load_file`; tests call :func:`parse`. Messages follow the
 API server's wording (``spec.algorithm.groupSize: Invalid value: 1: should be greater than or equal to 2``) so a
-user sees the same words from ``kubeforge run`` and ``kubectl apply``.
+user sees the same words from ``kubeforge run`` and ``kubectl apply``; ``refusal`` and ``EXIT_INVALID`` are how
+``kubeforge validate`` and ``kubeforge run`` both report them (stderr, exit 2).
 """
 from __future__ import annotations
 
 import json
 import pathlib
 import re
+from collections.abc import Iterable
 from typing import Any
 
 import pydantic
 import yaml
 
 from kubeforge.api import rljob, validate
+
+
+#: The exit status of ``kubeforge validate`` and ``kubeforge run`` for a manifest they refuse (or cannot read): 2, the
+#: status of a usage error, because ``kubeforge run`` exits 1 when a role fails for good: 1 would not say "your input".
+EXIT_INVALID = 2
+
+
+def refusal(file: str, problems: Iterable[str]) -> str:
+    """What ``kubeforge validate`` and ``kubeforge run`` print on stderr when they refuse ``file``: one line per
+    problem, ``kubeforge: FILE: path: message``, the same lines from both commands."""
+    return "".join(f"kubeforge: {file}: {p}\n" for p in problems)
 
 
 class InvalidRLJob(ValueError):
@@ -86,8 +99,9 @@ def parse(doc: Any) -> rljob.RLJob:
     except (TypeError, ValueError) as exc:
         raise InvalidRLJob([f"<root>: Invalid value: not representable as JSON: {exc}"]) from None
     try:
-        # Strict JSON-mode validation, as the API server types values: "5" is not an integer, "yes" not a boolean.
-        job = rljob.RLJob.model_validate_json(text, strict=True)
+        # Strict JSON-mode validation, as the API server types values: "5" is not an integer, "yes" not a boolean;
+        # by wire (camelCase) names only, as the API server knows no other: `prompts_per_step` is an unknown field.
+        job = rljob.RLJob.model_validate_json(text, strict=True, by_alias=True, by_name=False)
     except pydantic.ValidationError as exc:
         raise InvalidRLJob(problems_of(exc)) from None
     semantic = validate.problems(job)

@@ -6,8 +6,8 @@
                └─ ProgressReport ─▶ pod annotation kubeforge.dev/progress ──▶ operator ──▶ status.progress
 ```
 
-- :class:`StepRecord` is one optimizer step: the trainer's figures (loss, reward, phase seconds, ...), the loop's
-  (wait, weight sync, drops), evaluation and export-on-request. Its JSON is one line of ``metrics.jsonl`` with
+- :class:`StepRecord` is one optimizer step: the learner's figures (:class:`StepMetrics`: loss, reward, phase
+  seconds, ...), the loop's (wait, weight sync, drops), evaluation and export-on-request. Its JSON is one line of ``metrics.jsonl`` with
   snake_case keys; the evaluation and export fields only when the step has them, every other field always.
 - :class:`ProgressReport` is ``status.progress`` (:class:`kubeforge.api.rljob.Progress`) plus ``done``: the
   annotation's JSON in the API's camelCase, absent fields left out.
@@ -34,14 +34,14 @@ from kubeforge.api import rljob
 SPARSE = ("eval_accuracy", "eval_accuracy_base", "eval_seconds", "evaluated", "export", "export_request")
 
 
-class StepRecord(pydantic.BaseModel):
-    """One optimizer step as trainer rank 0 records it (a line of ``metrics.jsonl``)."""
+class StepMetrics(pydantic.BaseModel):
+    """The train step's figures, global over every trainer rank: what the learner's step returns (``learner.base``),
+    and the first part of every :class:`StepRecord` (its fields, in this order, are the record's first)."""
 
-    model_config = pydantic.ConfigDict(extra="ignore")
+    model_config = pydantic.ConfigDict(extra="ignore", frozen=True)
 
     step: int = Field(description="Optimizer steps done after this one (1 after the first).")
     policy_version: int = Field(0, description="Version of the weights after this step.")
-    # the train step's figures (global over every trainer rank)
     loss: float | None = None
     kl: float | None = Field(None, description="Mean k3 KL per token (0 without a reference model).")
     clip_fraction: float | None = None
@@ -67,7 +67,15 @@ class StepRecord(pydantic.BaseModel):
     mismatch_masked_fraction: float | None = Field(None, description="Completions masked by "
                                                    "spec.algorithm.mismatchMask (0 when off).")
     truncation_outside_tokens: int = Field(0, description="Sampled tokens outside the trainer's own topK/topP set "
-                                           "(kept: trainer/truncation.py).")
+                                           "(kept: learner/truncation.py).")
+
+
+class StepRecord(StepMetrics):
+    """One optimizer step as trainer rank 0 records it (a line of ``metrics.jsonl``): the learner's
+    :class:`StepMetrics`, then the loop's figures, the episodes', evaluation and export on request."""
+
+    model_config = pydantic.ConfigDict(extra="ignore", frozen=False)
+
     # the loop's figures
     time: float = Field(0.0, description="Wall clock (seconds since the epoch) when the step's record was made.")
     step_seconds: float | None = Field(None, description="The train step alone.")
@@ -95,6 +103,11 @@ class StepRecord(pydantic.BaseModel):
     # export on request
     export: str | None = Field(None, description="The HF folder this step exported on request.")
     export_request: str | None = Field(None, description="The request's id this step served.")
+
+    @classmethod
+    def of(cls, metrics: StepMetrics, rest: StepRecord) -> StepRecord:
+        """The record whose first part is the learner's ``metrics`` and whose other fields are ``rest``'s."""
+        return rest.model_copy(update=metrics.model_dump())
 
     def doc(self, *, only_set: bool = False) -> dict[str, Any]:
         """The line's JSON object; ``only_set``: just the fields the record was made with (the trainer's closing

@@ -57,8 +57,8 @@ def _kueue_labels(job: rljob.RLJob) -> Problems:
     labels = job.metadata.labels or {}
     if labels.get(contract.LABEL_KUEUE_QUEUE) and job.spec.gang.backend == rljob.GangBackend.KUEUE.value:
         yield (f"metadata.labels[{contract.LABEL_KUEUE_QUEUE}]: Forbidden: with spec.gang.backend Kueue (the job "
-               "would be admitted twice: as an RLJob and as pod groups); use spec.gang.backend Coscheduling or None "
-               "with the label, or remove the label and set spec.gang.queue")
+               "would be admitted twice: as an RLJob and as pod groups); use spec.gang.backend Auto, Coscheduling or "
+               "None with the label, or remove the label and set spec.gang.queue")
 
 
 # ---------------------------------------------------------------- algorithm and sync
@@ -90,7 +90,7 @@ def _algorithm(spec: rljob.RLJobSpec) -> Problems:
 
 
 def _dynamic_sampling(spec: rljob.RLJobSpec) -> Problems:
-    """Refill prompts (runtime ``trainer/dynamic_sampling.py``) are drawn at ``slot + round * stride`` of the task
+    """Refill prompts (runtime ``learner/dynamic_sampling.py``) are drawn at ``slot + round * stride`` of the task
     stream, ``stride`` = promptsPerStep * steps rounded up to the trainer ranks: evaluation prompts must lie above."""
     algo, ev = spec.algorithm, spec.evaluation
     rounds = algo.refill_rounds()
@@ -269,6 +269,10 @@ def _env(path: str, role: rljob.RoleSpec) -> Problems:
                    "alphabetic characters, digits, '_', '-', or '.', and must not start with a digit")
         elif e.name.startswith(contract.ENV_PREFIX):
             yield f"{here}: Forbidden: {e.name!r}: {contract.ENV_PREFIX}* variables are set by kubeforge itself"
+    for i, src in enumerate(role.env_from):
+        if src.prefix is not None and src.prefix.startswith(contract.ENV_PREFIX):
+            yield (f"{path}.envFrom[{i}].prefix: Forbidden: {src.prefix!r}: {contract.ENV_PREFIX}* variables are set "
+                   "by kubeforge itself")
 
 
 def _label_key_ok(key: str) -> bool:
@@ -486,8 +490,10 @@ def _verifiers_and_task(spec: rljob.RLJobSpec) -> Problems:
                    "makes no progress and is restarted as hung first")
 
 
-GANG_MINIMUM_BACKENDS = (rljob.GangBackend.COSCHEDULING.value, rljob.GangBackend.VOLCANO.value,
-                         rljob.GangBackend.KAI.value)
+# Auto is among them: it resolves to a gang (Coscheduling, or Kueue's admission of the job, whose generators' minCount
+# is minReplicas) or to None, where minReplicas still starts the job with what fits (docs/operator.md "Auto").
+GANG_MINIMUM_BACKENDS = (rljob.GangBackend.AUTO.value, rljob.GangBackend.COSCHEDULING.value,
+                         rljob.GangBackend.VOLCANO.value, rljob.GangBackend.KAI.value)
 
 
 def _trainer_and_elastic(spec: rljob.RLJobSpec) -> Problems:

@@ -9,7 +9,7 @@ Subcommands:
   current policy as an HF folder; prints ``{"request", "export", "step"}`` once trainer 0 wrote it, exit 1 if not in
   time)
 - ``kubeforge validate FILE`` → ``kubeforge.api.load`` (offline: the checks of the launcher and of the admission
-  webhook; one ``path: message`` line per problem on stdout, exit 1 when there is one)
+  webhook; refused: the lines ``kubeforge run`` prints, ``kubeforge: FILE: path: message`` on stderr, exit 2)
 
 Invariant: importing this module imports neither torch nor vLLM nor the operator; each subcommand pulls in only
 what it needs, so the operator image (no runtime extra) runs ``kubeforge operator`` unchanged.
@@ -54,24 +54,24 @@ def _dispatch(target: str, argv: Sequence[str]) -> int:
     return result if isinstance(result, int) else 0
 
 
-EXIT_INVALID = 1
+EXIT_INVALID = 2     # kubeforge.api.load.EXIT_INVALID (spelled here too: importing load here would import pydantic)
 
 
 def validate(file: str) -> int:
-    """``kubeforge validate FILE``: one ``path: message`` per problem and exit 1, or ``FILE: valid`` and exit 0."""
+    """``kubeforge validate FILE``: ``FILE: valid`` on stdout and exit 0, or the refusal ``kubeforge run`` prints
+    (``load.refusal``: one ``kubeforge: FILE: path: message`` line per problem on stderr) and exit 2."""
     from kubeforge.api import load
 
     try:
         text = sys.stdin.read() if file == "-" else open(file, encoding="utf-8").read()
     except OSError as exc:
-        print(f"{file}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_INVALID
+        sys.stderr.write(load.refusal(file, [str(exc.strerror or exc)]))
+        return load.EXIT_INVALID
     try:
         load.parse_text(text)
     except load.InvalidRLJob as exc:
-        for problem in exc.problems:
-            print(problem)
-        return EXIT_INVALID
+        sys.stderr.write(load.refusal(file, exc.problems))
+        return load.EXIT_INVALID
     print(f"{file}: valid")
     return 0
 

@@ -56,7 +56,7 @@ Least privilege for what it does (every write is a server-side apply or merge PA
   delete: the forced delete (grace period 0, UID precondition) of a job's pod whose node was not Ready for
   nodeLossGraceSeconds (docs/node-loss.md); the operator deletes no other pod.
 - secrets: create only (the job's key Secret, never read back).
-- events: one per transition.
+- events: one per transition (core/v1 Events: the operator's and kopf's).
 - podgroups of each supported gang backend (Coscheduling, Volcano, KAI).
 */}}
 {{- define "kubeforge.namespacedRules" -}}
@@ -84,23 +84,41 @@ Least privilege for what it does (every write is a server-side apply or merge PA
 - apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh", "scheduling.run.ai"]
   resources: ["podgroups"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Kueue (an RLJob labelled kueue.x-k8s.io/queue-name): its Workload, the admission written back (eviction, Finished),
-# and what admission assigns (flavors) or the labels name (priority classes)
+# Kueue (an RLJob labelled kueue.x-k8s.io/queue-name): its Workload, the admission written back (eviction, Finished);
+# the flavors and priority classes it reads are cluster-scoped (kubeforge.clusterRules)
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["get", "patch"]
-- apiGroups: ["kueue.x-k8s.io"]
-  resources: ["resourceflavors", "workloadpriorityclasses"]
-  verbs: ["get"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch", "delete"]
-- apiGroups: ["", "events.k8s.io"]
+- apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
+{{- end -}}
+
+{{/*
+The operator's reads of cluster-scoped resources (a ClusterRole in both modes): kopf's scanning (it lists and
+watches namespaces and CRDs, and starts a watch once a resource is served: Kueue's Workloads); the nodes of a job's
+not-ready pods, by name (docs/node-loss.md); Kueue's ResourceFlavors (an admitted flavor's node labels and
+tolerations) and WorkloadPriorityClasses (the class a job's label names).
+*/}}
+{{- define "kubeforge.clusterRules" -}}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["resourceflavors", "workloadpriorityclasses"]
+  verbs: ["get"]
 {{- end -}}
 
 {{- define "kubeforge.leaderElection" -}}

@@ -46,7 +46,9 @@ def verb_resource(method: str, path: str, content_type: str = "application/json"
     rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
     if rest[:1] == ["namespaces"] and len(rest) >= 3:
         rest = rest[2:]
-    resource = rest[0] if rest else ""
+    if not rest:
+        return "discover", ""   # API discovery (/apis/<group>/<version>): no resource, no RBAC rule
+    resource = rest[0]
     if len(rest) > 2:
         resource += "/" + rest[2]
     verb = {"GET": "get" if len(rest) > 1 else "list", "POST": "create", "PUT": "update", "DELETE": "delete",
@@ -143,6 +145,12 @@ class Cluster:
     def _headers(self) -> dict[str, str]:
         """Accept and the current Authorization header."""
         return self._authorised({}, self._session()[0])
+
+    def served_resources(self, api_version: str) -> list[str]:
+        """The resource names the API server serves under ``api_version`` (``<group>/<version>``; API discovery,
+        which needs no RBAC rule); [] when it serves no such version."""
+        found = self.request("GET", f"/apis/{api_version}")
+        return [str(r.get("name")) for r in (found or {}).get("resources", [])]
 
     def request(self, method: str, path: str, *, body: Any = None, query: Mapping[str, str] | None = None,
                 content_type: str = "application/json") -> Obj | None:

@@ -45,6 +45,8 @@ class Options:
     health_port: int = 8081
     runtime_image: str = names.DEFAULT_RUNTIME_IMAGE
     runtime_image_features: tuple[str, ...] = names.DEFAULT_RUNTIME_FEATURES
+    coscheduling_scheduler: str = ""
+    image_pull_secrets: tuple[str, ...] = ()
     workers: int = 16
     status_interval: float = 5.0
     node_loss_grace_seconds: float = nodeloss.GRACE_S
@@ -78,6 +80,11 @@ def parse_args(argv: Sequence[str]) -> Options:
                    help=f"What that image carries beyond kubeforge, a comma list of {', '.join(admission.FEATURES)} "
                    f"('' for none); the webhook refuses jobs that need what it lacks (default: what `make images` "
                    f"builds).")
+    p.add_argument("--coscheduling-scheduler-name", default="", metavar="NAME",
+                   help="The scheduler that serves PodGroups (scheduler-plugins' Coscheduling): the schedulerName "
+                   "of Coscheduling pods, and what lets gang.backend Auto choose Coscheduling (docs/operator.md).")
+    p.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                   help="imagePullSecrets of every role pod whose role names none (repeatable).")
     p.add_argument("--workers", type=int, default=16, help="Reconcile worker threads.")
     p.add_argument("--status-interval", type=float, default=5.0, help="Seconds before a status write of one job "
                    "that changes only counts, messages or a condition's reason; each further such write in a row "
@@ -109,7 +116,9 @@ def parse_args(argv: Sequence[str]) -> Options:
         p.error(f"--runtime-image-features: unknown {', '.join(unknown)} (known: {', '.join(admission.FEATURES)})")
     return Options(namespaces=tuple(a.namespace), all_namespaces=a.all_namespaces or not a.namespace,
                    kubeconfig=a.kubeconfig, metrics_port=a.metrics_port, health_port=a.health_port,
-                   runtime_image=a.runtime_image, runtime_image_features=features, workers=a.workers,
+                   runtime_image=a.runtime_image, runtime_image_features=features,
+                   coscheduling_scheduler=a.coscheduling_scheduler_name,
+                   image_pull_secrets=tuple(a.image_pull_secret), workers=a.workers,
                    status_interval=a.status_interval, node_loss_grace_seconds=a.node_loss_grace_seconds,
                    log_format=a.log_format, verbose=a.verbose,
                    webhook=a.webhook, webhook_addr=a.webhook_addr, webhook_port=a.webhook_port,
@@ -137,7 +146,9 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, appl
     def work(key: tuple[str, str], failures: list[Any]) -> reconcile.Outcome:
         return reconcile.reconcile(cluster, key, image=opts.runtime_image, cache=cache, pool=appliers,
                                    seen_failures=failures, jobs=jobs, pods=pods, pacer=pacer,
-                                   node_loss_grace=nodeloss.clamp_grace(opts.node_loss_grace_seconds))
+                                   node_loss_grace=nodeloss.clamp_grace(opts.node_loss_grace_seconds),
+                                   coscheduling_scheduler=opts.coscheduling_scheduler,
+                                   image_pull_secrets=opts.image_pull_secrets)
 
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
     hook = webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,

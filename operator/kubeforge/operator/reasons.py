@@ -20,6 +20,7 @@ COMPLETE = "Complete"              # training finished (terminal)
 FAILED = "Failed"                  # the job failed (terminal)
 STALLED = "Stalled"                # the trainer's step has not moved for spec.failurePolicy.progressDeadlineSeconds
 ADMITTED = "Admitted"              # Kueue admitted the job (only for an RLJob labelled kueue.x-k8s.io/queue-name)
+GANG_SCHEDULING = "GangScheduling"  # gang.backend Auto: which gang the operator chose and why (True: a gang holds it)
 
 # ---- reasons ----
 WAITING_FOR_PODS = "WaitingForPods"      # pods of the attempt are not all created yet
@@ -51,6 +52,10 @@ EVICTED = "Evicted"                      # Kueue evicted it for another reason (
 QUEUE_INVALID = "QueueInvalid"           # the labels name what cannot admit it (e.g. no such WorkloadPriorityClass)
 NODE_LOST = "NodeLost"                   # event (Warning): a node not Ready past the grace; its pods of the job force-deleted
 CONTAINER_FAILED = "ContainerFailed"      # event: a container of the current attempt failed
+# gang.backend Auto (condition GangScheduling's reasons, and the event when the choice is made; gangauto.py)
+AUTO_CHOSE_KUEUE = "AutoChoseKueue"                # the RLJob carries a Kueue queue label: Kueue admits it whole
+AUTO_CHOSE_COSCHEDULING = "AutoChoseCoscheduling"  # PodGroups served and the operator names their scheduler
+AUTO_CHOSE_NONE = "AutoChoseNone"                  # neither: no gang, pods scheduled one by one
 # Phase changes (event reasons: the new phase's name; ``status._PHASE_EVENT`` gives each its event type)
 PHASE_PENDING = "Pending"
 PHASE_STARTING = "Starting"
@@ -61,7 +66,7 @@ PHASE_SUCCEEDED = "Succeeded"
 PHASE_FAILED = "Failed"
 
 #: Every condition type the operator writes on an RLJob (the other constants above are reasons).
-CONDITION_TYPES = (GANG_SCHEDULED, READY, SUSPENDED, ADMITTED, STALLED, COMPLETE, FAILED, CHILDREN_APPLIED)
+CONDITION_TYPES = (GANG_SCHEDULED, GANG_SCHEDULING, READY, SUSPENDED, ADMITTED, STALLED, COMPLETE, FAILED, CHILDREN_APPLIED)
 
 
 # ---- the troubleshooting reference (docs/troubleshooting.md is generated from it: `make refdocs`) ----
@@ -92,6 +97,8 @@ CONDITIONS: dict[str, str] = {
              "times that before the first step). A report only: the roles' liveness probes restart a hung role.",
     COMPLETE: "Written once training finished (phase Succeeded); terminal.",
     FAILED: "Written once the job failed (phase Failed); terminal.",
+    GANG_SCHEDULING: "Only on an RLJob whose `spec.gang.backend` is Auto (the default): which gang the operator "
+                     "chose and why, once, at the first pass; True when a gang holds the job (Kueue or Coscheduling).",
     CHILDREN_APPLIED: "Written (False) only when the API server refused a child object for good; it goes with the "
                       "next pass that applies everything.",
 }
@@ -155,6 +162,28 @@ REFERENCE: dict[str, Entry] = {
         conditions=(f"{GANG_SCHEDULED}=False",),
         meaning="The job is over (Succeeded or Failed): nothing is scheduled any more.",
         check="The Complete or Failed condition for why it ended."),
+    # ---- GangScheduling (gang.backend Auto) ----
+    AUTO_CHOSE_KUEUE: Entry(
+        conditions=(f"{GANG_SCHEDULING}=True",), event="Normal",
+        meaning="The RLJob carries the `kueue.x-k8s.io/queue-name` label: Kueue admits the whole job (its admission "
+                "is the gang), so the pods carry no gang object. Kept for the job's life.",
+        check="The Admitted condition and the job's Workload; delete and re-create the job to decide again.",
+        run=(_DESCRIBE, _WORKLOAD, _QUEUES)),
+    AUTO_CHOSE_COSCHEDULING: Entry(
+        conditions=(f"{GANG_SCHEDULING}=True",), event="Normal",
+        meaning="The API server serves podgroups.scheduling.x-k8s.io and the operator names the scheduler that serves "
+                "them (`--coscheduling-scheduler-name`, the chart's `gang.coschedulingSchedulerName`): the job's pods "
+                "form a PodGroup and carry that `schedulerName`. Kept for the job's life.",
+        check="That the named scheduler runs and serves PodGroups (pods Pending with no events mean it does not).",
+        run=(_GANG, _PODS, "kubectl api-resources --api-group=scheduling.x-k8s.io")),
+    AUTO_CHOSE_NONE: Entry(
+        conditions=(f"{GANG_SCHEDULING}=False",), event="Normal",
+        meaning="Neither a Kueue queue label nor a served PodGroup API with a named scheduler: no gang, the pods are "
+                "scheduled one by one (a partial start waits, holding what it got). The message says which was "
+                "missing. Kept for the job's life.",
+        check="For a gang: label the job for Kueue, or install Coscheduling and set the chart's "
+              "`gang.coschedulingSchedulerName`, then re-create the job.",
+        run=(_DESCRIBE, "kubectl api-resources --api-group=scheduling.x-k8s.io")),
     # ---- Ready ----
     ALL_ROLES_READY: Entry(
         conditions=(f"{READY}=True",),

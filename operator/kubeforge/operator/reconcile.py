@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubeforge.api import contract, failures, load, rljob
-from kubeforge.operator import (apply, exports, lifecycle, metrics, names, nodeloss, observed, queueing, reasons, render,
-                                status, timefmt, watchcache)
+from kubeforge.operator import (apply, exports, gangauto, lifecycle, metrics, names, nodeloss, observed, queueing,
+                                reasons, render, status, timefmt, watchcache)
 from kubeforge.operator.render import context, gang, meta, secret
 from kubeforge.operator.render import workload as workload_render
 
@@ -310,6 +310,23 @@ def _sync_workload(cluster: apply.Cluster, key: Key, job: rljob.RLJob, ctx: cont
         cluster.patch_object_status(q.raw, patch)
 
 
+def _serves_podgroups(cluster: apply.Cluster) -> bool:
+    """Does the API server serve PodGroups (API discovery of ``gangauto.PODGROUP_API``; a 404: no)?"""
+    return gangauto.PODGROUP_RESOURCE in cluster.served_resources(gangauto.PODGROUP_API)
+
+
+def _gang_choice(cluster: apply.Cluster, job: rljob.RLJob, *, coscheduling_scheduler: str) -> gangauto.Choice | None:
+    """What ``gang.backend: Auto`` renders for ``job``: the choice kept in its status, else one made now from the
+    facts (one discovery GET, once per job, when the queue label does not decide). None: not Auto."""
+    if not gangauto.is_auto(job):
+        return None
+    kept = gangauto.kept(job)
+    if kept is not None:
+        return kept
+    served = queueing.queue_name(job) is None and _serves_podgroups(cluster)
+    return gangauto.choose(job, podgroups_served=served, coscheduling_scheduler=coscheduling_scheduler)
+
+
 def _write_status(cluster: apply.Cluster, key: Key, doc: dict[str, Any], jobs: watchcache.JobCache | None) -> None:
     written = cluster.patch_status(*key, doc)
     if written and jobs is not None:
@@ -320,10 +337,12 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
               pool: concurrent.futures.Executor | None = None, seen_failures: Iterable[observed.Failure] = (),
               clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
               jobs: watchcache.JobCache | None = None, pods: watchcache.PodCache | None = None,
-              pacer: StatusPacer | None = None, node_loss_grace: float = nodeloss.GRACE_S) -> Outcome:
+              pacer: StatusPacer | None = None, node_loss_grace: float = nodeloss.GRACE_S,
+              coscheduling_scheduler: str = "", image_pull_secrets: tuple[str, ...] = ()) -> Outcome:
     """Bring the children and the status of RLJob ``key`` (namespace, name) in line with its spec. With the watch
     caches (``jobs``, ``pods``) the pass reads the RLJob and its pods from them instead of GET and LIST; with a
-    ``pacer``, status writes of detail only are paced per job."""
+    ``pacer``, status writes of detail only are paced per job. ``coscheduling_scheduler`` and
+    ``image_pull_secrets`` are the operator's settings (``RenderContext``)."""
     namespace, name = key
     raw = _read_job(cluster, key, jobs)
     if raw is None or raw["metadata"].get("deletionTimestamp"):
@@ -352,11 +371,15 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         if pacer is not None:
             pacer.forget(key)
         return Outcome(gone=True, phase=job.status.phase if job.status else None)
+    choice = _gang_choice(cluster, job, coscheduling_scheduler=coscheduling_scheduler)
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
                                 active=plan.active, gang_active=plan.gang_active, image=image,
                                 surplus_active=plan.surplus_active, surplus_present=plan.surplus_present,
                                 admission=queueing.admission_key(queue.wl, queue.flavors, grown=grown)
-                                if queue is not None and gate is not None and gate.admitted else "")
+                                if queue is not None and gate is not None and gate.admitted else "",
+                                gang_backend=choice.backend if choice is not None else "",
+                                coscheduling_scheduler=coscheduling_scheduler,
+                                image_pull_secrets=image_pull_secrets)
     if queue is not None:
         _sync_workload(cluster, key, job, ctx, queue, plan, obs, cache=cache, now=now)
     shape = queueing.admitted_job(job, queue.wl, queue.flavors, grown=grown) \
@@ -371,7 +394,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     if not cache.unchanged(key, render_key):
         _apply_children(cluster, key, shape, ctx, raw, now=now, cache=cache, pool=pool, jobs=jobs)
         cache.applied(key, render_key)
-    new = status.compute(shape, obs, plan, generation=raw["metadata"].get("generation"), now=now)
+    new = status.compute(shape, obs, plan, generation=raw["metadata"].get("generation"), now=now, gang_choice=choice)
     requeue = _min(plan.requeue_after, lost.requeue_after)
     if gate is not None and not gate.admitted and plan.terminal is None:
         requeue = _min(requeue, QUEUE_POLL_S)
@@ -428,7 +451,7 @@ def _apply_children(cluster: apply.Cluster, key: Key, job: rljob.RLJob, ctx: con
             raise                                   # transient: the router retries with backoff
         # refused for good (invalid, forbidden, an API not served): say so on the job, not only in the operator's
         # log, naming what is missing when it is the gang backend's API; then retry later
-        why = gang.explain_refusal(job, exc.status, str(exc))
+        why = gang.explain_refusal(job, exc.status, str(exc), chosen=gang.backend(job, ctx))
         failed = status.apply_failed(job, why, generation=raw["metadata"].get("generation"), now=now)
         _write_status(cluster, key, _status_doc(failed) or {}, jobs)
         cluster.post_event(raw, type="Warning", reason=reasons.APPLY_FAILED, message=why[:1000],

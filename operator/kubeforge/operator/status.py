@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 
 from kubeforge.api import contract, failures, rljob
-from kubeforge.operator import lifecycle, observed, reasons, timefmt
+from kubeforge.operator import gangauto, lifecycle, observed, reasons, timefmt
 from kubeforge.operator.render.gang import base as gang_base
 
 Phase = rljob.Phase
@@ -103,13 +103,16 @@ def phase_of(plan: lifecycle.Plan, gang: Cond, ready: Cond) -> str:
     return Phase.PENDING.value
 
 
-def _conditions(job: rljob.RLJob, plan: lifecycle.Plan, gang: Cond, ready: Cond) -> dict[str, Cond]:
+def _conditions(job: rljob.RLJob, plan: lifecycle.Plan, gang: Cond, ready: Cond,
+                choice: gangauto.Choice | None = None) -> dict[str, Cond]:
     suspended: Cond = (False, reasons.NOT_SUSPENDED, "")
     if plan.held_by_queue and plan.queue is not None:
         suspended = (True, plan.queue.reason, plan.queue.message[:1000])
     elif plan.suspended:
         suspended = (True, reasons.JOB_SUSPENDED, "spec.suspend is true")
     out = {reasons.GANG_SCHEDULED: gang, reasons.READY: ready, reasons.SUSPENDED: suspended}
+    if choice is not None:
+        out[reasons.GANG_SCHEDULING] = (choice.gang, choice.reason, choice.message[:1000])
     if plan.queue is not None and not plan.terminal:
         out[reasons.ADMITTED] = (plan.queue.admitted, plan.queue.reason, plan.queue.message[:1000])
     limit = lifecycle.stall_limit(job, plan.progress)
@@ -140,8 +143,8 @@ def merge_conditions(prev: list[rljob.Condition], new: dict[str, Cond], *, gener
 
 
 def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, generation: int | None,
-            now: dt.datetime) -> rljob.RLJobStatus:
-    """The status to store for this pass."""
+            now: dt.datetime, gang_choice: gangauto.Choice | None = None) -> rljob.RLJobStatus:
+    """The status to store for this pass (``gang_choice``: what ``gang.backend: Auto`` chose, for its condition)."""
     prev = job.status or rljob.RLJobStatus()
     roles = role_statuses(job, obs, plan)
     gang, ready = gang_condition(job, obs, plan), ready_condition(roles, plan, obs)
@@ -149,8 +152,8 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
     ready_roles = sum(1 for s in roles.values() if s.replicas and s.ready >= s.replicas)
     return rljob.RLJobStatus(
         phase=phase_of(plan, gang, running), observed_generation=generation,
-        conditions=merge_conditions(prev.conditions, _conditions(job, plan, gang, ready), generation=generation,
-                                    now=now),
+        conditions=merge_conditions(prev.conditions, _conditions(job, plan, gang, ready, gang_choice),
+                                    generation=generation, now=now),
         roles=roles, ready=f"{ready_roles}/{len(roles)}", restarts=plan.restarts, attempt=plan.attempt,
         last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress,
         last_progress_time=plan.last_progress_time, start_time=plan.start_time,
@@ -209,7 +212,8 @@ _PHASE_EVENT = {
 
 
 def transitions(prev: rljob.RLJobStatus | None, new: rljob.RLJobStatus, plan: lifecycle.Plan) -> list[Event]:
-    """Events for this pass: a failure seen, a new attempt, a phase change (in that order)."""
+    """Events for this pass: a failure seen, a new attempt, Auto's gang choice, Kueue's gate, a phase change (in
+    that order)."""
     out = []
     if plan.new_failure is not None:
         f = plan.new_failure
@@ -232,6 +236,11 @@ def transitions(prev: rljob.RLJobStatus | None, new: rljob.RLJobStatus, plan: li
     before = next((c.reason for c in (prev.conditions if prev else []) if c.type == reasons.READY), None)
     if ready is not None and ready.reason in observed.STUCK_REASONS and ready.reason != before:
         out.append(Event(type="Warning", reason=ready.reason, message=ready.message))
+    chose = next((c for c in new.conditions if c.type == reasons.GANG_SCHEDULING), None)
+    chose_before = next((c.reason for c in (prev.conditions if prev else []) if c.type == reasons.GANG_SCHEDULING),
+                        None)
+    if chose is not None and chose.reason != chose_before:     # once: the choice is kept (gangauto.kept)
+        out.append(Event(type="Normal", reason=chose.reason, message=chose.message))
     queue = next((c for c in new.conditions if c.type == reasons.ADMITTED), None)
     queue_before = next((c.reason for c in (prev.conditions if prev else []) if c.type == reasons.ADMITTED), None)
     if queue is not None and queue.reason != queue_before:

@@ -123,13 +123,14 @@ def local_problems(spec: rljob.RLJobSpec, *, role: str | None = None) -> list[st
         problems.append(f"spec.task.jsonl.path: Not found: {spec.task.jsonl.path!r} is not a file")
     if role in (None, "generator") and spec.environment is not None and \
             spec.environment.type == rljob.EnvironmentType.VERIFIERS.value:
-        from kubeforge.runtime.agents import verifiers_env   # the generator runs the library's rollouts with it
+        # the generator runs the library's rollouts with it
+        from kubeforge.runtime.agents.primeintellect import adapter
 
-        python = verifiers_env.default_python()
+        python = adapter.default_python()
         if not python.exists():
             problems.append(f"spec.environment.type: Invalid value: 'Verifiers': needs the environments' interpreter "
                             f"with the verifiers library, and {str(python)!r} does not exist (make venv-envs, or set "
-                            f"{verifiers_env.ENV_PYTHON})")
+                            f"{adapter.ENV_PYTHON})")
     return problems
 
 

@@ -3,7 +3,7 @@
 Neighbours: ``config.local_problems`` calls :func:`lora_problems`, so a LoRA ``targetModules`` naming no layer of a
 ``spec.model.path`` model is refused by the launcher before any process starts and by every role process (a pod
 included) before its model or vLLM engine loads; ``kubeforge.api.validate`` holds the built-in models' layers in a
-static table (a built-in is built only at start). ``trainer.lora.attach`` stays the last word (it also refuses a
+static table (a built-in is built only at start). ``learner.lora.attach`` stays the last word (it also refuses a
 name whose module is not an ``nn.Linear``).
 
 Invariants: no torch, no safetensors import: a header is 8 bytes (little-endian length) and that much JSON, read

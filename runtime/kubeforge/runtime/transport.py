@@ -134,6 +134,14 @@ def count_refused(monitor: zmq.Socket[bytes] | None, refuse: Callable[[str], Non
         refuse(REASON_UNAUTHENTICATED)
 
 
+def close_curve_server(sock: zmq.Socket[bytes], monitor: zmq.Socket[bytes] | None) -> None:
+    """Close a socket that ``curve_server`` made a server, and its monitor (None: a plain socket), without waiting."""
+    if monitor is not None:
+        sock.disable_monitor()
+        monitor.close(0)
+    sock.close(0)
+
+
 class _Authenticator:
     """The process's ZAP handler: admits a CURVE client only when its public key is the job's."""
 
@@ -407,10 +415,7 @@ class ZmqReceiver(_BoundReceiver):
             self._close_sockets()
 
     def _close_sockets(self) -> None:
-        if self._monitor is not None:
-            self._sock.disable_monitor()
-            self._monitor.close(0)
-        self._sock.close(0)
+        close_curve_server(self._sock, self._monitor)
 
 
 class _Peer:

@@ -27,6 +27,12 @@ class RenderContext:
         StatefulSet must go.
     admission: a Kueue workload's admission (``queueing.admission_key``; "" when not one or not admitted): the
         spec rendered is then the job as admitted (``queueing.admitted_job``), and a new admission re-renders.
+    gang_backend: for ``gang.backend: Auto``, the pod-level backend the operator chose (``gangauto.choose``:
+        Coscheduling or None); "" (not resolved) renders as None. Ignored for an explicit backend.
+    coscheduling_scheduler: the operator's setting naming the scheduler that serves PodGroups (chart value
+        ``gang.coschedulingSchedulerName``): the ``schedulerName`` of Coscheduling pods; "" leaves it unset.
+    image_pull_secrets: the operator's default ``imagePullSecrets`` of every role pod (chart value
+        ``rolePods.imagePullSecrets``); a role's own list wins.
     """
 
     namespace: str
@@ -38,3 +44,6 @@ class RenderContext:
     surplus_active: bool = True
     surplus_present: bool = False
     admission: str = ""
+    gang_backend: str = ""
+    coscheduling_scheduler: str = ""
+    image_pull_secrets: tuple[str, ...] = ()

@@ -39,6 +39,32 @@ def role_env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list
         job_key=roleenv.SecretRef(contract.job_key_secret(job.metadata.name), contract.JOB_KEY_SECRET_KEY),
         peers={other: peers(job, other, ctx.namespace) for other in contract.ROLES})
     fixed = [_entry(name, value) for name, value in contract_env.items()]
-    extra = [{"name": e.name, "value": e.value} for e in getattr(job.spec.roles, role).env
-             if e.name not in contract_env]
+    extra = [_own(e) for e in getattr(job.spec.roles, role).env if e.name not in contract_env]
     return fixed + extra
+
+
+def _key_ref(ref: rljob.KeySelector) -> meta.Obj:
+    return {"name": ref.name, "key": ref.key, **({"optional": True} if ref.optional else {})}
+
+
+def _own(e: rljob.EnvVar) -> meta.Obj:
+    """A role's own variable as a Kubernetes EnvVar: its value, or where the kubelet reads it from."""
+    src = e.value_from
+    if src is None:
+        return {"name": e.name, "value": e.value or ""}
+    if src.secret_key_ref is not None:
+        return {"name": e.name, "valueFrom": {"secretKeyRef": _key_ref(src.secret_key_ref)}}
+    assert src.config_map_key_ref is not None      # the model holds exactly one
+    return {"name": e.name, "valueFrom": {"configMapKeyRef": _key_ref(src.config_map_key_ref)}}
+
+
+def env_from(spec: rljob.RoleSpec) -> list[meta.Obj]:
+    """A role's ``envFrom`` as Kubernetes EnvFromSources (its ``env`` and the contract, rendered as ``env``, win
+    over a key of the same name: the kubelet lets ``env`` override ``envFrom``)."""
+    out = []
+    for s in spec.env_from:
+        kind, ref = ("secretRef", s.secret_ref) if s.secret_ref is not None else ("configMapRef", s.config_map_ref)
+        assert ref is not None                     # the model holds exactly one
+        out.append({**({"prefix": s.prefix} if s.prefix else {}),
+                    kind: {"name": ref.name, **({"optional": True} if ref.optional else {})}})
+    return out

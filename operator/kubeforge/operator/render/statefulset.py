@@ -79,6 +79,7 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
         **({"command": list(spec.command)} if spec.command else {}),
         "args": ["role", role],
         "env": _env(job, ctx, role=role),
+        **({"envFrom": env.env_from(spec)} if spec.env_from else {}),
         "ports": [{"name": p["name"], "containerPort": p["port"], "protocol": "TCP"} for p in service.ports()],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
                            "periodSeconds": 5, "failureThreshold": 3},
@@ -131,12 +132,14 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
                                                                 "sizeLimit": f"{shm_gib(spec)}Gi"}})
     if role == "trainer":       # room for the stop checkpoint (contract: STOP_CHECKPOINT_WITHIN_SECONDS)
         pod["terminationGracePeriodSeconds"] = contract.TRAINER_TERMINATION_GRACE_SECONDS
-    if gang.scheduler_name:
-        pod["schedulerName"] = gang.scheduler_name
+    scheduler = job.spec.gang.scheduler_name or gang.scheduler_name    # the job's own choice wins
+    if scheduler:
+        pod["schedulerName"] = scheduler
     if spec.priority_class_name:
         pod["priorityClassName"] = spec.priority_class_name
-    if spec.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": s.name} for s in spec.image_pull_secrets]
+    pull = [s.name for s in spec.image_pull_secrets] or list(ctx.image_pull_secrets)   # the role's own list wins
+    if pull:
+        pod["imagePullSecrets"] = [{"name": n} for n in pull]
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod}
 
 

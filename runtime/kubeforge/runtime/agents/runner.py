@@ -23,7 +23,8 @@ from typing import Any, Protocol
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.agents import chat, episode, host as host_mod
+from kubeforge.runtime.agents import chat, episode
+from kubeforge.runtime.agents.hosts import host as host_mod
 from kubeforge.runtime.agents.envs import registry
 
 SEED_STRIDE = 1009

@@ -24,7 +24,7 @@ Invariants:
 - Logprobs: ``logprobs_mode="processed_logprobs"``; each completion token carries
   ``log_softmax(logits / T)[token]`` in float32 (T = 1 when greedy), after vLLM's top-k and top-p masking
   (top_k > 0, top_p < 1; none when greedy). See docs/runtime.md "Logprob convention": the trainer computes the
-  same quantity (``trainer/truncation`` reproduces the masking).
+  same quantity (``learner/truncation`` reproduces the masking).
 - KV cache blocks are 32 tokens (a multiple of 32 as CPU attention needs; small enough that a stale prefix cache
   shows up in tests), KV space is ``role.kv_cache_gib`` (``VLLM_CPU_KVCACHE_SPACE``); on CPU no AOT compile cache
   (``env_defaults``).
@@ -49,8 +49,8 @@ import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types, weightsync
+from kubeforge.runtime.models import adapter
 from kubeforge.runtime.models import prompts as prompt_ids
-from kubeforge.runtime.trainer import lora as lora_mod
 
 EXTENSION = "kubeforge.runtime.generator.extension.WeightSyncExtension"
 BLOCK_SIZE = 32
@@ -228,7 +228,7 @@ class Engine:
         from vllm.lora.request import LoRARequest
 
         assert self.lora is not None and self._adapters is not None
-        config = lora_mod.adapter_config(self.lora, base=str(self.model_dir))
+        config = adapter.adapter_config(self.lora, base=str(self.model_dir))
         first = self.llm.collective_rpc("kf_receive_adapter", args=(str(self._adapters), json.dumps(config)))[0]
         version = int(first["version"])
         self.lora_request = LoRARequest(f"policy-v{version}", version + 1, str(first["path"]))

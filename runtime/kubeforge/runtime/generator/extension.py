@@ -31,7 +31,7 @@ generating; ``kf_receive_weights`` then only waits for whatever has not arrived 
 the generation pause per sync is the load, not the wire (nor the trainer's snapshot before it).
 
 LoRA (``spec.model.lora``): the base weights never change; a sync carries the adapter tensors only, which
-``kf_receive_adapter`` writes as a PEFT folder; the Engine then serves it as a new vLLM ``LoRARequest``.
+``kf_receive_adapter`` writes as a PEFT folder (``models.adapter``); the Engine then serves it as a new vLLM ``LoRARequest``.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ import torch
 
 from kubeforge.runtime import weightsync
 from kubeforge.runtime.generator import swap_reload
-from kubeforge.runtime.trainer import lora
+from kubeforge.runtime.models import adapter
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class WeightSyncExtension:
             self._kf_receiver.prefetch()   # adapters: nothing to build in the background
         path = pathlib.Path(directory) / f"v{int(stats['version'])}"
         if _tp_rank() == 0:
-            lora.save_adapter(path, got, config=json.loads(config_json))
+            adapter.save_adapter(path, got, config=json.loads(config_json))
         return {**stats, "path": str(path)}
 
     def kf_leave_weight_sync(self) -> None:

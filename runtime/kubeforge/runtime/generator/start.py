@@ -21,7 +21,7 @@ from kubeforge.runtime import config, hardware, metrics, models, observe, startu
 from kubeforge.runtime.generator import loop, partial
 
 if TYPE_CHECKING:
-    from kubeforge.runtime.agents import host as agents_host
+    from kubeforge.runtime.agents.hosts import host as agents_host
 
 
 class EngineSampler:
@@ -68,10 +68,11 @@ def episode_sampler(llm: object, cfg: config.RoleConfig, m: metrics.Metrics) -> 
 
     env = cfg.spec.environment
     assert env is not None
-    if env.type == rljob.EnvironmentType.VERIFIERS.value:   # an agent drives the sampling (agents.verifiers_sampler)
-        from kubeforge.runtime.agents import verifiers_sampler
+    if env.type == rljob.EnvironmentType.VERIFIERS.value:   # an agent drives the sampling (agents.primeintellect)
+        from kubeforge.runtime.agents import primeintellect
 
-        return verifiers_sampler.from_engine(llm, spec=cfg.spec, on_sampled=lambda stats: observe.episodes(m, stats))
+        return primeintellect.sampler.from_engine(llm, spec=cfg.spec,
+                                                  on_sampled=lambda stats: observe.episodes(m, stats))
     host = env_host(cfg, m)
     sampler = runner.EpisodeSampler(engine=EngineTurns(llm, cfg), host=host, spec=env, algorithm=cfg.spec.algorithm,
                                     chat_template=cfg.spec.task.chat_template,
@@ -85,16 +86,18 @@ ENV_WORKERS = 2     # environment worker processes per generator, when no verifi
 
 
 def env_host(cfg: config.RoleConfig, m: metrics.Metrics) -> agents_host.EnvironmentHost:
-    """The verifiers' environment servers (``agents.remote_host``) whenever the job has verifiers to serve them;
-    else worker processes beside this generator (``agents.workers``)."""
-    from kubeforge.runtime.agents import env_server, host, remote_host, workers
+    """The verifiers' environment servers (``agents.hosts.remote_host``) whenever the job has verifiers to serve them;
+    else worker processes beside this generator (``agents.hosts.workers``)."""
+    from kubeforge.runtime import rpc
+    from kubeforge.runtime.agents.hosts import env_server, host, remote_host, workers
 
     env = cfg.spec.environment
     assert env is not None
     servers = [transport.tcp_address(p.host, p.port(contract.PORT_ENV)) for p in cfg.peers.get("verifier", ())]
     if not servers or not env_server.serves(cfg.spec):
         return workers.SubprocessHost(env, workers=ENV_WORKERS)
-    return remote_host.RemoteHost(servers, name=cfg.name, total_s=startup.role_deadline(cfg), on_drop=m.drop_hook(),
+    return remote_host.RemoteHost(rpc.connect(servers, name=cfg.name), total_s=startup.role_deadline(cfg),
+                                  on_drop=m.drop_hook(),
                                   bounds=host.Bounds(timeout_s=env.turn_timeout_seconds,
                                                      max_observation_bytes=env.max_observation_bytes))
 

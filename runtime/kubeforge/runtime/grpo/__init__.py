@@ -1,6 +1,6 @@
 """GRPO maths: group-normalised advantages, the loss variants (GRPO, DrGRPO, DAPO, GSPO) and the k3 KL penalty.
 
-Role: pure tensor functions, no model, no I/O. The trainer (``kubeforge.runtime.trainer.step``) collates scored
+Role: pure tensor functions, no model, no I/O. The trainer (``kubeforge.runtime.learner.step``) collates scored
 rollout groups into :class:`~kubeforge.runtime.grpo.inputs.LossInputs`, asks :func:`registry.loss_for` for the
 variant named by ``spec.algorithm.loss`` and calls it.
 

@@ -10,7 +10,7 @@ With ``L_max`` the length budget (``spec.algorithm.maxNewTokens``), ``L_cache`` 
 and ``R_length`` is added to the verifiers' reward before the group advantages are computed. Generation stops at
 ``L_max``, so a truncated completion (finish reason ``length``: it would have run past ``L_max``) is the third
 case; its value is the second case's at ``|y| = L_max`` (``-p``), so the penalty is continuous and a pure function
-of the length. Neighbours: ``trainer.batch.rows_of`` calls :func:`shaped_rewards` for every group; dynamic
+of the length. Neighbours: ``learner.batch.rows_of`` calls :func:`shaped_rewards` for every group; dynamic
 sampling and ``mean_reward`` see the verifiers' rewards, unshaped (the paper filters on accuracy).
 """
 from __future__ import annotations

@@ -29,7 +29,7 @@ from typing import Any
 
 from kubeforge.api import contract, failures, load, rljob, roleenv
 from kubeforge.runtime import affinity, config, hardware
-from kubeforge.runtime.launcher import placement, plot, ports, progressbar, rundir, summary, supervisor
+from kubeforge.runtime.launcher import localenv, placement, plot, ports, progressbar, rundir, summary, supervisor
 
 POLL_SECONDS = 0.5
 FAILURES = "failures.jsonl"      # one line per failure decision (the fault campaign reads it)
@@ -51,6 +51,7 @@ def prepare(file: str, *, steps: int | None) -> rljob.RLJob:
         doc["spec"].setdefault("algorithm", {})["steps"] = steps
         job = load.parse(doc)
     problems = config.local_problems(job.spec) + placement.problems(job.spec.schedule, cpus=placement.usable_cpus())
+    problems += localenv.problems(job, os.environ)
     if problems:
         raise load.InvalidRLJob(problems)
     return job
@@ -84,7 +85,7 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
                 report=roleenv.REPORT_JSONL, job_key=job_key)
             # the role's own env as on a pod (render/env.py): over the launcher's, under the contract (the API
             # refuses KUBEFORGE_* names in it anyway)
-            env.update({e.name: e.value for e in getattr(roles, role).env})
+            env.update(localenv.values(getattr(roles, role), os.environ))   # valueFrom: docs/launcher.md
             env.update(fixed)
             env["PYTHONUNBUFFERED"] = "1"
             env.pop(contract.ENV_CPUS, None)
@@ -200,13 +201,12 @@ def run(*, file: str, run_dir: str | None = None, steps: int | None = None,
     """The whole ``kubeforge run``; returns the process exit status."""
     try:
         job = prepare(file, steps=steps)
-    except load.InvalidRLJob as exc:
-        for p in exc.problems:
-            _err(f"{file}: {p}")
-        return 2
+    except load.InvalidRLJob as exc:     # the refusal of `kubeforge validate`, word for word (load.refusal)
+        sys.stderr.write(load.refusal(file, exc.problems))
+        return load.EXIT_INVALID
     except OSError as exc:
-        _err(f"{file}: {exc.strerror or exc}")
-        return 2
+        sys.stderr.write(load.refusal(file, [str(exc.strerror or exc)]))
+        return load.EXIT_INVALID
     start = time.time()
     run = rundir.create(job_name=job.metadata.name, explicit=run_dir)
     run.manifest.write_text(json.dumps(load.dump(job), indent=1))

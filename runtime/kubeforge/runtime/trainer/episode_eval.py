@@ -29,7 +29,7 @@ import transformers
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.agents import host as host_mod
+from kubeforge.runtime.agents.hosts import host as host_mod
 from kubeforge.runtime.agents import runner
 from kubeforge.runtime.trainer import evaluate
 from kubeforge.runtime.verifiers import base as verifiers_base

@@ -1,17 +1,27 @@
 """The step's episode figures (``spec.environment``): turns, tool calls and errors, masked environment tokens.
 
-Neighbours: ``trainer.loop`` adds :func:`figures` to the step's record (``progress.StepRecord``); ``trainer.batch``
+Neighbours: ``trainer.loop`` adds :func:`figures` to the step's record (``progress.StepRecord``); ``learner.batch``
 masks the environment tokens these count (``types.policy_mask``); the launcher's summary and the metrics read them.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from kubeforge.runtime import types
 
 
-def figures(groups: Sequence[types.RolloutGroup]) -> dict[str, Any]:
+class EpisodeFigures(TypedDict, total=False):
+    """The step record's episode fields (``progress.StepRecord``: mypy checks the names where the loop puts them
+    in the record, ``trainer.record``); none for single-turn groups."""
+
+    episode_turns_mean: float | None
+    tool_calls: int
+    tool_errors: int
+    env_masked_tokens: int
+
+
+def figures(groups: Sequence[types.RolloutGroup]) -> EpisodeFigures:
     """Sums over the episodes of ``groups`` (empty when none is an episode group: single-turn records unchanged)."""
     turns: list[int] = []
     calls = errors = masked = 0

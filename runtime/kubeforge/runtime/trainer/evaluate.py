@@ -46,7 +46,7 @@ from kubeforge.api import rljob
 from kubeforge.runtime import types
 from kubeforge.runtime.models import prompts as prompt_ids
 from kubeforge.runtime.tasks import base as tasks_base
-from kubeforge.runtime.trainer import precision
+from kubeforge.runtime.learner import precision
 from kubeforge.runtime.verifiers import base as verifiers_base
 
 CORRECT = 0.5

@@ -18,12 +18,14 @@
  rank 0: STOP every generator, report done
 ```
 
-Neighbours: ``trainer.step.Trainer`` (learner, checkpoints), ``trainer.buffer.RolloutBuffer`` (staleness),
-``tasks`` (``prompt_at(k)``, injected), ``trainer.report`` (Reporter), the transport (inbox and a sender to every
-generator; rank 0 also a control inbox for READY/ACK). The loop owns one part per concern: ``trainer.membership``
-(rank 0's elastic generators: join, leave, restart, silence), ``trainer.pushes`` (when to push, the push that
-overlaps the next step; the weight pusher itself is ``trainer.pusher``), ``trainer.accuracy`` (held-out evaluation
-in the records) and ``trainer.export_requests`` (export on request).
+Neighbours: the learner (``learner.base.Learner``, injected: ``learner.step.Trainer`` in a pod; its step returns
+``progress.StepMetrics``), ``trainer.buffer.RolloutBuffer`` (staleness), ``tasks`` (``prompt_at(k)``, injected),
+``trainer.report`` (Reporter), the transport (inbox and a sender to every generator; rank 0 also a control inbox for
+READY/ACK). The loop owns one part per concern: ``trainer.membership`` (rank 0's elastic generators: join, leave,
+restart, silence), ``trainer.pushes`` (when to push, the push that overlaps the next step; the weight pusher itself
+is ``trainer.pusher``), ``trainer.record`` (the step's record), ``trainer.saves`` (checkpoint writes, the stop
+checkpoint's bound), ``trainer.accuracy`` (held-out evaluation in the records) and ``trainer.export_requests``
+(export on request); dynamic sampling's screening is ``learner.dynamic_sampling``.
 
 Invariants:
 - The cursor is the step: prompts of step s are ``[s*P, (s+1)*P)``, a pure function of the task and seed. A
@@ -65,13 +67,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from kubeforge.api import progress
 from kubeforge.runtime import transport, types, wire
-from kubeforge.runtime.trainer import accuracy, buffer, dynamic_sampling, export_requests, membership, pushes
-from kubeforge.runtime.trainer import episode_figures, report, staleness
+from kubeforge.runtime.learner import base, dynamic_sampling
+from kubeforge.runtime.trainer import accuracy, buffer, dispatch, export_requests, membership, pushes, record, report
+from kubeforge.runtime.trainer import saves
 
 POLL_SECONDS = 0.05
 
@@ -108,22 +112,6 @@ class Terminated(Exception):
     """SIGTERM reached the trainer: it stopped at a safe point (never inside a checkpoint write)."""
 
 
-class Learner(Protocol):
-    """What the loop needs of ``trainer.step.Trainer``."""
-
-    step: int
-    policy_version: int
-
-    def train_step(self, *, groups: Sequence[types.RolloutGroup]) -> Any: ...
-    def resume(self, *, directory: str) -> dict[str, Any] | None: ...
-    def save_checkpoint(self, *, directory: str, keep: int, data_cursor: int,
-                        extra: Mapping[str, Any] | None = None) -> Any: ...
-    def follow_sync(self) -> None:
-        """A non-zero rank's part of rank 0's weight push (gathers of sharded weights); may do nothing."""
-    def export(self, *, directory: str) -> Any:
-        """Write the policy as an HF folder under ``directory`` (every rank calls it; rank 0 writes)."""
-
-
 class TrainerObserver(Protocol):
     def trained(self, *, record: progress.StepRecord) -> None: ...
     def dropped(self, *, reason: str) -> None: ...
@@ -147,8 +135,8 @@ class Evaluate(Protocol):
         """Run the held-out evaluation now; the result has ``accuracy`` and ``seconds``."""
 
 
-def prompt_indices(*, step: int, prompts_per_step: int) -> range:
-    return range(step * prompts_per_step, (step + 1) * prompts_per_step)
+prompt_indices = dispatch.prompt_indices     # the cursor's arithmetic and the split over generators live with the
+split = dispatch.split                       # hand-offs; named here too, where the loop's readers look for them
 
 
 def my_share(*, step: int, settings: Settings) -> int:
@@ -157,17 +145,11 @@ def my_share(*, step: int, settings: Settings) -> int:
                if k % settings.world == settings.rank)
 
 
-def split(items: Sequence[types.Prompt], parts: int) -> list[list[types.Prompt]]:
-    """Contiguous, nearly equal chunks (some empty when there are fewer items than parts)."""
-    n = len(items)
-    return [list(items[i * n // parts:(i + 1) * n // parts]) for i in range(parts)]
-
-
 class Loop:
     """State of one trainer rank's run (see the module docstring for the order of things)."""
 
     def __init__(self, *, settings: Settings, inbox: transport.Receiver, generators: transport.Sender,
-                 learner: Learner, prompt_at: Callable[[int], types.Prompt], observer: TrainerObserver,
+                 learner: base.Learner, prompt_at: Callable[[int], types.Prompt], observer: TrainerObserver,
                  rank0: Rank0 | None = None, clock: Callable[[], float] = time.time,
                  beat: Callable[[str], None] = lambda activity: None,
                  should_stop: Callable[[], bool] = lambda: False,
@@ -186,22 +168,22 @@ class Loop:
         self.beat = beat                  # heartbeat: the role's liveness (``/healthz``) follows it
         self.should_stop = should_stop    # SIGTERM: stop at the next safe point (a write in progress finishes)
         self.stopped_at = stopped_at      # when SIGTERM arrived (time.monotonic), if known
-        self.saved_cursor = -1            # the data cursor of the newest checkpoint this run wrote or resumed
-        self.save_seconds = 0.0           # how long the last checkpoint write took
+        self.saves = saves.Saves(learner=learner, beat=beat)     # checkpoint writes, the stop checkpoint's bound
         self.reissued = 0                 # groups re-issued because they did not arrive in time
+        self.dispatch = dispatch.Dispatch(settings=lambda: self.s, generators=generators, prompt_at=prompt_at,
+                                          learner=learner)    # work out: rank 0's window, anyone's re-issues
         capacity = (settings.max_policy_lag + 2) * settings.prompts_per_step + 16
         self.buffer = buffer.RolloutBuffer(max_policy_lag=settings.max_policy_lag, capacity=capacity)
-        self.resampler = (dynamic_sampling.Resampler(   # DAPO's dynamic sampling (trainer/dynamic_sampling.py)
+        self.resampler = (dynamic_sampling.Resampler(   # DAPO's dynamic sampling (learner/dynamic_sampling.py)
             layout=dynamic_sampling.Layout(prompts_per_step=settings.prompts_per_step, steps=settings.steps,
                                            ranks=settings.world), max_rounds=settings.refill_rounds)
             if settings.refill_rounds > 0 else None)
-        self.issued = 0                   # rank 0: next step whose work has not been handed out
-        self._next_generator = settings.rank
         self.membership = (membership.Membership(
             settings=settings, generators=generators, control=rank0.control, pusher=rank0.pusher, learner=learner,
             rollouts=self.buffer, observer=observer, generator_address=generator_address,
-            push=lambda step: self.pushes.push(step=step), send_work=self._send_work, work=self._work)
+            push=lambda step: self.pushes.push(step=step), send_work=self.dispatch.send, work=self.dispatch.work)
             if rank0 is not None else None)   # rank 0: the generators taking work, elastic
+        self.dispatch.membership = self.membership
         self.pushes = pushes.Pushes(learner=learner, pusher=rank0.pusher if rank0 is not None else None,
                                     membership=self.membership, beat=beat)
         self.accuracy = accuracy.HeldOutAccuracy(evaluate=rank0.evaluate if rank0 is not None else None,
@@ -227,7 +209,7 @@ class Loop:
     @property
     def members(self) -> int:
         """Generators taking work now (indexes ``0..members-1``): elastic on rank 0, every generator elsewhere."""
-        return self.membership.members if self.membership is not None else self.generators.peers
+        return self.dispatch.members
 
     # ------------------------------------------------------------ the loop
 
@@ -240,29 +222,30 @@ class Loop:
         if start == 0:
             self.accuracy.before_first_step()
         for s in range(start, self.s.steps):
-            self._issue_window(current=s)
+            if self.rank0 is not None:
+                self.dispatch.issue_window(current=s, ahead=self.ahead)
             waited = self.clock()
             try:
                 groups = self._collect(s)
             except Terminated:          # the step being collected is abandoned: its work goes out again
-                written = self._stop_checkpoint(trained=s, collective=False)
+                written = self.saves.on_stop(self.s, trained=s, collective=False, stopped_at=self.stopped_at())
                 raise Terminated(f"SIGTERM while collecting step {s} ({written})") from None
             self.beat("train")
             t0 = self.clock()
+            counts = None
             if self.resampler is not None:
                 groups, counts = self.resampler.finish(step=s, groups=groups)
-                stats = self.learner.train_step(groups=groups, sampling=counts)    # type: ignore[call-arg]
-            else:
-                stats = self.learner.train_step(groups=groups)
+            metrics = (self.learner.train_step(groups=groups) if counts is None
+                       else self.learner.train_step(groups=groups, sampling=counts))
             # a stop agreed now skips this step's weight push: the generators are stopping too (a suspended or
             # evicted job loses every pod), and a push to a peer gone waits out its send timeout, eating the stop
             # checkpoint's bound (measured: 30 s of 45 under Kueue preemption); a resume pushes anyway
             stopping = s + 1 < self.s.steps and self._stop_agreed()
-            self._after_step(s, stats, groups, train_seconds=self.clock() - t0, wait_seconds=t0 - waited,
+            self._after_step(s, metrics, groups, train_seconds=self.clock() - t0, wait_seconds=t0 - waited,
                              push=not stopping)
             self.beat("step")
             if s + 1 < self.s.steps and (stopping or self._stop_agreed()):
-                written = self._stop_checkpoint(trained=s + 1, collective=True)
+                written = self.saves.on_stop(self.s, trained=s + 1, collective=True, stopped_at=self.stopped_at())
                 raise Terminated(f"SIGTERM after step {s + 1} ({written})")
         exported = self.learner.export(directory=self.s.checkpoint_dir)
         if self.rank0 is not None:
@@ -271,9 +254,9 @@ class Loop:
     def _resume(self) -> int:
         state = self.learner.resume(directory=self.s.checkpoint_dir)
         start = int(state["data_cursor"]) if state else 0
-        self.saved_cursor = start if state else -1
+        self.saves.saved_cursor = start if state else -1
         self.buffer.advance(next_step=start)
-        self.issued = start
+        self.dispatch.issued = start
         if self.rank0 is not None:
             self.rank0.reporter.resumed(step=start)
         return start
@@ -293,38 +276,6 @@ class Loop:
                 self.membership.ready(msg.index)
             elif msg is not None:
                 self.membership.on_control(msg)
-
-    # ------------------------------------------------------------ work out (rank 0)
-
-    def _issue_window(self, *, current: int) -> None:
-        if self.rank0 is None:
-            return
-        last = min(current + self.ahead, self.s.steps - 1)
-        while self.issued <= last:
-            step = self.issued
-            prompts = [self.prompt_at(k) for k in prompt_indices(step=step, prompts_per_step=self.s.prompts_per_step)]
-            for g, chunk in enumerate(split(prompts, self.members)):
-                if chunk:
-                    self._send_work(g, self._work(step, chunk))
-            self.issued += 1
-
-    def _send_work(self, g: int, work: wire.Work) -> None:
-        """Hand ``work`` to generator ``g``, bounded by ``answer_within``: a generator gone without a word (its pod
-        deleted, its notice lost) must not hold the trainer. Rank 0 then counts it as silent (dropped at the top
-        after ``answer_within``, its outstanding work, this one included, re-issued); for any rank the stall timer
-        re-issues what did not go out."""
-        if self.membership is not None:
-            self.membership.handed(g, work)
-        try:
-            self.generators.send(work, to=g, timeout=min(self.s.deadline, self.s.answer_within))
-        except transport.TransportError as exc:
-            print(f"trainer-{self.s.rank}: work of step {work.step} not delivered to generator-{g} ({exc})",
-                  flush=True)
-            if self.membership is not None:
-                self.membership.undelivered(g)
-
-    def _work(self, step: int, prompts: Sequence[types.Prompt]) -> wire.Work:
-        return wire.Work(step=step, policy_version=self.learner.policy_version, prompts=tuple(prompts))
 
     # ------------------------------------------------------------ groups in (every rank)
 
@@ -372,9 +323,7 @@ class Loop:
         if decision.keep:
             return False
         if decision.refill is not None:
-            g = self._next_generator % self.members
-            self._next_generator = g + 1
-            self._send_work(g, self._work(group.step, [self.prompt_at(decision.refill)]))
+            self.dispatch.to_next(group.step, self.prompt_at(decision.refill))
         return True
 
     def _slot_index(self, step: int, k: int) -> int:
@@ -387,9 +336,7 @@ class Loop:
                 if k % self.s.world == self.s.rank]
         missing = [k for k in mine if not self.buffer.holds(step=step, index=k)]
         for k in missing:
-            g = self._next_generator % self.members
-            self._next_generator = g + 1
-            self._send_work(g, self._work(step, [self.prompt_at(k)]))
+            self.dispatch.to_next(step, self.prompt_at(k))
         self.reissued += len(missing)
         print(f"trainer-{self.s.rank}: step {step}: {len(missing)} groups did not arrive within "
               f"{self.s.reissue_after:.0f}s; re-issued", flush=True)
@@ -397,40 +344,31 @@ class Loop:
     def _forward_reissues(self) -> None:
         """Hand dropped-but-needed prompts out again, round robin over generators."""
         for r in self.buffer.drain_reissue():
-            g = self._next_generator % self.members
-            self._next_generator = g + 1
-            self._send_work(g, self._work(r.step, [r.prompt]))
+            self.dispatch.to_next(r.step, r.prompt)
 
     # ------------------------------------------------------------ after a step
 
-    def _after_step(self, s: int, stats: Any, groups: Sequence[types.RolloutGroup], *, train_seconds: float,
-                    wait_seconds: float = 0.0, push: bool = True) -> None:
+    def _after_step(self, s: int, metrics: progress.StepMetrics, groups: Sequence[types.RolloutGroup], *,
+                    train_seconds: float, wait_seconds: float = 0.0, push: bool = True) -> None:
         done = s + 1
         last = done == self.s.steps
         sync: types.SyncResult | None = None
         if (done % self.s.sync_every == 0) and not last and push:
             sync = self.pushes.push_overlapped(step=done)
-        record = self._record(stats, groups, sync=sync, train_seconds=train_seconds)
-        record.wait_seconds = wait_seconds
-        self.accuracy.after_step(record, done=done, last=last)
+        rec = record.of(metrics, groups, rollouts=self.buffer, sync=sync, at=self.clock(),
+                        train_seconds=train_seconds, wait_seconds=wait_seconds,
+                        trained_version=self.learner.policy_version - 1, max_policy_lag=self.s.max_policy_lag)
+        self.accuracy.after_step(rec, done=done, last=last)
         if not last:          # the last step exports anyway, after the loop
-            self.exports.after_step(record, requests=self.rank0.exports if self.rank0 is not None else None,
+            self.exports.after_step(rec, requests=self.rank0.exports if self.rank0 is not None else None,
                                     directory=self.s.checkpoint_dir)
-        self.observer.trained(record=record)
+        self.observer.trained(record=rec)
         if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
-            self.rank0.reporter.step(record)
+            self.rank0.reporter.step(rec)
         if self.membership is not None:       # forget work of trained steps
             self.membership.forget(trained=s)
         if done % self.s.checkpoint_every == 0 or last:
-            self._save(cursor=done)
-
-    def _save(self, *, cursor: int) -> None:
-        self.beat("checkpoint")
-        t0 = time.monotonic()
-        self.learner.save_checkpoint(directory=self.s.checkpoint_dir, keep=self.s.checkpoint_keep,
-                                     data_cursor=cursor)
-        self.save_seconds = time.monotonic() - t0
-        self.saved_cursor = cursor
+            self.saves.save(self.s, cursor=done)
 
     # ------------------------------------------------------------ stopping (SIGTERM)
 
@@ -440,52 +378,7 @@ class Loop:
         agree = getattr(self.learner, "any_rank", None)
         return bool(agree(flag)) if agree is not None and self.s.world > 1 else flag
 
-    def _stop_checkpoint(self, *, trained: int, collective: bool) -> str:
-        """The stop checkpoint of ``trained`` steps (data cursor ``trained``), within ``stop_within`` of SIGTERM;
-        ``collective``: every rank is here (after an agreed stop), else only this rank (an abandoned collect).
-        Returns what happened, for the log."""
-        if trained <= max(self.saved_cursor, 0):
-            return f"checkpoint of step {trained} already complete" if trained else "nothing trained yet"
-        if not collective and self.s.world > 1 and not getattr(self.learner, "saves_alone", True):
-            return "no stop checkpoint: the sharded write needs every rank"
-        if not collective and self.s.rank != 0 and getattr(self.learner, "saves_alone", True):
-            return "rank 0 writes the stop checkpoint"
-        at = self.stopped_at()
-        age = time.monotonic() - at if at is not None else 0.0
-        fits = age + self.save_seconds <= self.s.stop_within
-        agree = getattr(self.learner, "agree", None)
-        if collective and self.s.world > 1 and agree is not None:
-            fits = bool(agree(fits))          # rank 0 decides: a sharded write needs every rank or none
-        if not fits:
-            msg = (f"no stop checkpoint: SIGTERM {age:.1f}s ago + last write {self.save_seconds:.1f}s > "
-                   f"{self.s.stop_within:.0f}s; the resume repeats the steps after {max(self.saved_cursor, 0)}")
-            print(f"trainer-{self.s.rank}: {msg}", flush=True)
-            return msg
-        self._save(cursor=trained)
-        msg = (f"stop checkpoint of step {trained} written in {self.save_seconds:.2f}s, "
-               f"{age + self.save_seconds:.1f}s after SIGTERM")
-        print(f"trainer-{self.s.rank}: {msg}", flush=True)
-        return msg
-
-    def _record(self, stats: Any, groups: Sequence[types.RolloutGroup], *,
-                sync: types.SyncResult | None, train_seconds: float) -> progress.StepRecord:
-        base = stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
-        drops = sum(self.buffer.drops.values())
-        return progress.StepRecord(
-            **base,
-            time=self.clock(),
-            step_seconds=train_seconds,
-            weight_sync_seconds=sync.seconds if sync else None,
-            weight_sync_bytes=sync.bytes if sync else None,
-            dropped_stale=self.buffer.drops.get(buffer.STALE, 0),
-            dropped_total=drops,
-            policy_lag={str(k): v for k, v in sorted(self.buffer.lag_counts.items())},
-            **staleness.lag_figures(groups, policy_version=self.learner.policy_version - 1,
-                                    max_policy_lag=self.s.max_policy_lag),
-            **episode_figures.figures(groups),
-        )
-
-    def _finish(self, exported: Any) -> None:
+    def _finish(self, exported: Path | None) -> None:
         assert self.rank0 is not None
         self.pushes.finish()
         for g in range(self.members):

@@ -16,7 +16,8 @@ import transformers
 
 from kubeforge.api import contract, rljob, roleenv
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, tasks, transport, weightsync
-from kubeforge.runtime.trainer import episode_eval, evaluate, export_requests, loop, parallel, pusher, report, step
+from kubeforge.runtime.learner import parallel, step
+from kubeforge.runtime.trainer import episode_eval, evaluate, export_requests, loop, pusher, report
 from kubeforge.runtime.verifiers import registry
 
 
@@ -117,7 +118,7 @@ def evaluator(cfg: config.RoleConfig, learner: step.Trainer,
         progress=(lambda: beat("evaluate")) if beat is not None else None)
     if spec.environment is None:
         return base
-    from kubeforge.runtime.agents import workers
+    from kubeforge.runtime.agents.hosts import workers
 
     return episode_eval.EpisodeEvaluator(
         base=base, spec=spec, host=workers.SubprocessHost(spec.environment, workers=1),

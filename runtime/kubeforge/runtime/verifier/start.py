@@ -1,5 +1,5 @@
 """Wiring of a verifier: the scorer, its data port, a sender to every trainer rank, the generators' environment
-server (``agents.env_server``, when the job has an environment), then the loop.
+server (``agents.hosts.env_server``, when the job has an environment), then the loop.
 
 Neighbours: ``role.run`` calls :func:`main`; ``verifiers.Scorer`` scores (the library of scorers); ``verifier.loop``
 is the loop it runs; ``observe.VerifierObserver`` turns its events into Prometheus series (and, in a local run,
@@ -11,7 +11,7 @@ import threading
 
 from kubeforge.api import contract
 from kubeforge.runtime import config, metrics, observe, startup, transport, verifiers
-from kubeforge.runtime.agents import env_server
+from kubeforge.runtime.agents.hosts import env_server
 from kubeforge.runtime.verifier import loop
 
 
@@ -44,7 +44,7 @@ SERVER_CLOSE_S = 15.0   # at exit: how long the environment server may take to e
 
 def serve_environments(cfg: config.RoleConfig, m: metrics.Metrics,
                        stop: threading.Event) -> env_server.EnvServer | None:
-    """The generators' environment steps, served at this verifier's PORT_ENV on a thread (``agents.env_server``),
+    """The generators' environment steps, served at this verifier's PORT_ENV on a thread (``agents.hosts.env_server``),
     when the job has a built-in or Python environment; None otherwise."""
     env = cfg.spec.environment
     if env is None or not env_server.serves(cfg.spec):

@@ -15,7 +15,7 @@ Message kinds and directions:
                                       (never delivered as such)
     ENV_CALL    generator -> verifier's environment server: reset / step / close a batch of episodes
     ENV_ANSWER  environment server -> generator: one reply per episode of a call, or ``busy`` (still working on it)
-                (request/reply on their own port, ``agents.remote_host`` and ``agents.env_server``)
+                (request/reply on their own port, ``agents.hosts.remote_host`` and ``agents.hosts.env_server``)
 
 Neighbours: the role loops build and consume these; ``codec`` turns them into frames and back; ``types`` holds the
 plain data (Prompt, Completion, RolloutGroup) that WORK, ROLLOUT and SCORED carry.
@@ -143,9 +143,9 @@ class EnvCall:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EnvReply:
-    """One episode's answer (``agents.host.Reply`` on the wire): ``messages`` are the reset's start messages or the
-    step's observation as (role, content) pairs; ``stepped`` marks a step result (with done, reward, tool counts);
-    ``failure`` one of ``agents.host.FAILURES`` (then the rest is empty)."""
+    """One episode's answer (``agents.hosts.host.Reply`` on the wire): ``messages`` are the reset's start messages or
+    the step's observation as (role, content) pairs; ``stepped`` marks a step result (with done, reward, tool counts);
+    ``failure`` one of ``agents.hosts.host.FAILURES`` (then the rest is empty)."""
 
     messages: tuple[tuple[str, str], ...] = ()
     stepped: bool = False

@@ -1,6 +1,7 @@
 """Gang backends, chosen by ``spec.gang.backend`` from a registry (one module per backend).
 
-Add a backend: write a module with ``render(job, ctx) -> base.GangParts`` and register it here.
+Add a backend: write a module with ``render(job, ctx) -> base.GangParts`` and register it here. ``Auto`` has no
+module: the operator resolves it per job (``kubeforge.operator.gangauto``) into ``ctx.gang_backend``.
 """
 from __future__ import annotations
 
@@ -27,16 +28,27 @@ REQUIRES: dict[str, tuple[str, str]] = {
 }
 
 
+def backend(job: rljob.RLJob, ctx: context.RenderContext) -> str:
+    """The backend that renders ``job``: its own, or for Auto the one the operator chose (``ctx.gang_backend``;
+    None while unresolved)."""
+    own = str(job.spec.gang.backend)
+    if own != rljob.GangBackend.AUTO.value:
+        return own
+    return ctx.gang_backend or rljob.GangBackend.NONE.value
+
+
 def render(job: rljob.RLJob, ctx: context.RenderContext) -> base.GangParts:
     """The gang parts of ``job`` from its backend."""
-    return REGISTRY[str(job.spec.gang.backend)](job, ctx)
+    return REGISTRY[backend(job, ctx)](job, ctx)
 
 
-def explain_refusal(job: rljob.RLJob, status: int, message: str) -> str:
+def explain_refusal(job: rljob.RLJob, status: int, message: str, *, chosen: str | None = None) -> str:
     """``message`` (an API server's refusal of an apply) with what is missing when it is a 404 for the gang
-    backend's API group: the cluster does not serve the backend's objects, so the job can never start."""
-    need = REQUIRES.get(str(job.spec.gang.backend))
+    backend's API group (``chosen``: the backend rendered, default the spec's): the cluster does not serve the
+    backend's objects, so the job can never start."""
+    name = chosen or str(job.spec.gang.backend)
+    need = REQUIRES.get(name)
     if status != 404 or need is None or f"/apis/{need[0]}/" not in message:
         return message
-    return (f"spec.gang.backend {job.spec.gang.backend}: this cluster does not serve the {need[0]} API; install "
+    return (f"spec.gang.backend {name}: this cluster does not serve the {need[0]} API; install "
             f"{need[1]}, or set spec.gang.backend: None (no gang scheduling). API server: {message}")

@@ -22,4 +22,6 @@ def render(job: rljob.RLJob, ctx: context.RenderContext) -> base.GangParts:
         "spec": {"minMember": base.min_member(job),
                  "scheduleTimeoutSeconds": job.spec.gang.schedule_timeout_seconds},
     }
-    return base.GangParts(objects=(group,), pod_labels={LABEL_POD_GROUP: name})
+    # the scheduler the operator was told serves PodGroups (unset: the cluster's default scheduler must)
+    return base.GangParts(objects=(group,), pod_labels={LABEL_POD_GROUP: name},
+                          scheduler_name=ctx.coscheduling_scheduler or None)

@@ -9,7 +9,7 @@ expression is answered with ``<error>…</error>`` and counted as a tool error.
 from __future__ import annotations
 
 from kubeforge.runtime import types
-from kubeforge.runtime.agents import arith, tags
+from kubeforge.runtime.agents.envs import arith, tags
 from kubeforge.runtime.agents.protocol import StepResult
 
 SYSTEM = ("You can use a calculator. To compute, write <tool>EXPRESSION</tool> and wait for <result>VALUE</result>. "

@@ -7,7 +7,7 @@ at policy turn k (fewer turns, more reward), 0.0 when the turns run out; learnin
 from __future__ import annotations
 
 from kubeforge.runtime import types
-from kubeforge.runtime.agents import tags
+from kubeforge.runtime.agents.envs import tags
 from kubeforge.runtime.agents.protocol import StepResult
 
 

@@ -2,7 +2,7 @@
 
 Neighbours: ``host`` builds its environments here (in the generator process for unit tests, in each environment
 worker process in the roles); ``runner`` reads ``stop``. ``Verifiers`` environments run through the endpoint
-(``agents/endpoint*``), not here.
+(``agents.endpoint``, ``agents.primeintellect``), not here.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kubeforge.api import rljob
-from kubeforge.runtime.agents import tags
+from kubeforge.runtime.agents.envs import tags
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

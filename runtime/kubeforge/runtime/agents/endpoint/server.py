@@ -1,0 +1,359 @@
+"""An OpenAI-compatible endpoint in front of a generator's engine that records every call into its episode.
+
+Neighbours: ``request`` validates a body, ``chat`` turns messages into prompt ids without re-tokenisation drift,
+``sampler`` samples (vLLM, batched), ``record`` keeps the episode's calls.
+Its users: the ``Verifiers`` adapter (``primeintellect.adapter``) and any agent written against the ``openai`` client.
+
+Routes (``<id>``: an episode opened with :meth:`Endpoint.open_episode`; its ``base_url`` is
+``http://host:port/episodes/<id>/v1``, so an unchanged ``openai`` client attributes every call to it)::
+
+    POST /episodes/<id>/v1/chat/completions   one completion, recorded into episode <id> (stream: whole, as SSE)
+    GET  /episodes/<id>/v1/models, /v1/models  the one served model
+
+Threads::
+
+    ThreadingHTTPServer ─ one thread per connection ─▶ Endpoint.complete ─▶ sampler.sample (bounded wait)
+      (serve_forever in "kf-endpoint")                  (episode lock: one call at a time per episode)
+
+Invariants:
+- Every refusal has an HTTP status and an OpenAI-style ``error.code`` and is counted in :attr:`Endpoint.refused` by
+  that code: unknown episode 404, bad JSON 400, body over ``max_body_bytes`` 413 (not read), no Content-Length 411,
+  wrong or missing key 401, a second concurrent call into one episode 409, more than ``max_in_flight`` calls 503,
+  sampling the trainer cannot honour 400 (``request``), sampler queue full 503, sampler timeout 504.
+- Every wait is bounded: reading a body (``read_timeout``), a sample (``request_timeout``), ``close``.
+- Authentication: bound to loopback by default (the agent runs in the same pod). Any other bind address needs the
+  job key; then every call carries ``Authorization: Bearer <api_key(key)>`` (an ``openai`` client's ``api_key``),
+  an HMAC of the job key, checked in constant time (docs/agents-endpoint.md, "Authentication").
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import hmac
+import http.server
+import ipaddress
+import json
+import re
+import secrets
+import threading
+import time
+from typing import Any
+
+from kubeforge.runtime.agents.endpoint import chat, record, request, sampler
+
+Refusal = request.Refusal
+ROUTE = re.compile(r"^(?:/episodes/(?P<episode>[A-Za-z0-9_-]{1,64}))?/v1/(?P<op>models|chat/completions)/?$")
+
+
+def api_key(key: bytes) -> str:
+    """The bearer token a client presents when the endpoint is bound beyond loopback: derived from the job key,
+    so the key itself never travels."""
+    return hmac.new(key, b"kubeforge/agents-endpoint", hashlib.sha256).hexdigest()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EndpointConfig:
+    host: str = "127.0.0.1"
+    port: int = 0                          # 0: an ephemeral port (Endpoint.port tells which)
+    model: str = "policy"                  # the name /v1/models serves and requests must name
+    key: bytes | None = None               # the job key: required unless bound to loopback
+    max_body_bytes: int = 1 << 20
+    max_tokens_per_call: int = 256
+    max_episode_tokens: int = 4096         # tokens after a branch's first prompt (policy + environment)
+    max_calls_per_episode: int = 64
+    max_in_flight: int = 64
+    request_timeout: float = 120.0
+    read_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.key is None and not is_loopback(self.host):
+            raise ValueError(f"endpoint bound to {self.host!r} without the job key: bind to 127.0.0.1 or set "
+                             "KUBEFORGE_JOB_KEY (docs/agents-endpoint.md, Authentication)")
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Episode:
+    recording: record.Recording
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+
+class Endpoint:
+    """The HTTP server, the open episodes and the counters."""
+
+    def __init__(self, *, sampler: sampler.Sampler, chat: chat.ChatTemplate,
+                 config: EndpointConfig | None = None) -> None:
+        self.sampler, self.chat = sampler, chat
+        self.config = config or EndpointConfig()
+        self._episodes: dict[str, _Episode] = {}
+        self._lock = threading.Lock()
+        self._in_flight = threading.BoundedSemaphore(self.config.max_in_flight)
+        self.refused: collections.Counter[str] = collections.Counter()
+        self.requests = 0
+        self.answered = 0
+        self.branches: collections.Counter[str] = collections.Counter()
+        self._httpd = _Server((self.config.host, self.config.port), _handler(self))
+        self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="kf-endpoint", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ episodes
+
+    def open_episode(self) -> str:
+        """A new episode; its id is unguessable (128 random bits), so one agent cannot write into another's."""
+        episode_id = secrets.token_urlsafe(16)
+        with self._lock:
+            self._episodes[episode_id] = _Episode(recording=record.Recording(episode_id=episode_id))
+        return episode_id
+
+    def base_url(self, episode_id: str, *, host: str | None = None) -> str:
+        return f"http://{host or self.config.host}:{self.port}/episodes/{episode_id}/v1"
+
+    def close_episode(self, episode_id: str) -> record.Recording:
+        """Stop serving the episode (later calls: 404) and hand over what it recorded."""
+        with self._lock:
+            ep = self._episodes.pop(episode_id)
+        # a call still running finishes its record first (it ends within request_timeout: the sampler's bound)
+        if not ep.lock.acquire(timeout=self.config.request_timeout + 5.0):
+            raise TimeoutError(f"episode {episode_id!r}: a call still running after {self.config.request_timeout:g} s")
+        ep.lock.release()
+        return ep.recording
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=timeout)
+
+    def stats(self) -> dict[str, Any]:
+        return {"requests": self.requests, "answered": self.answered, "refused": dict(self.refused),
+                "branches": dict(self.branches), "episodes_open": len(self._episodes)}
+
+    # ------------------------------------------------------------ one call
+
+    def complete(self, episode_id: str | None, body: Any) -> dict[str, Any]:
+        """One chat completion into ``episode_id`` (a Refusal otherwise). Thread-safe."""
+        if episode_id is None:
+            raise Refusal(404, "unknown_episode", "no episode in the URL: use the base_url "
+                                                  "http://host:port/episodes/<id>/v1 given for the episode")
+        with self._lock:
+            ep = self._episodes.get(episode_id)
+        if ep is None:
+            raise Refusal(404, "unknown_episode", f"episode {episode_id!r} is not open (never opened, or closed)")
+        if not ep.lock.acquire(blocking=False):
+            raise Refusal(409, "episode_busy", "another call of this episode is running: one call at a time")
+        try:
+            req = request.parse(body, model=self.config.model, policy=self.sampler.policy)
+            return self._complete(ep.recording, req)
+        except Refusal as refusal:     # the episode's owner reads why its calls stopped (a bound, a bad request)
+            ep.recording.refused[refusal.code] += 1
+            raise
+        finally:
+            ep.lock.release()
+
+    def _complete(self, rec: record.Recording, req: request.ChatRequest) -> dict[str, Any]:
+        cfg = self.config
+        if rec.calls >= cfg.max_calls_per_episode:
+            raise Refusal(400, "episode_call_limit", f"the episode made {rec.calls} calls: at most "
+                                                     f"{cfg.max_calls_per_episode}")
+        plan = chat.plan(self.chat, req.messages, rec.previous(), tools=req.tools)
+        max_tokens = self._max_tokens(rec, plan, req)
+        sample = self._sample(sampler.SampleRequest(prompt_ids=plan.prompt_ids, max_tokens=max_tokens,
+                                                    stop=req.stop, seed=req.seed))
+        content = _cut_at_stop(self.chat.decode(sample.token_ids, skip_special=True), req.stop, sample)
+        call = record.Call(prompt_ids=plan.prompt_ids, delta_ids=plan.delta_ids,
+                           delta_text=plan.delta_text, sampled_ids=sample.token_ids,
+                           logprobs=sample.logprobs, content=content, finish_reason=sample.finish_reason,
+                           reason=plan.reason)
+        rec.add(call, plan.messages)
+        with self._lock:
+            self.branches[plan.reason] += 1
+            self.answered += 1
+        response = self._response(rec, call, logprobs=req.logprobs)
+        return _chunks(response, usage=req.stream_usage) if req.stream else response
+
+    def _max_tokens(self, rec: record.Recording, plan: chat.Plan,
+                    req: request.ChatRequest) -> int:
+        cfg = self.config
+        used = (len(rec.final.token_ids()) if rec.final is not None and plan.extends else 0) + len(plan.delta_ids)
+        room = self.sampler.max_model_len - len(plan.prompt_ids)
+        if room < 1:
+            raise Refusal(400, "context_length_exceeded", f"the prompt is {len(plan.prompt_ids)} tokens: the model "
+                                                          f"takes {self.sampler.max_model_len}")
+        if cfg.max_episode_tokens - used < 1:
+            raise Refusal(400, "episode_token_budget", f"the episode holds {used} tokens: at most "
+                                                       f"{cfg.max_episode_tokens}")
+        return min(req.max_tokens or cfg.max_tokens_per_call, cfg.max_tokens_per_call, room,
+                   cfg.max_episode_tokens - used)
+
+    def _sample(self, request: sampler.SampleRequest) -> sampler.Sample:
+        try:
+            return self.sampler.sample(request, timeout=self.config.request_timeout)
+        except sampler.SamplerBusy as exc:
+            raise Refusal(503, "sampler_busy", str(exc)) from None
+        except sampler.SamplerTimeout as exc:
+            raise Refusal(504, "sampler_timeout", str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - the engine's error goes back to the caller, counted
+            raise Refusal(500, "sampler_error", f"{type(exc).__name__}: {exc}") from None
+
+    def _response(self, rec: record.Recording, call: record.Call, *,
+                  logprobs: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": call.content},
+                                  "finish_reason": call.finish_reason, "logprobs": None}
+        if logprobs:
+            choice["logprobs"] = {"content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in zip((self.chat.decode([i], skip_special=False) for i in call.sampled_ids),
+                                 call.logprobs)]}
+        n_prompt, n_out = len(call.prompt_ids), len(call.sampled_ids)
+        return {"id": f"chatcmpl-{rec.episode_id}-{rec.calls}", "object": "chat.completion",
+                "created": int(time.time()), "model": self.config.model, "choices": [choice],
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
+
+    def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.config.model, "object": "model", "created": 0,
+                                            "owned_by": "kubeforge"}]}
+
+    def refuse(self, code: str) -> None:
+        with self._lock:
+            self.refused[code] += 1
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    # a batch's agents connect at once (hundreds of rollouts): socketserver's default listen backlog is 5
+    request_queue_size = 1024
+    daemon_threads = True
+
+
+def _chunks(response: dict[str, Any], *, usage: bool) -> dict[str, Any]:
+    """A completion as the chunks of a stream: the whole content at once (it is sampled before it is sent), then the
+    finish reason, then the usage when asked; the handler writes them as server-sent events."""
+    head = {k: response[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    choice = response["choices"][0]
+    chunks = [head | {"choices": [{"index": 0, "delta": choice["message"], "logprobs": choice["logprobs"],
+                                   "finish_reason": None}]},
+              head | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                   "finish_reason": choice["finish_reason"]}]}]
+    if usage:
+        chunks.append(head | {"choices": [], "usage": response["usage"]})
+    return {STREAM: chunks}
+
+
+STREAM = "__stream__"
+
+
+def _cut_at_stop(text: str, stops: tuple[str, ...], sample: sampler.Sample) -> str:
+    """OpenAI's content ends before a stop string (the sampled ids keep it: they are what vLLM sampled)."""
+    if sample.finish_reason != "stop" or not stops:
+        return text
+    cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[:min(cuts)] if cuts else text
+
+
+def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = endpoint.config.read_timeout
+        # headers and body leave in two writes: with Nagle on, a kept-alive connection waits for the client's
+        # delayed ACK (~40 ms a call; bench/probes/endpoint_overhead.py)
+        disable_nagle_algorithm = True
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            self._serve(post=False)
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._serve(post=True)
+
+        def do_PUT(self) -> None:  # noqa: N802
+            self._fail(Refusal(405, "method_not_allowed", "GET /v1/models or POST /v1/chat/completions"))
+
+        do_DELETE = do_PATCH = do_PUT
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: counters tell
+            return
+
+        def _serve(self, *, post: bool) -> None:
+            with endpoint._lock:
+                endpoint.requests += 1
+            try:
+                self._route(post=post)
+            except Refusal as refusal:
+                self._fail(refusal)
+
+        def _route(self, *, post: bool) -> None:
+            match = ROUTE.match(self.path.split("?", 1)[0])
+            if match is None:
+                raise Refusal(404, "not_found", f"no route {self.path!r}")
+            self._authenticate()
+            if match["op"] == "models":
+                if post:
+                    raise Refusal(405, "method_not_allowed", "GET /v1/models")
+                self._send(200, endpoint.models())
+                return
+            if not post:
+                raise Refusal(405, "method_not_allowed", "POST /v1/chat/completions")
+            body = self._body()
+            if not endpoint._in_flight.acquire(blocking=False):
+                raise Refusal(503, "overloaded", f"{endpoint.config.max_in_flight} calls in flight already")
+            try:
+                self._send(200, endpoint.complete(match["episode"], body))
+            finally:
+                endpoint._in_flight.release()
+
+        def _authenticate(self) -> None:
+            key = endpoint.config.key
+            if key is None:
+                return
+            given = self.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {api_key(key)}".encode()):
+                raise Refusal(401, "unauthorized", "missing or wrong bearer token (the job's endpoint key)")
+
+        def _body(self) -> Any:
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                self.close_connection = True
+                raise Refusal(411, "length_required", "a Content-Length is required (no chunked bodies)")
+            if int(length) > endpoint.config.max_body_bytes:
+                self.close_connection = True     # the body is never read
+                raise Refusal(413, "body_too_large", f"{length} bytes: at most {endpoint.config.max_body_bytes}")
+            try:
+                raw = self.rfile.read(int(length))
+            except TimeoutError:
+                self.close_connection = True
+                raise Refusal(408, "read_timeout", "the body did not arrive in time") from None
+            try:
+                return json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise Refusal(400, "bad_json", f"the body is not JSON: {exc}") from None
+
+        def _fail(self, refusal: Refusal) -> None:
+            endpoint.refuse(refusal.code)
+            kind = "invalid_request_error" if refusal.status < 500 else "server_error"
+            self._send(refusal.status, {"error": {"message": refusal.message, "type": kind, "code": refusal.code,
+                                                  "param": None}})
+
+        def _send(self, status: int, payload: dict[str, Any]) -> None:
+            stream = payload.get(STREAM)
+            if stream is None:
+                data, kind = json.dumps(payload).encode(), "application/json"
+            else:
+                events = [f"data: {json.dumps(chunk)}\n\n" for chunk in stream] + ["data: [DONE]\n\n"]
+                data, kind = "".join(events).encode(), "text/event-stream"
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler
