@@ -8,7 +8,10 @@ What a kwok cluster can show, and all this test claims for each example:
 - the API server admits it through the operator's admission webhook (registered by the operator; ``kubectl
   apply`` fails when the webhook refuses);
 - the gang object is the one its backend calls for on that cluster: a PodGroup named like the job, and its pods
-  labelled for it, exactly where Coscheduling is the backend (explicit, or chosen by ``Auto``), none elsewhere;
+  labelled for it, exactly where Coscheduling is the backend (explicit, or chosen by ``Auto``: its condition
+  ``GangScheduling`` names the choice), none elsewhere; the operator names ``default-scheduler`` as the PodGroups'
+  scheduler on both variants, as an admin would, so on the stock variant ``Auto`` sees no PodGroup API and chooses
+  None;
 - every role pod is bound to a kwok node and Running and Ready, and the job's phase is Running with every pod ready.
 kwok pods run no code: no container starts, nothing trains or reads a volume. Training is shown by the runtime
 suites (``kubeforge run``) and in real pods by the realnode suites.
@@ -47,6 +50,7 @@ ROLES = ("generator", "verifier", "trainer")
 LABEL_JOB = "kubeforge.dev/job"
 NOT_ON = re.compile(r"^#\s*not on (\S+):\s*(\S.*)$")
 WAIT_S = 240.0
+COSCHEDULING = ("--coscheduling-scheduler-name=default-scheduler",)
 
 
 def not_on(path: pathlib.Path) -> dict[str, str]:
@@ -103,14 +107,19 @@ def volume_for(pvc: dict[str, Any], ns: str) -> dict[str, Any]:
                      "claimRef": {"namespace": ns, "name": pvc["metadata"]["name"]}}}
 
 
-def expected_backend(doc: dict[str, Any], cluster: lifecycle.Cluster) -> str:
-    """The backend the operator should use: the manifest's, or ``Auto``'s choice on this cluster."""
+def expected_backend(doc: dict[str, Any], cluster: lifecycle.Cluster) -> tuple[str, str]:
+    """(the backend the operator should use, the ``GangScheduling`` reason ``Auto`` writes, "" for an explicit
+    backend): the manifest's backend, or ``Auto``'s choice on this cluster (docs/operator.md, "gang.backend: Auto":
+    Kueue with a queue label; Coscheduling where PodGroups are served and the operator names their scheduler, which
+    it does on both variants here; else None)."""
     backend = doc["spec"].get("gang", {}).get("backend", "Auto")
     if backend != "Auto":
-        return str(backend)
+        return str(backend), ""
     if doc["metadata"].get("labels", {}).get("kueue.x-k8s.io/queue-name"):
-        return "Kueue"
-    return "Coscheduling" if cluster.scheduler == kfconfig.SCHEDULER_COSCHEDULING else "None"
+        return "Kueue", "AutoChoseKueue"
+    if cluster.scheduler == kfconfig.SCHEDULER_COSCHEDULING:
+        return "Coscheduling", "AutoChoseCoscheduling"
+    return "None", "AutoChoseNone"
 
 
 def wait_running_whole(k: harness.K, ns: str, name: str) -> dict[str, Any]:
@@ -137,7 +146,8 @@ def env(scheduler_variant: lifecycle.Cluster,
     cluster = scheduler_variant
     k = harness.K(kubectl=cluster.kubectl.binary, kubeconfig=cluster.kubeconfig)
     k.ensure_crd()
-    op = harness.Operator(kubeconfig=cluster.kubeconfig,
+    # configured as an admin of either cluster might: it names the scheduler that would serve PodGroups
+    op = harness.Operator(kubeconfig=cluster.kubeconfig, extra=("--all-namespaces", *COSCHEDULING),
                           log_path=tmp_path_factory.mktemp("operator") / "operator.log").start()
     # kopf registers the webhook once its server listens: the examples must go through it
     wait("the webhook configuration", lambda: k.run("get", "validatingwebhookconfiguration/kubeforge.dev",
@@ -182,7 +192,10 @@ def test_example_runs_on_the_cluster(env: tuple[lifecycle.Cluster, harness.K], n
     for p in pods:
         assert p["spec"].get("nodeName", "").startswith("kwok-"), f"{p['metadata']['name']} not on a kwok node"
         assert p["status"]["phase"] == "Running"
-    backend = expected_backend(doc, cluster)
+    backend, auto_reason = expected_backend(doc, cluster)
+    if auto_reason:
+        chosen = next(c for c in st["conditions"] if c["type"] == "GangScheduling")
+        assert chosen["reason"] == auto_reason, chosen
     group_labels = {p["metadata"].get("labels", {}).get(testing.PODGROUP_LABEL) for p in pods}
     if backend == "Coscheduling":
         assert k.get("podgroups.scheduling.x-k8s.io", name, "-n", ns)["spec"]["minMember"] >= 1
