@@ -106,7 +106,7 @@ clean:
 # REGISTRY=<host>[:port]/<path> also pushes both there (printing the pushed refs and the chart's --set flags);
 # REGISTRY_TLS_VERIFY=false for a plain-HTTP registry. docs/install.md, "Publishing the images".
 images: venv host-deps
-	@KF_IMPORT=1 WHEELS=$(WHEELS) KF_UV=$(abspath $(VENV))/bin/uv KF_REGISTRY=$(REGISTRY) KF_REGISTRY_TLS_VERIFY=$(or $(REGISTRY_TLS_VERIFY),true) \
+	@KF_IMPORT=1 WHEELS=$(WHEELS) KF_REGISTRY=$(REGISTRY) KF_REGISTRY_TLS_VERIFY=$(or $(REGISTRY_TLS_VERIFY),true) \
 	  bash images/build.sh operator runtime
 
 # --- test cluster (issue 4; owner: test-cluster engineer). See docs/test-cluster.md. ---
