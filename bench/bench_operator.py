@@ -44,14 +44,13 @@ import yaml
 from kubeforge.api import contract
 from kubeforge.operator import apply
 
+# The test cluster's package (e2e/kfcluster: the control plane that --nodes starts, and the operator harness), from
+# the harness's editable install (e2e/pyproject.toml, `make venv`).
+from kfcluster import harness
+
 import common
 
 ROOT = common.ROOT
-# The test cluster's package (e2e/kfcluster: the control plane that --nodes starts, and the operator harness) is not
-# installed; `make cluster-up` runs it with PYTHONPATH=e2e, and this bench puts the same folder on the path.
-if str(ROOT / "e2e") not in sys.path:
-    sys.path.insert(0, str(ROOT / "e2e"))
-from kfcluster import harness  # noqa: E402
 
 #: kwok nodes carry this taint; the bench's pods (operator's and baseline's alike) tolerate it.
 LIST_PAGE = 500          # objects per page of the closing LISTs

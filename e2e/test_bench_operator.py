@@ -17,9 +17,11 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_bench_runs_one_job_through_start_failure_and_recovery(kube_cluster: lifecycle.Cluster) -> None:
+    # The bench imports what this test imports: this checkout's e2e/ (first through pytest's `pythonpath`) and sources.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run([sys.executable, BENCH, "--kubeconfig", kube_cluster.kubeconfig, "--jobs", "1",
                            "--pods-per-job", "3", "--fail-fraction", "0.34", "--timeout", "180"],
-                          capture_output=True, text=True, timeout=280, check=False)
+                          capture_output=True, text=True, timeout=280, check=False, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     op = out["operator"]
