@@ -140,10 +140,10 @@ def start(cluster: Cluster, *, timeout_s: float = READY_TIMEOUT_S) -> Cluster:
     cfg_path.write_text(json.dumps(config(ports=ports, cert_dir=str(cert_dir)), indent=2) + "\n")
     kubeconfig = pathlib.Path(cluster.kwok_dir) / "clusters" / cluster.name / "kubeconfig.yaml"
     log_path = home / "kueue.log"
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(isolated_command([bins["kueue"], f"--config={cfg_path}", f"--kubeconfig={kubeconfig}",
-                                                  "--zap-log-level=2"], home=home), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                                  "--zap-log-level=2"], home=home), stdout=log_file,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     (home / "kueue.pid").write_text(str(proc.pid))
 
     def up() -> bool | None:
