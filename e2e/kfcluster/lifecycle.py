@@ -4,8 +4,8 @@ kube-scheduler and the kwok controller, as local processes run by ``kwokctl --ru
 Role: orchestration with side effects (files in the work dir, processes, kubectl). Pure parts live in
 ``render``; typed inputs in ``config``; binaries in ``binaries``; the cluster's record (``Cluster``, re-exported
 here) in ``record``; Kueue's manager in ``kueue`` (started by ``up`` when asked; it imports no ``lifecycle``).
-Contract with the real-node scripts (issue 6): after the control plane is ready ``e2e/node/up.sh <workdir>`` runs (when enabled and present);
-``e2e/node/down.sh <workdir>`` runs before the control plane stops.
+Contract with the real-node scripts (issue 6): after the control plane is ready ``e2e/node/up.sh <workdir>`` runs
+(when enabled and present); ``e2e/node/down.sh <workdir>`` runs before the control plane stops.
 
     up():   build-if-missing -> render configs -> kwokctl create -> /readyz -> PodGroup CRD
             -> kwok nodes Ready -> default ServiceAccount -> cluster.json -> [node/up.sh]
