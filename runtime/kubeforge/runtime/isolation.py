@@ -122,3 +122,17 @@ class Confined:
             pass
         self.proc.wait()
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+def run(argv: Sequence[str], *, settings: Mapping[str, str], input: str, timeout: float,
+        bounds: Bounds = Bounds()) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, input=..., capture_output=True, text=True, timeout=...)`` in a ``Confined`` child;
+    past ``timeout`` its whole process group is killed and ``subprocess.TimeoutExpired`` raised."""
+    child = Confined(argv, settings=settings, bounds=bounds, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE)
+    try:
+        out, err = child.proc.communicate(input.encode(), timeout=timeout)
+    finally:
+        child.kill()
+    return subprocess.CompletedProcess(list(argv), child.proc.returncode, out.decode("utf-8", "replace"),
+                                       err.decode("utf-8", "replace"))
