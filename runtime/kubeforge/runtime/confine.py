@@ -151,7 +151,11 @@ def main() -> None:
     except (OSError, ValueError) as e:
         print(f"confine: refusing to run {argv[:1]}: {e}", file=sys.stderr)
         sys.exit(REFUSED)
-    os.execv(argv[0], argv)
+    try:
+        os.execv(argv[0], argv)
+    except OSError as e:             # no such program: say so, as a failed start would
+        print(f"confine: cannot run {argv[:1]}: {e}", file=sys.stderr)
+        sys.exit(127)
 
 
 if __name__ == "__main__":
