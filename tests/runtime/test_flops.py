@@ -101,3 +101,22 @@ def test_step_reports_utilisation(tmp_path: Path) -> None:
     assert m.mfu == pytest.approx(m.flops_per_second / trainer.meter.peak)
     assert 0 < m.mfu < 1.5       # a tiny model is far from the peak; above it would mean a wrong count or peak
     assert utilisation.figures(step_flops=1.0, peak_flops_per_second=0.0, seconds=0.0)["mfu"] is None
+
+
+def test_record_reaches_the_gauges_and_the_run_summary() -> None:
+    from kubeforge.api import progress
+    from kubeforge.runtime import metrics, observe
+    from kubeforge.runtime.launcher import summary
+
+    recs = [progress.StepRecord(step=s, mfu=u, flops_per_second=u * 1e11, peak_flops_per_second=1e11)
+            for s, u in [(1, 0.1), (2, 0.4), (3, 0.3)]]
+    m = metrics.Metrics(role="trainer", replica=0)
+    for rec in recs:
+        observe.TrainerObserver(m).trained(record=rec)
+    text = m.render().decode()
+    assert 'kubeforge_mfu{replica="0",role="trainer"} 0.3' in text
+    assert 'kubeforge_peak_flops_per_second{replica="0",role="trainer"} 1e+11' in text
+    out = summary.summarize(recs, wall_seconds=1.0, metrics_path="m")
+    assert (out["mfu"], out["flops_per_second"], out["peak_flops_per_second"]) == (0.3, 3e10, 1e11)   # medians
+    plain = summary.summarize([progress.StepRecord(step=1)], wall_seconds=1.0, metrics_path="m")
+    assert plain["mfu"] is None and plain["flops_per_second"] is None
