@@ -108,14 +108,14 @@ def main() -> None:
         "batch": {"completions": a.prompts * a.group_size, "prompt_len": a.prompt_len,
                   "completion_len": a.completion_len, "completion_tokens": tokens},
         "steps_measured": a.steps, "torch_threads": torch.get_num_threads(),
-        "trainer_step_s_median": round(med["trainer"], 4), "baseline_step_s_median": round(med["baseline"], 4),
+        "trainer_step_s_median": round(med["trainer"], 4),
         "trainer_tokens_per_s": round(tokens / med["trainer"], 1),
         "dtype": a.dtype, "mfu": round(statistics.median(u[0] for u in use), 4),
         "achieved_gflops": round(statistics.median(u[1] for u in use) / 1e9, 2),
         "peak_gflops": round(statistics.median(u[2] for u in use) / 1e9, 2),
         "step_gflop": round((m.flops or 0.0) / 1e9, 2), "machine": common.machine(),
         **({} if a.no_baseline else {
-            "baseline_tokens_per_s": round(tokens / med["baseline"], 1),
+            "baseline_step_s_median": round(med["baseline"], 4), "baseline_tokens_per_s": round(tokens / med["baseline"], 1),
             "trainer_over_baseline_time": round(med["trainer"] / med["baseline"], 3)}),
         "trainer_phases_s_median": {k: round(statistics.median(p[k] for p in phases), 4) for k in phases[0]},
     }
