@@ -145,6 +145,11 @@ class Metrics:
                                             "probability before the update (last step).")
         self.mismatch_masked_fraction = g("mismatch_masked_fraction", "Completions masked by "
                                           "spec.algorithm.mismatchMask (last step).")
+        self.mfu = g("mfu", "Model FLOPs utilisation of the last step: its matmul FLOP/s (forward + backward, all "
+                     "ranks) over the GEMM peak measured in the trainer's process, same cores and dtype.")
+        self.flops_per_second = g("flops_per_second", "Matmul FLOP/s the last train step achieved (all ranks).")
+        self.peak_flops_per_second = g("peak_flops_per_second", "GEMM peak measured in the trainer's process in its "
+                                       "compute dtype (summed over ranks).")
         self.policy_version = g("policy_version", "Policy version of this process's weights.")
         self.policy_lag = h("policy_lag", "Trainer version minus the version a consumed group was sampled with.",
                             _LAG)
