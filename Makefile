@@ -135,9 +135,11 @@ build-cluster:
 
 # Prints `export KUBECONFIG=<path>` last. REAL_NODE=1 (or KUBEFORGE_REAL_NODE=1) adds the real node; REAL_NODES=2
 # two real nodes (kf-real-0 and kf-real-1 in its own network namespace); KUEUE=1 (or KUBEFORGE_KUEUE=1) starts
-# Kueue's manager beside the control plane (built on first use: e2e/build/build.sh kueue).
+# Kueue's manager beside the control plane (built on first use: e2e/build/build.sh kueue). SCHEDULER=default runs
+# the stock kube-scheduler (no Coscheduling, no PodGroup CRD; built on first use: build.sh kube-scheduler-stock).
 cluster-up: $(REAL_NODE_DEPS)
 	@KUBEFORGE_REAL_NODE=$(REAL_NODE_FLAG) $(if $(REAL_NODES),KF_REAL_NODES=$(REAL_NODES)) \
+	  $(if $(SCHEDULER),KF_SCHEDULER=$(SCHEDULER)) \
 	  KUBEFORGE_KUEUE=$(if $(KUEUE),$(KUEUE),$(KUBEFORGE_KUEUE)) PYTHONPATH=e2e $(PY) -m kfcluster up
 
 cluster-down:
@@ -159,11 +161,14 @@ e2e-kind: venv
 e2e-elastic: venv host-deps
 	KUBEFORGE_REAL_NODE=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} $(VENV)/bin/python e2e/run_elastic.py
 
-# MANIFEST=examples/tiny-fsdp.yaml runs that RLJob instead (run_real.py --manifest, no trainer kill), same last line.
+# MANIFEST=examples/tiny-fsdp.yaml runs that RLJob instead (run_real.py --manifest, no trainer kill), same last line;
+# RUNTIME_IMAGE=kubeforge.local/runtime:0.1.0-cpu runs its roles from that image (`make images` imports it into the
+# real node) instead of the host's venv, e.g. MANIFEST=examples/tiny-verifiers.yaml (the image's verifiers library).
 e2e-real: venv host-deps
 	@if [ -n "$(MANIFEST)" ]; then \
 	  KUBEFORGE_REAL_NODE=1 KF_REAL_NODE_WAIT_S=$${KF_REAL_NODE_WAIT_S:-900} $(VENV)/bin/python e2e/run_real.py \
-	    --manifest "$(MANIFEST)" --kill-after-step -1; exit $$?; fi; \
+	    --manifest "$(MANIFEST)" --kill-after-step -1 $(if $(RUNTIME_IMAGE),--runtime-image "$(RUNTIME_IMAGE)"); \
+	  exit $$?; fi; \
 	out=$$(mktemp -d)/status.json; \
 	KUBEFORGE_REAL_NODE=1 KF_E2E_REAL_OUT=$$out $(PYTEST) -p no:cacheprovider -m realnode e2e/test_e2e_real.py; rc=$$?; \
 	cat $${out%.json}.figures.json 2>/dev/null; cat $$out 2>/dev/null || echo '{}'; rm -rf $$(dirname $$out); exit $$rc

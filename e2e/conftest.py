@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from kfcluster import lifecycle
-from kfcluster.fixtures import api_client, choose_session_cluster, kube_cluster, kueue_cluster, namespace  # noqa: F401
+from kfcluster.fixtures import (  # noqa: F401
+    api_client, choose_session_cluster, kube_cluster, kueue_cluster, namespace, scheduler_variant, stock_cluster)
 
 if TYPE_CHECKING:
     import run_real

@@ -17,6 +17,8 @@ Invariants:
 - The generator runs vLLM without torch.compile (``enforceEager`` and ``TORCHDYNAMO_DISABLE=1``, which also turns
   vLLM's compiled sampler helpers eager): inductor needs a C++ compiler at run time and the base image has none.
   It gets the host's ``lscpu`` (vLLM's CPU worker reads the CPU topology from ``lscpu --json``; busybox has none).
+- ``image_parts(ref)`` instead runs every role from the runtime image itself (its Python, its libraries, its lscpu):
+  what a user's cluster runs (``run_real.py --runtime-image``).
 - The input dict is never mutated; the same inputs give the same manifest.
 """
 
@@ -48,6 +50,17 @@ WRAPPER = (
     "while kill -0 $child 2>/dev/null; do wait $child; status=$?; done\n"
     "exit $status\n"
 )
+
+
+#: The runtime image's own interpreter (images/runtime/Containerfile): ``image_parts`` runs the project as the image
+#: carries it, no host mount.
+IMAGE_PYTHON = "/opt/kubeforge/bin/python"
+
+
+def image_parts(image: str) -> realnode.PodParts:
+    """Pod parts running the roles from a runtime image (``make images`` imports it into the real node) instead of
+    the busybox base image with the host's venv mounted: what the image carries is what runs."""
+    return realnode.PodParts(python=IMAGE_PYTHON, volumes=[], volume_mounts=[], env=[], image=image)
 
 
 def load_tiny(path: pathlib.Path = TINY) -> dict[str, Any]:
@@ -100,7 +113,7 @@ def manifest(*, name: str, namespace: str, checkpoint_dir: pathlib.Path, parts: 
         if role == "trainer":
             vols = [{"name": CHECKPOINT_VOLUME, "hostPath": {"path": str(checkpoint_dir), "type": "DirectoryOrCreate"}}]
             mounts = [{"name": CHECKPOINT_VOLUME, "mountPath": CONTAINER_CHECKPOINTS}]
-        if role == "generator":
+        if role == "generator" and parts.image == realnode.BASE_IMAGE:   # the runtime image has its own lscpu
             vols = [{"name": "kf-lscpu", "hostPath": {"path": LSCPU, "type": "File"}}]
             mounts = [{"name": "kf-lscpu", "mountPath": LSCPU, "readOnly": True}]
         env = {"TORCHDYNAMO_DISABLE": "1"} if role == "generator" else {}

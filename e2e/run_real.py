@@ -451,14 +451,16 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
         base: pathlib.Path | None = None, export_after_step: int | None = None,
         fault: Callable[[int, list[dict[str, Any]]], dict[str, Any]] | None = None,
         chart_values: tuple[str, ...] = (), prepare: Callable[[str], None] | None = None,
-        mode: str = installed.NAMESPACED,
+        mode: str = installed.NAMESPACED, runtime_image: str | None = None,
         adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Result:
     """Run the RLJob of ``base`` (default: examples/tiny.yaml) in real pods on ``cluster`` (whose real node is up);
     artefacts under ``workdir``. ``name`` defaults to the manifest's own; ``prepare(namespace)`` runs once the
     namespace exists, before the RLJob is applied (e.g. a Kueue LocalQueue in it); ``adapt(job)`` returns the job to
     apply in place of ``realjob.manifest``'s (e.g. a role's own shell line before the wrapper). The operator is the chart's
     (``installed.install``) in ``mode``, with ``chart_values`` (``key=value``) set; the job's namespace is made here
-    first, without a Pod Security label (its pods mount the host's venv), so the chart leaves it as it is."""
+    first, without a Pod Security label (its pods mount the host's venv), so the chart leaves it as it is.
+    ``runtime_image``: the roles run from that image (imported into the real node) instead of the base image with
+    the host's venv mounted."""
     doc = realjob.load_tiny(base) if base is not None else realjob.load_tiny()
     name = name or str(doc.get("metadata", {}).get("name") or "tiny")
     k = cluster.kubectl
@@ -481,7 +483,8 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
         raise
     log(f"operator installed by the chart ({rel.mode}, release {rel.name} in {rel.namespace})")
     try:
-        job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints, base=doc)
+        parts = realjob.image_parts(runtime_image) if runtime_image else None
+        job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints, base=doc, parts=parts)
         job = adapt(job) if adapt is not None else job
         result = Run(k=k, namespace=ns, name=name, workdir=workdir, kill_after_step=kill_after_step,
                      timeout_s=timeout_s, export_after_step=export_after_step, fault=fault).execute(job)
@@ -512,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="annotate the RLJob with an export request once trainer 0 reached this step (-1: never)")
     p.add_argument("--manifest", type=pathlib.Path,
                    help="the RLJob to run (default examples/tiny.yaml), e.g. examples/tiny-fsdp.yaml")
+    p.add_argument("--runtime-image", help="run the roles from this runtime image (e.g. kubeforge.local/runtime:"
+                   "0.1.0-cpu, imported into the real node by `make images`) instead of the host's venv")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # run the clean-ups (operator, namespace, cluster)
     got = acquire_cluster(start=True)
@@ -523,7 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(cluster=got.cluster, workdir=workdir, timeout_s=args.timeout, base=args.manifest,
                      kill_after_step=None if args.kill_after_step < 0 else args.kill_after_step,
-                     export_after_step=None if args.export_after_step < 0 else args.export_after_step)
+                     export_after_step=None if args.export_after_step < 0 else args.export_after_step,
+                     runtime_image=args.runtime_image)
     finally:
         if got.started and os.environ.get("KF_KEEP_CLUSTER") != "1":
             lifecycle.down(workdir=got.cluster.workdir)

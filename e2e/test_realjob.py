@@ -35,6 +35,18 @@ def test_manifest_is_a_valid_rljob_with_every_role_on_the_real_node(tmp_path: pa
     assert trainer_vols[realjob.CHECKPOINT_VOLUME]["hostPath"]["path"] == str(tmp_path / "ck")
 
 
+def test_image_parts_run_every_role_from_the_runtime_image_with_no_host_mount(tmp_path: pathlib.Path) -> None:
+    image = "kubeforge.local/runtime:0.1.0-cpu"
+    base = realjob.load_tiny(realjob.ROOT / "examples" / "tiny-verifiers.yaml")
+    job = load.parse(realjob.manifest(name="v", namespace="ns", checkpoint_dir=tmp_path / "ck", base=base,
+                                      parts=realjob.image_parts(image)))
+    for role in realjob.ROLES:
+        spec = getattr(job.spec.roles, role)
+        assert spec.image == image and spec.command[3] == realjob.IMAGE_PYTHON
+        mounted = {v["hostPath"]["path"] for v in spec.volumes}
+        assert mounted == ({str(tmp_path / "ck")} if role == "trainer" else set())   # checkpoints only
+
+
 def test_manifest_does_not_mutate_its_input_and_rejects_relative_dirs(tmp_path: pathlib.Path) -> None:
     base = realjob.load_tiny()
     before = repr(base)

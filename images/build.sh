@@ -91,9 +91,11 @@ built_one() {
   fi
   local uv="${KF_UV:-$KF_REPO_ROOT/.venv/bin/uv}"   # KF_UV: a checkout without its own .venv (a git worktree)
   [ -x "$uv" ] || { log "$uv not found (make venv)"; exit 1; }
+  local extra=()   # the runtime's second venv: the verifiers library and the example environments
+  if [ "$name" = runtime ]; then extra=("$here/envs-requirements.txt" "$KF_REPO_ROOT/examples/envs"); fi
   hash="$( { echo "$ref $ROOTFS_HASH $wheel_hash $("$uv" --version)"; kf_hash "$here/$name/Containerfile" \
     "$here/build.sh" "$here/overrides.txt" "$KF_REPO_ROOT/pyproject.toml" "$KF_REPO_ROOT/README.md" \
-    "$KF_REPO_ROOT/api" "$KF_REPO_ROOT/operator" "$KF_REPO_ROOT/runtime"; } | sha256sum | cut -c1-16)"
+    "$KF_REPO_ROOT/api" "$KF_REPO_ROOT/operator" "$KF_REPO_ROOT/runtime" "${extra[@]}"; } | sha256sum | cut -c1-16)"
   out="$cache/$name-$hash.tar"
   if [ ! -s "$out" ]; then
     ctx="$(mktemp -d)"
@@ -105,6 +107,11 @@ built_one() {
       "$uv" build --wheel --out-dir "$ctx/dist" "$ctx/src"
     mv "$ctx"/dist/kubeforge-*.whl "$ctx/kubeforge.whl"
     cp "$uv" "$ctx/uv"; cp "$KF_REPO_ROOT/pyproject.toml" "$here/overrides.txt" "$ctx/"
+    if [ "$name" = runtime ]; then
+      cp "$here/envs-requirements.txt" "$ctx/"
+      mkdir "$ctx/envs"; cp -r "$KF_REPO_ROOT/examples/envs/." "$ctx/envs/"
+      find "$ctx/envs" -name __pycache__ -prune -exec rm -rf {} +
+    fi
     log "$name: buildah bud ..."
     local vols=(-v "${UV_CACHE_DIR:-$HOME/.cache/uv}:/root/.cache/uv")
     if [ "$name" = runtime ]; then vols+=(-v "$WHEELS:/wheels:ro"); fi

@@ -3,11 +3,13 @@
 #
 # Usage: e2e/build/build.sh [--print-bin-dir] [component|group ...]
 #   components: etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl
-#               helm kubelet kube-proxy coredns registry kube-router kueue
+#               helm kubelet kube-proxy coredns registry kube-router kueue kube-scheduler-stock
 #   groups:     control-plane (first seven), node (kubelet kube-proxy coredns), all (default)
 #   (registry: the OCI distribution registry that `make images REGISTRY=...` is tested against;
 #    kube-router: only its NetworkPolicy controller runs, the real nodes' enforcer, e2e/node/netpol.sh;
-#    kueue: Kueue's manager, started by `make cluster-up KUEUE=1`; its CRDs land in share/crds/kueue/)
+#    kueue: Kueue's manager, started by `make cluster-up KUEUE=1`; its CRDs land in share/crds/kueue/;
+#    kube-scheduler-stock: the stock kube-scheduler of k8s.io/kubernetes, no plugins added, for
+#    `make cluster-up SCHEDULER=default`)
 #
 # Each upstream piece is built through its own wrapper module in e2e/build/mod/<wrapper>
 # (copied to the cache, so the repo is never modified). Binaries land in
@@ -29,7 +31,7 @@ SRC="$CACHE/src"
 SHARE="$CACHE/share"
 
 ALL=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl helm kubelet kube-proxy coredns registry
-  kube-router kueue)
+  kube-router kueue kube-scheduler-stock)
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kubectl kube-scheduler kwok kwokctl)
 NODE=(kubelet kube-proxy coredns)
 
@@ -45,6 +47,7 @@ spec() {
     kubectl)                 echo "kubernetes|k8s.io/kubernetes/cmd/kubectl|$K8S_VERSION" ;;
     kubelet)                 echo "kubernetes|k8s.io/kubernetes/cmd/kubelet|$K8S_VERSION" ;;
     kube-proxy)              echo "kubernetes|k8s.io/kubernetes/cmd/kube-proxy|$K8S_VERSION" ;;
+    kube-scheduler-stock)    echo "kubernetes|k8s.io/kubernetes/cmd/kube-scheduler|$K8S_VERSION" ;;
     kube-scheduler)          echo "scheduler|.|$K8S_VERSION+scheduler-plugins-$SCHEDULER_PLUGINS_VERSION" ;;
     kwok)                    echo "kwok|sigs.k8s.io/kwok/cmd/kwok|$KWOK_VERSION" ;;
     kwokctl)                 echo "kwok|sigs.k8s.io/kwok/cmd/kwokctl|$KWOK_VERSION" ;;
@@ -208,7 +211,7 @@ main() {
       all) want+=("${ALL[@]}") ;;
       control-plane) want+=("${CONTROL_PLANE[@]}") ;;
       node) want+=("${NODE[@]}") ;;
-      -h|--help) sed -n '2,14p' "$0"; return 0 ;;
+      -h|--help) sed -n '2,16p' "$0"; return 0 ;;
       *) spec "$a" >/dev/null || die "unknown component '$a' (known: ${ALL[*]} control-plane node all)"; want+=("$a") ;;
     esac
   done

@@ -18,6 +18,8 @@ E2E_DIR = pathlib.Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = E2E_DIR / "build" / "build.sh"
 VERSIONS_FILE = E2E_DIR / "build" / "versions.env"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kube-scheduler", "kwok", "kwokctl")
+#: The control plane of ``make cluster-up SCHEDULER=default``: the stock kube-scheduler instead of the Coscheduling one.
+STOCK_CONTROL_PLANE = tuple("kube-scheduler-stock" if n == "kube-scheduler" else n for n in CONTROL_PLANE)
 
 
 def versions(path: pathlib.Path = VERSIONS_FILE) -> dict[str, str]:
@@ -78,11 +80,17 @@ def missing(names: Iterable[str]) -> list[str]:
     return out
 
 
+def control_plane(scheduler: str) -> tuple[str, ...]:
+    """The control-plane components of a cluster whose ``ClusterConfig.scheduler`` is ``scheduler``."""
+    return STOCK_CONTROL_PLANE if scheduler == "default" else CONTROL_PLANE
+
+
 def require(names: Iterable[str] = CONTROL_PLANE, *, build: bool = True) -> dict[str, str]:
-    """Paths of ``names``; builds the missing ones via build.sh when ``build`` (else raises)."""
+    """Paths of ``names``; builds the missing ones via build.sh when ``build`` (else raises). The PodGroup CRD
+    is required with the Coscheduling ``kube-scheduler`` only."""
     names = list(names)
     absent = missing(names)
-    if absent or not podgroup_crd().is_file():
+    if absent or ("kube-scheduler" in names and not podgroup_crd().is_file()):
         if not build:
             raise FileNotFoundError(
                 f"not built: {', '.join(absent) or 'PodGroup CRD'} (run `make build-cluster` or "

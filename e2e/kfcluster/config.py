@@ -25,6 +25,13 @@ FAKE_NODE_ANNOTATION_VALUE = "fake"
 KWOK_NODE_LABEL = "type"
 KWOK_NODE_LABEL_VALUE = "kwok"
 GPU_RESOURCE = "nvidia.com/gpu"
+#: ``ClusterConfig.scheduler`` values. ``coscheduling``: the kube-scheduler built with scheduler-plugins'
+#: Coscheduling, and the PodGroup CRD installed (the default). ``default``: the stock kube-scheduler of
+#: k8s.io/kubernetes with its default profile and no PodGroup CRD: the cluster a user brings who runs neither
+#: Coscheduling nor Kueue (``make cluster-up SCHEDULER=default``).
+SCHEDULER_COSCHEDULING = "coscheduling"
+SCHEDULER_DEFAULT = "default"
+SCHEDULERS = (SCHEDULER_COSCHEDULING, SCHEDULER_DEFAULT)
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -111,8 +118,12 @@ class ClusterConfig:
     real_nodes: int = 1
     #: start Kueue's manager beside the control plane (``make cluster-up KUEUE=1``; kfcluster/kueue.py)
     kueue: bool = False
+    #: which kube-scheduler runs (``SCHEDULERS``; ``KF_SCHEDULER``, ``make cluster-up SCHEDULER=default``)
+    scheduler: str = SCHEDULER_COSCHEDULING
 
     def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"ClusterConfig.scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
         if not 1 <= self.real_nodes <= 4:
             raise ValueError(f"ClusterConfig.real_nodes must be 1..4, got {self.real_nodes}")
         if not _NAME_RE.match(self.name):
@@ -130,6 +141,11 @@ class ClusterConfig:
             raise ValueError("ClusterConfig.kwok_pod_parallelism and kwok_node_lease_parallelism must be >= 0")
         if self.ready_timeout_s <= 0:
             raise ValueError("ClusterConfig.ready_timeout_s must be > 0")
+
+    @property
+    def coscheduling(self) -> bool:
+        """Whether the scheduler runs Coscheduling (and the PodGroup CRD is installed)."""
+        return self.scheduler == SCHEDULER_COSCHEDULING
 
     @property
     def workdir(self) -> str:
@@ -199,6 +215,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Clust
         "real_node": env.get("KUBEFORGE_REAL_NODE", "") in ("1", "true", "yes"),
         "real_nodes": _int(env, "KF_REAL_NODES", base.real_nodes),
         "kueue": env.get("KUBEFORGE_KUEUE", "") in ("1", "true", "yes"),
+        "scheduler": env.get("KF_SCHEDULER") or base.scheduler,
     }
     values.update(overrides)
     return ClusterConfig(**values)  # type: ignore[arg-type]

@@ -2,7 +2,10 @@
 
 Role: glue between pytest and ``lifecycle``. ``kube_cluster`` (session) uses the cluster that
 ``KUBECONFIG`` names when it is set and answers /readyz, and otherwise starts a private cluster
-once (see ``choose_session_cluster``); e2e/conftest.py stops a private one at session end. Neighbours: ``testing`` holds the
+once (see ``choose_session_cluster``); e2e/conftest.py stops a private one at session end. ``stock_cluster``
+(session) is a second cluster whose only scheduler is the stock kube-scheduler (``scheduler: default``: no
+Coscheduling, no PodGroup CRD), ``KF_STOCK_CLUSTER_NAME`` or a private ``kf-stock-<pid>``; ``scheduler_variant``
+runs a test once on each (``kube_cluster`` and ``stock_cluster``). Neighbours: ``testing`` holds the
 wait helpers and manifest builders tests use.
 Invariant: tests that take these fixtures must be marked ``cluster``; unit runs (``-m "not cluster"``)
 never start anything. Set ``KF_NO_BUILD=1`` to fail fast instead of building missing binaries.
@@ -74,6 +77,30 @@ def kube_cluster() -> Iterator[lifecycle.Cluster]:
     if os.environ.get("KF_NO_BUILD") == "1":
         binaries.require(build=False)
     yield lifecycle.up(cfg.from_env())
+
+
+@pytest.fixture(scope="session")
+def stock_cluster() -> Iterator[lifecycle.Cluster]:
+    """A kfcluster whose only scheduler is the stock kube-scheduler (``make cluster-up SCHEDULER=default``): the
+    cluster ``KF_STOCK_CLUSTER_NAME`` names (started if it is not running, left running), else a private
+    ``kf-stock-<pid>`` started here and stopped at session end (``KF_KEEP_CLUSTER=1`` keeps it)."""
+    named = os.environ.get("KF_STOCK_CLUSTER_NAME", "")
+    config = cfg.from_env(name=named or f"kf-stock-{os.getpid()}", scheduler=cfg.SCHEDULER_DEFAULT,
+                          real_node=False, kueue=False)
+    if os.environ.get("KF_NO_BUILD") == "1":
+        binaries.require(binaries.STOCK_CONTROL_PLANE, build=False)
+    cluster = lifecycle.up(config)
+    yield cluster
+    if not named and os.environ.get("KF_KEEP_CLUSTER") != "1":
+        lifecycle.down(workdir=cluster.workdir)
+
+
+@pytest.fixture(scope="session", params=[cfg.SCHEDULER_COSCHEDULING, cfg.SCHEDULER_DEFAULT])
+def scheduler_variant(request: pytest.FixtureRequest) -> lifecycle.Cluster:
+    """The session's cluster (Coscheduling), then the stock-scheduler one: a test taking this runs on both
+    (ids ``coscheduling`` and ``default``)."""
+    name = "kube_cluster" if request.param == cfg.SCHEDULER_COSCHEDULING else "stock_cluster"
+    return request.getfixturevalue(name)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")

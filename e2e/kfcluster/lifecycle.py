@@ -7,9 +7,12 @@ here) in ``record``; Kueue's manager in ``kueue`` (started by ``up`` when asked;
 Contract with the real-node scripts (issue 6): after the control plane is ready ``e2e/node/up.sh <workdir>`` runs
 (when enabled and present); ``e2e/node/down.sh <workdir>`` runs before the control plane stops.
 
-    up():   build-if-missing -> render configs -> kwokctl create -> /readyz -> PodGroup CRD
+    up():   build-if-missing -> render configs -> kwokctl create -> /readyz -> PodGroup CRD (Coscheduling only)
             -> kwok nodes Ready -> default ServiceAccount -> cluster.json -> [node/up.sh]
     down(): [node/down.sh] -> kwokctl delete -> kill leftovers naming the work dir -> ports closed -> rm
+
+``ClusterConfig.scheduler == "default"`` (``make cluster-up SCHEDULER=default``) runs the stock kube-scheduler
+instead, with no PodGroup CRD: the cluster a user brings without a gang scheduler.
 
 Invariants: everything of a cluster lives under its work dir; every process of it names the work dir in
 its command line (so leftovers are found by that, never by process name); ``down`` returns only when no
@@ -107,12 +110,15 @@ def _up(config: cfg.ClusterConfig) -> Cluster:
     t0 = time.monotonic()
     existing = healthy(config.workdir)
     if existing:
+        if existing.scheduler != config.scheduler:
+            raise RuntimeError(f"cluster {config.name} already runs with scheduler {existing.scheduler!r}, not "
+                               f"{config.scheduler!r}: stop it first (make cluster-down) or use another KF_CLUSTER_NAME")
         log(f"cluster {config.name} already running ({existing.server})")
         return existing
     if os.path.exists(config.workdir):
         log(f"stale work dir {config.workdir}: cleaning it first")
         _down(config.workdir, timeout_s=60.0)
-    bins = binaries.require()
+    bins = binaries.require(binaries.control_plane(config.scheduler))
     workdir = pathlib.Path(config.workdir)
     kwok_dir = workdir / "kwok"
     kwok_dir.mkdir(parents=True, exist_ok=True)
@@ -133,19 +139,15 @@ def _up(config: cfg.ClusterConfig) -> Cluster:
     _write_kubeconfig(src=cdir / "kubeconfig.yaml", dst=kubeconfig, server=config.kubeconfig_server)
     server = config.kubeconfig_server or f"https://127.0.0.1:{ports['kube-apiserver']}"
     cluster = Cluster(name=config.name, workdir=str(workdir), kubeconfig=str(kubeconfig), server=server,
-                      ports=ports, bin_dir=bin_dir, kwok_dir=str(kwok_dir), real_node=config.real_node)
+                      ports=ports, bin_dir=bin_dir, kwok_dir=str(kwok_dir), real_node=config.real_node,
+                      scheduler=config.scheduler)
     cluster.save()
     local = kube.Kubectl(binary=bins["kubectl"], kubeconfig=str(cdir / "kubeconfig.yaml"))
     kube.wait_for("kube-apiserver /readyz", local.readyz, timeout_s=config.ready_timeout_s)
     log(f"apiserver ready after {time.monotonic() - t0:.1f}s")
     _check_alive(cdir)
-    local.run("apply", "--server-side", "-f", str(binaries.podgroup_crd()))
-    # Polled, not `kubectl wait --for=condition=Established`: right after the apply the CRD can have no
-    # status.conditions yet, and kubectl wait then fails at once ("<nil> is of the type <nil>") instead of waiting.
-    kube.wait_for("PodGroup CRD Established", lambda: local.run(
-        "get", "crd/podgroups.scheduling.x-k8s.io", "-o",
-        "jsonpath={.status.conditions[?(@.type==\"Established\")].status}", check=False).stdout.strip() == "True",
-        timeout_s=60)
+    if config.coscheduling:
+        _install_podgroup_crd(local)
     cluster = add_nodes(cluster, config.nodes, timeout_s=config.ready_timeout_s)
     kube.wait_for("ServiceAccount default/default",
                   lambda: local.run("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
@@ -157,6 +159,16 @@ def _up(config: cfg.ClusterConfig) -> Cluster:
     if config.real_node:
         _node_script("up.sh", workdir=str(workdir), required=True, env={"KF_REAL_NODES": str(config.real_nodes)})
     return cluster
+
+
+def _install_podgroup_crd(local: kube.Kubectl) -> None:
+    local.run("apply", "--server-side", "-f", str(binaries.podgroup_crd()))
+    # Polled, not `kubectl wait --for=condition=Established`: right after the apply the CRD can have no
+    # status.conditions yet, and kubectl wait then fails at once ("<nil> is of the type <nil>") instead of waiting.
+    kube.wait_for("PodGroup CRD Established", lambda: local.run(
+        "get", "crd/podgroups.scheduling.x-k8s.io", "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Established\")].status}", check=False).stdout.strip() == "True",
+        timeout_s=60)
 
 
 def add_nodes(cluster: Cluster, pools: Iterable[cfg.NodePool], *, timeout_s: float = 60.0) -> Cluster:

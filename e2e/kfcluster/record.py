@@ -15,6 +15,7 @@ import pathlib
 import sys
 import time
 
+from kfcluster import config as cfg
 from kfcluster import kube
 
 
@@ -36,6 +37,8 @@ class Cluster:
     real_node: bool = False
     nodes: tuple[str, ...] = ()
     kueue: bool = False
+    #: ``ClusterConfig.scheduler`` it was started with (records older than the field: Coscheduling)
+    scheduler: str = cfg.SCHEDULER_COSCHEDULING
 
     @property
     def kubectl(self) -> kube.Kubectl:

@@ -87,13 +87,19 @@ def controller_manager_flags(config: cfg.ClusterConfig) -> dict[str, str]:
 
 
 def scheduler_config(config: cfg.ClusterConfig) -> dict[str, Any]:
-    """KubeSchedulerConfiguration: one profile, Coscheduling in multiPoint and as the only queueSort."""
-    return {
+    """KubeSchedulerConfiguration: one profile, Coscheduling in multiPoint and as the only queueSort; with
+    ``scheduler: default`` the stock scheduler's default profile (no plugin named)."""
+    head = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "leaderElection": {"leaderElect": False},
         "podInitialBackoffSeconds": 1,
         "podMaxBackoffSeconds": 5,
+    }
+    if not config.coscheduling:
+        return {**head, "profiles": [{"schedulerName": "default-scheduler"}]}
+    return {
+        **head,
         "profiles": [{
             "schedulerName": "default-scheduler",
             "plugins": {
@@ -129,7 +135,7 @@ def kwokctl_config(*, config: cfg.ClusterConfig, bins: Mapping[str, str], ports:
             "etcdBinary": bins["etcd"],
             "kubeApiserverBinary": bins["kube-apiserver"],
             "kubeControllerManagerBinary": bins["kube-controller-manager"],
-            "kubeSchedulerBinary": bins["kube-scheduler"],
+            "kubeSchedulerBinary": bins["kube-scheduler" if config.coscheduling else "kube-scheduler-stock"],
             "kubectlBinary": bins["kubectl"],
             "kwokControllerBinary": bins["kwok"],
             "kubeSchedulerConfig": scheduler_config_path,

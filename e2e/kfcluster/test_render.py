@@ -10,7 +10,7 @@ from kfcluster import config as cfg
 from kfcluster import render
 
 BINS = {k: f"/b/{k}" for k in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl",
-                               "kwok")}
+                               "kwok", "kube-scheduler-stock")}
 PORTS = {k: 1000 + i for i, k in enumerate(("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager",
                                             "kube-scheduler", "kwok-controller"))}
 
@@ -105,8 +105,21 @@ def test_scheduler_uses_coscheduling_for_queue_sort_and_retries_unschedulable_po
     assert render.scheduler_flags(config)["pod-max-in-unschedulable-pods-duration"] == "10s"
 
 
+def test_stock_scheduler_variant_names_no_plugin_and_runs_the_stock_binary() -> None:
+    config = cfg.from_env({"KF_SCHEDULER": "default"})
+    assert config.scheduler == "default" and not config.coscheduling
+    assert render.scheduler_config(config)["profiles"] == [{"schedulerName": "default-scheduler"}]
+    assert "Coscheduling" not in json.dumps(render.scheduler_config(config))
+    assert _doc(config)["options"]["kubeSchedulerBinary"] == "/b/kube-scheduler-stock"
+    assert _doc(cfg.ClusterConfig())["options"]["kubeSchedulerBinary"] == "/b/kube-scheduler"
+    from kfcluster import binaries
+    assert "kube-scheduler" not in binaries.control_plane("default")
+    assert binaries.control_plane("coscheduling") == binaries.CONTROL_PLANE
+
+
 @pytest.mark.parametrize(("field", "kwargs"), [
     ("name", {"name": "Bad_Name"}),
+    ("scheduler", {"scheduler": "volcano"}),
     ("apiserver_bind_address", {"apiserver_bind_address": "10.88.0.1"}),
     ("kubeconfig_server", {"kubeconfig_server": "http://x"}),
 ])

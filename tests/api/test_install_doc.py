@@ -24,7 +24,8 @@ def test_the_documented_rljob_is_valid() -> None:
     doc = yaml.safe_load((ROOT / m.group(2)).read_text())
     doc["metadata"]["namespace"] = m.group(1)
     job = load.parse(doc)
-    assert job.metadata.name == "tiny" and f"kubectl -n {m.group(1)} get rljob tiny -w" in DOC
+    # the page waits for that job by name (a wait, not `get -w`: e2e/test_docs_install.py runs the block verbatim)
+    assert job.metadata.name == "tiny" and f"kubectl -n {m.group(1)} wait rljob/tiny" in DOC
     assert job.spec.gang.backend == "None"        # runs on a plain cluster: no gang scheduler to install first
 
 

@@ -128,3 +128,39 @@ def test_the_operators_own_https_server_answers_reviews(tmp_path: pathlib.Path) 
             post(server.port, old, b"{}")
     finally:
         server.stop()
+
+
+def _verifiers_job(**generator: object) -> dict:
+    import yaml
+
+    doc = yaml.safe_load((pathlib.Path(__file__).resolve().parents[2] / "examples" / "tiny-verifiers.yaml").read_text())
+    doc["spec"]["roles"]["generator"].update(generator)
+    return doc
+
+
+def test_verifiers_is_refused_where_the_runtime_image_lacks_the_library() -> None:
+    """What the operator's runtime image cannot run is refused naming the field; the default image carries the
+    library (images/runtime/Containerfile), and a generator's own image is the user's to vouch for."""
+    from kubeforge.operator import main, names
+
+    bare = admission.RuntimeImage(image="registry.example/kubeforge/runtime:0.1.0-gpu", features=frozenset())
+    (problem,) = admission.review("CREATE", _verifiers_job(), runtime=bare)
+    assert problem.startswith("spec.environment.type: Forbidden: Verifiers") and bare.image in problem
+    assert "--runtime-image-features verifiers" in problem
+    assert admission.review("CREATE", _verifiers_job(image="mine/with-verifiers:1"), runtime=bare) == []
+    assert admission.review("CREATE", invalid_manifests.valid(), runtime=bare) == []   # no Verifiers environment
+    default = main.runtime_image(main.parse_args([]))
+    assert default.image == names.DEFAULT_RUNTIME_IMAGE and default.features == {admission.FEATURE_VERIFIERS}
+    assert admission.review("CREATE", _verifiers_job(), runtime=default) == []
+    assert main.runtime_image(main.parse_args(["--runtime-image-features", ""])).features == frozenset()
+    out = admission.respond({"kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE",
+                                                                    "object": _verifiers_job()}}, runtime=bare)
+    assert out["response"]["allowed"] is False and "Verifiers" in out["response"]["status"]["message"]
+
+
+def test_an_unknown_runtime_image_feature_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from kubeforge.operator import main
+
+    with pytest.raises(SystemExit):
+        main.parse_args(["--runtime-image-features", "verifiers,cuda"])
+    assert "--runtime-image-features: unknown cuda" in capsys.readouterr().err

@@ -49,9 +49,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
 
 def build_registry(router: router_mod.Router, creds: apply.Credentials,
                    webhook: webhook_mod.Webhook | None = None, *, jobs: watchcache.JobCache | None = None,
-                   pods: watchcache.PodCache | None = None) -> kopf.OperatorRegistry:
-    """A registry with the operator's handlers bound to ``router`` (and the admission webhook when given); the
-    watch caches, when given, are fed from the same events."""
+                   pods: watchcache.PodCache | None = None,
+                   runtime: admission.RuntimeImage | None = None) -> kopf.OperatorRegistry:
+    """A registry with the operator's handlers bound to ``router`` (and the admission webhook when given, reviewing
+    against ``runtime``, the operator's runtime image); the watch caches, when given, are fed from the same events."""
     reg = kopf.OperatorRegistry()
     present = {contract.LABEL_JOB: kopf.PRESENT}
 
@@ -67,7 +68,8 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
         def _admit(body: Any, **kw: Any) -> None:
             metrics.EVENTS.labels("admission").inc()
             old = kw.get("old")
-            problems = admission.review(kw.get("operation") or "", dict(body), dict(old) if old else None)
+            problems = admission.review(kw.get("operation") or "", dict(body), dict(old) if old else None,
+                                        runtime=runtime)
             if problems:
                 raise kopf.AdmissionError(admission.message(problems), code=422)
 

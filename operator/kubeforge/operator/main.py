@@ -32,7 +32,7 @@ from typing import Any
 import kopf
 
 from kubeforge.operator import apply, handlers, leader, memory, metrics, names, reconcile, router as router_mod
-from kubeforge.operator import nodeloss, watchcache
+from kubeforge.operator import admission, nodeloss, watchcache
 from kubeforge.operator import webhook
 
 
@@ -44,6 +44,7 @@ class Options:
     metrics_port: int = 8080
     health_port: int = 8081
     runtime_image: str = names.DEFAULT_RUNTIME_IMAGE
+    runtime_image_features: tuple[str, ...] = names.DEFAULT_RUNTIME_FEATURES
     coscheduling_scheduler: str = ""
     image_pull_secrets: tuple[str, ...] = ()
     workers: int = 16
@@ -75,6 +76,10 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0: off).")
     p.add_argument("--health-port", type=int, default=8081, help="Liveness /healthz port (0: off).")
     p.add_argument("--runtime-image", default=names.DEFAULT_RUNTIME_IMAGE, help="Image of roles that name none.")
+    p.add_argument("--runtime-image-features", default=",".join(names.DEFAULT_RUNTIME_FEATURES),
+                   help=f"What that image carries beyond kubeforge, a comma list of {', '.join(admission.FEATURES)} "
+                   f"('' for none); the webhook refuses jobs that need what it lacks (default: what `make images` "
+                   f"builds).")
     p.add_argument("--coscheduling-scheduler-name", default="", metavar="NAME",
                    help="The scheduler that serves PodGroups (scheduler-plugins' Coscheduling): the schedulerName "
                    "of Coscheduling pods, and what lets gang.backend Auto choose Coscheduling (docs/operator.md).")
@@ -105,9 +110,14 @@ def parse_args(argv: Sequence[str]) -> Options:
                    "after at most this long.")
     p.add_argument("--leader-renew-seconds", type=float, default=2.0, help="How often the leader renews the Lease.")
     a = p.parse_args(list(argv))
+    features = tuple(f for f in a.runtime_image_features.split(",") if f)
+    unknown = sorted(set(features) - set(admission.FEATURES))
+    if unknown:
+        p.error(f"--runtime-image-features: unknown {', '.join(unknown)} (known: {', '.join(admission.FEATURES)})")
     return Options(namespaces=tuple(a.namespace), all_namespaces=a.all_namespaces or not a.namespace,
                    kubeconfig=a.kubeconfig, metrics_port=a.metrics_port, health_port=a.health_port,
-                   runtime_image=a.runtime_image, coscheduling_scheduler=a.coscheduling_scheduler_name,
+                   runtime_image=a.runtime_image, runtime_image_features=features,
+                   coscheduling_scheduler=a.coscheduling_scheduler_name,
                    image_pull_secrets=tuple(a.image_pull_secret), workers=a.workers,
                    status_interval=a.status_interval, node_loss_grace_seconds=a.node_loss_grace_seconds,
                    log_format=a.log_format, verbose=a.verbose,
@@ -116,6 +126,11 @@ def parse_args(argv: Sequence[str]) -> Options:
                    leader_elect=a.leader_elect, leader_lease=a.leader_lease,
                    leader_namespace=a.leader_namespace or os.environ.get("POD_NAMESPACE"),
                    leader_lease_s=a.leader_lease_seconds, leader_renew_s=a.leader_renew_seconds)
+
+
+def runtime_image(opts: Options) -> admission.RuntimeImage:
+    """The image roles that name none run, as the webhook reviews against it."""
+    return admission.RuntimeImage(image=opts.runtime_image, features=frozenset(opts.runtime_image_features))
 
 
 def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, apply.Cluster, webhook.Webhook | None]:
@@ -139,7 +154,8 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, appl
     hook = webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,
                            host=opts.webhook_host or opts.webhook_addr, cert_dir=opts.webhook_cert_dir) \
         if opts.webhook and not opts.webhook_cert_dir else None
-    return router, handlers.build_registry(router, creds, hook, jobs=jobs, pods=pods), cluster, hook
+    registry = handlers.build_registry(router, creds, hook, jobs=jobs, pods=pods, runtime=runtime_image(opts))
+    return router, registry, cluster, hook
 
 
 async def serve(opts: Options, *, stop_flag: Any = None, ready_flag: Any = None,
@@ -220,9 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda *_: term.set())
     metrics.serve(opts.metrics_port)     # a standby is scraped too
     if opts.webhook and opts.webhook_cert_dir:   # in-cluster: every replica answers reviews, standbys too
+        runtime = runtime_image(opts)
         webhook.AdmissionServer(webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,
                                                 host=opts.webhook_host or opts.webhook_addr,
-                                                cert_dir=opts.webhook_cert_dir)).start()
+                                                cert_dir=opts.webhook_cert_dir),
+                                lambda doc: webhook.answer(doc, runtime=runtime)).start()
     elector = None
     if opts.leader_elect:
         metrics.LEADER.set(0)

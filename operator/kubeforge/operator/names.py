@@ -29,6 +29,9 @@ CONFIG_VOLUME = f"{contract.RESERVED_NAME_PREFIX}config"
 #: Image of the role containers when the role sets none (overridable by the operator's --runtime-image flag): the
 #: CPU runtime image as `make images` names it (`make images REGISTRY=...` pushes it under the registry's name).
 DEFAULT_RUNTIME_IMAGE = "kubeforge.local/runtime:0.1.0-cpu"
+#: What that image carries beyond kubeforge (``admission.FEATURES``; the operator's --runtime-image-features):
+#: images/runtime/Containerfile installs the verifiers library in a venv of its own.
+DEFAULT_RUNTIME_FEATURES = ("verifiers",)
 
 # ---- named ports (offsets from contract.DEFAULT_PORT_BASE) ----
 PORT_NAMES = {

@@ -126,9 +126,9 @@ def configuration_ref() -> dict[str, object]:
             "metadata": {"name": MANAGED_NAME}}
 
 
-def answer(doc: Any) -> dict[str, Any]:
+def answer(doc: Any, *, runtime: admission.RuntimeImage | None = None) -> dict[str, Any]:
     """The AdmissionReview answer (``admission.respond``), counted by result."""
-    out = admission.respond(doc)
+    out = admission.respond(doc, runtime=runtime)
     metrics.ADMISSION.labels("allowed" if out["response"]["allowed"] else "denied").inc()
     return out
 
