@@ -1,15 +1,9 @@
-"""Root conftest: make the test-cluster package ``kfcluster`` (in e2e/) importable from every test tree.
+"""Root conftest: the default time bound of every test.
 
-Shared cluster fixtures live in e2e/conftest.py; tests outside e2e/ that need the cluster can use them via
-``from kfcluster.fixtures import kube_cluster, namespace, api_client``.
+The test-cluster package ``kfcluster`` (in e2e/) is importable from every test tree through pytest's ``pythonpath``
+(pyproject.toml). Shared cluster fixtures live in e2e/conftest.py; tests outside e2e/ that need the cluster can use
+them via ``from kfcluster.fixtures import kube_cluster, namespace, api_client``.
 """
-
-import pathlib
-import sys
-
-_E2E = str(pathlib.Path(__file__).resolve().parent / "e2e")
-if _E2E not in sys.path:
-    sys.path.insert(0, _E2E)
 
 # No test waits without bound: every test that does not set its own ``pytest.mark.timeout`` gets this one (setup,
 # call and teardown together; pytest-timeout). The longest items of `make test` take ~3.5 min (a cluster fixture's

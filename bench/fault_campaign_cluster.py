@@ -36,16 +36,13 @@ import tempfile
 import time
 from typing import Any
 
+# The real-pod drivers and the test cluster's package, from the harness's editable install (e2e/pyproject.toml).
+import realjob
+import run_real
+from kfcluster import harness, kube, lifecycle
+from node import realnode
+
 import common
-
-E2E = common.ROOT / "e2e"
-if str(E2E) not in sys.path:
-    sys.path.insert(0, str(E2E))
-
-import realjob  # noqa: E402
-import run_real  # noqa: E402
-from kfcluster import harness, kube, lifecycle  # noqa: E402
-from node import realnode  # noqa: E402
 
 NODE = 1
 EXTRA_NODE = realnode.SCRIPTS_DIR / "extra-node.sh"

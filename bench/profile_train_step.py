@@ -8,9 +8,9 @@
 Builds ``learner.step.Trainer`` exactly as the trainer role does (the example's model, dtype, algorithm), feeds it
 groups shaped like the example's steps (its real prompts, ``promptsPerStep`` x ``groupSize`` completions of
 ``maxNewTokens`` random tokens, alternating rewards so every group has signal), drops one warm-up step and prints
-the step's phases (forward, backward, optimizer), the step's FLOPs (6 x parameters x tokens computed, the usual
-estimate, plus the LM head on completion tokens only; with shared prompts each group's prompt counts once), the
-achieved GFLOP/s, and the top operators by self CPU time under ``torch.profiler``. ``--compare`` instead alternates
+the step's phases (forward, backward, optimizer), the step's FLOPs as the trainer counts them (``learner/flops.py``:
+the matmuls of the token shapes it ran, attention included), the achieved GFLOP/s, the GEMM peak measured in the
+process (``learner/peak.py``) and their ratio ``mfu``, and the top operators by self CPU time under ``torch.profiler``. ``--compare`` instead alternates
 two variants of the step on the same batches and prints wall and process CPU seconds of each (CPU time is what a
 loaded machine distorts least): ``share-prefix`` (each distinct prompt once vs the full forward; ``--ab`` is its
 old name) or ``autocast`` (the trainer's bf16 compute copy, ``learner/compute_copy.py``, vs autocast over the float32
@@ -98,7 +98,7 @@ def main() -> None:
             trainer.train_step(groups=demo_groups(spec, tok, seed=0))
         ab(trainer, spec, tok, steps=a.steps, variants=VARIANTS[a.compare or "share-prefix"], warmup=warmup)
         return
-    walls, phases, tokens, rows = [], [], 0, 0
+    walls, phases, tokens, rows, flops, mfus = [], [], 0, 0, 0.0, []
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     with prof:
         for s in range(a.steps):
@@ -110,10 +110,8 @@ def main() -> None:
             once = a.share_prefix or trainer.compute_policy.pack_max_tokens > 0     # each prompt computed once
             tokens = sum(len(c.token_ids) for g in gs for c in g.completions) + sum(
                 len(g.prompt_token_ids) * (1 if once else len(g.completions)) for g in gs)
-            rows = m.tokens
-    cfg = trainer.model.config
-    head = 2 * cfg.hidden_size * cfg.vocab_size * rows * 3          # completion-only LM head, fwd + bwd
-    flops = 6 * (params - cfg.hidden_size * cfg.vocab_size) * tokens + head
+            rows, flops = m.tokens, m.flops or 0.0
+            mfus.append(m.mfu or 0.0)
     med = statistics.median(walls)
     table = prof.key_averages()
     total_self = sum(e.self_cpu_time_total for e in table) or 1
@@ -127,6 +125,7 @@ def main() -> None:
         "step_seconds": [round(w, 3) for w in walls], "step_seconds_median": round(med, 3),
         "phases_median": {k: round(statistics.median(p[k] for p in phases), 3) for k in phases[0]},
         "gflop_per_step": round(flops / 1e9, 1), "gflop_per_second": round(flops / med / 1e9, 1),
+        "peak_gflop_per_second": round(trainer.meter.peak / 1e9, 1), "mfu_median": round(statistics.median(mfus), 4),
         "top_self_cpu": [{"op": e.key, "share": round(e.self_cpu_time_total / total_self, 3),
                           "calls": e.count} for e in top],
     }), flush=True)

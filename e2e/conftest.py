@@ -5,8 +5,8 @@ session, so fixtures of every module (and ``lifecycle.up()`` calls in them) shar
 cluster started for this session is stopped when the session ends (``KF_KEEP_CLUSTER=1`` keeps it).
 
 ``cluster`` (module scope) is that cluster with its real node Ready, for the modules that run real pods
-(test_e2e_real, test_guide_real, test_helm_install, test_realnode_smoke); e2e/test_two_nodes.py has its own (two
-real nodes). ``real_node_cluster`` is the same with how it was got (started here, setup seconds).
+(test_e2e_real, test_guide_real, test_helm_install, test_realnode_smoke, test_secrets_real); e2e/test_two_nodes.py
+has its own (two real nodes). ``real_node_cluster`` is the same with how it was got (started here, setup seconds).
 """
 
 from __future__ import annotations

@@ -76,10 +76,11 @@ def role_template(role: dict[str, Any], *, parts: realnode.PodParts, extra_env: 
     out = copy.deepcopy(role)
     out["image"] = parts.image
     out["command"] = ["/bin/sh", "-c", WRAPPER, parts.python]
-    env = {e["name"]: e["value"] for e in out.get("env", [])}
-    env.update({e["name"]: e["value"] for e in parts.env})
-    env.update(extra_env)
-    out["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    # by name, the role's own entries kept whole (a ``valueFrom`` one too: examples/hf-token-secret.yaml)
+    env = {e["name"]: dict(e) for e in out.get("env", [])}
+    env.update({e["name"]: dict(e) for e in parts.env})
+    env.update({k: {"name": k, "value": v} for k, v in extra_env.items()})
+    out["env"] = list(env.values())
     out["volumes"] = [*out.get("volumes", []), *copy.deepcopy(parts.volumes), *volumes]
     out["volumeMounts"] = [*out.get("volumeMounts", []), *copy.deepcopy(parts.volume_mounts), *mounts]
     out["nodeSelector"] = {**out.get("nodeSelector", {}), realnode.NODE_LABEL: "true"}

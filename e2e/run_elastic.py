@@ -23,6 +23,10 @@ every scenario's verdict):
   ``restarts`` = ``roles.generator.restarts`` = 1, attempt 0, never more pods than replicas.
 - ``fail-rule``: rule Fail on exit code 137 for generators; the kill fails the job with ``FailedByRule``.
 - ``max-restarts``: RestartRole with ``maxRestarts: 0``; the kill fails the job with ``BackoffLimitExceeded``.
+
+The operator runs as a host process (``harness.Operator``), not the chart's pod, because ``restart-role`` SIGKILLs
+it at chosen moments and starts it again at once, which a Deployment's pod restarted by the kubelet (with back-off)
+cannot be timed to.
 """
 from __future__ import annotations
 

@@ -451,10 +451,12 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
         base: pathlib.Path | None = None, export_after_step: int | None = None,
         fault: Callable[[int, list[dict[str, Any]]], dict[str, Any]] | None = None,
         chart_values: tuple[str, ...] = (), prepare: Callable[[str], None] | None = None,
-        mode: str = installed.NAMESPACED, runtime_image: str | None = None) -> Result:
+        mode: str = installed.NAMESPACED, runtime_image: str | None = None,
+        adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> Result:
     """Run the RLJob of ``base`` (default: examples/tiny.yaml) in real pods on ``cluster`` (whose real node is up);
     artefacts under ``workdir``. ``name`` defaults to the manifest's own; ``prepare(namespace)`` runs once the
-    namespace exists, before the RLJob is applied (e.g. a Kueue LocalQueue in it). The operator is the chart's
+    namespace exists, before the RLJob is applied (e.g. a Kueue LocalQueue in it); ``adapt(job)`` returns the job to
+    apply in place of ``realjob.manifest``'s (e.g. a role's own shell line before the wrapper). The operator is the chart's
     (``installed.install``) in ``mode``, with ``chart_values`` (``key=value``) set; the job's namespace is made here
     first, without a Pod Security label (its pods mount the host's venv), so the chart leaves it as it is.
     ``runtime_image``: the roles run from that image (imported into the real node) instead of the base image with
@@ -483,6 +485,7 @@ def run(*, cluster: lifecycle.Cluster, workdir: pathlib.Path, name: str | None =
     try:
         parts = realjob.image_parts(runtime_image) if runtime_image else None
         job = realjob.manifest(name=name, namespace=ns, checkpoint_dir=checkpoints, base=doc, parts=parts)
+        job = adapt(job) if adapt is not None else job
         result = Run(k=k, namespace=ns, name=name, workdir=workdir, kill_after_step=kill_after_step,
                      timeout_s=timeout_s, export_after_step=export_after_step, fault=fault).execute(job)
         result.checkpoints = sorted(p.name for p in checkpoints.iterdir())

@@ -13,7 +13,9 @@ to "" so that they bind to the pre-bound local volumes whatever default StorageC
 Checks: the job Succeeds at its 40 steps; every role pod mounts exactly the claims at the paths its role reads
 (the verifier none); the reward rises as in the rehearsal; the final export and the last checkpoint are on the
 checkpoint claim's volume. Cluster and skip rules as ``test_e2e_real``. ``test_guide_job_*`` (no marker) check the
-manifest builder without a cluster.
+manifest builder without a cluster. The operator runs as a host process (``harness.Operator``): what this module
+tests is the guide's manifest and storage in real pods, not the install, which the chart-installed suites cover
+(``e2e/test_e2e_real.py``, ``e2e/test_secrets_real.py``, ``e2e/test_helm_install.py``).
 """
 
 from __future__ import annotations

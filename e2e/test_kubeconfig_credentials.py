@@ -4,7 +4,9 @@
 The tokens are real: the plugin asks the TokenRequest API (with the admin kubeconfig) for a token of a
 ServiceAccount bound to cluster-admin, each bound to a Secret of its own, so deleting that Secret revokes the
 token (the API server answers 401 once its token cache, 10 s, has let it go). The certificate plugin hands out the
-admin kubeconfig's client certificate.
+admin kubeconfig's client certificate. The operator runs as a host process because kubeconfig credentials are what
+an operator outside the cluster uses (in a pod it uses its ServiceAccount's token), and this kwok-tier suite has no
+node that runs containers.
 
 ```
  exec token plugin ─▶ apply.Cluster: apply, list, whoami ── revoke ──▶ 401 ─▶ plugin again ─▶ whoami

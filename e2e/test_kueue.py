@@ -2,8 +2,9 @@
 the Coscheduling scheduler): queued, admitted, preempted and readmitted, partial admission, bad labels.
 
 Each test makes its own ResourceFlavor/ClusterQueue (cluster-scoped, named after its namespace) and LocalQueue, so
-quotas never mix; the operator runs as a subprocess. Run: ``pytest -m cluster e2e/test_kueue.py`` (Kueue is built
-on first use: e2e/build/build.sh kueue).
+quotas never mix; the operator runs as a subprocess, because this is the kwok tier, whose nodes run no containers
+(the chart-installed operator with Kueue in real pods: ``e2e/test_kueue_real.py``). Run: ``pytest -m cluster
+e2e/test_kueue.py`` (Kueue is built on first use: e2e/build/build.sh kueue).
 """
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Two operators, one active (``--leader-elect``), against the real kube-apiserver: processes on the host, as the
-chart's replicas would run (``e2e/test_helm_install.py`` does the same with pods on the real node).
+chart's replicas would run (``e2e/test_helm_install.py`` does the same with pods on the real node). Processes,
+because the suite signals each operator itself (SIGKILL, SIGTERM) and starts one again under the same pod name at a
+moment it chooses, and its kwok-tier cluster has no node that runs containers.
 
 ```
  A holds the Lease ── SIGKILL A ──▶ B takes over when A's Lease expires     (takeover time: LEADER-E2E line)

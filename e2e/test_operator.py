@@ -1,5 +1,8 @@
 """Integration tests of the operator on the real control plane (kube-apiserver, controller-manager, the
-Coscheduling kube-scheduler, kwok GPU nodes). The operator runs as a subprocess against the test cluster.
+Coscheduling kube-scheduler, kwok GPU nodes). The operator runs as a subprocess against the test cluster: this is
+the kwok tier (``cluster and not realnode``), whose nodes run no containers, so no operator pod could run there, and
+its tests SIGKILL the process and start it again, or start one with other flags, mid-test (the chart-installed
+operator in a pod is tested by the real-pod suites: ``e2e/installed.py``).
 
 The cluster is the session's ``kube_cluster`` (``KUBECONFIG`` if it answers, else a private one). Each test
 works in its own namespace and cleans up after itself, so GPU capacity (4 kwok nodes x 8 GPUs in two

@@ -5,7 +5,9 @@ serves kopf's webhook on a free port and registers a ValidatingWebhookConfigurat
 ``SEMANTIC_CASES`` case of the shared table (``tests/api/invalid_manifests.py``: cross-field and semantic rules the
 CRD's schema cannot say) is then sent with ``kubectl apply --dry-run=server``: the API server must refuse it naming
 the case's field with the launcher's words, and ``kubeforge.api.load.parse`` must refuse the same manifest alike.
-A graceful stop removes the configuration again.
+A graceful stop removes the configuration again. A host process because that self-registration (its own certificate
+and configuration, removed at stop) is the off-cluster mode under test, and this kwok-tier suite has no node that
+runs containers; the chart's webhook (a Service and a TLS Secret) is tested in ``e2e/test_helm_install.py``.
 """
 from __future__ import annotations
 

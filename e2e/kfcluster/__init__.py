@@ -2,7 +2,8 @@
 
 Public surface: ``up(config)``, ``down(workdir=...)``, ``add_nodes(cluster, pools)``, ``ClusterConfig``,
 ``NodePool``, ``Cluster``, ``from_env``. See docs/test-cluster.md for the work-dir layout and knobs.
-Importable when ``e2e/`` is on ``sys.path`` (the root conftest.py adds it); stdlib only.
+Importable from the dev venv (``e2e/pyproject.toml``, installed editable by ``make venv``), in pytest (``pythonpath``
+in pyproject.toml), and with ``PYTHONPATH=e2e`` (``make cluster-up``, the system Python); stdlib only.
 """
 
 from kfcluster.config import ClusterConfig, NodePool, from_env

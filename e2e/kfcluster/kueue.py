@@ -3,8 +3,9 @@ or ``start(cluster)`` on a running cluster, e.g. from the ``kueue_cluster`` fixt
 
 Role: install Kueue's CRDs (from its module zip, copied by ``e2e/build/build.sh kueue`` into
 ``share/crds/kueue/``), write its Configuration and serving certificates under ``<workdir>/kwok/kueue/``, start
-``kueue`` and wait until it answers ``/readyz``. Neighbours: ``lifecycle`` (up/down: the process names
-``<workdir>/kwok`` on its command line, so ``down`` stops it like any other component), ``binaries`` (the build).
+``kueue`` and wait until it answers ``/readyz``. Neighbours: ``lifecycle`` (up starts it through ``start``; down stops
+it: the process names ``<workdir>/kwok`` on its command line), ``record`` (the cluster's record, which ``start``
+extends with Kueue's ports), ``binaries`` (the build). Imports no ``lifecycle``: that one imports this module.
 
 Choices (docs/test-cluster.md "Kueue"):
 - Kueue's webhooks are served (on a self-signed certificate for 127.0.0.1 made here) but **not registered** with
@@ -32,7 +33,7 @@ import urllib.request
 from typing import Any
 
 from kfcluster import binaries, kube, procs
-from kfcluster import lifecycle as lc
+from kfcluster.record import Cluster, log
 
 NAMESPACE = "kueue-system"
 API_VERSION = "kueue.x-k8s.io/v1beta2"
@@ -108,12 +109,12 @@ def _ready(port: int) -> bool:
         return False
 
 
-def running(cluster: lc.Cluster) -> bool:
+def running(cluster: Cluster) -> bool:
     port = cluster.ports.get("kueue-health")
     return port is not None and _ready(port)
 
 
-def start(cluster: lc.Cluster, *, timeout_s: float = READY_TIMEOUT_S) -> lc.Cluster:
+def start(cluster: Cluster, *, timeout_s: float = READY_TIMEOUT_S) -> Cluster:
     """Start Kueue in ``cluster`` (idempotent: a Kueue answering on the recorded port is kept)."""
     if running(cluster):
         return cluster
@@ -139,10 +140,10 @@ def start(cluster: lc.Cluster, *, timeout_s: float = READY_TIMEOUT_S) -> lc.Clus
     cfg_path.write_text(json.dumps(config(ports=ports, cert_dir=str(cert_dir)), indent=2) + "\n")
     kubeconfig = pathlib.Path(cluster.kwok_dir) / "clusters" / cluster.name / "kubeconfig.yaml"
     log_path = home / "kueue.log"
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(isolated_command([bins["kueue"], f"--config={cfg_path}", f"--kubeconfig={kubeconfig}",
-                                                  "--zap-log-level=2"], home=home), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                                  "--zap-log-level=2"], home=home), stdout=log_file,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     (home / "kueue.pid").write_text(str(proc.pid))
 
     def up() -> bool | None:
@@ -154,7 +155,7 @@ def start(cluster: lc.Cluster, *, timeout_s: float = READY_TIMEOUT_S) -> lc.Clus
     kube.wait_for("kueue /readyz", up, timeout_s=timeout_s, interval_s=0.5)
     updated = dataclasses.replace(cluster, ports={**cluster.ports, **ports}, kueue=True)
     updated.save()
-    lc.log(f"kueue {binaries.versions()['KUEUE_VERSION']} ready in {time.monotonic() - t0:.1f}s (log {log_path})")
+    log(f"kueue {binaries.versions()['KUEUE_VERSION']} ready in {time.monotonic() - t0:.1f}s (log {log_path})")
     return updated
 
 

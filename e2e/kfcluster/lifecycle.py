@@ -2,9 +2,10 @@
 kube-scheduler and the kwok controller, as local processes run by ``kwokctl --runtime binary``.
 
 Role: orchestration with side effects (files in the work dir, processes, kubectl). Pure parts live in
-``render``; typed inputs in ``config``; binaries in ``binaries``. Contract with the real-node scripts
-(issue 6): after the control plane is ready ``e2e/node/up.sh <workdir>`` runs (when enabled and present);
-``e2e/node/down.sh <workdir>`` runs before the control plane stops.
+``render``; typed inputs in ``config``; binaries in ``binaries``; the cluster's record (``Cluster``, re-exported
+here) in ``record``; Kueue's manager in ``kueue`` (started by ``up`` when asked; it imports no ``lifecycle``).
+Contract with the real-node scripts (issue 6): after the control plane is ready ``e2e/node/up.sh <workdir>`` runs
+(when enabled and present); ``e2e/node/down.sh <workdir>`` runs before the control plane stops.
 
     up():   build-if-missing -> render configs -> kwokctl create -> /readyz -> PodGroup CRD (Coscheduling only)
             -> kwok nodes Ready -> default ServiceAccount -> cluster.json -> [node/up.sh]
@@ -24,60 +25,21 @@ import contextlib
 import dataclasses
 import fcntl
 import importlib.util
-import json
 import os
 import pathlib
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from kfcluster import binaries, kube, procs, render
+from kfcluster import binaries, kube, kueue, procs, render
 from kfcluster import config as cfg
+from kfcluster.record import Cluster, log
 
 NODE_SCRIPTS = binaries.E2E_DIR / "node"
 PORT_NAMES = ("etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
-
-
-def log(msg: str) -> None:
-    print(f"[kfcluster {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Cluster:
-    """A running cluster, as recorded in ``<workdir>/cluster.json``."""
-
-    name: str
-    workdir: str
-    kubeconfig: str
-    server: str
-    ports: dict[str, int]
-    bin_dir: str
-    kwok_dir: str
-    real_node: bool = False
-    nodes: tuple[str, ...] = ()
-    kueue: bool = False
-    #: ``ClusterConfig.scheduler`` it was started with (records older than the field: Coscheduling)
-    scheduler: str = cfg.SCHEDULER_COSCHEDULING
-
-    @property
-    def kubectl(self) -> kube.Kubectl:
-        return kube.Kubectl(binary=os.path.join(self.bin_dir, "kubectl"), kubeconfig=self.kubeconfig)
-
-    def save(self) -> None:
-        path = pathlib.Path(self.workdir, "cluster.json")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n")
-        tmp.replace(path)
-
-    @classmethod
-    def load(cls, workdir: str) -> Cluster:
-        data = json.loads(pathlib.Path(workdir, "cluster.json").read_text())
-        data["nodes"] = tuple(data.get("nodes", ()))
-        return cls(**data)
 
 
 def _kwok_env(*, kwok_dir: str, bin_dir: str) -> dict[str, str]:
@@ -193,7 +155,6 @@ def _up(config: cfg.ClusterConfig) -> Cluster:
     _check_alive(cdir)
     log(f"control plane ready with {len(cluster.nodes)} kwok nodes in {time.monotonic() - t0:.1f}s")
     if config.kueue:
-        from kfcluster import kueue     # noqa: PLC0415 - kueue imports this module
         cluster = kueue.start(cluster)
     if config.real_node:
         _node_script("up.sh", workdir=str(workdir), required=True, env={"KF_REAL_NODES": str(config.real_nodes)})

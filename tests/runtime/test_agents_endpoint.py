@@ -45,6 +45,9 @@ class ScriptedSampler:
             ids, finish = ids[:request.max_tokens], "length"
         return endpoint.sampler.Sample(token_ids=ids, logprobs=tuple(-0.25 for _ in ids), finish_reason=finish)
 
+    def submit(self, request: endpoint.sampler.SampleRequest, *, timeout: float) -> endpoint.sampler.Pending:
+        return endpoint.sampler.answered(request, self.sample(request, timeout=timeout))
+
 
 class Sink:
     """The episode record's two append methods (docs/agents.md), as the generator's Episode implements them."""
@@ -227,13 +230,19 @@ def test_streaming_answers_the_same_record(served: Any) -> None:
     msgs: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
     chunks = list(chat(c, msgs, stream=True, stream_options={"include_usage": True}, logprobs=True))
     content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices] == [None, "stop"]
+    choices = [ch for ch in chunks if ch.choices]
+    # the role, one chunk per sampled token (the scripted sampler's steps are single tokens), the finish
+    assert choices[0].choices[0].delta.role == "assistant"
+    assert [ch.choices[0].finish_reason for ch in choices] == [None] * (len(choices) - 1) + ["stop"]
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(content) + 1   # + <eos>
+    assert len(choices) == 2 + chunks[-1].usage.completion_tokens
+    streamed_lps = [t.logprob for ch in choices if ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
     msgs += [{"role": "assistant", "content": content}, {"role": "user", "content": "more"}]
     chat(c, msgs)
     rec = ep.close_episode(eid)
     assert [call.reason for call in rec.branches[0].calls] == ["first", "extends"]
     assert rec.branches[0].calls[0].content == content == f"r{len(sampler.prompts[0])}"
+    assert streamed_lps == list(rec.branches[0].calls[0].logprobs)
 
 
 def test_models_route(served: Any) -> None:

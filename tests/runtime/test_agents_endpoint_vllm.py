@@ -8,6 +8,7 @@ the call's seed gives the same ids again, and the policy spans of the replayed e
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -73,3 +74,75 @@ def test_openai_agent_episode_records_what_vllm_sampled(tiny_engine: Any) -> Non
     assert tuple(sink.token_ids) == branch.token_ids()
     assert branch.prompt_ids + branch.token_ids() == branch.calls[-1].prompt_ids + branch.calls[-1].sampled_ids
     assert ep.refused == {} and ep.answered == TURNS
+
+
+def _counter(ep: endpoint.server.Endpoint, name: str, **labels: str) -> float:
+    value = ep.metrics.registry.get_sample_value(name, {"role": "endpoint", "replica": "0", **labels})
+    return 0.0 if value is None else value
+
+
+@pytest.mark.vllm
+def test_streamed_completion_arrives_token_by_token_and_records_what_vllm_sampled(tiny_engine: Any) -> None:
+    """The same request with the same seed, streamed (``httpx`` reading the events as they come) and whole: the
+    stream has more than one content chunk, its text is the whole response's, usage is right, and both records equal
+    vLLM's own output. Then a client that leaves mid-stream: the engine request is aborted, the call is recorded as
+    disconnected and counted, and the engine serves the next call."""
+    import httpx
+
+    sampler = endpoint.sampler.VllmSampler(tiny_engine, policy=endpoint.sampler.Policy(), audit=True)
+    ep = endpoint.server.Endpoint(sampler=sampler, chat=endpoint.chat.ChatTemplate(tiny_engine.tokenizer),
+                                  config=endpoint.server.EndpointConfig(max_tokens_per_call=64))
+    body = {"model": "policy", "messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 16,
+            "seed": 7, "logprobs": True}
+    try:
+        streamed_id, whole_id, left_id = ep.open_episode(), ep.open_episode(), ep.open_episode()
+        whole = openai.OpenAI(base_url=ep.base_url(whole_id), api_key="local", max_retries=0, timeout=60) \
+            .chat.completions.create(**body)  # type: ignore[call-overload]
+        events: list[dict[str, Any]] = []
+        with httpx.stream("POST", ep.base_url(streamed_id) + "/chat/completions", timeout=60,
+                          json=body | {"stream": True, "stream_options": {"include_usage": True}}) as resp:
+            assert resp.status_code == 200 and resp.headers["content-type"] == "text/event-stream"
+            lines = [line for line in resp.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        events = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+        with httpx.stream("POST", ep.base_url(left_id) + "/chat/completions", timeout=60,
+                          json=body | {"stream": True, "max_tokens": 64}) as resp:
+            next(resp.iter_lines())          # the role chunk; then the client goes away
+        rec_streamed, rec_whole, rec_left = (ep.close_episode(e) for e in (streamed_id, whole_id, left_id))
+        after = ep.open_episode()           # the engine still serves
+        again = openai.OpenAI(base_url=ep.base_url(after), api_key="local", max_retries=0, timeout=60) \
+            .chat.completions.create(**body)  # type: ignore[call-overload]
+        assert again.choices[0].message.content == whole.choices[0].message.content
+    finally:
+        ep.close()
+        sampler.close()
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    choices = [e["choices"][0] for e in events if e["choices"]]
+    contents = [c["delta"].get("content") for c in choices[1:] if c["delta"].get("content")]
+    assert len(contents) > 1, contents                                 # token by token, not one chunk
+    assert "".join(contents) == whole.choices[0].message.content
+    assert [c["finish_reason"] for c in choices] == [None] * (len(choices) - 1) + [whole.choices[0].finish_reason]
+    streamed_call, whole_call = rec_streamed.branches[0].calls[0], rec_whole.branches[0].calls[0]
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == {
+        "prompt_tokens": len(streamed_call.prompt_ids), "completion_tokens": len(streamed_call.sampled_ids),
+        "total_tokens": len(streamed_call.prompt_ids) + len(streamed_call.sampled_ids)}
+    assert [t["logprob"] for c in choices if c["logprobs"] for t in c["logprobs"]["content"]] == \
+        list(streamed_call.logprobs)
+    assert (streamed_call.prompt_ids, streamed_call.sampled_ids, streamed_call.logprobs) == \
+        (whole_call.prompt_ids, whole_call.sampled_ids, whole_call.logprobs)
+    assert sampler.audit is not None
+    audited = {(a.prompt_ids, a.token_ids, a.logprobs) for a in sampler.audit}
+    assert (streamed_call.prompt_ids, streamed_call.sampled_ids, streamed_call.logprobs) in audited
+    # the client that left
+    assert rec_left.branches == [] and len(rec_left.disconnected) == 1
+    left = rec_left.disconnected[0]
+    assert left.prompt_ids == whole_call.prompt_ids
+    n = min(len(left.sampled_ids), len(whole_call.sampled_ids))     # the same seed: the same first tokens
+    assert left.sampled_ids[:n] == whole_call.sampled_ids[:n]
+    assert ep.disconnected == 1 and sampler._running == {}
+    assert not tiny_engine.llm.llm_engine.has_unfinished_requests()
+    assert _counter(ep, "kubeforge_endpoint_requests_total", outcome="disconnected") == 1
+    assert _counter(ep, "kubeforge_endpoint_requests_total", outcome="answered") == 3
+    assert _counter(ep, "kubeforge_endpoint_tokens_total", kind="completion") == \
+        3 * len(whole_call.sampled_ids) + len(left.sampled_ids)
+    assert _counter(ep, "kubeforge_endpoint_first_token_seconds_count") == 1

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -94,3 +96,24 @@ def test_scorer_runs_code_execution_from_the_spec() -> None:
                                         for t in (GOOD, "while True: pass", "nope")])
     rewards, scores = verifiers.score_group([spec], g)
     assert rewards == [1.0, 0.0, 0.0]
+
+
+def test_sandboxed_code_reads_no_hidden_file_nor_another_process_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/security.md section 5: a world-readable token in a hidden folder and the parent's environ are out of
+    reach (Landlock); the same file outside the hidden folder is read (the control)."""
+    if sandbox.probe()[1] == 0:
+        pytest.skip("no Landlock in this kernel: the sandbox's reads are not restricted (docs/security.md)")
+    tmp_path = pathlib.Path(tempfile.mkdtemp(prefix="kf-hide-"))   # traversable by nobody, unlike pytest's tmp_path
+    tmp_path.chmod(0o755)
+    for name in ("secrets", "open"):
+        (tmp_path / name).mkdir(mode=0o755)
+        (tmp_path / name / "token").write_text("k")
+        (tmp_path / name / "token").chmod(0o644)
+    monkeypatch.setenv("KUBEFORGE_HIDE_PATHS", str(tmp_path / "secrets"))
+    box = sandbox.Sandbox(sandbox.Limits(timeout_s=5))
+    read = "def can(p):\n    try:\n        open(p, 'rb').read(1)\n        return True\n    except OSError:\n        return False\n"
+    r = box.run(read, [f"assert not can({str(tmp_path / 'secrets' / 'token')!r})",
+                       f"assert can({str(tmp_path / 'open' / 'token')!r})",
+                       f"assert not can('/proc/{os.getpid()}/environ')", "assert not can('/proc/1/environ')"])
+    shutil.rmtree(tmp_path)
+    assert (r.passed, r.total) == (4, 4), r

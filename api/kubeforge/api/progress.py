@@ -68,6 +68,14 @@ class StepMetrics(pydantic.BaseModel):
                                                    "spec.algorithm.mismatchMask (0 when off).")
     truncation_outside_tokens: int = Field(0, description="Sampled tokens outside the trainer's own topK/topP set "
                                            "(kept: learner/truncation.py).")
+    flops: float | None = Field(None, description="Matmul FLOPs the step ran, forward and backward, all ranks "
+                                "(counted from the model's shapes and the step's token shapes: learner/flops.py).")
+    flops_per_second: float | None = Field(None, description="flops over the step's wall time.")
+    peak_flops_per_second: float | None = Field(None, description="GEMM peak measured in the trainer's process, "
+                                                "same cores, threads and compute dtype, summed over ranks "
+                                                "(learner/peak.py).")
+    mfu: float | None = Field(None, description="Model FLOPs utilisation: flops_per_second / "
+                              "peak_flops_per_second (recomputation not counted).")
 
 
 class StepRecord(StepMetrics):

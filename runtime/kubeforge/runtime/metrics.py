@@ -86,6 +86,28 @@ class Metrics:
         self.env_failures = Family(self._raw(prom.Counter, "env_failures_total", "Episodes ended by their "
                                              "environment's failure, by kind: env_error, env_timeout, env_garbage, "
                                              "env_flood, env_lost.", ("kind",)), self._base)
+        # the agents endpoint (spec.environment type Verifiers; generator: agents.endpoint.server)
+        self.endpoint_requests = Family(self._raw(prom.Counter, "endpoint_requests_total", "HTTP requests to the "
+                                                  "agents endpoint, by outcome: answered, refused, disconnected "
+                                                  "(the client left a stream before its end).", ("outcome",)),
+                                        self._base)
+        self.endpoint_refusals = Family(self._raw(prom.Counter, "endpoint_refusals_total", "Requests the agents "
+                                                  "endpoint refused, by reason (the OpenAI error.code: "
+                                                  "episode_busy, sampler_timeout, unsupported_sampling, ...).",
+                                                  ("reason",)), self._base)
+        self.endpoint_branches = Family(self._raw(prom.Counter, "endpoint_branches_total", "Answered calls by "
+                                                  "where they go in the episode's recording: extends (its branch "
+                                                  "goes on), or why a new branch started: first, "
+                                                  "history_rewritten, template_unstable.", ("reason",)), self._base)
+        self.endpoint_tokens = Family(self._raw(prom.Counter, "endpoint_tokens_total", "Tokens of the calls the "
+                                                "agents endpoint sampled, by kind: prompt, completion.", ("kind",)),
+                                      self._base)
+        self.endpoint_request_seconds = Family(self._raw(prom.Histogram, "endpoint_request_seconds", "Wall time "
+                                                         "of one answered chat completion, body read to last byte, "
+                                                         "by stream (true, false).", ("stream",),
+                                                         buckets=_SECONDS), self._base)
+        self.endpoint_first_token_seconds = h("endpoint_first_token_seconds", "Time from a streamed chat "
+                                              "completion's body read to its first content sent.", _SECONDS)
         # data plane
         self.rollouts_sent = c("rollouts_sent_total", "Rollout groups sent (generator: ROLLOUT; verifier: SCORED).")
         self.rollouts_received = c("rollouts_received_total", "Rollout groups received.")
@@ -123,6 +145,11 @@ class Metrics:
                                             "probability before the update (last step).")
         self.mismatch_masked_fraction = g("mismatch_masked_fraction", "Completions masked by "
                                           "spec.algorithm.mismatchMask (last step).")
+        self.mfu = g("mfu", "Model FLOPs utilisation of the last step: its matmul FLOP/s (forward + backward, all "
+                     "ranks) over the GEMM peak measured in the trainer's process, same cores and dtype.")
+        self.flops_per_second = g("flops_per_second", "Matmul FLOP/s the last train step achieved (all ranks).")
+        self.peak_flops_per_second = g("peak_flops_per_second", "GEMM peak measured in the trainer's process in its "
+                                       "compute dtype (summed over ranks).")
         self.policy_version = g("policy_version", "Policy version of this process's weights.")
         self.policy_lag = h("policy_lag", "Trainer version minus the version a consumed group was sampled with.",
                             _LAG)

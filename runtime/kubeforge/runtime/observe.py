@@ -148,7 +148,9 @@ class TrainerObserver(Base):
                              (record.grad_norm, m.grad_norm), (record.mean_reward, m.reward_mean),
                              (record.logprob_mismatch_kl, m.logprob_mismatch_kl),
                              (record.logprob_mismatch_max_ratio, m.logprob_mismatch_max_ratio),
-                             (record.mismatch_masked_fraction, m.mismatch_masked_fraction)):
+                             (record.mismatch_masked_fraction, m.mismatch_masked_fraction), (record.mfu, m.mfu),
+                             (record.flops_per_second, m.flops_per_second),
+                             (record.peak_flops_per_second, m.peak_flops_per_second)):
             if value is not None:
                 gauge.set(value)
         for phase, secs in record.seconds.items():

@@ -71,7 +71,7 @@ def episode_sampler(llm: object, cfg: config.RoleConfig, m: metrics.Metrics) -> 
     if env.type == rljob.EnvironmentType.VERIFIERS.value:   # an agent drives the sampling (agents.primeintellect)
         from kubeforge.runtime.agents import primeintellect
 
-        return primeintellect.sampler.from_engine(llm, spec=cfg.spec,
+        return primeintellect.sampler.from_engine(llm, spec=cfg.spec, metrics=m,
                                                   on_sampled=lambda stats: observe.episodes(m, stats))
     host = env_host(cfg, m)
     sampler = runner.EpisodeSampler(engine=EngineTurns(llm, cfg), host=host, spec=env, algorithm=cfg.spec.algorithm,

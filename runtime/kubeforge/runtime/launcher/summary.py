@@ -14,12 +14,16 @@ Definitions (what each figure means, so bench/ and tests compare like with like)
 - ``episode_turns_mean``: mean over the steps of the per-step mean policy turns per episode (null without
   ``spec.environment``); ``tool_calls_total`` / ``tool_errors_total``: tool calls (and failed ones) of every episode
   trained on; ``env_masked_tokens``: environment tokens kept in context but masked out of the loss.
+- ``mfu``: median over the steps of each step's model FLOPs utilisation (its matmul FLOP/s over the GEMM peak
+  measured in the trainer's process: ``learner/utilisation``); ``flops_per_second`` and ``peak_flops_per_second``:
+  the medians of the two (null when no step reports them).
 - ``weight_sync_seconds``: mean wall time of one trainer → generators weight push (send, load, ack);
   ``weight_sync_gb_per_second``: total bytes pushed / total push time (GB = 1e9 bytes).
 """
 from __future__ import annotations
 
 import pathlib
+import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -43,6 +47,10 @@ def by_step(records: Iterable[progress.StepRecord]) -> list[progress.StepRecord]
 
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
 
 
 def _throughput(recs: list[progress.StepRecord]) -> float | None:
@@ -75,6 +83,10 @@ def summarize(records: Iterable[progress.StepRecord], *, wall_seconds: float, me
         "reward_last": _round(_mean(rewards[-WINDOW:])),
         "logprob_mismatch_kl": _round(_mean(mismatch), 8),
         "logprob_mismatch_max_ratio": _round(max(max_ratios) if max_ratios else None, 6),
+        "mfu": _round(_median([r.mfu for r in recs if r.mfu is not None])),
+        "flops_per_second": _round(_median([r.flops_per_second for r in recs if r.flops_per_second is not None]), 0),
+        "peak_flops_per_second": _round(_median([r.peak_flops_per_second for r in recs
+                                                 if r.peak_flops_per_second is not None]), 0),
         "weight_sync_seconds": _round(_mean(sync_s), 4),
         "weight_sync_gb_per_second": _round(sync_bytes / 1e9 / sum(sync_s) if sum(sync_s) > 0 else None, 4),
         "weight_syncs": len(sync_s),

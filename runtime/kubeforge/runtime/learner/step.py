@@ -50,7 +50,7 @@ from kubeforge.runtime import types
 from kubeforge.runtime.grpo import inputs, mismatch, overlong, registry
 from kubeforge.runtime.learner import batch, checkpoint, compiled, compute_copy, dynamic_sampling, hf_export, logprobs
 from kubeforge.runtime.learner import lora, malloc, materialise, parallel, persist, policy, precision, schedule
-from kubeforge.runtime.learner import sharding, truncation
+from kubeforge.runtime.learner import sharding, truncation, utilisation
 from kubeforge.runtime.models import adapter
 
 DTYPES = precision.DTYPES
@@ -112,6 +112,10 @@ class Trainer:
         if not self.sharded and self.compute_dtype != precision.MASTER:
             self.shadow = compute_copy.Shadow(self.policy, dtype=self.compute_dtype)
         self._tune_cpu_kernels()
+        # the step's FLOPs as run and this process's GEMM peak in the compute dtype (utilisation.py: ``mfu``)
+        self.meter = utilisation.Meter(
+            config=self.model.config, lora=lora, device=self.device, dtype=self.compute_dtype,
+            modules=[self.compute_policy.lm, *([self.reference] if self.reference is not None else [])])
         # compiled: compiled blocks not yet through a whole step (a failure then falls back to eager, once)
         self.compile_state = ""
         if self.scale.compile and not self.sharded:
@@ -181,7 +185,8 @@ class Trainer:
         clock = _Clock()
         whole, acc, denominator = self._gradients(groups, clock=clock)
         local = [*acc, float(whole.rewards.sum()), float(whole.rows), float(whole.zero_signal_groups),
-                 float(len(groups)), *self._mismatch[:3], float(self.compute_policy.outside.take())]
+                 float(len(groups)), *self._mismatch[:3], float(self.compute_policy.outside.take()),
+                 self.meter.take(), self.meter.peak]
         ds = sampling or dynamic_sampling.StepCounts()
         if sampling is not None:    # the groups screened out count in mean_reward; the counts sum over ranks
             local += [ds.screened_reward, float(ds.screened_completions), float(ds.resampled), float(ds.unfilled)]
@@ -190,22 +195,24 @@ class Trainer:
         max_ratio = self.group.all_reduce_max([self._mismatch[3]])[0]
         reward_sum, completions = g[6], g[7]
         if sampling is not None:
-            reward_sum, completions = g[6] + g[14], g[7] + g[15]
-            ds.resampled, ds.unfilled = int(g[16]), int(g[17])
+            reward_sum, completions = g[6] + g[16], g[7] + g[17]
+            ds.resampled, ds.unfilled = int(g[18]), int(g[19])
         if not self.sharded:
             self.group.average_gradients(self.params)
         clock.lap("allreduce")
         grad_norm, lr = self._update()
         clock.lap("optimizer")
         tok = max(g[1], 1.0)
+        seconds = clock.totals()
+        use = utilisation.figures(step_flops=g[14], peak_flops_per_second=g[15], seconds=seconds["total"])
         return progress.StepMetrics(
             step=self.step, policy_version=self.policy_version, loss=g[0] / denominator, kl=g[4] / tok,
             clip_fraction=g[2] / tok, ratio_mean=g[3] / tok, entropy=g[5] / tok, grad_norm=grad_norm,
             mean_reward=reward_sum / max(completions, 1.0), groups=int(g[9]), completions=int(g[7]),
-            tokens=int(g[1]), zero_signal_groups=int(g[8]), seconds=clock.totals(), learning_rate=lr,
+            tokens=int(g[1]), zero_signal_groups=int(g[8]), seconds=seconds, learning_rate=lr,
             resampled_groups=ds.resampled, unfilled_groups=ds.unfilled, resample_rounds=ds.rounds,
             logprob_mismatch_kl=g[10] / tok, logprob_mismatch_max_ratio=max_ratio,
-            mismatch_masked_fraction=g[11] / max(g[12], 1.0), truncation_outside_tokens=int(g[13]))
+            mismatch_masked_fraction=g[11] / max(g[12], 1.0), truncation_outside_tokens=int(g[13]), **use)
 
     def _gradients(self, groups: Sequence[types.RolloutGroup], *, clock: _Clock
                    ) -> tuple[batch.Batch, list[float], float]:
@@ -284,6 +291,7 @@ class Trainer:
               "spec.roles.trainer.compile falls back to eager", file=sys.stderr, flush=True)
         compiled.uncompile_blocks(self.compute_policy.lm)
         self.compile_state = "failed"
+        self.meter.take()       # the failed attempt's passes: the retry counts its own
         self.optimizer.zero_grad(set_to_none=True)
         self.compute_policy.zero_grad(set_to_none=True)
 
@@ -299,8 +307,11 @@ class Trainer:
         autocast = torch.float32 if self.sharded or self.shadow is not None else self.compute_dtype
         with precision.autocast(device=self.device, dtype=autocast):
             logp, entropy = self.compute_policy.run(mb, device=self.device)
+        positions = int(mb.completion_mask.sum())        # the LM head runs at completion positions only
+        self.meter.head(positions=positions, backward=True)
         ref = None
         if self.reference is not None:
+            self.meter.head(positions=positions, backward=False)
             with torch.no_grad():
                 ref = logprobs.completion_logprobs(model=self.reference, batch=mb,
                                                    temperature=self.logit_temperature, device=self.device).logp

@@ -22,7 +22,6 @@ Invariants: nothing the code does can crash or stop the caller: every failure is
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import json
@@ -35,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from kubeforge.runtime import confine, isolation
 
 CHILD = pathlib.Path(__file__).with_name("_sandbox_child.py")
 NOBODY = 65534
@@ -58,15 +59,6 @@ class Result:
     status: str              # ok | timeout | crashed
     error: str | None
     seconds: float
-
-
-def _landlock_abi() -> int:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        abi = int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))
-    except (OSError, AttributeError):
-        return 0
-    return max(abi, 0)
 
 
 def _unshare_prefix() -> list[str]:
@@ -113,7 +105,7 @@ def _interpreter(drop: bool) -> str:
 def probe() -> tuple[list[str], int, bool, str]:
     """(unshare prefix or [], Landlock ABI or 0, drop to nobody, interpreter) for this process, probed once."""
     drop = os.geteuid() == 0
-    return _unshare_prefix(), _landlock_abi(), drop, _interpreter(drop)
+    return _unshare_prefix(), confine.abi(), drop, _interpreter(drop)
 
 
 def mechanisms() -> list[str]:
@@ -148,7 +140,7 @@ class Sandbox:
                     os.chown(p, NOBODY, NOBODY)
             cfg = {"dir": d, "drop_user": drop, "cpu_s": int(math.ceil(lim.timeout_s)) + 1,
                    "memory_mib": lim.memory_mib, "nproc": self._nproc(drop), "file_mib": lim.max_file_mib,
-                   "landlock": abi > 0, "result_fd": w}
+                   "landlock": abi > 0, "result_fd": w, "confine": confine.__file__, "hide": isolation.hidden()}
             env = {"PATH": "/usr/bin:/bin", "HOME": d, "TMPDIR": d, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
             proc = subprocess.Popen([*prefix, python, "-I", "-S", str(CHILD), json.dumps(cfg)],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

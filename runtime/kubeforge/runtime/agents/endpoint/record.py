@@ -103,6 +103,9 @@ class Recording:
     episode_id: str
     branches: list[Branch] = dataclasses.field(default_factory=list)
     refused: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)   # by error code
+    # streamed calls whose client left before the end: what vLLM sampled for them (finish_reason "cancelled" when
+    # the engine was stopped early). In no branch: the agent never received them whole, so nothing extends them.
+    disconnected: list[Call] = dataclasses.field(default_factory=list)
 
     @property
     def calls(self) -> int:

@@ -10,7 +10,7 @@ What happens to each parameter (docs/agents-endpoint.md, "Parameters"):
   "Logprob convention"): ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``presence_penalty``,
   ``frequency_penalty``, ``repetition_penalty``, ``logit_bias``; ``n`` > 1; ``top_logprobs`` > 0; ``tool_choice``
   other than auto/none; ``response_format`` other than text.
-- ``stream: true`` is served as server-sent events of the whole sample once it is sampled (``endpoint``).
+- ``stream: true`` is served as server-sent events, each engine step's text as it is sampled (``server``, ``stream``).
 - anything else (``user``, ``metadata``, ``store``, vLLM extras such as ``skip_special_tokens``): ignored.
 """
 from __future__ import annotations

@@ -7,20 +7,30 @@ Its users: the ``Verifiers`` adapter (``primeintellect.adapter``) and any agent 
 Routes (``<id>``: an episode opened with :meth:`Endpoint.open_episode`; its ``base_url`` is
 ``http://host:port/episodes/<id>/v1``, so an unchanged ``openai`` client attributes every call to it)::
 
-    POST /episodes/<id>/v1/chat/completions   one completion, recorded into episode <id> (stream: whole, as SSE)
+    POST /episodes/<id>/v1/chat/completions   one completion, recorded into episode <id> (``stream: true``:
+                                               server-sent events, each engine step's text as it is sampled)
     GET  /episodes/<id>/v1/models, /v1/models  the one served model
 
 Threads::
 
-    ThreadingHTTPServer ─ one thread per connection ─▶ Endpoint.complete ─▶ sampler.sample (bounded wait)
+    ThreadingHTTPServer ─ one thread per connection ─▶ Endpoint.complete ─▶ sampler.submit ─▶ Pending
       (serve_forever in "kf-endpoint")                  (episode lock: one call at a time per episode)
+                                                        Pending.steps (bounded wait) ─▶ one event per step (stream)
+                                                        or its whole Sample ─▶ one JSON body
 
 Invariants:
 - Every refusal has an HTTP status and an OpenAI-style ``error.code`` and is counted in :attr:`Endpoint.refused` by
   that code: unknown episode 404, bad JSON 400, body over ``max_body_bytes`` 413 (not read), no Content-Length 411,
   wrong or missing key 401, a second concurrent call into one episode 409, more than ``max_in_flight`` calls 503,
   sampling the trainer cannot honour 400 (``request``), sampler queue full 503, sampler timeout 504.
-- Every wait is bounded: reading a body (``read_timeout``), a sample (``request_timeout``), ``close``.
+- Every wait is bounded: reading a body and writing an event (``read_timeout``: the socket's), a sample
+  (``request_timeout``), ``close``.
+- A streamed call records exactly what a whole one does (the sampled ids and logprobs, ``stream.py``'s text
+  invariant). A client that leaves mid-stream cancels the sample; the call goes to ``Recording.disconnected``, not
+  into a branch, and the request counts as ``disconnected``.
+- Counters: :attr:`refused`, :attr:`branches`, :attr:`answered` here, and the same as Prometheus series in
+  :attr:`metrics` (the role's registry when given: ``endpoint_*`` in docs/metrics.md), with the tokens, the
+  latency and, for streams, the time to the first content.
 - Authentication: bound to loopback by default (the agent runs in the same pod). Any other bind address needs the
   job key; then every call carries ``Authorization: Bearer <api_key(key)>`` (an ``openai`` client's ``api_key``),
   an HMAC of the job key, checked in constant time (docs/agents-endpoint.md, "Authentication").
@@ -40,9 +50,11 @@ import threading
 import time
 from typing import Any
 
-from kubeforge.runtime.agents.endpoint import chat, record, request, sampler
+from kubeforge.runtime import metrics as metrics_mod
+from kubeforge.runtime.agents.endpoint import chat, record, request, sampler, stream
 
 Refusal = request.Refusal
+ANSWERED, REFUSED, DISCONNECTED = "answered", "refused", "disconnected"     # endpoint_requests_total's outcomes
 ROUTE = re.compile(r"^(?:/episodes/(?P<episode>[A-Za-z0-9_-]{1,64}))?/v1/(?P<op>models|chat/completions)/?$")
 
 
@@ -90,8 +102,8 @@ class _Episode:
 class Endpoint:
     """The HTTP server, the open episodes and the counters."""
 
-    def __init__(self, *, sampler: sampler.Sampler, chat: chat.ChatTemplate,
-                 config: EndpointConfig | None = None) -> None:
+    def __init__(self, *, sampler: sampler.Sampler, chat: chat.ChatTemplate, config: EndpointConfig | None = None,
+                 metrics: metrics_mod.Metrics | None = None) -> None:
         self.sampler, self.chat = sampler, chat
         self.config = config or EndpointConfig()
         self._episodes: dict[str, _Episode] = {}
@@ -101,6 +113,9 @@ class Endpoint:
         self.requests = 0
         self.answered = 0
         self.branches: collections.Counter[str] = collections.Counter()
+        self.disconnected = 0
+        # the role's registry (served on the pod's /metrics) or one of its own (tests read ep.metrics)
+        self.metrics = metrics or metrics_mod.Metrics(role="endpoint", replica=0)
         self._httpd = _Server((self.config.host, self.config.port), _handler(self))
         self.port = int(self._httpd.server_address[1])
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
@@ -136,12 +151,21 @@ class Endpoint:
 
     def stats(self) -> dict[str, Any]:
         return {"requests": self.requests, "answered": self.answered, "refused": dict(self.refused),
-                "branches": dict(self.branches), "episodes_open": len(self._episodes)}
+                "branches": dict(self.branches), "disconnected": self.disconnected,
+                "episodes_open": len(self._episodes)}
 
     # ------------------------------------------------------------ one call
 
     def complete(self, episode_id: str | None, body: Any) -> dict[str, Any]:
-        """One chat completion into ``episode_id`` (a Refusal otherwise). Thread-safe."""
+        """One chat completion in process (no HTTP: tests, in-process agents): the whole response, also when the
+        body asks for a stream. A Refusal otherwise."""
+        reply = _Whole()
+        self.serve(episode_id, {**body, "stream": False} if isinstance(body, dict) else body, reply)
+        return reply.payload
+
+    def serve(self, episode_id: str | None, body: Any, reply: stream.Reply) -> str:
+        """One chat completion into ``episode_id``, answered through ``reply`` (a Refusal before anything was sent,
+        or, mid-stream, to be sent as an error event). Returns the outcome: ``answered`` or ``disconnected``."""
         if episode_id is None:
             raise Refusal(404, "unknown_episode", "no episode in the URL: use the base_url "
                                                   "http://host:port/episodes/<id>/v1 given for the episode")
@@ -153,33 +177,107 @@ class Endpoint:
             raise Refusal(409, "episode_busy", "another call of this episode is running: one call at a time")
         try:
             req = request.parse(body, model=self.config.model, policy=self.sampler.policy)
-            return self._complete(ep.recording, req)
+            return self._complete(ep.recording, req, reply)
         except Refusal as refusal:     # the episode's owner reads why its calls stopped (a bound, a bad request)
             ep.recording.refused[refusal.code] += 1
             raise
         finally:
             ep.lock.release()
 
-    def _complete(self, rec: record.Recording, req: request.ChatRequest) -> dict[str, Any]:
-        cfg = self.config
+    def _complete(self, rec: record.Recording, req: request.ChatRequest, reply: stream.Reply) -> str:
+        started, cfg = time.monotonic(), self.config
         if rec.calls >= cfg.max_calls_per_episode:
             raise Refusal(400, "episode_call_limit", f"the episode made {rec.calls} calls: at most "
                                                      f"{cfg.max_calls_per_episode}")
         plan = chat.plan(self.chat, req.messages, rec.previous(), tools=req.tools)
         max_tokens = self._max_tokens(rec, plan, req)
-        sample = self._sample(sampler.SampleRequest(prompt_ids=plan.prompt_ids, max_tokens=max_tokens,
-                                                    stop=req.stop, seed=req.seed))
-        content = _cut_at_stop(self.chat.decode(sample.token_ids, skip_special=True), req.stop, sample)
-        call = record.Call(prompt_ids=plan.prompt_ids, delta_ids=plan.delta_ids,
-                           delta_text=plan.delta_text, sampled_ids=sample.token_ids,
-                           logprobs=sample.logprobs, content=content, finish_reason=sample.finish_reason,
-                           reason=plan.reason)
+        sample_req = sampler.SampleRequest(prompt_ids=plan.prompt_ids, max_tokens=max_tokens, stop=req.stop,
+                                           seed=req.seed)
+        try:
+            pending = self.sampler.submit(sample_req, timeout=cfg.request_timeout)
+        except Exception as exc:  # noqa: BLE001 - refused with the sampler's reason, counted
+            raise _sampler_refusal(exc) from None
+        if req.stream:
+            return self._stream(rec, req, plan, pending, reply, started)
+        try:
+            sample = pending.result(timeout=cfg.request_timeout)
+        except Exception as exc:  # noqa: BLE001
+            raise _sampler_refusal(exc) from None
+        call = self._record(rec, plan, sample, req.stop)
+        reply.send(200, self._response(rec, call, logprobs=req.logprobs))
+        self._observe(call, started=started, stream=False)
+        return ANSWERED
+
+    def _stream(self, rec: record.Recording, req: request.ChatRequest, plan: chat.Plan, pending: sampler.Pending,
+                reply: stream.Reply, started: float) -> str:
+        """Each engine step's text as it is sampled (stream.py's diagram). A client that goes away cancels the
+        sample; what vLLM sampled for it is kept in ``Recording.disconnected`` (in no branch: the agent never got
+        it whole, so it cannot extend it)."""
+        shapes = stream.Chunks(ident=f"chatcmpl-{rec.episode_id}-{rec.calls + 1}", created=int(time.time()),
+                               model=self.config.model)
+        text = stream.TextDeltas(decode=lambda ids: self.chat.decode(ids, skip_special=True), stops=req.stop)
+        alive = reply.open_stream() and reply.event(shapes.role())
+        first: float | None = None
+        try:
+            for step in pending.steps(timeout=self.config.request_timeout):
+                if not alive:
+                    pending.cancel()             # drained on: the engine ends it at its next step
+                    continue
+                new = text.feed(step.token_ids)
+                lps = self._logprobs(step.token_ids, step.logprobs) if req.logprobs else None
+                if new or lps:
+                    alive = reply.event(shapes.delta(new, logprobs=lps))
+                    first = first if first is not None or not new else time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - sent as an error event while the client listens
+            raise _sampler_refusal(exc) from None
+        assert pending.sample is not None
+        if not alive:
+            return self._disconnected(rec, plan, pending.sample, req.stop)
+        call = self._record(rec, plan, pending.sample, req.stop)
+        alive = reply.event(shapes.finish(text.finish(call.content), finish_reason=call.finish_reason))
+        if alive and req.stream_usage:
+            alive = reply.event(shapes.usage(prompt_tokens=len(call.prompt_ids),
+                                             completion_tokens=len(call.sampled_ids)))
+        if alive:
+            reply.end_stream()
+        self._observe(call, started=started, stream=True, first=first)
+        return ANSWERED
+
+    def _record(self, rec: record.Recording, plan: chat.Plan, sample: sampler.Sample,
+                stops: tuple[str, ...]) -> record.Call:
+        call = self._call(plan, sample, stops)
         rec.add(call, plan.messages)
         with self._lock:
             self.branches[plan.reason] += 1
             self.answered += 1
-        response = self._response(rec, call, logprobs=req.logprobs)
-        return _chunks(response, usage=req.stream_usage) if req.stream else response
+        self.metrics.endpoint_branches.labels(reason=plan.reason).inc()
+        return call
+
+    def _call(self, plan: chat.Plan, sample: sampler.Sample, stops: tuple[str, ...]) -> record.Call:
+        content = _cut_at_stop(self.chat.decode(sample.token_ids, skip_special=True), stops, sample)
+        return record.Call(prompt_ids=plan.prompt_ids, delta_ids=plan.delta_ids, delta_text=plan.delta_text,
+                           sampled_ids=sample.token_ids, logprobs=sample.logprobs, content=content,
+                           finish_reason=sample.finish_reason, reason=plan.reason)
+
+    def _disconnected(self, rec: record.Recording, plan: chat.Plan, sample: sampler.Sample,
+                      stops: tuple[str, ...]) -> str:
+        call = self._call(plan, sample, stops)
+        rec.disconnected.append(call)
+        with self._lock:
+            self.disconnected += 1
+        self._count_tokens(call)
+        return DISCONNECTED
+
+    def _observe(self, call: record.Call, *, started: float, stream: bool, first: float | None = None) -> None:
+        m = self.metrics
+        self._count_tokens(call)
+        m.endpoint_request_seconds.labels(stream=str(stream).lower()).observe(time.monotonic() - started)
+        if first is not None:
+            m.endpoint_first_token_seconds.observe(first - started)
+
+    def _count_tokens(self, call: record.Call) -> None:
+        self.metrics.endpoint_tokens.labels(kind="prompt").inc(len(call.prompt_ids))
+        self.metrics.endpoint_tokens.labels(kind="completion").inc(len(call.sampled_ids))
 
     def _max_tokens(self, rec: record.Recording, plan: chat.Plan,
                     req: request.ChatRequest) -> int:
@@ -195,29 +293,19 @@ class Endpoint:
         return min(req.max_tokens or cfg.max_tokens_per_call, cfg.max_tokens_per_call, room,
                    cfg.max_episode_tokens - used)
 
-    def _sample(self, request: sampler.SampleRequest) -> sampler.Sample:
-        try:
-            return self.sampler.sample(request, timeout=self.config.request_timeout)
-        except sampler.SamplerBusy as exc:
-            raise Refusal(503, "sampler_busy", str(exc)) from None
-        except sampler.SamplerTimeout as exc:
-            raise Refusal(504, "sampler_timeout", str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - the engine's error goes back to the caller, counted
-            raise Refusal(500, "sampler_error", f"{type(exc).__name__}: {exc}") from None
-
     def _response(self, rec: record.Recording, call: record.Call, *,
                   logprobs: bool) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": call.content},
                                   "finish_reason": call.finish_reason, "logprobs": None}
         if logprobs:
-            choice["logprobs"] = {"content": [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip((self.chat.decode([i], skip_special=False) for i in call.sampled_ids),
-                                 call.logprobs)]}
+            choice["logprobs"] = {"content": self._logprobs(call.sampled_ids, call.logprobs)}
         n_prompt, n_out = len(call.prompt_ids), len(call.sampled_ids)
         return {"id": f"chatcmpl-{rec.episode_id}-{rec.calls}", "object": "chat.completion",
                 "created": int(time.time()), "model": self.config.model, "choices": [choice],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
+
+    def _logprobs(self, ids: tuple[int, ...], logprobs: tuple[float, ...]) -> list[dict[str, Any]]:
+        return stream.token_logprobs([self.chat.decode([i], skip_special=False) for i in ids], logprobs)
 
     def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.config.model, "object": "model", "created": 0,
@@ -226,6 +314,11 @@ class Endpoint:
     def refuse(self, code: str) -> None:
         with self._lock:
             self.refused[code] += 1
+        self.metrics.endpoint_refusals.labels(reason=code).inc()
+
+    def count(self, outcome: str) -> None:
+        """One HTTP request's outcome: answered, refused or disconnected (``endpoint_requests_total``)."""
+        self.metrics.endpoint_requests.labels(outcome=outcome).inc()
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -234,21 +327,33 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
 
-def _chunks(response: dict[str, Any], *, usage: bool) -> dict[str, Any]:
-    """A completion as the chunks of a stream: the whole content at once (it is sampled before it is sent), then the
-    finish reason, then the usage when asked; the handler writes them as server-sent events."""
-    head = {k: response[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    choice = response["choices"][0]
-    chunks = [head | {"choices": [{"index": 0, "delta": choice["message"], "logprobs": choice["logprobs"],
-                                   "finish_reason": None}]},
-              head | {"choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                   "finish_reason": choice["finish_reason"]}]}]
-    if usage:
-        chunks.append(head | {"choices": [], "usage": response["usage"]})
-    return {STREAM: chunks}
+class _Whole:
+    """``stream.Reply`` of an in-process call: keeps the one JSON body."""
+
+    payload: dict[str, Any] = {}
+
+    def send(self, status: int, payload: dict[str, Any]) -> None:
+        self.payload = payload
+
+    def open_stream(self) -> bool:
+        raise AssertionError("an in-process call is answered whole")
+
+    def event(self, payload: dict[str, Any]) -> bool:
+        raise AssertionError("an in-process call is answered whole")
+
+    def end_stream(self) -> None:
+        raise AssertionError("an in-process call is answered whole")
 
 
-STREAM = "__stream__"
+def _sampler_refusal(exc: Exception) -> Refusal:
+    """The sampler's failure as the caller's error, counted by its code."""
+    if isinstance(exc, Refusal):
+        return exc
+    if isinstance(exc, sampler.SamplerBusy):
+        return Refusal(503, "sampler_busy", str(exc))
+    if isinstance(exc, sampler.SamplerTimeout):
+        return Refusal(504, "sampler_timeout", str(exc))
+    return Refusal(500, "sampler_error", f"{type(exc).__name__}: {exc}")
 
 
 def _cut_at_stop(text: str, stops: tuple[str, ...], sample: sampler.Sample) -> str:
@@ -266,6 +371,8 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
         # headers and body leave in two writes: with Nagle on, a kept-alive connection waits for the client's
         # delayed ACK (~40 ms a call; bench/probes/endpoint_overhead.py)
         disable_nagle_algorithm = True
+        _streaming = False    # a stream's 200 left: errors go out as its last event
+        _dead = False         # the client left a stream: nothing more is written
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             self._serve(post=False)
@@ -275,6 +382,7 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
 
         def do_PUT(self) -> None:  # noqa: N802
             self._fail(Refusal(405, "method_not_allowed", "GET /v1/models or POST /v1/chat/completions"))
+            endpoint.count(REFUSED)
 
         do_DELETE = do_PATCH = do_PUT
 
@@ -284,12 +392,15 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
         def _serve(self, *, post: bool) -> None:
             with endpoint._lock:
                 endpoint.requests += 1
+            self._streaming = self._dead = False
             try:
-                self._route(post=post)
+                outcome = self._route(post=post)
             except Refusal as refusal:
                 self._fail(refusal)
+                outcome = REFUSED
+            endpoint.count(outcome)
 
-        def _route(self, *, post: bool) -> None:
+        def _route(self, *, post: bool) -> str:
             match = ROUTE.match(self.path.split("?", 1)[0])
             if match is None:
                 raise Refusal(404, "not_found", f"no route {self.path!r}")
@@ -297,15 +408,15 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
             if match["op"] == "models":
                 if post:
                     raise Refusal(405, "method_not_allowed", "GET /v1/models")
-                self._send(200, endpoint.models())
-                return
+                self.send(200, endpoint.models())
+                return ANSWERED
             if not post:
                 raise Refusal(405, "method_not_allowed", "POST /v1/chat/completions")
             body = self._body()
             if not endpoint._in_flight.acquire(blocking=False):
                 raise Refusal(503, "overloaded", f"{endpoint.config.max_in_flight} calls in flight already")
             try:
-                self._send(200, endpoint.complete(match["episode"], body))
+                return endpoint.serve(match["episode"], body, self)
             finally:
                 endpoint._in_flight.release()
 
@@ -338,22 +449,58 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
         def _fail(self, refusal: Refusal) -> None:
             endpoint.refuse(refusal.code)
             kind = "invalid_request_error" if refusal.status < 500 else "server_error"
-            self._send(refusal.status, {"error": {"message": refusal.message, "type": kind, "code": refusal.code,
-                                                  "param": None}})
+            error = {"error": {"message": refusal.message, "type": kind, "code": refusal.code, "param": None}}
+            if self._streaming:           # the 200 left already: the error is the stream's last event
+                if self.event(error):
+                    self.end_stream()
+                return
+            if self._dead:                # a stream whose client left: nobody to tell
+                return
+            self.send(refusal.status, error)
 
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
-            stream = payload.get(STREAM)
-            if stream is None:
-                data, kind = json.dumps(payload).encode(), "application/json"
-            else:
-                events = [f"data: {json.dumps(chunk)}\n\n" for chunk in stream] + ["data: [DONE]\n\n"]
-                data, kind = "".join(events).encode(), "text/event-stream"
+        # -- stream.Reply
+        def send(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
             self.send_response(status)
-            self.send_header("Content-Type", kind)
+            self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             if self.close_connection:
                 self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
+
+        def open_stream(self) -> bool:
+            # chunked transfer coding: each event leaves as it is made, and the connection stays usable after
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self._streaming = True
+            try:
+                self.end_headers()
+            except OSError:
+                return self._gone()
+            return True
+
+        def event(self, payload: dict[str, Any]) -> bool:
+            return self._chunk(stream.event(payload))
+
+        def end_stream(self) -> None:
+            if self._chunk(stream.DONE):
+                self._chunk(b"")
+            self._streaming = False
+
+        def _chunk(self, data: bytes) -> bool:
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            except OSError:               # BrokenPipe, ConnectionReset, a send timeout: the client is gone
+                return self._gone()
+            return True
+
+        def _gone(self) -> bool:
+            self.close_connection = self._dead = True
+            self._streaming = False
+            return False
 
     return Handler

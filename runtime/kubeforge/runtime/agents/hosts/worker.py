@@ -3,7 +3,8 @@
 Started by ``workers.SubprocessHost``; holds the environments of the episodes it is given and answers one request at
 a time over its stdin/stdout (``pipe`` frames). The environment's own prints go to stderr (stdout is the channel).
 An exception in ``reset``/``step`` is answered as an error and the worker goes on; a worker that hangs, floods or
-dies is killed and replaced by its host. It runs with an address-space limit (``KUBEFORGE_ENV_MEMORY_MIB``).
+dies is killed and replaced by its host. Its host starts it through ``isolation`` (``confine`` runs first): its
+rlimits, minimal environment and Landlock domain are in place before this module runs.
 
 Requests: ``{"op": "reset", "id", "prompt": {index, text, answer}}`` -> ``{"ok", "messages"}``;
 ``{"op": "step", "id", "text"}`` -> ``{"ok", "result": StepResult fields}``; ``{"op": "close", "id"}`` (no answer).
@@ -11,7 +12,6 @@ Requests: ``{"op": "reset", "id", "prompt": {index, text, answer}}`` -> ``{"ok",
 from __future__ import annotations
 
 import os
-import resource
 import sys
 from typing import Any
 
@@ -20,16 +20,6 @@ from kubeforge.runtime import types
 from kubeforge.runtime.agents import protocol
 from kubeforge.runtime.agents.hosts import pipe
 from kubeforge.runtime.agents.envs import registry
-
-MEMORY_ENV = "KUBEFORGE_ENV_MEMORY_MIB"
-
-
-def _limit_memory() -> None:
-    mib = int(os.environ.get(MEMORY_ENV, "0") or 0)
-    if mib > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (mib << 20, mib << 20))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
 
 def serve(spec: rljob.EnvironmentSpec, rfd: int, wfd: int) -> None:
     make = registry.kind(spec).make(spec)
@@ -68,7 +58,6 @@ def _answer(op: Any, i: int, req: dict[str, Any], envs: dict[int, Any], make: An
 
 
 def main() -> None:
-    _limit_memory()
     spec = rljob.EnvironmentSpec.model_validate_json(sys.argv[1])
     rfd, wfd = os.dup(sys.stdin.fileno()), os.dup(sys.stdout.fileno())
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())   # an environment's print() must not corrupt the channel

@@ -12,6 +12,10 @@ killed and restarted: the episode it was serving ends (``env_timeout`` / ``env_f
 live episodes of that worker are replayed into the new one (reset, then their earlier turns: the built-in
 environments are deterministic; a Python environment should be too, see docs/agents.md) so the failure costs that
 episode only. Exceptions, garbage and oversized observations that arrive whole are judged by ``host``.
+
+Workers start through ``isolation``: a minimal environment (no job key, no credentials), their own session, an
+address-space bound (``memory_mib``), and -- where the kernel has Landlock -- no read of the pod's secret files or of
+other processes' ``/proc`` (docs/security.md).
 """
 from __future__ import annotations
 
@@ -25,8 +29,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kubeforge.api import rljob
-from kubeforge.runtime import types
-from kubeforge.runtime.agents.hosts import host, pipe, worker
+from kubeforge.runtime import isolation, types
+from kubeforge.runtime.agents.hosts import host, pipe
 
 START_TIMEOUT_S = 30.0
 
@@ -39,9 +43,10 @@ class _Episode:
 
 
 class _Worker:
-    def __init__(self, spec_json: str, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "kubeforge.runtime.agents.hosts.worker", spec_json],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True)
+    def __init__(self, spec_json: str, env: dict[str, str], bounds: isolation.Bounds) -> None:
+        self.child = isolation.Confined([sys.executable, "-m", "kubeforge.runtime.agents.hosts.worker", spec_json],
+                                        settings=env, bounds=bounds, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = self.child.proc
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.wfd, self.rfd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
         self.started = False
@@ -58,11 +63,7 @@ class _Worker:
         pipe.write(self.wfd, req)
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, 9)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
+        self.child.kill()
         for f in (self.proc.stdin, self.proc.stdout):
             if f is not None:
                 f.close()
@@ -76,8 +77,10 @@ class SubprocessHost:
         self.bounds = host.Bounds(timeout_s=spec.turn_timeout_seconds,
                                   max_observation_bytes=spec.max_observation_bytes)
         self.max_frame = 4 * spec.max_observation_bytes + 65536     # JSON-ish overhead over the observation bound
-        self.env = {**os.environ, worker.MEMORY_ENV: str(memory_mib), "PYTHONPATH": os.pathsep.join(sys.path)}
-        self.pool = [_Worker(self.spec_json, self.env) for _ in range(max(1, workers))]
+        # the worker's whole environment (isolation.ALLOWED aside): no secret of the pod reaches environment code
+        self.env = {"PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path)}
+        self.limits = isolation.Bounds(memory_mib=memory_mib)
+        self.pool = [_Worker(self.spec_json, self.env, self.limits) for _ in range(max(1, workers))]
         self.episodes: dict[int, _Episode] = {}
         self.threads = cf.ThreadPoolExecutor(max_workers=len(self.pool), thread_name_prefix="env-host")
         self.restarts = 0
@@ -184,7 +187,7 @@ class SubprocessHost:
         while True:
             self.restarts += 1
             self.pool[w].kill()
-            self.pool[w] = _Worker(self.spec_json, self.env)
+            self.pool[w] = _Worker(self.spec_json, self.env, self.limits)
             live = [(j, ep) for j, ep in self.episodes.items() if self._of(j) == w and not ep.dead]
             failed = next(((j, ep) for j, ep in live if not self._replay(j, ep)), None)
             if failed is None:

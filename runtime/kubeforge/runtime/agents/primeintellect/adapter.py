@@ -15,6 +15,8 @@ fails with ``env_timeout``); its output is bounded (``MAX_OUTPUT``); a runner th
 fails the group's episodes with ``env_error``/``env_garbage``, never the job. :meth:`VerifiersEnvironment.check`
 loads the environment once at the generator's start: a missing interpreter, a module the interpreter cannot import
 or arguments its config refuses fail the role at start (``EnvironmentUnavailable``, naming the field or setting).
+The runner starts through ``isolation`` (a minimal environment, its own session, Landlock where the kernel has it):
+the environment's code sees none of the pod's secrets, only the endpoint's derived key.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kubeforge.runtime import isolation
 from kubeforge.runtime.agents import endpoint
 
 RUNNER = pathlib.Path(__file__).with_name("runner.py")
@@ -98,10 +101,9 @@ class VerifiersEnvironment:
                 f"spec.environment.type: Verifiers needs the environments' interpreter with the verifiers library: "
                 f"{self.python} does not exist (make venv-envs, or set {ENV_PYTHON})")
         spec = {"check": True, "environment": self.environment, "args": self.args}
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(self.paths), PYTHONNOUSERSITE="1")
         try:
-            proc = subprocess.run([str(self.python), str(RUNNER)], input=json.dumps(spec), capture_output=True,
-                                  text=True, timeout=timeout, env=env, check=False)
+            proc = isolation.run([str(self.python), str(RUNNER)], input=json.dumps(spec), timeout=timeout,
+                                 settings=_settings(self.paths, None))
         except subprocess.TimeoutExpired:
             raise EnvironmentUnavailable(f"spec.environment.verifiers.environment: loading {self.environment!r} "
                                          f"took over {timeout:g} s") from None
@@ -116,11 +118,9 @@ class VerifiersEnvironment:
     def _run(self, spec: dict[str, Any], *, key: bytes | None,
              timeout: float) -> tuple[dict[int, dict[str, Any]], str]:
         """The runner's result lines by job index, and the group's failure reason ("" if none)."""
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(self.paths), PYTHONNOUSERSITE="1",
-                   **{API_KEY_VAR: endpoint.server.api_key(key) if key is not None else "local"})
         try:
-            proc = subprocess.run([str(self.python), str(RUNNER)], input=json.dumps(spec), capture_output=True,
-                                  text=True, timeout=timeout, env=env, check=False)
+            proc = isolation.run([str(self.python), str(RUNNER)], input=json.dumps(spec), timeout=timeout,
+                                 settings=_settings(self.paths, key))
         except subprocess.TimeoutExpired:
             return {}, "env_timeout"
         except OSError as exc:           # no such interpreter (make venv-envs), not executable, ...
@@ -141,6 +141,12 @@ class VerifiersEnvironment:
         except ValueError:
             return {}, "env_garbage"
         return lines, ""
+
+
+def _settings(paths: Sequence[str], key: bytes | None) -> dict[str, str]:
+    """The runner's environment beyond ``isolation.ALLOWED``: its import path and the endpoint's key (derived from
+    the job key: it opens the endpoint, nothing else); never the pod's own variables."""
+    return {"PYTHONPATH": os.pathsep.join(paths), API_KEY_VAR: endpoint.server.api_key(key) if key is not None else "local"}
 
 
 def _outcome(task: int, line: dict[str, Any] | None, failure: str,
@@ -169,6 +175,7 @@ class RunnerProcess:
     def __init__(self, environment: VerifiersEnvironment) -> None:
         self.environment = environment
         self._proc: subprocess.Popen[bytes] | None = None
+        self._child: isolation.Confined | None = None
         self.starts = 0
 
     def run_group(self, ep: endpoint.server.Endpoint, tasks: Sequence[int]) -> list[Outcome]:
@@ -206,19 +213,18 @@ class RunnerProcess:
         return lines, failure
 
     def _start(self, key: bytes | None) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(self.environment.paths), PYTHONNOUSERSITE="1",
-                   **{API_KEY_VAR: endpoint.server.api_key(key) if key is not None else "local"})
-        self._proc = subprocess.Popen([str(self.environment.python), str(RUNNER), "--serve"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, env=env)
+        self._child = isolation.Confined([str(self.environment.python), str(RUNNER), "--serve"],
+                                         settings=_settings(self.environment.paths, key), bounds=isolation.Bounds(),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._proc = self._child.proc
         self.starts += 1
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
+        child, self._child = self._child, None
+        if proc is None or child is None:
             return
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
+        child.kill()            # its whole process group (the library's own children too), and its private home
         for f in (proc.stdin, proc.stdout):
             if f is not None:
                 f.close()

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from kubeforge.api import rljob
+from kubeforge.runtime import metrics as kf_metrics
 from kubeforge.runtime import types
 from kubeforge.runtime.agents import endpoint, episode, runner
 from kubeforge.runtime.agents.primeintellect import adapter
@@ -147,10 +148,11 @@ def environment(spec: rljob.EnvironmentSpec, *, python: pathlib.Path | None = No
 
 
 def from_engine(engine: Any, *, spec: rljob.RLJobSpec, on_sampled: Callable[[runner.Stats], None] | None = None,
-                audit: bool = False, check: bool = True,
-                env: adapter.VerifiersEnvironment | None = None) -> VerifiersSampler:
+                audit: bool = False, check: bool = True, env: adapter.VerifiersEnvironment | None = None,
+                metrics: kf_metrics.Metrics | None = None) -> VerifiersSampler:
     """The sampler over a ``generator.engine.Engine``: the environment checked (``check``), then the endpoint on
-    loopback in front of the engine. ``audit`` keeps vLLM's own outputs (tests)."""
+    loopback in front of the engine, counting into ``metrics`` (the role's: the pod's /metrics serves the
+    endpoint's series). ``audit`` keeps vLLM's own outputs (tests)."""
     from kubeforge.runtime.agents import chat
 
     assert spec.environment is not None
@@ -163,7 +165,8 @@ def from_engine(engine: Any, *, spec: rljob.RLJobSpec, on_sampled: Callable[[run
         queue_size=max(endpoint.sampler.DEFAULT_QUEUE, algo.prompts_per_step * algo.group_size))
     bounds = Bounds.of(spec.environment, algo)
     ep = endpoint.server.Endpoint(sampler=vllm, chat=endpoint.chat.ChatTemplate(engine.tokenizer),
-                                  config=bounds.endpoint_config(turn_seconds=spec.environment.turn_timeout_seconds))
+                                  config=bounds.endpoint_config(turn_seconds=spec.environment.turn_timeout_seconds),
+                                  metrics=metrics)
 
     process = adapter.RunnerProcess(env)
 
