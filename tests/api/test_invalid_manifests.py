@@ -62,6 +62,19 @@ def test_kubeforge_validate_accepts_the_examples() -> None:
 # ---------------------------------------------------------------- one truth for names and refusals (issue 37 item 7)
 
 
+@pytest.mark.parametrize(("path", "value"), [(("spec", "algorithm", "steps"), "5"), (("spec", "suspend"), "yes")])
+def test_a_quoted_number_or_boolean_is_refused_as_on_the_api_server(path: tuple[str, ...], value: str) -> None:
+    """Types are strict, as the API server types JSON values (docs/api.md, "Defaults and null")."""
+    doc = invalid_manifests.valid()
+    node = doc
+    for p in path[:-1]:
+        node = node.setdefault(p, {})
+    node[path[-1]] = value
+    with pytest.raises(load.InvalidRLJob) as info:
+        load.parse(doc)
+    assert any(line.startswith(".".join(path) + ":") for line in info.value.problems), info.value.problems
+
+
 @pytest.mark.parametrize("field", ["spec.algorithm.prompts_per_step", "spec.failure_policy",
                                    "spec.roles.trainer.image_pull_secrets", "metadata.name"])
 def test_snake_case_names_are_unknown_fields_as_on_the_api_server(field: str) -> None:
