@@ -304,7 +304,7 @@ def test_api_server_accepts_the_rendered_chart(kube_cluster: Any, namespaces: li
     rendered = helm(*args)
     assert rendered.returncode == 0, rendered.stderr
     run = subprocess.run([str(tool("kubectl")), "apply", "--server-side", "--dry-run=server",
-                          "--field-manager=kubeforge-e2e", "-f", "-"], input=rendered.stdout, capture_output=True,
+                          "--field-manager=kubeforge-e2e", "--force-conflicts", "-f", "-"], input=rendered.stdout, capture_output=True,
                          text=True, timeout=120, env={**os.environ, "KUBECONFIG": kube_cluster.kubeconfig})
     assert run.returncode == 0, run.stderr
     kinds = [line.split("/")[0] for line in run.stdout.splitlines() if "serverside-applied" in line]
