@@ -534,7 +534,11 @@ EVENT_ONLY = {"kubeforge_operator_failures_total", "kubeforge_operator_recovery_
               "kubeforge_operator_reconcile_errors_total",   # a pass that raised (none in a clean run)
               "kubeforge_rollouts_dropped_total", "kubeforge_verifier_errors_total",
               "kubeforge_verifier_fallbacks_total",
-              "kubeforge_env_failures_total"}                # an environment that failed an episode (by kind)
+              "kubeforge_env_failures_total",                # an environment that failed an episode (by kind)
+              # the agents endpoint runs only in jobs whose environment drives it (type Verifiers); this job has none
+              "kubeforge_endpoint_requests_total", "kubeforge_endpoint_refusals_total",
+              "kubeforge_endpoint_branches_total", "kubeforge_endpoint_tokens_total",
+              "kubeforge_endpoint_request_seconds_bucket", "kubeforge_endpoint_first_token_seconds_bucket"}
 
 
 def test_every_dashboard_query_parses_and_names_a_real_series(prometheus: Prometheus, job: JobRun) -> None:
