@@ -34,8 +34,8 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, TypeVar
 
 import zmq
 from zmq.utils import monitor as zmq_monitor
@@ -395,3 +395,21 @@ class MemCaller:
                 if link.peer is not None:
                     link.peer.callers.pop(self._identity, None)
                     link.peer = None
+
+
+T = TypeVar("T")
+UNEXPECTED = "unexpected"   # a valid frame of another kind than the one the end expects
+
+
+def decode_as(frame: bytes, kind: type[T], refuse: Callable[[str], None]) -> T | None:
+    """``frame`` decoded as a ``kind`` message, or None after ``refuse(reason)``: a frame that does not decode (its
+    wire reason) or a valid frame of another kind (``UNEXPECTED``). Both ends read their frames through it."""
+    try:
+        msg = wire.decode(frame)
+    except wire.WireError as e:
+        refuse(e.reason)
+        return None
+    if not isinstance(msg, kind):
+        refuse(UNEXPECTED)
+        return None
+    return msg

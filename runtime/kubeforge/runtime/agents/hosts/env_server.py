@@ -42,7 +42,7 @@ from kubeforge.runtime.agents.envs import registry
 
 BUSY_EVERY_S = 1.0
 IDLE_EPISODE_S = 900.0
-REASON_UNEXPECTED = "unexpected"     # a valid frame of another kind than ENV_CALL
+REASON_UNEXPECTED = rpc.UNEXPECTED     # a valid frame of another kind than ENV_CALL
 _POLL_S = 0.2
 
 Key = tuple[bytes, int]              # (caller's routing id, its episode id)
@@ -134,13 +134,8 @@ class EnvServer:
             if got is None:
                 return
             caller, frame = got
-            try:
-                msg = wire.decode(frame)
-            except wire.WireError as e:
-                self._refuse(e.reason)
-                continue
-            if not isinstance(msg, wire.EnvCall):
-                self._refuse(REASON_UNEXPECTED)
+            msg = rpc.decode_as(frame, wire.EnvCall, self._refuse)
+            if msg is None:
                 continue
             self.served.callers.add(caller)
             if msg.op != "close":

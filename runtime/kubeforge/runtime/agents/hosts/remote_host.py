@@ -41,7 +41,7 @@ MARGIN_S = 5.0        # over turnTimeoutSeconds: how long a server may say nothi
 CONNECT_GRACE_S = 1.0  # a reset waits this long for the other servers once one is connected
 DOWN_S = 30.0         # a server lost is not given new episodes for this long (unless it connects again)
 REASON_STALE = "stale"
-REASON_UNEXPECTED = "unexpected"
+REASON_UNEXPECTED = rpc.UNEXPECTED
 _POLL_S = 0.1
 
 
@@ -213,13 +213,8 @@ class RemoteHost:
             frame = self.channel.recv(c.server, self._refuse)
             if frame is None:
                 return False
-            try:
-                msg = wire.decode(frame)
-            except wire.WireError as e:
-                self._refuse(e.reason)
-                continue
-            if not isinstance(msg, wire.EnvAnswer):
-                self._refuse(REASON_UNEXPECTED)
+            msg = rpc.decode_as(frame, wire.EnvAnswer, self._refuse)
+            if msg is None:
                 continue
             if msg.call != c.call:
                 self._refuse(REASON_STALE)
