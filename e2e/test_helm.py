@@ -42,8 +42,8 @@ def helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(tool("helm")), *args], capture_output=True, text=True, timeout=120, env=env)
 
 
-def render(*sets: str, include_crds: bool = True) -> list[Obj]:
-    args = ["template", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--kube-version", KUBE_VERSION]
+def render(*sets: str, include_crds: bool = True, release: str = RELEASE) -> list[Obj]:
+    args = ["template", release, str(CHART), "--namespace", RELEASE_NS, "--kube-version", KUBE_VERSION]
     args += ["--include-crds"] if include_crds else []
     for s in sets:
         args += ["--set", s]
@@ -140,6 +140,24 @@ def test_operator_deployment() -> None:
     assert {p["name"] for p in container["ports"]} == {"metrics", "health", "webhook"}
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert spec["template"]["spec"]["serviceAccountName"] == one(render(), "ServiceAccount")["metadata"]["name"]
+
+
+@pytest.mark.parametrize(("release", "sets", "fullname"), [
+    ("kubeforge", (), "kubeforge"),              # the docs' `helm install kubeforge ...`
+    ("kf", (), "kf-kubeforge"),
+    ("team-kubeforge", (), "team-kubeforge"),
+    ("kf", ("fullnameOverride=rl-operator",), "rl-operator"),
+])
+def test_object_names_follow_the_documented_fullname(release: str, sets: tuple[str, ...], fullname: str) -> None:
+    """docs/install.md "Names": `<fullname>` is `<release>-kubeforge`, or the release alone when it contains
+    `kubeforge`; the docs' can-i line, Lease, ClusterRole and metrics Service names are read off it."""
+    assert "`<fullname>` is `<release>-kubeforge`, or the release name alone" in (ROOT / "docs" / "install.md").read_text()
+    objs = render(*sets, "replicas=2", release=release)   # two replicas: the leader-election Lease is rendered
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    assert {("ServiceAccount", fullname), ("Deployment", fullname), ("ClusterRole", f"{fullname}-cluster-reads"),
+            ("Service", f"{fullname}-metrics"), ("Service", f"{fullname}-webhook")} <= names, sorted(names)
+    args = one(objs, "Deployment", fullname)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--leader-lease={fullname}" in args
 
 
 def test_operator_flags_are_ones_it_parses() -> None:
