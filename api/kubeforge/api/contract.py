@@ -46,6 +46,7 @@ ENV_JOB_KEY = "KUBEFORGE_JOB_KEY"            # the job's secret (64 hex chars): 
 ENV_LOCAL_RANK = "KUBEFORGE_LOCAL_RANK"      # a trainer pod with N ranks: which one this process is (0..N-1),
                                              # set by the pod's own process on the N it starts (trainer/ranks.py)
 ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the trainer reports progress on its pod
+ENV_POOL = "KUBEFORGE_POOL"                  # a GeneratorPool's engine: the pool's name (its config is the pool's)
 ENV_CPUS = "KUBEFORGE_CPUS"                  # CPU ids ("0,2-3") the process pins itself to and sizes its threads by
 
 

@@ -89,9 +89,10 @@ def _check(files: Sequence[str]) -> list[str]:
     return [f for f in files if f not in problems]
 
 
-def validate(files: Sequence[str]) -> int:
+def validate(files: str | Sequence[str]) -> int:
     """``kubeforge validate FILE...``: ``FILE: valid`` on stdout per file and exit 0, or the refusal ``kubeforge run``
     prints (``load.refusal``: one ``kubeforge: FILE: path: message`` line per problem on stderr) and exit 2."""
+    files = [files] if isinstance(files, str) else list(files)
     passed = _check(files)
     for file in passed:
         print(f"{file}: valid")

@@ -372,7 +372,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
             pacer.forget(key)
         return Outcome(gone=True, phase=job.status.phase if job.status else None)
     choice = _gang_choice(cluster, job, coscheduling_scheduler=coscheduling_scheduler)
-    ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
+    ctx = context.RenderContext(pool_engines=_pool_engines(cluster, job, namespace),namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
                                 active=plan.active, gang_active=plan.gang_active, image=image,
                                 surplus_active=plan.surplus_active, surplus_present=plan.surplus_present,
                                 admission=queueing.admission_key(queue.wl, queue.flavors, grown=grown)
@@ -425,6 +425,14 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
                    requeue_after=requeue, created=raw["metadata"].get("creationTimestamp"),
                    decision=plan.decision, all_ready=ready)
+
+
+def _pool_engines(cluster: apply.Cluster, job: rljob.RLJob, namespace: str) -> int:
+    """The engines of the GeneratorPool ``job`` names (its ``spec.replicas``; 0: no pool, or not there yet). A pool's
+    replica change reaches its jobs by a pass the pool's events ask for (``handlers``)."""
+    ref = job.spec.generator_pool
+    raw = cluster.get(contract.API_VERSION, contract.POOL_KIND, namespace, ref.name) if ref is not None else None
+    return int((raw or {}).get("spec", {}).get("replicas") or 0)
 
 
 def _min(a: float | None, b: float | None) -> float | None:

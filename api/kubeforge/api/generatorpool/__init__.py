@@ -14,6 +14,7 @@ from kubeforge.api.generatorpool.spec import (
     MSG_POOL_NAME_TOO_LONG,
     NAME_RULES,
     PoolEngines,
+    engine_args,
     PoolMeta,
     PoolModelSpec,
 )
@@ -30,4 +31,5 @@ __all__ = [
     "PoolEngines",
     "PoolMeta",
     "PoolModelSpec",
+    "engine_args",
 ]

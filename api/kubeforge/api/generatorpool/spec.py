@@ -8,7 +8,7 @@ every CEL rule raised by a validator with the same message.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import pydantic
 from pydantic import Field
@@ -58,6 +58,23 @@ class PoolMeta(rljob.ObjectMeta):
 
 
 NAME_RULES = rljob.name_rules(max_length=contract.MAX_POOL_NAME_LENGTH, too_long=MSG_POOL_NAME_TOO_LONG)
+
+
+def engine_args(spec: GeneratorPoolSpec) -> dict[str, Any]:
+    """The vLLM engine arguments every engine of a pool with ``spec`` runs with, as far as the spec decides them:
+    LoRA enabled for ``maxAdapters`` adapters of rank up to ``maxLoraRank`` (rounded up to a rank vLLM accepts), the
+    base model's dtype, the engine settings. The operator renders them into the pool's config; the engines read
+    them there."""
+    out: dict[str, Any] = {
+        **rljob.lora_engine_args(rank=spec.max_lora_rank, adapters=spec.max_adapters),
+        "dtype": str(getattr(spec.model.dtype, "value", spec.model.dtype)),
+        "tensor_parallel_size": spec.tensor_parallel_size,
+        "gpu_memory_utilization": spec.gpu_memory_utilization,
+        "enforce_eager": spec.enforce_eager,
+    }
+    if spec.max_model_len is not None:
+        out["max_model_len"] = spec.max_model_len
+    return out
 
 
 class GeneratorPool(rljob.Model):

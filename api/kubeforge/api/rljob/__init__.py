@@ -33,6 +33,7 @@ from kubeforge.api.rljob.model import (
     ModelSpec,
     ONE_MODEL_RULE,
     engine_lora_rank,
+    lora_engine_args,
 )
 from kubeforge.api.rljob.task import (
     ArithmeticOp,
@@ -307,5 +308,6 @@ __all__ = [
     "WeightSyncSpec",
     "engine_lora_rank",
     "gpu_count",
+    "lora_engine_args",
     "name_rules",
 ]

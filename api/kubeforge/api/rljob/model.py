@@ -34,6 +34,12 @@ def engine_lora_rank(rank: int) -> int:
     raise ValueError(f"rank {rank} is above vLLM's largest max_lora_rank {LORA_RANKS[-1]}")
 
 
+def lora_engine_args(*, rank: int, adapters: int) -> dict[str, bool | int]:
+    """vLLM's LoRA arguments of an engine serving up to ``adapters`` adapters of rank up to ``rank`` at once: a job's
+    own generators (one adapter: the current policy's) or a GeneratorPool's engines (``maxAdapters``)."""
+    return {"enable_lora": True, "max_loras": adapters, "max_lora_rank": engine_lora_rank(rank)}
+
+
 class LoraSpec(Model):
     """Low-rank adapters on the named linear layers: W x + (alpha / rank) B A x, with A, B trained."""
 

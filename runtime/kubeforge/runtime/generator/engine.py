@@ -64,8 +64,7 @@ def engine_kwargs(*, model_dir: pathlib.Path, dtype: str, role: rljob.GeneratorR
     """Keyword arguments of ``vllm.LLM`` for a generator (pure: tests and the bench read them)."""
     extra: dict[str, Any] = {}
     if lora is not None:      # one adapter at a time: the current policy's
-        extra = {"enable_lora": True, "max_loras": 1,
-                 "max_lora_rank": rljob.engine_lora_rank(lora.rank)}
+        extra = dict(rljob.lora_engine_args(rank=lora.rank, adapters=1))
     return {
         **extra,
         "model": str(model_dir),
