@@ -476,6 +476,10 @@ SEMANTIC_CASES: tuple[Case, ...] = (
     Case(id="environment-verifiers-with-evaluation", change=_all(_set("spec.environment", {"type": "Verifiers",
          "verifiers": {"environment": "my_vf_env"}}), _set("spec.evaluation", {"everySteps": 5})),
          path="spec.evaluation", message="cannot be used with spec.environment.type 'Verifiers'"),
+    # ---- spec.generatorPool (the pool itself unknown here: what only the job says)
+    Case(id="pool-job-generator-min-replicas", change=_all(_set("spec.model.lora", {"rank": 8}),
+         _set("spec.generatorPool", {"name": "shared"}), _set("spec.roles.generator.minReplicas", 1)),
+         path=f"{GENERATOR}.minReplicas", message="are the engines of GeneratorPool 'shared'"),
 )
 
 ALL_CASES: tuple[Case, ...] = CASES + SEMANTIC_CASES

@@ -48,7 +48,9 @@ def test_a_job_on_a_pool_has_no_generators_of_its_own() -> None:
     sets = [o["metadata"]["name"] for o in desired if o["kind"] == "StatefulSet"]
     assert sets == ["tiny-verifier", "tiny-trainer"]
     assert base.replicas(job) == {"verifier": 1, "trainer": 1} and base.min_member(job) == 2
-    assert base.surplus(pool_job(spec__roles__generator={"replicas": 3, "minReplicas": 1})) == 0
+    assert base.surplus(pool_job(spec__roles__generator={"replicas": 3})) == 0
+    with pytest.raises(load.InvalidRLJob, match="spec.roles.generator.minReplicas: Forbidden"):
+        pool_job(spec__roles__generator={"replicas": 3, "minReplicas": 1})
     assert not any(n.startswith("tiny-generator") for n in rbac.pod_names(job))
     assert [p["name"] for p in workload.workload(job, CTX)["spec"]["podSets"]] == ["verifier", "trainer"]
     plan = lifecycle.decide(job, observed.observe([]), now=opbuilders.T0)

@@ -513,8 +513,17 @@ def _trainer_and_elastic(spec: rljob.RLJobSpec) -> Problems:
                f"{', '.join(GANG_MINIMUM_BACKENDS)} (backend is {spec.gang.backend}: {why}); remove it")
 
 
+def _generator_pool(spec: rljob.RLJobSpec) -> Problems:
+    """On a pool the job has no generators: a setting only they read would be silently ignored (``replicas`` and the
+    engine settings have defaults, so only what is unset by default can be told apart)."""
+    ref, gen = spec.generator_pool, spec.roles.generator
+    if ref is not None and gen.min_replicas is not None:
+        yield (f"spec.roles.generator.minReplicas: Forbidden: the job's generators are the engines of GeneratorPool "
+               f"{ref.name!r} (spec.generatorPool), which the pool sizes itself: remove it")
+
+
 RULES: tuple[Callable[[rljob.RLJobSpec], Problems], ...] = (
     _algorithm, _sync, _generator, _task, _verifiers, _gang, _roles, _dynamic_sampling,
     _builtin_model, _evaluation, _lr_schedule, _reward, _verifiers_and_task, _trainer_and_elastic,
-    _mismatch_corrections, validate_environment.problems,
+    _mismatch_corrections, validate_environment.problems, _generator_pool,
 )
