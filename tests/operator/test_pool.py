@@ -77,7 +77,8 @@ def test_its_roles_dial_the_pools_engines_and_the_engines_may_reach_them() -> No
 
 def test_the_pool_renders_engines_with_lora_as_its_spec_says() -> None:
     pool = load.parse_pool(pool_doc(maxAdapters=6, maxLoraRank=12, maxModelLen=512))
-    cm, svc, sts = pool_render.render(pool, pool_render.PoolContext(namespace="ns", uid="p-1"))
+    cm, svc, netpol, sts = pool_render.render(pool, pool_render.PoolContext(namespace="ns", uid="p-1",
+                                                                            attached=("job-a", "job-b")))
     engine = json.loads(cm["data"][names.POOL_ENGINE_FILE])
     assert engine == {"enable_lora": True, "max_loras": 6, "max_lora_rank": 16, "dtype": "float32",
                       "tensor_parallel_size": 1, "gpu_memory_utilization": 0.85, "enforce_eager": False,
@@ -86,7 +87,12 @@ def test_the_pool_renders_engines_with_lora_as_its_spec_says() -> None:
     assert svc["metadata"]["name"] == sts["spec"]["serviceName"] == contract.pool_service("shared") == "shared-pool"
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert sts["spec"]["replicas"] == 2
-    for obj in (cm, svc, sts):
+    admitted = netpol["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {"matchExpressions": [{"key": contract.LABEL_JOB, "operator": "In",
+                                                  "values": ["job-a", "job-b"]}]}} in admitted
+    alone = pool_render.network_policy(pool, pool_render.PoolContext(namespace="ns", uid="p-1"))
+    assert alone["spec"]["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {contract.LABEL_POOL: "shared"}}}]
+    for obj in (cm, svc, netpol, sts):
         md = obj["metadata"]
         assert md["labels"][contract.LABEL_POOL] == "shared" and contract.LABEL_JOB not in md["labels"]
         assert md["ownerReferences"][0]["kind"] == "GeneratorPool" and md["ownerReferences"][0]["uid"] == "p-1"
@@ -220,8 +226,10 @@ def test_a_pool_pass_holds_it_renders_it_and_writes_its_status() -> None:
     out = pass_of(fake)
     assert not out.gone and out.requeue_after is None
     assert fake.pool is not None and fake.pool["metadata"]["finalizers"] == [names.POOL_FINALIZER]
-    assert {("ConfigMap", "shared-pool-config"), ("Service", "shared-pool"), ("StatefulSet", "shared-pool")} <= \
-        set(fake.objects)
+    assert {("ConfigMap", "shared-pool-config"), ("Service", "shared-pool"), ("StatefulSet", "shared-pool"),
+            ("NetworkPolicy", "shared-pool-network")} <= set(fake.objects)
+    values = fake.objects[("NetworkPolicy", "shared-pool-network")]["spec"]["ingress"][0]["from"][1]
+    assert values["podSelector"]["matchExpressions"][0]["values"] == ["job-a", "job-b"]
     assert fake.status is not None
     assert (fake.status["readyEngines"], fake.status["attachedJobs"], fake.status["ready"]) == \
         (2, ["job-a", "job-b"], "2/2")

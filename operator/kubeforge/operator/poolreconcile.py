@@ -82,7 +82,7 @@ def reconcile_pool(cluster: apply.Cluster, k: Key, *, image: str, cache: reconci
             return reconcile.Outcome(gone=True)
     if not facts.deleting:
         ctx = pool_render.PoolContext(namespace=namespace, uid=raw["metadata"]["uid"], image=image,
-                                      image_pull_secrets=image_pull_secrets)
+                                      image_pull_secrets=image_pull_secrets, attached=facts.attached)
         reconcile.apply_all(cluster, k, pool_render.render(parsed, ctx), cache=cache, pool=pool)
     new = poolstatus.compute(parsed, facts, generation=raw["metadata"].get("generation"), now=clock())
     doc = new.model_dump(mode="json", by_alias=True)

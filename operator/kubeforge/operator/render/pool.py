@@ -1,10 +1,13 @@
-"""Pure renderer of a GeneratorPool: (pool, PoolContext) → its ConfigMap, headless Service and StatefulSet of engines.
+"""Pure renderer of a GeneratorPool: (pool, PoolContext) → its ConfigMap, headless Service, NetworkPolicy and
+StatefulSet of engines.
 
 Role: the "render" step for the pool kind (``poolreconcile`` applies the result; ``render`` is the RLJob's). The
 engines are generator pods (``kubeforge role generator`` with ``contract.ENV_POOL`` set) whose vLLM arguments come
 from the pool's spec (``generatorpool.engine_args``: LoRA enabled for ``maxAdapters`` adapters up to
 ``maxLoraRank``), written into the pool's ConfigMap beside its manifest. Attached jobs dial the engines by their
-stable names behind the Service (``contract.pool_peer_host``).
+stable names behind the Service (``contract.pool_peer_host``). The NetworkPolicy lets only the pods of the attached
+jobs (``PoolContext.attached``) and the pool's own reach the engines' ports; ``metrics`` stays open to scrapers and
+probes (as a job's: ``render.network``).
 
 Invariants: every child is named from the pool's name (``contract.pool_service``), labelled ``contract.LABEL_POOL``
 (never ``LABEL_JOB``: no job's watch routes a pool's pods) and owned by the GeneratorPool (deleting it collects
@@ -30,10 +33,12 @@ START_SECONDS = rljob.FailurePolicySpec().start_deadline_seconds()
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PoolContext:
     """What a pool's render depends on besides its spec: its namespace and UID (owner references), the operator's
-    runtime image and default imagePullSecrets (as ``context.RenderContext`` for jobs)."""
+    runtime image and default imagePullSecrets (as ``context.RenderContext`` for jobs), and the RLJobs attached to
+    it (names, sorted: ``poolstatus.attached_jobs``), whose pods its NetworkPolicy admits."""
 
     namespace: str
     uid: str
+    attached: tuple[str, ...] = ()
     image: str = names.DEFAULT_RUNTIME_IMAGE
     image_pull_secrets: tuple[str, ...] = ()
 
@@ -66,6 +71,20 @@ def headless_service(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> met
             "metadata": metadata(pool, ctx, name=contract.pool_service(pool.metadata.name)),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": {contract.LABEL_POOL: pool.metadata.name}, "ports": service.ports()}}
+
+
+def network_policy(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
+    """``<pool>-pool-network``: the engines' ports for the attached jobs' pods and the pool's own; metrics for all."""
+    own = {"matchLabels": {contract.LABEL_POOL: pool.metadata.name}}
+    peers: list[meta.Obj] = [{"podSelector": own}]
+    if ctx.attached:
+        peers.append({"podSelector": {"matchExpressions": [
+            {"key": contract.LABEL_JOB, "operator": "In", "values": list(ctx.attached)}]}})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": metadata(pool, ctx, name=f"{contract.pool_service(pool.metadata.name)}-network"),
+            "spec": {"podSelector": own, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": peers}, {"ports": [
+                         {"protocol": "TCP", "port": contract.DEFAULT_PORT_BASE + contract.PORT_METRICS}]}]}}
 
 
 def _env(pool: generatorpool.GeneratorPool) -> list[meta.Obj]:
@@ -143,5 +162,5 @@ def statefulset(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj
 
 
 def render(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> tuple[meta.Obj, ...]:
-    """Every child of ``pool``, what the engines need (config, Service) before the StatefulSet."""
-    return config_map(pool, ctx), headless_service(pool, ctx), statefulset(pool, ctx)
+    """Every child of ``pool``, what the engines need (config, Service, NetworkPolicy) before the StatefulSet."""
+    return config_map(pool, ctx), headless_service(pool, ctx), network_policy(pool, ctx), statefulset(pool, ctx)
