@@ -41,6 +41,8 @@ def ns(env: harness.K) -> Iterator[str]:
     name = env.namespace(f"pool-{uuid.uuid4().hex[:8]}")
     yield name
     env.run("delete", "rljobs", "--all", "-n", name, "--wait=false", check=False)
+    # while the operator runs: it takes each pool's finalizer off once its jobs are gone
+    env.run("delete", "generatorpools", "--all", "-n", name, "--wait=false", check=False)
     env.run("delete", "namespace", name, "--wait=false", check=False)
 
 
