@@ -10,7 +10,8 @@ Checked, each against the code rather than a list kept here:
 - repository paths: a word in code that starts with a top-level folder of the repository (``docs/``, ``e2e/``,
   ...) or is a top-level file exists (``path::name`` and ``path:name`` also need ``name`` defined in that file);
 - RLJob fields (``spec.…``, ``status.…``, ``.status.…``, ``rljob.spec.…``): the path exists in the typed model
-  ``kubeforge.api.rljob`` (or, for a pool's fields, ``kubeforge.api.generatorpool``) by wire name (``[]``, ``*`` and ``<role>`` stand for any item or key; a map takes any key).
+  ``kubeforge.api.rljob`` (or, for a pool's fields, ``kubeforge.api.generatorpool``) by wire name (``[]``, ``*``
+  and ``<role>`` stand for any item or key; a map takes any key).
 
 "In code" means an inline code span (which may wrap lines) or a line of a fenced block; paths are also checked in
 plain-text sources (NOTES.txt, examples' comments). Words with placeholders (``<x>``, ``$X``, ``*``, ``...``) are

@@ -199,7 +199,8 @@ class FakeCluster:
         return copy.deepcopy(self.jobs)
 
     def patch_object(self, obj: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
-        assert self.pool is not None and patch["metadata"]["resourceVersion"] == self.pool["metadata"]["resourceVersion"]
+        assert self.pool is not None
+        assert patch["metadata"]["resourceVersion"] == self.pool["metadata"]["resourceVersion"]
         self.pool["metadata"]["finalizers"] = patch["metadata"]["finalizers"]
         self.pool["metadata"]["resourceVersion"] = str(int(self.pool["metadata"]["resourceVersion"]) + 1)
         return copy.deepcopy(self.pool)
@@ -262,6 +263,23 @@ def test_a_jobs_pass_reads_its_pools_engines() -> None:
     env = {e["name"]: e.get("value") for e in trainer["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env[contract.env_replicas("generator")] == "3"
     assert ("StatefulSet", "tiny-generator") not in job_fake.objects
+
+
+def test_a_job_whose_pool_does_not_exist_gets_no_pods_until_it_does() -> None:
+    doc = load.dump(pool_job())
+    doc["metadata"].update(uid="u-1", generation=1, creationTimestamp="2026-11-22T12:00:00Z")
+    pools = FakeCluster(None)
+    job_fake = JobFake(doc, pools)
+    cache = reconcile.ApplyCache()
+    reconcile.reconcile(job_fake, ("ns", "tiny"), image="img", cache=cache,  # type: ignore[arg-type]
+                        clock=lambda: opbuilders.T0)
+    assert job_fake.objects[("StatefulSet", "tiny-trainer")]["spec"]["replicas"] == 0
+    assert ("PodGroup", "tiny") not in job_fake.objects and "PoolNotFound" in job_fake.events
+    pools.pool = pool_doc()
+    reconcile.reconcile(job_fake, ("ns", "tiny"), image="img", cache=cache,  # type: ignore[arg-type]
+                        clock=lambda: opbuilders.T0)
+    assert job_fake.objects[("StatefulSet", "tiny-trainer")]["spec"]["replicas"] == 1
+    assert ("PodGroup", "tiny") in job_fake.objects
 
 
 class JobFake(test_reconcile.FakeCluster):

@@ -3,8 +3,8 @@
 Watches: RLJobs; StatefulSets and pods carrying ``contract.LABEL_JOB`` (label-selected, so the operator never
 caches unrelated objects); GeneratorPools and their StatefulSets (``contract.LABEL_POOL``), routed to the pools'
 router (``poolreconcile``): a job's creation or deletion asks its pool for a pass (attached jobs, the finalizer),
-and a pool's change asks its attached jobs for one (the engines they dial). A pod event that shows a failure hands it to the router too, because the StatefulSet
-controller may replace a Failed pod before the next pass lists pods.
+and a pool's change asks its attached jobs for one (the engines they dial). A pod event that shows a failure hands
+it to the router too, because the StatefulSet controller may replace a Failed pod before the next pass lists pods.
 Kopf's bookkeeping stays out of ``status``: progress and diff-base storage are annotations, and only event
 handlers are used, so kopf writes nothing to an RLJob and adds no finalizer.
 """

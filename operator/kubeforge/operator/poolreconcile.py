@@ -1,4 +1,5 @@
-"""One idempotent pass for one GeneratorPool: observe → finalizer → render → apply → status (written once, if changed).
+"""One idempotent pass for one GeneratorPool: observe → finalizer → render → apply → status (written once, if
+changed).
 
 Role: the pool kind's ``reconcile`` (a second ``router.Router`` calls it from worker threads; ``handlers`` routes the
 pool's events, its StatefulSet's and the attached jobs' creations and deletions to it). Neighbours: ``apply`` (the

@@ -1,4 +1,5 @@
-"""``spec.generatorPool``: the job's generators are a GeneratorPool's engines instead of its own (docs/generator-pool.md).
+"""``spec.generatorPool``: the job's generators are a GeneratorPool's engines instead of its own
+(docs/generator-pool.md).
 
 The rules that need only the job are here (a pool serves LoRA adapters, so the job must train one); the rules that
 need the pool too (same base model, rank within the pool's limit) are ``kubeforge.api.validate_pool``'s.
