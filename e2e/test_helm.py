@@ -188,12 +188,15 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     write = {"get", "list", "watch", "create", "patch", "delete"}
     assert granted[("kubeforge.dev", "rljobs")] >= {"get", "list", "watch", "patch"}
     assert granted[("kubeforge.dev", "rljobs/status")] >= {"patch"}
+    assert granted[("kubeforge.dev", "generatorpools")] == {"get", "list", "watch", "patch"}   # patch: the finalizer
+    assert granted[("kubeforge.dev", "generatorpools/status")] == {"get", "patch"}
     assert granted[("", "pods")] == {"get", "list", "watch", "patch", "delete"}   # delete: a pod lost with its node
     assert "create" in granted[("", "events")]
     apply = pytest.importorskip("kubeforge.operator.apply")
     for (api_version, kind), plural in apply.KINDS.items():
         group = api_version.rpartition("/")[0]
-        if kind in ("Pod", "Event", "Lease", "Secret", contract.KIND):   # Lease: the leader Role (test below)
+        # Lease: the leader Role (test below); RLJob and GeneratorPool: the users' objects, read and patched only
+        if kind in ("Pod", "Event", "Lease", "Secret", contract.KIND, contract.POOL_KIND):
             continue
         assert granted.get((group, plural), set()) >= write, f"{kind} ({api_version}): {granted.get((group, plural))}"
     assert granted[("kueue.x-k8s.io", "workloads/status")] == {"get", "patch"}      # eviction, Finished
