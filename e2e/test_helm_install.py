@@ -148,10 +148,11 @@ def ready(pod: dict[str, Any]) -> bool:
 def adopt_crd(env: Env) -> None:
     """The session's other suites apply the CRD from crds/: mark it as the release's (Helm's adoption metadata), so
     the install takes it over instead of refusing, and no RLJob of anyone is lost."""
-    if env.kubectl("get", "crd", "rljobs.kubeforge.dev", check=False).returncode == 0:
-        env.kubectl("annotate", "--overwrite", "crd", "rljobs.kubeforge.dev", f"meta.helm.sh/release-name={RELEASE}",
-                    f"meta.helm.sh/release-namespace={SYS_NS}")
-        env.kubectl("label", "--overwrite", "crd", "rljobs.kubeforge.dev", "app.kubernetes.io/managed-by=Helm")
+    for name in ("rljobs.kubeforge.dev", "generatorpools.kubeforge.dev"):
+        if env.kubectl("get", "crd", name, check=False).returncode == 0:
+            env.kubectl("annotate", "--overwrite", "crd", name, f"meta.helm.sh/release-name={RELEASE}",
+                        f"meta.helm.sh/release-namespace={SYS_NS}")
+            env.kubectl("label", "--overwrite", "crd", name, "app.kubernetes.io/managed-by=Helm")
 
 
 def diagnose(env: Env) -> str:
@@ -196,8 +197,8 @@ def installed(cluster: lifecycle.Cluster, images: dict[str, str],
         env.kubectl("delete", "pv", "-l", f"kubeforge.dev/e2e={ID}", "--wait=false", check=False)
         env.kubectl("delete", "storageclass", STORAGE_CLASS, check=False)
         # leave the CRD as the session's other suites expect it (they apply crds/ themselves too)
-        env.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / "kubeforge.dev_rljobs.yaml"),
-                    check=False)
+        for crd_file in ("kubeforge.dev_rljobs.yaml", "kubeforge.dev_generatorpools.yaml"):
+            env.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / crd_file), check=False)
 
 
 # ------------------------------------------------------------------------------------------- Prometheus

@@ -372,8 +372,15 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
             pacer.forget(key)
         return Outcome(gone=True, phase=job.status.phase if job.status else None)
     choice = _gang_choice(cluster, job, coscheduling_scheduler=coscheduling_scheduler)
+    engines = _pool_engines(cluster, job, namespace)
+    held = engines is None and plan.active   # its GeneratorPool does not exist: no pods until it does
+    if held and job.spec.generator_pool is not None:
+        cluster.post_event(raw, type="Warning", reason=reasons.POOL_NOT_FOUND, now=timefmt.fmt(now),
+                           message=f"GeneratorPool {job.spec.generator_pool.name!r} does not exist in namespace "
+                           f"{namespace}: the job's pods wait for it")
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
-                                active=plan.active, gang_active=plan.gang_active, image=image,
+                                active=plan.active and not held, gang_active=plan.gang_active and not held,
+                                pool_engines=engines or 0, image=image,
                                 surplus_active=plan.surplus_active, surplus_present=plan.surplus_present,
                                 admission=queueing.admission_key(queue.wl, queue.flavors, grown=grown)
                                 if queue is not None and gate is not None and gate.admitted else "",
@@ -425,6 +432,17 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
                    requeue_after=requeue, created=raw["metadata"].get("creationTimestamp"),
                    decision=plan.decision, all_ready=ready)
+
+
+def _pool_engines(cluster: apply.Cluster, job: rljob.RLJob, namespace: str) -> int | None:
+    """The engines of the GeneratorPool ``job`` names (its ``spec.replicas``; 0 for a job with generators of its
+    own; None: the pool does not exist, and the job gets no pods until it does: ``reasons.POOL_NOT_FOUND``). A
+    pool's creation or replica change reaches its jobs by a pass the pool's events ask for (``handlers``)."""
+    ref = job.spec.generator_pool
+    if ref is None:
+        return 0
+    raw = cluster.get(contract.API_VERSION, contract.POOL_KIND, namespace, ref.name)
+    return None if raw is None else int((raw.get("spec") or {}).get("replicas") or 0)
 
 
 def _min(a: float | None, b: float | None) -> float | None:

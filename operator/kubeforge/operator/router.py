@@ -52,6 +52,8 @@ class Router:
         self._invalidate = invalidate
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
         self._jobs: dict[Key, _JobState] = {}
+        #: routers shut down with this one (the GeneratorPools' beside the RLJobs': ``main.build``)
+        self.companions: list[Router] = []
 
     def request(self, key: Key, *, trigger: str, invalidate: bool = False) -> None:
         """Ask for a pass of ``key`` (coalesced with any pending request); ``invalidate``: a child was deleted,
@@ -139,3 +141,5 @@ class Router:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for other in self.companions:
+            other.shutdown()

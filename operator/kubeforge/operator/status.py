@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from kubeforge.api import contract, failures, rljob
+from kubeforge.api import failures, rljob
 from kubeforge.operator import gangauto, lifecycle, observed, reasons, timefmt
 from kubeforge.operator.render.gang import base as gang_base
 
@@ -34,7 +34,7 @@ def role_statuses(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan
     """Desired, ready and restarted pods per role in the current attempt."""
     pods = [p for p in obs.of_attempt(plan.attempt) if not p.terminating]
     out = {}
-    for role in contract.ROLES:
+    for role in job.spec.own_roles():       # a pool's engines are the pool's status (GeneratorPool.status)
         mine = [p for p in pods if p.role == role]
         out[role] = rljob.RoleStatus(
             replicas=getattr(job.spec.roles, role).replicas if plan.active else 0,

@@ -33,6 +33,8 @@ class RenderContext:
         ``gang.coschedulingSchedulerName``): the ``schedulerName`` of Coscheduling pods; "" leaves it unset.
     image_pull_secrets: the operator's default ``imagePullSecrets`` of every role pod (chart value
         ``rolePods.imagePullSecrets``); a role's own list wins.
+    pool_engines: for a job on a GeneratorPool (``spec.generatorPool``), the pool's engines (its
+        ``spec.replicas``; 0 while the pool does not exist): the generators its roles dial.
     """
 
     namespace: str
@@ -47,3 +49,4 @@ class RenderContext:
     gang_backend: str = ""
     coscheduling_scheduler: str = ""
     image_pull_secrets: tuple[str, ...] = ()
+    pool_engines: int = 0
