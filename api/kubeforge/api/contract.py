@@ -42,6 +42,8 @@ ENV_BIND_HOST = "KUBEFORGE_BIND_HOST"        # address to listen on (0.0.0.0 in 
 ENV_RUN_DIR = "KUBEFORGE_RUN_DIR"            # where a role writes local artefacts (metrics JSONL, logs)
 ENV_CHECKPOINT_DIR = "KUBEFORGE_CHECKPOINT_DIR"  # overrides spec.checkpoint.path (local runs)
 ENV_ATTEMPT = "KUBEFORGE_ATTEMPT"            # restart attempt of the whole job (0 first)
+ENV_TRAINER_EPOCH = "KUBEFORGE_TRAINER_EPOCH"  # trainers only: the epoch their writes carry (docs/fencing.md; 0 or
+                                             # unset: unfenced); in pods read from LABEL_TRAINER_EPOCH
 ENV_JOB_KEY = "KUBEFORGE_JOB_KEY"            # the job's secret (64 hex chars): CURVE keys and weight-sync auth
 ENV_LOCAL_RANK = "KUBEFORGE_LOCAL_RANK"      # a trainer pod with N ranks: which one this process is (0..N-1),
                                              # set by the pod's own process on the N it starts (trainer/ranks.py)
@@ -84,6 +86,7 @@ LABEL_JOB = "kubeforge.dev/job"                  # the RLJob's name, on every ch
 LABEL_ROLE = "kubeforge.dev/role"                # generator | verifier | trainer
 LABEL_ATTEMPT = "kubeforge.dev/attempt"          # restart attempt the pods belong to
 LABEL_POOL = "kubeforge.dev/pool"                # the GeneratorPool's name, on every child and pod of a pool
+LABEL_TRAINER_EPOCH = "kubeforge.dev/trainer-epoch"  # trainer pods: status.trainerEpoch when the pod was created
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubeforge"
 FIELD_MANAGER = "kubeforge-operator"

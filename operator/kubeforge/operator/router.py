@@ -125,6 +125,8 @@ class Router:
 
     def _observe(self, key: Key, st: _JobState, out: reconcile.Outcome) -> None:
         metrics.set_phase(key, out.phase)
+        for kind, n in out.fenced.items():
+            metrics.FENCED.labels(kind).inc(n)
         d = out.decision
         if d is not None and d.cause is not None:
             metrics.RESTARTS.labels(d.cause.role, d.cause.reason, d.action).inc()

@@ -155,6 +155,7 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
         conditions=merge_conditions(prev.conditions, _conditions(job, plan, gang, ready, gang_choice),
                                     generation=generation, now=now),
         roles=roles, ready=f"{ready_roles}/{len(roles)}", restarts=plan.restarts, attempt=plan.attempt,
+        trainer_epoch=plan.trainer_epoch, fenced_writes=plan.fenced_writes,
         last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress,
         last_progress_time=plan.last_progress_time, start_time=plan.start_time,
         completion_time=plan.completion_time,

@@ -50,6 +50,7 @@ class RoleConfig:
     pod_index: int = 0             # ENV_INDEX: the replica (pod) index
     local_rank: int | None = None  # ENV_LOCAL_RANK: trainer rank within its pod (None: not set)
     cpus: str | None = None        # ENV_CPUS: the CPU ids to pin to (affinity.apply_text); None: not pinned
+    trainer_epoch: int = 0         # ENV_TRAINER_EPOCH: what a trainer's writes carry (docs/fencing.md)
 
     @property
     def supervises(self) -> bool:
@@ -157,7 +158,7 @@ def from_env(env: Mapping[str, str]) -> RoleConfig:
         run_dir=pathlib.Path(e.run_dir) if e.run_dir else None,
         checkpoint_dir=e.checkpoint_dir or job.spec.checkpoint.path, attempt=e.attempt, report=e.report,
         peers={**e.peers, "trainer": rank_peers(e.peers["trainer"], n)}, job_key=e.job_key, pod_index=e.index,
-        local_rank=local_rank, cpus=e.cpus,
+        local_rank=local_rank, cpus=e.cpus, trainer_epoch=e.trainer_epoch,
     )
 
 
@@ -180,9 +181,10 @@ def _replica_problems(job: rljob.RLJob, peers: Mapping[str, tuple[roleenv.Peer, 
 def role_env(*, job: rljob.RLJob, config_path: str, role: str, index: int,
              peers: Mapping[str, list[roleenv.Peer]], bind_host: str = "127.0.0.1", run_dir: str | None = None,
              checkpoint_dir: str | None = None, attempt: int = 0, report: str = roleenv.REPORT_JSONL,
-             job_key: bytes | None = None) -> dict[str, str]:
+             job_key: bytes | None = None, trainer_epoch: int | None = None) -> dict[str, str]:
     """The env contract for one local process (``roleenv.render`` with every value known here)."""
     env = roleenv.render(role=role, index=index, config_path=config_path, job_name=job.metadata.name, peers=peers,
                          port_base=peers[role][index].port_base, bind_host=bind_host, attempt=attempt,
-                         report=report, job_key=job_key, run_dir=run_dir, checkpoint_dir=checkpoint_dir)
+                         report=report, job_key=job_key, run_dir=run_dir, checkpoint_dir=checkpoint_dir,
+                         trainer_epoch=trainer_epoch if role == "trainer" else None)
     return {k: v for k, v in env.items() if isinstance(v, str)}

@@ -108,6 +108,8 @@ class Metrics:
                                                          buckets=_SECONDS), self._base)
         self.endpoint_first_token_seconds = h("endpoint_first_token_seconds", "Time from a streamed chat "
                                               "completion's body read to its first content sent.", _SECONDS)
+        self.fenced_pushes = c("fenced_pushes_total", "Weight pushes (SYNC) refused: sent by a trainer epoch older "
+                               "than one this generator has seen (docs/fencing.md).")
         # data plane
         self.rollouts_sent = c("rollouts_sent_total", "Rollout groups sent (generator: ROLLOUT; verifier: SCORED).")
         self.rollouts_received = c("rollouts_received_total", "Rollout groups received.")

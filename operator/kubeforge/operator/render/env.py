@@ -1,6 +1,6 @@
 """The env contract of a role's container (``kubeforge.api.roleenv.render``), as Kubernetes env entries.
 
-Role: tells each process who it is (role, index, attempt), who its peers are (stable DNS names behind the
+Role: tells each process who it is (role, index, attempt; a trainer its epoch), who its peers are (stable DNS names behind the
 job's headless Service, all at ``contract.DEFAULT_PORT_BASE``) and how big each role is. The same variables the local
 launcher sets for a plain process. Invariant: peers and world sizes come from the spec alone, so every pod of an
 attempt sees the same world (a replica change starts a new attempt; see ``lifecycle``).
@@ -42,7 +42,10 @@ def role_env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list
         port_base=contract.DEFAULT_PORT_BASE, bind_host="0.0.0.0", attempt=ctx.attempt,
         report=roleenv.REPORT_POD_ANNOTATION,
         job_key=roleenv.SecretRef(contract.job_key_secret(job.metadata.name), contract.JOB_KEY_SECRET_KEY),
-        peers={other: peers(job, other, ctx.namespace, pool_engines=ctx.pool_engines) for other in contract.ROLES})
+        peers={other: peers(job, other, ctx.namespace, pool_engines=ctx.pool_engines) for other in contract.ROLES},
+        # the pod's own label (statefulset.py), so env and label agree for the pod's whole life (docs/fencing.md)
+        trainer_epoch=roleenv.FieldRef(f"metadata.labels['{contract.LABEL_TRAINER_EPOCH}']")
+        if role == "trainer" else None)
     fixed = [_entry(name, value) for name, value in contract_env.items()]
     extra = [own_var(e) for e in getattr(job.spec.roles, role).env if e.name not in contract_env]
     return fixed + extra

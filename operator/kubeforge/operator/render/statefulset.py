@@ -95,6 +95,8 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
     replaced by ``gang.surplus_labels``/``surplus_annotations``, ``LABEL_SURPLUS`` added)."""
     spec: rljob.RoleSpec = getattr(job.spec.roles, role)
     labels = {**meta.job_labels(job), contract.LABEL_ROLE: role, contract.LABEL_ATTEMPT: str(ctx.attempt)}
+    if role == "trainer":     # what the trainer's writes carry (render/env.py reads it back: docs/fencing.md)
+        labels[contract.LABEL_TRAINER_EPOCH] = str(ctx.trainer_epoch)
     annotations = {names.ANNOTATION_WORLD: world(job)}
     if surplus:
         labels.update({**gang.surplus_labels, names.LABEL_SURPLUS: "true"})
