@@ -40,6 +40,7 @@ class Format(Protocol):
 
     family: str               # the registry key ("hermes", "smollm2")
     stop: tuple[str, ...]     # where a policy turn that calls a tool may stop (the episode runner's stop strings)
+    opens: tuple[str, ...]    # where a call's markup begins (a stream holds its text back from there)
 
     def supports(self, template: str) -> bool:
         """Whether a model with this chat template writes this format."""

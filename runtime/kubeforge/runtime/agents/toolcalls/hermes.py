@@ -16,6 +16,7 @@ FAMILY = "hermes"
 class Hermes:
     family: str = FAMILY
     stop: tuple[str, ...] = (tagged.CLOSE,)
+    opens: tuple[str, ...] = (tagged.OPEN,)
 
     def supports(self, template: str) -> bool:
         return tagged.OPEN in template and "tools" in template

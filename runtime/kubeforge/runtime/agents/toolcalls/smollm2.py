@@ -71,6 +71,7 @@ TEMPLATE = (
 class SmolLM2:
     family: str = FAMILY
     stop: tuple[str, ...] = (tagged.CLOSE,)
+    opens: tuple[str, ...] = (tagged.OPEN,)
 
     def supports(self, template: str) -> bool:
         return SHIPPED_MARK in template
