@@ -139,9 +139,11 @@ from kubeforge.api.rljob.environment import (
     GuessNumberEnvironment,
     MODULE_PATTERN,
     MSG_ENV_GUESS,
+    MSG_ENV_NATIVE,
     MSG_ENV_PYTHON,
     MSG_ENV_VERIFIERS,
     PythonEnvironment,
+    ToolFormat,
     VerifiersEnvironment,
 )
 from kubeforge.api.rljob.status import (
@@ -219,6 +221,7 @@ __all__ = [
     "MSG_ENTRY_POINT",
     "MSG_ENV_FROM_ONE_SOURCE",
     "MSG_ENV_GUESS",
+    "MSG_ENV_NATIVE",
     "MSG_ENV_ONE_SOURCE",
     "MSG_ENV_ONE_VALUE",
     "MSG_ENV_PYTHON",
@@ -277,6 +280,7 @@ __all__ = [
     "SecretReference",
     "Sharding",
     "TaskSpec",
+    "ToolFormat",
     "TrainerRole",
     "VerifierRole",
     "VerifierSpec",
