@@ -20,7 +20,7 @@ class EnvironmentType(str, enum.Enum):
 
 
 class ToolFormat(str, enum.Enum):
-    """How the policy calls an environment's tools (docs/agents.md, "Tool calls")."""
+    """See docs/agents.md, "Tool calls"."""
 
     TAGS = "Tags"       # <tool>EXPR</tool>, answered <result>VALUE</result>: any model can learn it
     NATIVE = "Native"   # the model's own tool-call format through its chat template; results as tool messages
@@ -98,11 +98,11 @@ class EnvironmentSpec(Model):
     python: PythonEnvironment | None = Field(None, description="Settings for type Python.")
     verifiers: VerifiersEnvironment | None = Field(None, description="Settings for type Verifiers.")
     guess_number: GuessNumberEnvironment | None = Field(None, description="Settings for type GuessNumber.")
-    tool_format: ToolFormat = Field(ToolFormat.TAGS, description="How the policy calls the tools: Tags "
-                                    "(<tool>EXPR</tool> answered <result>VALUE</result>, any model) | Native (the "
-                                    "model's own tool-call format through its chat template, SmolLM2's or the "
-                                    "Hermes/Qwen2.5 <tool_call> family's; results come back as tool messages). "
-                                    "Native: type Calculator, with a model whose template has such a format.")
+    tool_format: ToolFormat = Field(ToolFormat.TAGS, description="How the policy calls the tools: Tags (a tag "
+                                    "protocol any model can learn) | Native (the model's own tool-call format "
+                                    "through its chat template: SmolLM2's, the Hermes/Qwen2.5 family's; results come "
+                                    "back as tool messages). Native: type Calculator, with a model whose template "
+                                    "writes such a format.")
 
     @pydantic.model_validator(mode="after")
     def _settings(self) -> EnvironmentSpec:
