@@ -543,7 +543,8 @@ EVENT_ONLY = {"kubeforge_operator_failures_total", "kubeforge_operator_recovery_
               # the agents endpoint runs only in jobs whose environment drives it (type Verifiers); this job has none
               "kubeforge_endpoint_requests_total", "kubeforge_endpoint_refusals_total",
               "kubeforge_endpoint_branches_total", "kubeforge_endpoint_tokens_total",
-              "kubeforge_endpoint_request_seconds_bucket", "kubeforge_endpoint_first_token_seconds_bucket"}
+              "kubeforge_endpoint_request_seconds_bucket", "kubeforge_endpoint_first_token_seconds_bucket",
+              "kubeforge_endpoint_tool_parses_total"}
 
 
 def test_every_dashboard_query_parses_and_names_a_real_series(prometheus: Prometheus, job: JobRun) -> None:

@@ -120,6 +120,7 @@ def local_problems(spec: rljob.RLJobSpec, *, role: str | None = None) -> list[st
         # LoRA targets against the folder's weight names (safetensors headers, no torch): refused here, before any
         # model or vLLM engine loads, not by the trainer after its start (a built-in's layers: kubeforge.api.validate)
         problems.extend(modelfolder.lora_problems(spec.model))
+        problems.extend(_native_problems(spec))
     if "task" in reads and spec.task.jsonl is not None and not pathlib.Path(spec.task.jsonl.path).is_file():
         problems.append(f"spec.task.jsonl.path: Not found: {spec.task.jsonl.path!r} is not a file")
     if role in (None, "generator") and spec.environment is not None and \
@@ -133,6 +134,21 @@ def local_problems(spec: rljob.RLJobSpec, *, role: str | None = None) -> list[st
                             f"with the verifiers library, and {str(python)!r} does not exist (make venv-envs, or set "
                             f"{adapter.ENV_PYTHON})")
     return problems
+
+
+def _native_problems(spec: rljob.RLJobSpec) -> list[str]:
+    """``toolFormat: Native`` with a ``spec.model.path`` model: its folder's chat template must write a tool-call
+    format kubeforge reads (a built-in's: ``kubeforge.api.validate``). A folder that is not there is refused above."""
+    env, path = spec.environment, spec.model.path
+    if env is None or env.tool_format != rljob.ToolFormat.NATIVE.value or path is None or \
+            not pathlib.Path(path).is_dir():
+        return []
+    from kubeforge.runtime.agents.toolcalls import registry
+
+    if registry.for_template(modelfolder.chat_template(pathlib.Path(path))) is not None:
+        return []
+    return [f"spec.environment.toolFormat: Invalid value: 'Native': the chat template of the model at spec.model.path "
+            f"writes no tool-call format kubeforge reads ({registry.families()}); use toolFormat Tags"]
 
 
 def from_env(env: Mapping[str, str]) -> RoleConfig:

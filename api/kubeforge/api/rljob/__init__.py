@@ -146,9 +146,11 @@ from kubeforge.api.rljob.environment import (
     GuessNumberEnvironment,
     MODULE_PATTERN,
     MSG_ENV_GUESS,
+    MSG_ENV_NATIVE,
     MSG_ENV_PYTHON,
     MSG_ENV_VERIFIERS,
     PythonEnvironment,
+    ToolFormat,
     VerifiersEnvironment,
 )
 from kubeforge.api.rljob.pool import (
@@ -237,6 +239,7 @@ __all__ = [
     "MSG_ENTRY_POINT",
     "MSG_ENV_FROM_ONE_SOURCE",
     "MSG_ENV_GUESS",
+    "MSG_ENV_NATIVE",
     "MSG_ENV_ONE_SOURCE",
     "MSG_ENV_ONE_VALUE",
     "MSG_ENV_PYTHON",
@@ -300,6 +303,7 @@ __all__ = [
     "SecretReference",
     "Sharding",
     "TaskSpec",
+    "ToolFormat",
     "TrainerRole",
     "VerifierRole",
     "VerifierSpec",
