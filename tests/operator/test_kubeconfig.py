@@ -431,7 +431,7 @@ def test_a_renewed_client_certificate_gets_a_pool_of_its_own(tmp_path: pathlib.P
     try:
         plugin = Plugin(tmp_path / "bin", [
             {"status": {"clientCertificateData": certs["first"][0], "clientKeyData": certs["first"][1],
-                        "expirationTimestamp": iso(time.time() + 4)}},
+                        "expirationTimestamp": iso(time.time() + 15)}},   # 15 s: 4 ran out under load before the first request
             {"status": {"clientCertificateData": certs["second"][0], "clientKeyData": certs["second"][1]}}])
         cfg = exec_config(tmp_path, plugin_user(plugin), server=api.url,
                           cluster={"certificate-authority-data": b64(pki[0])})

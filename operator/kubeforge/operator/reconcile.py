@@ -425,11 +425,11 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         log.warning("%s/%s: %s", namespace, name, nodeloss.message(lost, node, node_loss_grace))
         cluster.post_event(raw, type="Warning", reason=reasons.NODE_LOST, now=timefmt.fmt(now),
                            message=nodeloss.message(lost, node, node_loss_grace))
-    held = _held_trainers(cluster, key, lost, trainer_epoch=plan.trainer_epoch)
+    held_pods = _held_trainers(cluster, key, lost, trainer_epoch=plan.trainer_epoch)
     for p in lost.lost:
-        if p.pod not in held:
+        if p.pod not in held_pods:
             cluster.force_delete_pod(namespace, p.pod, p.uid)
-    if held:               # the next pass deletes them (they are still lost), once the template is observed
+    if held_pods:          # the next pass deletes them (they are still lost), once the template is observed
         requeue = _min(requeue, TEMPLATE_WAIT_S)
     handoff = exports.relay(job, obs, attempt=plan.attempt, served=new.progress.last_export,
                             annotations=raw["metadata"].get("annotations")) if plan.active else None
