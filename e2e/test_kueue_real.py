@@ -114,8 +114,7 @@ class Preemption:
             self._until("pods_gone", lambda: not self.k.items("pods", ns, "kubeforge.dev/job=tiny"))
             self._until("high_running", lambda: ((self._get("rljob", "high", "-n", ns) or {}).get("status") or {})
                         .get("phase") == "Running")
-            done = json.dumps({"step": 40, "meanReward": 0.9, "policyVersion": 40, "done": True})
-            self.k.run("annotate", "pod", "high-trainer-0", "-n", ns, f"kubeforge.dev/progress={done}", "--overwrite")
+            self.k.report(ns, "high-trainer-0", step=40, meanReward=0.9, policyVersion=40, done=True)
             self._until("readmitted", lambda: _true(wl := self._get(WORKLOADS, "tiny", "-n", ns), "Admitted")
                         and not _true(wl, "Evicted"))
         except Exception as exc:  # noqa: BLE001 - reported by the test

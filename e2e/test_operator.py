@@ -11,7 +11,6 @@ zones) is free for the next one. Run: ``make cluster-up`` then ``pytest -m clust
 from __future__ import annotations
 
 import copy
-import json
 import pathlib
 import time
 import uuid
@@ -268,8 +267,7 @@ def test_completion_then_ttl_deletes_everything(env: Any, ns: str) -> None:
     k.apply(example("tiny", ns, ttlSecondsAfterFinished=4))
     wait("Running", phase_is(k, ns, "tiny", "Running"))
     steps = job(k, ns, "tiny")["spec"]["algorithm"]["steps"]
-    progress = json.dumps({"step": steps, "meanReward": 0.9, "policyVersion": steps, "done": True})
-    k.run("annotate", "pod", "tiny-trainer-0", "-n", ns, f"kubeforge.dev/progress={progress}", "--overwrite")
+    k.report(ns, "tiny-trainer-0", step=steps, meanReward=0.9, policyVersion=steps, done=True)
     st = wait("Succeeded", phase_is(k, ns, "tiny", "Succeeded"))
     assert condition(st, "Complete")["reason"] == "TrainingComplete"
     assert st["progress"]["step"] == steps and st["progress"]["meanReward"] == 0.9
@@ -289,8 +287,7 @@ def test_export_request_on_the_rljob_reaches_trainer_0_and_status(env: Any, ns: 
     wait("request relayed to trainer 0", lambda: (
         (k.get("pod", "tiny-trainer-0", "-n", ns)["metadata"].get("annotations") or {}).get(key) == "r1"))
     last = {"request": "r1", "path": "/checkpoints/export-step-2", "step": 2}
-    progress = json.dumps({"step": 2, "meanReward": 0.5, "policyVersion": 2, "lastExport": last})
-    k.run("annotate", "pod", "tiny-trainer-0", "-n", ns, f"kubeforge.dev/progress={progress}", "--overwrite")
+    k.report(ns, "tiny-trainer-0", step=2, meanReward=0.5, policyVersion=2, lastExport=last)
     st = wait("lastExport in status", lambda: (
         (s := job(k, ns, "tiny").get("status", {})).get("progress", {}).get("lastExport") == last and s))
     assert st["progress"]["step"] == 2

@@ -131,6 +131,15 @@ class K:
                 "get", f"crd/{name}", "-o", "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
                 check=False).stdout.strip() == "True", timeout_s=60)
 
+    def report(self, namespace: str, pod: str, **progress: Any) -> None:
+        """Write ``progress`` on trainer pod ``pod`` as trainer rank 0 does (kwok runs no code): the progress
+        annotation, stamped with the trainer epoch of the pod's label as the trainer stamps it from its env; a
+        report without it would read as a stale trainer's and be fenced (docs/fencing.md)."""
+        labels = self.get("pod", pod, "-n", namespace)["metadata"].get("labels") or {}
+        epoch = labels.get("kubeforge.dev/trainer-epoch")
+        doc = {**progress, **({"trainerEpoch": int(epoch)} if epoch else {})}
+        self.run("annotate", "pod", pod, "-n", namespace, f"kubeforge.dev/progress={json.dumps(doc)}", "--overwrite")
+
     def namespace(self, name: str) -> str:
         self.run("create", "namespace", name, check=False)
         return name

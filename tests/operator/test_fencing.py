@@ -203,3 +203,14 @@ def test_a_lost_trainer_gets_a_new_epoch_and_its_pod_goes_only_once_the_template
     out = reconcile.reconcile(fake, key, image="img", cache=cache, clock=lambda: late)
     st = fake.job["status"]
     assert st["phase"] != "Succeeded" and st["fencedWrites"]["reports"] == 1 and out.fenced == {"report": 1}
+
+
+def test_the_fenced_writes_series_exists_at_zero_for_every_kind_before_any_refusal() -> None:
+    # a dashboard panel over it shows "none refused" on a healthy cluster, not "no data" (the Helm suite checks that
+    # every dashboard query names a series the operator serves)
+    import prometheus_client as prom
+
+    from kubeforge.operator import metrics
+    text = prom.generate_latest(metrics.REGISTRY).decode()
+    for kind in ("checkpoint", "push", "report"):
+        assert f'kubeforge_operator_fenced_writes_total{{kind="{kind}"}}' in text

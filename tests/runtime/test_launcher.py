@@ -120,8 +120,9 @@ def job_key(pid: int) -> bytes:
 def fuzz(port: int, *, key: bytes | None, proc: subprocess.Popen[str]) -> None:
     """Malformed frames into a role's ZeroMQ port (once it listens: a role binds after its imports), from a member
     of the job (CURVE with ``key``) or from a stranger (``key`` None: plain ZeroMQ, refused at the handshake).
-    Every send is bounded: a send that cannot go out within 10 s fails the test instead of blocking it forever (it
-    once did, after the run it targeted had already finished)."""
+    Every send is bounded: a member's send that cannot go out within 10 s fails the test instead of blocking it
+    forever (it once did, after the run it targeted had already finished); a stranger's may find no pipe to queue
+    into once its handshake was refused (seen in CI), and stops there."""
     import socket
 
     def listening() -> bool:
@@ -141,6 +142,11 @@ def fuzz(port: int, *, key: bytes | None, proc: subprocess.Popen[str]) -> None:
             sock.send(frame)
         sock.send_multipart([b"x", b"y"])
     except zmq.Again:
+        if key is None:
+            # a stranger refused at the handshake may have no pipe left to queue into (libzmq drops it on the
+            # handshake error and reconnects later): nothing goes out, which is the point; the caller checks that
+            # the refusal was counted
+            return
         raise AssertionError(f"fuzzing port {port}: a frame could not go out within 10 s "
                              f"(launcher {'running' if proc.poll() is None else 'exited'})") from None
     finally:

@@ -37,6 +37,8 @@ FENCED = prom.Counter("kubeforge_operator_fenced_writes_total", "Writes of stale
                      "checkpoint (the checkpoint store), push (the generators), report (progress the operator "
                      "ignored); grows by what status.fencedWrites gains (docs/fencing.md).", ["kind"],
                      registry=REGISTRY)
+for _kind in ("checkpoint", "push", "report"):   # at 0 from the start: a dashboard shows "none refused", not no data
+    FENCED.labels(_kind)
 RECOVERY = prom.Histogram("kubeforge_operator_recovery_seconds", "Seconds from a restart decision to every role "
                           "ready again, by action.", ["action"],
                           buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800), registry=REGISTRY)
