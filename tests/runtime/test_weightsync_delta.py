@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from kubeforge.runtime.weightsync import delta, protocol
+from kubeforge.runtime.weightsync import delta, metadata, protocol
 
 FUZZ = hypothesis.settings(max_examples=200, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
 
@@ -148,3 +148,34 @@ def test_a_bf16_copy_of_small_float32_updates_changes_less_than_the_masters() ->
     assert f32 > 0.99 and bf16 < 0.2
     enc, _, got = round_trip(stepped.bfloat16(), master.bfloat16())
     assert enc is not delta.Encoding.FULL and same_bits(got, stepped.bfloat16())
+
+
+def _offer_meta(entry: dict[str, object], *, dbuckets: list[int], base: int = 4) -> bytes:
+    full = {"name": "w", "shape": [1000], "dtype": "bfloat16", "bucket": 0, "offset": 0}
+    return metadata.encode_meta(version=5, entries=[{**full, **entry}], bucket_sizes=[2000],
+                                offer=metadata.Offer(base=base, buckets=dbuckets))
+
+
+def test_an_offered_delta_the_sender_writes_is_accepted() -> None:
+    raw = _offer_meta({"enc": "index", "count": 10, "dbucket": 0, "doffset": 0}, dbuckets=[24 + 40])
+    assert metadata.decode_sync_meta(raw)[3] == metadata.Offer(base=4, buckets=[64])
+    unchanged = _offer_meta({"enc": "index", "count": 0, "dbucket": -1, "doffset": 0}, dbuckets=[])
+    assert metadata.decode_sync_meta(unchanged)[3] == metadata.Offer(base=4, buckets=[])
+    assert metadata.decode_sync_meta(metadata.encode_meta(version=5, entries=[], bucket_sizes=[]))[3] is None
+
+
+@pytest.mark.parametrize("entry, dbuckets, base", [
+    ({"enc": "index", "count": 10, "dbucket": 0, "doffset": 0}, [65], 4),     # a bucket larger than its payloads
+    ({"enc": "index", "count": 10, "dbucket": 0, "doffset": 0}, [63], 4),     # a payload past its bucket
+    ({"enc": "index", "count": 10, "dbucket": 0, "doffset": 8}, [72], 4),     # unaligned
+    ({"enc": "index", "count": 1001, "dbucket": 0, "doffset": 0}, [8 + 4004], 4),   # more changes than elements
+    ({"enc": "zip", "count": 10, "dbucket": 0, "doffset": 0}, [64], 4),       # an unknown encoding
+    ({"enc": "index", "count": 0, "dbucket": 0, "doffset": 0}, [], 4),        # no bytes, yet a bucket
+    ({"enc": "index", "count": 10, "dbucket": 1, "doffset": 0}, [64], 4),     # a bucket that does not exist
+    ({"enc": "index", "count": 10, "doffset": 0}, [64], 4),                   # no place
+    ({"enc": "index", "count": 10, "dbucket": 0, "doffset": 0}, [64], -1),    # no version is negative
+    ({"enc": "index", "count": 10, "dbucket": 0, "doffset": 0}, [0, 64], 4),  # an empty bucket
+])
+def test_a_malformed_delta_offer_is_refused(entry: dict[str, object], dbuckets: list[int], base: int) -> None:
+    with pytest.raises(protocol.WeightSyncError, match="delta"):
+        metadata.decode_sync_meta(_offer_meta(entry, dbuckets=dbuckets, base=base))
