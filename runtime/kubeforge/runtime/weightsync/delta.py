@@ -36,6 +36,7 @@ from kubeforge.runtime.weightsync import protocol
 _INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _INT32_POSITIONS = (1 << 31) - 1
 _BITS = torch.arange(8, dtype=torch.uint8)
+_GATHER = 0x0102040810204080   # sum of 2^(56 - 7b), b = 0..7: byte b of a word to bit 56 + b
 
 
 class Encoding(str, enum.Enum):
@@ -143,16 +144,18 @@ def apply(base: torch.Tensor, *, enc: Encoding, count: int, payload: torch.Tenso
 
 
 def _pack(mask: torch.Tensor) -> torch.Tensor:
-    """One bit per element, element ``8j + b`` in bit ``b`` of byte ``j``."""
+    """One bit per element, element ``8j + b`` in bit ``b`` of byte ``j``: each run of 8 mask bytes (0 or 1), read as
+    one little-endian int64, times ``_GATHER`` has byte ``b`` in bit ``56 + b`` and nothing else in bits 56..63 (no
+    two partial products share a bit, so nothing carries): three passes over n/8 words instead of eight over n
+    bytes."""
     flat = mask.reshape(-1).view(torch.uint8)
     pad = (-flat.numel()) % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
-    rows = flat.view(-1, 8)
-    packed = rows[:, 0].clone()
-    for b in range(1, 8):
-        packed |= rows[:, b] << b
-    return packed
+    elif flat.storage_offset() % 8:
+        flat = flat.clone()
+    words = flat.view(torch.int64)
+    return ((words * _GATHER) >> 56).bitwise_and_(0xFF).to(torch.uint8)   # the product wraps: bits > 63 go
 
 
 def _unpack(packed: torch.Tensor, numel: int) -> torch.Tensor:
