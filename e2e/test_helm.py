@@ -81,13 +81,14 @@ def test_values_schema_refuses_bad_values(bad: str) -> None:
     assert run.returncode != 0 and "values don't meet the specifications of the schema" in run.stderr, run.stderr
 
 
-def test_chart_installs_the_generated_crd() -> None:
-    """The CRD is a template (upgraded with the release), kept on uninstall unless crds.keep=false."""
-    got = one(render(include_crds=False), "CustomResourceDefinition")
-    want = crd.crd()
+@pytest.mark.parametrize("kind", [crd.RLJOB, crd.POOL], ids=lambda k: k.kind)
+def test_chart_installs_the_generated_crd(kind: crd.Kind) -> None:
+    """Each CRD is a template (upgraded with the release), kept on uninstall unless crds.keep=false."""
+    got = one(render(include_crds=False), "CustomResourceDefinition", kind.crd_name)
+    want = crd.crd(kind)
     assert got["spec"] == want["spec"] and got["metadata"]["name"] == want["metadata"]["name"]
     assert got["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
-    assert "annotations" not in one(render("crds.keep=false"), "CustomResourceDefinition")["metadata"]
+    assert "annotations" not in one(render("crds.keep=false"), "CustomResourceDefinition", kind.crd_name)["metadata"]
     assert not [o for o in render("crds.install=false") if o["kind"] == "CustomResourceDefinition"]
     assert not (CHART / "crds").exists(), "Helm never upgrades crds/: the CRD lives in files/crds and a template"
 
@@ -187,12 +188,15 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     write = {"get", "list", "watch", "create", "patch", "delete"}
     assert granted[("kubeforge.dev", "rljobs")] >= {"get", "list", "watch", "patch"}
     assert granted[("kubeforge.dev", "rljobs/status")] >= {"patch"}
+    assert granted[("kubeforge.dev", "generatorpools")] == {"get", "list", "watch", "patch"}   # patch: the finalizer
+    assert granted[("kubeforge.dev", "generatorpools/status")] == {"get", "patch"}
     assert granted[("", "pods")] == {"get", "list", "watch", "patch", "delete"}   # delete: a pod lost with its node
     assert "create" in granted[("", "events")]
     apply = pytest.importorskip("kubeforge.operator.apply")
     for (api_version, kind), plural in apply.KINDS.items():
         group = api_version.rpartition("/")[0]
-        if kind in ("Pod", "Event", "Lease", "Secret", contract.KIND):   # Lease: the leader Role (test below)
+        # Lease: the leader Role (test below); RLJob and GeneratorPool: the users' objects, read and patched only
+        if kind in ("Pod", "Event", "Lease", "Secret", contract.KIND, contract.POOL_KIND):
             continue
         assert granted.get((group, plural), set()) >= write, f"{kind} ({api_version}): {granted.get((group, plural))}"
     assert granted[("kueue.x-k8s.io", "workloads/status")] == {"get", "patch"}      # eviction, Finished

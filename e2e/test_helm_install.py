@@ -148,10 +148,11 @@ def ready(pod: dict[str, Any]) -> bool:
 def adopt_crd(env: Env) -> None:
     """The session's other suites apply the CRD from crds/: mark it as the release's (Helm's adoption metadata), so
     the install takes it over instead of refusing, and no RLJob of anyone is lost."""
-    if env.kubectl("get", "crd", "rljobs.kubeforge.dev", check=False).returncode == 0:
-        env.kubectl("annotate", "--overwrite", "crd", "rljobs.kubeforge.dev", f"meta.helm.sh/release-name={RELEASE}",
-                    f"meta.helm.sh/release-namespace={SYS_NS}")
-        env.kubectl("label", "--overwrite", "crd", "rljobs.kubeforge.dev", "app.kubernetes.io/managed-by=Helm")
+    for name in ("rljobs.kubeforge.dev", "generatorpools.kubeforge.dev"):
+        if env.kubectl("get", "crd", name, check=False).returncode == 0:
+            env.kubectl("annotate", "--overwrite", "crd", name, f"meta.helm.sh/release-name={RELEASE}",
+                        f"meta.helm.sh/release-namespace={SYS_NS}")
+            env.kubectl("label", "--overwrite", "crd", name, "app.kubernetes.io/managed-by=Helm")
 
 
 def diagnose(env: Env) -> str:
@@ -196,8 +197,8 @@ def installed(cluster: lifecycle.Cluster, images: dict[str, str],
         env.kubectl("delete", "pv", "-l", f"kubeforge.dev/e2e={ID}", "--wait=false", check=False)
         env.kubectl("delete", "storageclass", STORAGE_CLASS, check=False)
         # leave the CRD as the session's other suites expect it (they apply crds/ themselves too)
-        env.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / "kubeforge.dev_rljobs.yaml"),
-                    check=False)
+        for crd_file in ("kubeforge.dev_rljobs.yaml", "kubeforge.dev_generatorpools.yaml"):
+            env.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / crd_file), check=False)
 
 
 # ------------------------------------------------------------------------------------------- Prometheus
@@ -223,6 +224,8 @@ class Prometheus:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.last_pods: dict[str, list[dict[str, Any]]] = {}
+        self.seen: set[str] = set()   # every pod ever handed to Prometheus as a target (for failure messages)
 
     def targets(self) -> list[dict[str, Any]]:
         """Kubernetes pod discovery with the PodMonitor's selection: Running pods with a port named `metrics` of
@@ -232,8 +235,9 @@ class Prometheus:
                                   (JOBS_NS, "app.kubernetes.io/managed-by=kubeforge", "kubeforge-rljobs")):
             try:
                 pods = self.env.get("pods", "-n", ns, "-l", selector)["items"]
-            except RuntimeError:
-                continue
+                self.last_pods[ns] = pods
+            except RuntimeError:   # a listing that failed under load keeps the last one (dropping it would drop targets)
+                pods = self.last_pods.get(ns, [])
             for p in pods:
                 ip = p.get("status", {}).get("podIP")
                 if not ip or p["status"].get("phase") != "Running" or p["metadata"].get("deletionTimestamp"):
@@ -246,6 +250,7 @@ class Prometheus:
                         if "kubeforge.dev/job" in p["metadata"].get("labels", {}):
                             labels["rljob"] = p["metadata"]["labels"]["kubeforge.dev/job"]
                         groups.append({"targets": [f"{ip}:{port['containerPort']}"], "labels": labels})
+                        self.seen.add(p["metadata"]["name"])
         return groups
 
     def serve_discovery(self) -> str:
@@ -538,7 +543,8 @@ EVENT_ONLY = {"kubeforge_operator_failures_total", "kubeforge_operator_recovery_
               # the agents endpoint runs only in jobs whose environment drives it (type Verifiers); this job has none
               "kubeforge_endpoint_requests_total", "kubeforge_endpoint_refusals_total",
               "kubeforge_endpoint_branches_total", "kubeforge_endpoint_tokens_total",
-              "kubeforge_endpoint_request_seconds_bucket", "kubeforge_endpoint_first_token_seconds_bucket"}
+              "kubeforge_endpoint_request_seconds_bucket", "kubeforge_endpoint_first_token_seconds_bucket",
+              "kubeforge_endpoint_tool_parses_total"}
 
 
 def test_every_dashboard_query_parses_and_names_a_real_series(prometheus: Prometheus, job: JobRun) -> None:
@@ -556,7 +562,9 @@ def test_every_dashboard_query_parses_and_names_a_real_series(prometheus: Promet
         for name in re.findall(r"\b(kubeforge_\w+)", e):
             if name not in held:
                 missing.setdefault(name, []).append(expr)
-    assert set(missing) <= EVENT_ONLY, {k: v[:1] for k, v in missing.items() if k not in EVENT_ONLY}
+    up = {r["metric"].get("pod", ""): r["value"][1] for r in prometheus.api("query", query="up")["data"]["result"]}
+    assert set(missing) <= EVENT_ONLY, ({k: v[:1] for k, v in missing.items() if k not in EVENT_ONLY},
+                                        f"targets ever discovered: {sorted(prometheus.seen)}; up now: {up}")
     FIGURES["dashboard"] = {"queries": len(exprs), "event_only_absent": sorted(missing)}
 
 

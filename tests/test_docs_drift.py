@@ -10,7 +10,8 @@ Checked, each against the code rather than a list kept here:
 - repository paths: a word in code that starts with a top-level folder of the repository (``docs/``, ``e2e/``,
   ...) or is a top-level file exists (``path::name`` and ``path:name`` also need ``name`` defined in that file);
 - RLJob fields (``spec.…``, ``status.…``, ``.status.…``, ``rljob.spec.…``): the path exists in the typed model
-  ``kubeforge.api.rljob`` by wire name (``[]``, ``*`` and ``<role>`` stand for any item or key; a map takes any key).
+  ``kubeforge.api.rljob`` (or, for a pool's fields, ``kubeforge.api.generatorpool``) by wire name (``[]``, ``*``
+  and ``<role>`` stand for any item or key; a map takes any key).
 
 "In code" means an inline code span (which may wrap lines) or a line of a fenced block; paths are also checked in
 plain-text sources (NOTES.txt, examples' comments). Words with placeholders (``<x>``, ``$X``, ``*``, ``...``) are
@@ -423,10 +424,14 @@ def _model_field(model: type[pydantic.BaseModel], name: str) -> Any:
 
 def field_problem(path: str, root_model: type[pydantic.BaseModel] | None = None) -> str | None:
     """None when ``path`` (``spec.algorithm.topP``, ``status.roles.<role>.ready``, ``spec.verifiers[].name``) is a
-    field of the RLJob model; else why not."""
+    field of the RLJob model, or of the GeneratorPool model (``spec.maxAdapters``); else why not."""
     if root_model is None:
-        from kubeforge.api import rljob
-        root_model = rljob.RLJob
+        from kubeforge.api import generatorpool, rljob
+        why = field_problem(path, rljob.RLJob)
+        if why is None or field_problem(path, generatorpool.GeneratorPool) is None:
+            return None
+        return why.replace("in the RLJob model (kubeforge.api.rljob)", "in the RLJob model (kubeforge.api.rljob) "
+                           "nor in the GeneratorPool model (kubeforge.api.generatorpool)")
     parts = [p for p in re.sub(r"\[\d*\]", "", path).split(".") if p]
     current: list[Any] = [root_model]
     for i, part in enumerate(parts):

@@ -20,6 +20,7 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "kubeforge.dev_rljobs.yaml"
+POOL_CRD = ROOT / "crds" / "kubeforge.dev_generatorpools.yaml"
 
 
 def free_port() -> int:
@@ -121,13 +122,14 @@ class K:
         return list(self.get(*args)["items"])
 
     def ensure_crd(self) -> None:
-        self.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-        # Polled: right after the apply the CRD can have no status.conditions yet, and `kubectl wait` then fails
-        # at once ("<nil> is of the type <nil>") instead of waiting (seen on a fresh bench cluster).
-        wait("RLJob CRD Established", lambda: self.run(
-            "get", "crd/rljobs.kubeforge.dev", "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}", check=False).stdout.strip() == "True",
-            timeout_s=60)
+        """The RLJob and GeneratorPool CRDs from crds/, applied and Established."""
+        for path, name in ((CRD, "rljobs.kubeforge.dev"), (POOL_CRD, "generatorpools.kubeforge.dev")):
+            self.run("apply", "--server-side", "--force-conflicts", "-f", str(path))
+            # Polled: right after the apply the CRD can have no status.conditions yet, and `kubectl wait` then fails
+            # at once ("<nil> is of the type <nil>") instead of waiting (seen on a fresh bench cluster).
+            wait(f"CRD {name} Established", lambda: self.run(   # called at once: `name` is this iteration's
+                "get", f"crd/{name}", "-o", "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+                check=False).stdout.strip() == "True", timeout_s=60)
 
     def namespace(self, name: str) -> str:
         self.run("create", "namespace", name, check=False)

@@ -285,6 +285,12 @@ CASES: tuple[Case, ...] = (
     Case(id="schedule-mode", change=_set("spec.schedule.mode", "Sideways"), path="spec.schedule.mode", message=ENUM),
     Case(id="schedule-cpus-not-disaggregated", change=_set("spec.schedule.generatorCpus", 1), path="spec.schedule",
          message=rljob.MSG_GENERATOR_CPUS_MODE),
+    # ---- spec.generatorPool: a pool serves LoRA adapters (docs/generator-pool.md)
+    Case(id="pool-without-lora", change=_set("spec.generatorPool", {"name": "shared"}), path="spec",
+         message=rljob.MSG_POOL_NEEDS_LORA),
+    Case(id="pool-name-not-dns", change=_all(_set("spec.model.lora", {"rank": 8}),
+                                             _set("spec.generatorPool", {"name": "Shared"})),
+         path="spec.generatorPool.name", message="should match"),
     Case(id="schedule-cpus-zero", change=_all(_set("spec.schedule.mode", "Disaggregated"),
          _set("spec.schedule.generatorCpus", 0)), path="spec.schedule.generatorCpus", message=GE),
     Case(id="placement-exclusive-no-key", change=_all(_drop("spec.placement.topologyKey"),
@@ -311,6 +317,10 @@ CASES: tuple[Case, ...] = (
     Case(id="environment-python-settings-on-calculator", change=_set("spec.environment", {
          "type": "Calculator", "python": {"entryPoint": "my_envs:make_env"}}), path="spec.environment",
          message=rljob.MSG_ENV_PYTHON),
+    Case(id="environment-native-on-guess-number", change=_set("spec.environment", {"type": "GuessNumber",
+         "toolFormat": "Native"}), path="spec.environment", message=rljob.MSG_ENV_NATIVE),
+    Case(id="environment-unknown-tool-format", change=_set("spec.environment", {"type": "Calculator",
+         "toolFormat": "Json"}), path="spec.environment.toolFormat", message=ENUM),
     Case(id="environment-verifiers-without-settings", change=_set("spec.environment", {"type": "Verifiers"}),
          path="spec.environment", message=rljob.MSG_ENV_VERIFIERS),
     Case(id="environment-python-entry-point-shape", change=_set("spec.environment", {
@@ -467,9 +477,20 @@ SEMANTIC_CASES: tuple[Case, ...] = (
     Case(id="environment-turn-timeout-beyond-deadline", change=_all(_set("spec.environment", {"type": "Calculator",
          "turnTimeoutSeconds": 500}), _set("spec.failurePolicy", {"progressDeadlineSeconds": 400})), path="spec.environment.turnTimeoutSeconds",
          message="should be at most spec.failurePolicy.progressDeadlineSeconds"),
+    Case(id="environment-native-on-a-model-without-template", change=_set("spec.environment", {"type": "Calculator",
+         "toolFormat": "Native"}), path="spec.environment.toolFormat",
+         message="has no chat template with a tool-call format"),
+    Case(id="environment-native-without-chat-template", change=_all(_set("spec.environment", {"type": "Calculator",
+         "toolFormat": "Native"}), _set("spec.model.builtin", "smollm2-135m-instruct"),
+         _set("spec.task.chatTemplate", False)), path="spec.environment.toolFormat",
+         message="spec.task.chatTemplate is false"),
     Case(id="environment-verifiers-with-evaluation", change=_all(_set("spec.environment", {"type": "Verifiers",
          "verifiers": {"environment": "my_vf_env"}}), _set("spec.evaluation", {"everySteps": 5})),
          path="spec.evaluation", message="cannot be used with spec.environment.type 'Verifiers'"),
+    # ---- spec.generatorPool (the pool itself unknown here: what only the job says)
+    Case(id="pool-job-generator-min-replicas", change=_all(_set("spec.model.lora", {"rank": 8}),
+         _set("spec.generatorPool", {"name": "shared"}), _set("spec.roles.generator.minReplicas", 1)),
+         path=f"{GENERATOR}.minReplicas", message="are the engines of GeneratorPool 'shared'"),
 )
 
 ALL_CASES: tuple[Case, ...] = CASES + SEMANTIC_CASES

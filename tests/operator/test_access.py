@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 import opbuilders
-from kubeforge.api import contract
+from kubeforge.api import contract, load
 from kubeforge.operator import access, apply, handlers, kubeconfig, queueing, render
 from kubeforge.operator.render import context, rbac, secret, workload
+from kubeforge.operator.render import pool as pool_render
 
 OPERATOR = pathlib.Path(apply.__file__).parent
 CTX = context.RenderContext(namespace="ns", uid="00000000-0000-0000-0000-000000000001", image="kubeforge/runtime:t")
@@ -81,12 +82,20 @@ def rendered_children() -> list[dict[str, Any]]:
         out += [*r.desired, *r.absent]
     queued = opbuilders.job("tiny", spec__roles__generator={"replicas": 2, "minReplicas": 1})
     out += [workload.workload(queued, CTX), workload.grow_workload(queued, CTX, 1)]
+    shared = load.parse_pool({"kind": contract.POOL_KIND, "metadata": {"name": "shared"},
+                              "spec": {"model": {"builtin": "tiny"}}})
+    out += pool_render.render(shared, pool_render.PoolContext(namespace="ns", uid="u"))     # a GeneratorPool's
     return out
 
 
 def lease() -> dict[str, Any]:
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": "kf", "namespace": "kubeforge-system"}}
+
+
+def pool_body() -> dict[str, Any]:
+    return {"apiVersion": contract.API_VERSION, "kind": contract.POOL_KIND,
+            "metadata": {"name": "shared", "namespace": "ns", "uid": "u"}}
 
 
 def rljob_body() -> dict[str, Any]:
@@ -102,10 +111,15 @@ RECIPES: dict[str, Callable[[apply.Cluster], None]] = {
     "get_rljob": lambda c: c.get_rljob("ns", "tiny"),
     "list_pods": lambda c: c.list_pods("ns", "tiny"),
     "list_pods_at": lambda c: c.list_pods_at("ns", "tiny", not_older_than=5),
-    "get": lambda c: c.get(queueing.API_VERSION, "Workload", "ns", "tiny"),
+    "get": lambda c: [c.get(queueing.API_VERSION, "Workload", "ns", "tiny"),
+                      c.get(contract.API_VERSION, contract.POOL_KIND, "ns", "shared"),
+                      c.get("apps/v1", "StatefulSet", "ns", "shared-pool")],
+    "list_rljobs": lambda c: c.list_rljobs("ns"),
+    "patch_object": lambda c: c.patch_object(pool_body(), {"metadata": {"finalizers": []}}),
     "list_of_job": lambda c: c.list_of_job(queueing.API_VERSION, "Workload", "ns", "tiny"),
     "get_kueue": lambda c: [c.get_kueue(p, "x") for p in ("resourceflavors", "workloadpriorityclasses")],
-    "patch_object_status": lambda c: c.patch_object_status(workload.workload(opbuilders.job("tiny"), CTX), {}),
+    "patch_object_status": lambda c: [c.patch_object_status(workload.workload(opbuilders.job("tiny"), CTX), {}),
+                                      c.patch_object_status(pool_body(), {})],
     "apply": lambda c: [c.apply(o) for o in rendered_children()],
     "delete": lambda c: [c.delete(o) for o in [*rendered_children(), lease()]],
     "get_node": lambda c: c.get_node("n1"),
@@ -172,9 +186,10 @@ def test_apply_needs_create_and_patch_for_every_rendered_kind() -> None:
 
 
 def test_kopf_watches_are_declared_in_both_modes() -> None:
-    reg = handlers.build_registry(None, None)  # type: ignore[arg-type]  # the handlers are not called here
+    reg = handlers.build_registry(None, None, pool_router=object())  # type: ignore[arg-type]  # not called here
     watched = {(h.selector.group or "", h.selector.any_name) for h in reg._watching.get_all_handlers()}
     assert ("kubeforge.dev", contract.PLURAL) in watched and ("", "pods") in watched
+    assert ("kubeforge.dev", contract.POOL_PLURAL) in watched
     for group, plural in watched:
         for verb in ("list", "watch"):
             # namespaced in namespaced mode; the same rules, cluster-wide, in cluster-wide mode

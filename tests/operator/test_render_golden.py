@@ -15,6 +15,7 @@ import opbuilders
 from kubeforge.api import load, rljob
 from kubeforge.operator import render
 from kubeforge.operator.render import context
+from kubeforge.operator.render import pool as pool_render
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 # gang_backend: what gang.backend Auto resolves to on the test cluster (PodGroups served, a scheduler named); the
@@ -78,6 +79,28 @@ CASES = {
                                                     spec__roles__generator={"replicas": 3, "minReplicas": 2}), CTX),
     "tiny-surplus-kai": (lambda: opbuilders.job("tiny", spec__gang__backend="KAI",
                                                 spec__roles__generator={"replicas": 3, "minReplicas": 2}), CTX),
+    # a LoRA job on a GeneratorPool of 2 engines (docs/generator-pool.md): no generators of its own, its roles dial
+    # the pool's engines, the pool's pods may reach its pods
+    "tiny-pool": (lambda: opbuilders.job("tiny", spec__model__lora={"rank": 8},
+                                         spec__generatorPool={"name": "shared"}),
+                  dataclasses.replace(CTX, pool_engines=2)),
+}
+
+#: GeneratorPools rendered by ``render.pool`` (their own golden files, ``pool-<case>.yaml``).
+POOL_CTX = pool_render.PoolContext(namespace="ns", uid=CTX.uid, image=CTX.image)
+POOL_CASES = {
+    "shared": ({"model": {"builtin": "smollm2-135m-instruct"}, "replicas": 1, "maxAdapters": 8, "maxLoraRank": 16},
+               POOL_CTX),
+    # GPUs and tensor parallelism (/dev/shm), placement, its own image and pull secret, env, a model on a PVC
+    "gpu": ({"model": {"path": "/models/base", "dtype": "bfloat16"}, "replicas": 2, "maxAdapters": 16,
+             "maxLoraRank": 40, "tensorParallelSize": 2, "maxModelLen": 4096,
+             "resources": {"limits": {"nvidia.com/gpu": 2}}, "nodeSelector": {"pool": "gpu"},
+             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+             "image": "registry.example/runtime:gpu", "imagePullSecrets": [{"name": "pull"}],
+             "env": [{"name": "EXTRA", "value": "1"}],
+             "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
+             "volumeMounts": [{"name": "models", "mountPath": "/models"}], "priorityClassName": "high"},
+            dataclasses.replace(POOL_CTX, image_pull_secrets=("default-pull",))),
 }
 
 
@@ -91,6 +114,22 @@ def dump(case: str) -> str:
     make, ctx = CASES[case]
     out = render.render(make(), ctx)
     return yaml.safe_dump_all([{"desired": list(out.desired)}, {"absent": list(out.absent)}], sort_keys=True)
+
+
+def pool_dump(case: str) -> str:
+    spec, ctx = POOL_CASES[case]
+    doc = {"apiVersion": "kubeforge.dev/v1alpha1", "kind": "GeneratorPool", "metadata": {"name": case}, "spec": spec}
+    return yaml.safe_dump_all(list(pool_render.render(load.parse_pool(doc), ctx)), sort_keys=True)
+
+
+@pytest.mark.parametrize("case", sorted(POOL_CASES))
+def test_pool_golden(case: str) -> None:
+    path = GOLDEN / f"pool-{case}.yaml"
+    text = pool_dump(case)
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"missing golden file {path}: run with UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"pool {case} differs from {path} (UPDATE_GOLDEN=1 to accept)"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -146,3 +146,50 @@ def test_streamed_completion_arrives_token_by_token_and_records_what_vllm_sample
     assert _counter(ep, "kubeforge_endpoint_tokens_total", kind="completion") == \
         3 * len(whole_call.sampled_ids) + len(left.sampled_ids)
     assert _counter(ep, "kubeforge_endpoint_first_token_seconds_count") == 1
+
+
+@pytest.mark.vllm
+def test_tools_through_real_vllm_are_read_from_the_sampled_text_and_leave_the_ids(tiny_engine: Any) -> None:
+    """``tools`` with ``tool_choice: required`` through the shared tiny engine under the Hermes fixture template: the
+    tools reach the prompt vLLM is fed, the reply is exactly the tool-call reading of the sampled text (a parse, a
+    counted malformed or unmet content: the tiny model's random weights decide which), and the recorded ids and
+    logprobs are vLLM's own, whole and streamed alike."""
+    from _toolcall_util import hermes_template
+    from kubeforge.runtime.agents.toolcalls import choice, hermes
+
+    sampler = endpoint.sampler.VllmSampler(tiny_engine, policy=endpoint.sampler.Policy(), audit=True)
+    chat = endpoint.chat.ChatTemplate(tiny_engine.tokenizer, template=hermes_template())
+    ep = endpoint.server.Endpoint(sampler=sampler, chat=chat,
+                                  config=endpoint.server.EndpointConfig(max_tokens_per_call=24))
+    tools = [{"type": "function", "function": {"name": "calculate"}}]   # the fixture's prompt fills 461 of 512
+    body = {"model": "policy", "messages": [{"role": "user", "content": "What is 314 * 27?"}], "tools": tools,
+            "tool_choice": "required", "max_tokens": 24, "seed": 11}
+    try:
+        whole_id, streamed_id = ep.open_episode(), ep.open_episode()
+        whole = openai.OpenAI(base_url=ep.base_url(whole_id), api_key="local", max_retries=0, timeout=60) \
+            .chat.completions.create(**body)  # type: ignore[call-overload]
+        chunks = list(openai.OpenAI(base_url=ep.base_url(streamed_id), api_key="local", max_retries=0, timeout=60)
+                      .chat.completions.create(**body, stream=True))  # type: ignore[call-overload]
+        calls = [ep.close_episode(e).branches[0].calls[0] for e in (whole_id, streamed_id)]
+    finally:
+        ep.close()
+        sampler.close()
+    assert sampler.audit is not None and len(sampler.audit) == 2
+    audited = {(a.prompt_ids, a.token_ids, a.logprobs) for a in sampler.audit}
+    for call in calls:
+        assert (call.prompt_ids, call.sampled_ids, call.logprobs) in audited and call.sampled_ids
+    assert calls[0].sampled_ids == calls[1].sampled_ids          # the same seed, whole or streamed
+    tok = tiny_engine.tokenizer
+    assert '"name": "calculate"' in tok.decode(list(calls[0].prompt_ids))     # the model was shown the tools
+    text = tok.decode(list(calls[0].sampled_ids), skip_special_tokens=True)
+    expected = choice.reply(hermes.FORMAT, text, offered={"calculate"},
+                            choice=choice.Choice(mode=choice.REQUIRED))
+    assert calls[0].tool_outcome == calls[1].tool_outcome == expected.outcome
+    assert ep.tool_parses == {expected.outcome: 2}
+    assert _counter(ep, "kubeforge_endpoint_tool_parses_total", outcome=expected.outcome) == 2
+    message = whole.choices[0].message
+    if expected.calls:
+        assert [t.function.name for t in message.tool_calls] == [c.name for c in expected.calls]
+    else:
+        assert message.content == text and not message.tool_calls
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == text

@@ -16,6 +16,7 @@ import transformers
 
 from kubeforge.api import builtins, load, rljob
 from kubeforge.runtime import config, modelfolder, models
+from kubeforge.runtime.agents import toolcalls
 
 
 def _built(name: str) -> pathlib.Path:
@@ -43,6 +44,9 @@ def test_the_table_matches_the_built_model(name: str) -> None:
     shapes = modelfolder.weight_shapes(folder)
     assert shapes is not None and set(facts.lora_layers) <= modelfolder.matrix_layers(shapes)
     assert set(rljob.BuiltinModel) == {rljob.BuiltinModel(n) for n in builtins.BUILTINS}
+    # the tool-call family its chat template writes (what admission refuses toolFormat Native by)
+    fmt = toolcalls.registry.for_template(modelfolder.chat_template(folder))
+    assert (fmt.family if fmt is not None else None) == facts.tool_format
 
 
 def _safetensors(folder: pathlib.Path, tensors: dict[str, list[int]]) -> None:

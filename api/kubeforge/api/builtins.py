@@ -8,7 +8,9 @@ drift from the code that builds the models.
 Invariants: one entry per ``rljob.BuiltinModel``; ``lora_layers`` are the last path components of the model's
 ``nn.Linear`` modules that take an adapter (every linear layer of the decoder blocks; not ``lm_head``: in both
 built-ins it is tied to the input embedding, whose merged export would lose the adapter, and vLLM's Qwen2 serves no
-adapter on it); ``context`` is the model's ``max_position_embeddings`` (prompt + completion tokens).
+adapter on it); ``context`` is the model's ``max_position_embeddings`` (prompt + completion tokens);
+``tool_format`` the tool-call family its chat template writes (None: no template, so ``toolFormat: Native`` is
+refused).
 """
 from __future__ import annotations
 
@@ -23,13 +25,15 @@ class Builtin:
 
     context: int                     # max_position_embeddings: prompt + completion tokens at most
     lora_layers: tuple[str, ...]     # linear layers (last path component) that take a LoRA adapter
+    tool_format: str | None          # the tool-call family its chat template writes (runtime.agents.toolcalls)
 
 
 _DECODER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 BUILTINS: dict[str, Builtin] = {
-    rljob.BuiltinModel.TINY.value: Builtin(context=512, lora_layers=_DECODER_LINEARS),
-    rljob.BuiltinModel.SMOLLM2_135M_INSTRUCT.value: Builtin(context=8192, lora_layers=_DECODER_LINEARS),
+    rljob.BuiltinModel.TINY.value: Builtin(context=512, lora_layers=_DECODER_LINEARS, tool_format=None),
+    rljob.BuiltinModel.SMOLLM2_135M_INSTRUCT.value: Builtin(context=8192, lora_layers=_DECODER_LINEARS,
+                                                            tool_format="smollm2"),
 }
 
 

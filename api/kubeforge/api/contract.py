@@ -21,6 +21,12 @@ SINGULAR = "rljob"
 SHORT_NAMES = ("rlj",)
 CATEGORIES = ("kubeforge", "all")
 
+# The GeneratorPool kind (docs/generator-pool.md): vLLM engines shared by RLJobs that train LoRA adapters.
+POOL_KIND = "GeneratorPool"
+POOL_PLURAL = "generatorpools"
+POOL_SINGULAR = "generatorpool"
+POOL_SHORT_NAMES = ("gpool",)
+
 ROLES = ("generator", "verifier", "trainer")
 
 # ---- environment variables (one contract, pods and local processes alike) ----
@@ -36,10 +42,13 @@ ENV_BIND_HOST = "KUBEFORGE_BIND_HOST"        # address to listen on (0.0.0.0 in 
 ENV_RUN_DIR = "KUBEFORGE_RUN_DIR"            # where a role writes local artefacts (metrics JSONL, logs)
 ENV_CHECKPOINT_DIR = "KUBEFORGE_CHECKPOINT_DIR"  # overrides spec.checkpoint.path (local runs)
 ENV_ATTEMPT = "KUBEFORGE_ATTEMPT"            # restart attempt of the whole job (0 first)
+ENV_TRAINER_EPOCH = "KUBEFORGE_TRAINER_EPOCH"  # trainers only: the epoch their writes carry (docs/fencing.md; 0 or
+                                             # unset: unfenced); in pods read from LABEL_TRAINER_EPOCH
 ENV_JOB_KEY = "KUBEFORGE_JOB_KEY"            # the job's secret (64 hex chars): CURVE keys and weight-sync auth
 ENV_LOCAL_RANK = "KUBEFORGE_LOCAL_RANK"      # a trainer pod with N ranks: which one this process is (0..N-1),
                                              # set by the pod's own process on the N it starts (trainer/ranks.py)
 ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the trainer reports progress on its pod
+ENV_POOL = "KUBEFORGE_POOL"                  # a GeneratorPool's engine: the pool's name (its config is the pool's)
 ENV_CPUS = "KUBEFORGE_CPUS"                  # CPU ids ("0,2-3") the process pins itself to and sizes its threads by
 
 
@@ -76,6 +85,8 @@ PORTS_PER_PROCESS = 10
 LABEL_JOB = "kubeforge.dev/job"                  # the RLJob's name, on every child and pod
 LABEL_ROLE = "kubeforge.dev/role"                # generator | verifier | trainer
 LABEL_ATTEMPT = "kubeforge.dev/attempt"          # restart attempt the pods belong to
+LABEL_POOL = "kubeforge.dev/pool"                # the GeneratorPool's name, on every child and pod of a pool
+LABEL_TRAINER_EPOCH = "kubeforge.dev/trainer-epoch"  # trainer pods: status.trainerEpoch when the pod was created
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubeforge"
 FIELD_MANAGER = "kubeforge-operator"
@@ -108,6 +119,7 @@ RESERVED_MOUNT_DIR = "/etc/kubeforge"            # kubeforge's own mounts (the c
 
 # ---- children's names ----
 MAX_JOB_NAME_LENGTH = 40  # "<name>-generator" must stay <= 52 chars (StatefulSet limit) with room to spare
+MAX_POOL_NAME_LENGTH = 40  # "<name>-pool" likewise (the same limit as a job's: one rule to remember)
 
 
 def child_name(job: str, role: str) -> str:
@@ -142,3 +154,14 @@ def peer_host(job: str, role: str, index: int, namespace: str, *, gang_held: int
     running job by it: generator replicas are elastic). Pod names are unique across roles, so one Service serves
     every role."""
     return f"{pod_name(job, role, index, gang_held=gang_held)}.{service_name(job)}.{namespace}.svc"
+
+
+def pool_service(pool: str) -> str:
+    """A GeneratorPool's headless Service and StatefulSet (one name for both); its engines are the pods
+    ``<pool>-pool-<i>``. The suffix keeps them apart from the children of a job named like the pool."""
+    return f"{pool}-pool"
+
+
+def pool_peer_host(pool: str, index: int, namespace: str) -> str:
+    """Stable DNS name of engine ``index`` of a pool: attached jobs list it as a generator peer."""
+    return f"{pool_service(pool)}-{index}.{pool_service(pool)}.{namespace}.svc"

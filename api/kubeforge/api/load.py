@@ -1,4 +1,5 @@
-"""Parse RLJob manifests and explain what is wrong with them, one message per problem, by field path.
+"""Parse RLJob (and GeneratorPool) manifests and explain what is wrong with them, one message per problem, by field
+path.
 
 Neighbours: the local launcher and every role call :func:`load_file`; tests call :func:`parse`. Messages follow the
 API server's wording (``spec.algorithm.groupSize: Invalid value: 1: should be greater than or equal to 2``) so a
@@ -10,14 +11,16 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 import pydantic
 import yaml
 
-from kubeforge.api import rljob, validate
+from kubeforge.api import generatorpool, rljob, validate, validate_pool
 
+
+_M = TypeVar("_M", bound=pydantic.BaseModel)
 
 #: The exit status of ``kubeforge validate`` and ``kubeforge run`` for a manifest they refuse (or cannot read): 2, the
 #: status of a usage error, because ``kubeforge run`` exits 1 when a role fails for good: 1 would not say "your input".
@@ -88,10 +91,8 @@ def problems_of(exc: pydantic.ValidationError) -> list[str]:
     return [f"{_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
 
 
-def parse(doc: Any) -> rljob.RLJob:
-    """Validate a decoded manifest (a dict) into an RLJob or raise :class:`InvalidRLJob`: the schema first, then
-    (on a schema-valid job, as the API server runs webhooks only after its schema) the cross-field and semantic
-    rules of :mod:`kubeforge.api.validate`."""
+def _schema(doc: Any, model: type[_M]) -> _M:
+    """``doc`` validated against ``model``'s schema as the API server would (or :class:`InvalidRLJob`)."""
     if not isinstance(doc, dict):
         raise InvalidRLJob(["<root>: Invalid value: the manifest must be a mapping"])
     try:
@@ -101,13 +102,56 @@ def parse(doc: Any) -> rljob.RLJob:
     try:
         # Strict JSON-mode validation, as the API server types values: "5" is not an integer, "yes" not a boolean;
         # by wire (camelCase) names only, as the API server knows no other: `prompts_per_step` is an unknown field.
-        job = rljob.RLJob.model_validate_json(text, strict=True, by_alias=True, by_name=False)
+        return model.model_validate_json(text, strict=True, by_alias=True, by_name=False)
     except pydantic.ValidationError as exc:
         raise InvalidRLJob(problems_of(exc)) from None
+
+
+def parse(doc: Any) -> rljob.RLJob:
+    """Validate a decoded manifest (a dict) into an RLJob or raise :class:`InvalidRLJob`: the schema first, then
+    (on a schema-valid job, as the API server runs webhooks only after its schema) the cross-field and semantic
+    rules of :mod:`kubeforge.api.validate`."""
+    job = _schema(doc, rljob.RLJob)
     semantic = validate.problems(job)
     if semantic:
         raise InvalidRLJob(semantic)
     return job
+
+
+def parse_pool(doc: Any) -> generatorpool.GeneratorPool:
+    """Validate a decoded GeneratorPool manifest into a pool or raise :class:`InvalidRLJob`: the schema, then the
+    rules of its pods (``validate_pool.pool_problems``)."""
+    pool = _schema(doc, generatorpool.GeneratorPool)
+    semantic = validate_pool.pool_problems(pool)
+    if semantic:
+        raise InvalidRLJob(semantic)
+    return pool
+
+
+Manifest = rljob.RLJob | generatorpool.GeneratorPool
+
+
+def parse_any(doc: Any) -> Manifest:
+    """An RLJob or a GeneratorPool, by the manifest's ``kind`` (absent: an RLJob, as before pools existed)."""
+    if isinstance(doc, dict) and doc.get("kind") == generatorpool.GeneratorPool.model_fields["kind"].default:
+        return parse_pool(doc)
+    return parse(doc)
+
+
+def attach(jobs: Iterable[rljob.RLJob], pools: Iterable[generatorpool.GeneratorPool]) -> dict[str, list[str]]:
+    """Per job name, why it cannot run on the pool it names among ``pools`` (``validate_pool``): only jobs with
+    problems are listed. With no pool given at all, a job's pool is unknown here and nothing is said of it."""
+    known = {p.metadata.name: p for p in pools}
+    out: dict[str, list[str]] = {}
+    for job in jobs:
+        ref = job.spec.generator_pool
+        if ref is None or not known:
+            continue
+        pool = known.get(ref.name)
+        found = [validate_pool.pool_missing(ref.name)] if pool is None else validate_pool.problems(job, pool)
+        if found:
+            out[job.metadata.name] = found
+    return out
 
 
 class _Loader(yaml.SafeLoader):
@@ -122,15 +166,24 @@ _Loader.add_implicit_resolver(
 )
 
 
-def parse_text(text: str) -> rljob.RLJob:
-    """Parse YAML (or JSON) text holding one RLJob."""
+def _one_document(text: str) -> Any:
     try:
         docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except yaml.YAMLError as exc:
         raise InvalidRLJob([f"<root>: not valid YAML: {exc}"]) from None
     if len(docs) != 1:
         raise InvalidRLJob([f"<root>: expected exactly one YAML document, found {len(docs)}"])
-    return parse(docs[0])
+    return docs[0]
+
+
+def parse_text(text: str) -> rljob.RLJob:
+    """Parse YAML (or JSON) text holding one RLJob."""
+    return parse(_one_document(text))
+
+
+def parse_any_text(text: str) -> Manifest:
+    """Parse YAML (or JSON) text holding one RLJob or one GeneratorPool."""
+    return parse_any(_one_document(text))
 
 
 def load_file(path: str | pathlib.Path) -> rljob.RLJob:
@@ -138,6 +191,26 @@ def load_file(path: str | pathlib.Path) -> rljob.RLJob:
     return parse_text(pathlib.Path(path).read_text())
 
 
-def dump(job: rljob.RLJob) -> dict[str, Any]:
+def check_texts(texts: Mapping[str, str]) -> tuple[dict[str, Manifest], dict[str, list[str]]]:
+    """``kubeforge validate FILE...``: each file's text (one RLJob or one GeneratorPool) parsed, then every job
+    checked against the pool it names among the files (``attach``). Returns the manifests that parsed and the
+    problems per file (only files with problems are listed), files in the order given."""
+    parsed: dict[str, Manifest] = {}
+    problems: dict[str, list[str]] = {}
+    for file, text in texts.items():
+        try:
+            parsed[file] = parse_any_text(text)
+        except InvalidRLJob as exc:
+            problems[file] = exc.problems
+    jobs = {f: m for f, m in parsed.items() if isinstance(m, rljob.RLJob)}
+    pools = [m for m in parsed.values() if isinstance(m, generatorpool.GeneratorPool)]
+    found = attach(jobs.values(), pools)
+    for file, job in jobs.items():
+        if job.metadata.name in found:
+            problems[file] = found[job.metadata.name]
+    return parsed, {f: problems[f] for f in texts if f in problems}
+
+
+def dump(obj: Manifest) -> dict[str, Any]:
     """The manifest as the API server would store it (wire names, no unset optional fields)."""
-    return job.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return obj.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -111,6 +111,12 @@ class StepRecord(StepMetrics):
     # export on request
     export: str | None = Field(None, description="The HF folder this step exported on request.")
     export_request: str | None = Field(None, description="The request's id this step served.")
+    # fencing (docs/fencing.md; trainer rank 0)
+    trainer_epoch: int = Field(0, description="The trainer epoch that trained the step (0: unfenced).")
+    fenced_checkpoints: int = Field(0, description="Checkpoint commits of stale trainer epochs the store refused "
+                                    "so far (its fence records).")
+    fenced_pushes: int = Field(0, description="Weight pushes of stale trainer epochs the generators refused so "
+                               "far, as they last reported them.")
 
     @classmethod
     def of(cls, metrics: StepMetrics, rest: StepRecord) -> StepRecord:
@@ -149,19 +155,27 @@ class StepRecord(StepMetrics):
             return None
 
 
+#: ProgressReport fields that are not ``status.progress``: the operator reads them, the status does not hold them.
+REPORT_ONLY = {"done", "trainer_epoch", "fenced_checkpoints", "fenced_pushes"}
+
+
 class ProgressReport(rljob.Progress):
-    """Trainer rank 0's progress annotation: ``status.progress`` plus whether the job is done."""
+    """Trainer rank 0's progress annotation: ``status.progress`` plus whether the job is done, and the writer's
+    trainer epoch with the stale writes refused so far (the operator fences and counts: docs/fencing.md)."""
 
     model_config = pydantic.ConfigDict(extra="ignore")
 
     done: bool = Field(False, description="The last step finished: the job has succeeded.")
+    trainer_epoch: int = Field(0, description="The epoch of the trainer that wrote the report.")
+    fenced_checkpoints: int = Field(0, description="StepRecord.fenced_checkpoints of the reported step.")
+    fenced_pushes: int = Field(0, description="StepRecord.fenced_pushes of the reported step.")
 
     @classmethod
     def of_step(cls, record: StepRecord, *, done: bool,
                 last_export: rljob.ExportInfo | None = None) -> ProgressReport:
         """The report of a step: every ``rljob.Progress`` field the record also has; ``lastExport`` is the one
         given, else the record's own (when it served a request)."""
-        shared = {name: getattr(record, name) for name in rljob.Progress.model_fields
+        shared = {name: getattr(record, name) for name in (*rljob.Progress.model_fields, *REPORT_ONLY)
                   if name in StepRecord.model_fields}
         if record.episode_turns_mean is None:       # no episodes: no tool calls to report (not "0 calls")
             shared["tool_calls"] = None
@@ -171,10 +185,13 @@ class ProgressReport(rljob.Progress):
 
     def encode(self) -> str:
         """The annotation's value: compact camelCase JSON; ``evalAccuracy``, ``lastExport`` and the episode fields
-        only once known."""
+        only once known, the fencing fields only when not 0."""
         doc = self.model_dump(mode="json", by_alias=True)
         for key in ("evalAccuracy", "lastExport", "episodeTurnsMean", "toolCalls"):
             if doc.get(key) is None:
+                doc.pop(key, None)
+        for key in ("trainerEpoch", "fencedCheckpoints", "fencedPushes"):    # 0: unfenced, nothing refused
+            if doc.get(key) == 0:
                 doc.pop(key, None)
         return json.dumps(doc, separators=(",", ":"))
 
@@ -203,7 +220,7 @@ class ProgressReport(rljob.Progress):
 
     def status(self, previous: rljob.Progress) -> rljob.Progress:
         """``status.progress`` from this report; ``lastExport`` stays once set."""
-        doc = self.model_dump(exclude={"done"})
+        doc = self.model_dump(exclude=REPORT_ONLY)
         if self.last_export is None:
             doc["last_export"] = previous.last_export
         return rljob.Progress.model_validate(doc)

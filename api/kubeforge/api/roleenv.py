@@ -94,13 +94,14 @@ class RoleEnv:
     job_key: bytes | None
     local_rank: int | None
     cpus: str | None = None      # ENV_CPUS as written ("0,2-3"); the runtime's affinity parses and applies it
+    trainer_epoch: int = 0       # ENV_TRAINER_EPOCH: the epoch a trainer's writes carry (0: unfenced)
 
 
 def render(*, role: str, index: int | FieldRef, config_path: str, job_name: str,
            peers: Mapping[str, Sequence[Peer]], port_base: int, bind_host: str, attempt: int, report: str,
            job_key: bytes | SecretRef | None = None, namespace: str | FieldRef | None = None,
            pod_name: str | FieldRef | None = None, run_dir: str | None = None,
-           checkpoint_dir: str | None = None) -> dict[str, Value]:
+           checkpoint_dir: str | None = None, trainer_epoch: int | FieldRef | None = None) -> dict[str, Value]:
     """The contract's variables for one process, in a fixed order; unset optional ones are left out."""
     env: dict[str, Value | None] = {
         contract.ENV_ROLE: role,
@@ -112,6 +113,7 @@ def render(*, role: str, index: int | FieldRef, config_path: str, job_name: str,
         contract.ENV_PORT_BASE: str(port_base),
         contract.ENV_BIND_HOST: bind_host,
         contract.ENV_ATTEMPT: str(attempt),
+        contract.ENV_TRAINER_EPOCH: str(trainer_epoch) if isinstance(trainer_epoch, int) else trainer_epoch,
         contract.ENV_REPORT: report,
         contract.ENV_JOB_KEY: job_key.hex() if isinstance(job_key, bytes) else job_key,
     }
@@ -133,6 +135,7 @@ def read(env: Mapping[str, str]) -> tuple[RoleEnv, list[str]]:
     index = _int(env, contract.ENV_INDEX, problems, default=0)
     port_base = _int(env, contract.ENV_PORT_BASE, problems, default=contract.DEFAULT_PORT_BASE, minimum=1)
     attempt = _int(env, contract.ENV_ATTEMPT, problems, default=0)
+    trainer_epoch = _int(env, contract.ENV_TRAINER_EPOCH, problems, default=0)
     report = env.get(contract.ENV_REPORT, "") or REPORT_STDOUT
     if report not in REPORT_KINDS:
         problems.append(f"{contract.ENV_REPORT}: Unsupported value: {report!r}: supported values: "
@@ -154,7 +157,7 @@ def read(env: Mapping[str, str]) -> tuple[RoleEnv, list[str]]:
         port_base=port_base, bind_host=env.get(contract.ENV_BIND_HOST) or "0.0.0.0",
         run_dir=env.get(contract.ENV_RUN_DIR) or None, checkpoint_dir=env.get(contract.ENV_CHECKPOINT_DIR) or None,
         attempt=attempt, report=report, peers=peers, job_key=key, local_rank=local_rank,
-        cpus=env.get(contract.ENV_CPUS) or None,
+        cpus=env.get(contract.ENV_CPUS) or None, trainer_epoch=trainer_epoch,
     ), problems
 
 

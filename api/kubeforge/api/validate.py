@@ -139,7 +139,7 @@ def _partial_rollouts(spec: rljob.RLJobSpec) -> Problems:
                "so no update ever lands mid-generation")
 
 
-def _gpus(role: rljob.RoleSpec) -> int:
+def gpu_limit(role: rljob.PodSettings) -> int:
     raw = role.resources.limits.get(GPU, role.resources.requests.get(GPU, 0))
     try:
         return int(parse_quantity(raw))
@@ -149,7 +149,8 @@ def _gpus(role: rljob.RoleSpec) -> int:
 
 def _sync(spec: rljob.RLJobSpec) -> Problems:
     if spec.weight_sync.backend == rljob.WeightSyncBackend.NCCL.value:
-        missing = [r for r in ("generator", "trainer") if _gpus(getattr(spec.roles, r)) < 1]
+        missing = [r for r in ("generator", "trainer")
+                   if r in spec.own_roles() and gpu_limit(getattr(spec.roles, r)) < 1]
         if missing:
             yield (f"spec.weightSync.backend: Invalid value: 'NCCL': NCCL needs GPUs, but "
                    f"{', '.join(f'spec.roles.{r}' for r in missing)} requests no {GPU} (use Gloo or Auto)")
@@ -161,7 +162,7 @@ def _generator(spec: rljob.RLJobSpec) -> Problems:
         yield (f"spec.roles.generator.maxModelLen: Invalid value: {gen.max_model_len}: should be greater than "
                f"spec.algorithm.maxNewTokens ({spec.algorithm.max_new_tokens}): the prompt and the completion must "
                "both fit")
-    gpus = _gpus(gen)
+    gpus = gpu_limit(gen)
     if gpus and gen.tensor_parallel_size > gpus:
         yield (f"spec.roles.generator.tensorParallelSize: Invalid value: {gen.tensor_parallel_size}: should be at "
                f"most the generator's {GPU} limit ({gpus}): one GPU per tensor-parallel rank")
@@ -234,7 +235,7 @@ def _resource_name_ok(name: str) -> bool:
         and len(rest) <= 63 and "kubernetes.io" not in prefix
 
 
-def _resources(path: str, role: rljob.RoleSpec) -> Problems:
+def _resources(path: str, role: rljob.PodSettings) -> Problems:
     res = role.resources
     for kind, values in (("limits", res.limits), ("requests", res.requests)):
         for name, raw in values.items():
@@ -261,7 +262,7 @@ def _resources(path: str, role: rljob.RoleSpec) -> Problems:
                    f"limit ({res.limits[name]!r})")
 
 
-def _env(path: str, role: rljob.RoleSpec) -> Problems:
+def _env(path: str, role: rljob.PodSettings) -> Problems:
     for i, e in enumerate(role.env):
         here = f"{path}.env[{i}].name"
         if not _ENV_NAME.match(e.name):
@@ -282,7 +283,7 @@ def _label_key_ok(key: str) -> bool:
     return 0 < len(name) <= 63 and bool(_QUALIFIED_NAME.match(name))
 
 
-def _scheduling(path: str, role: rljob.RoleSpec) -> Problems:
+def _scheduling(path: str, role: rljob.PodSettings) -> Problems:
     for key, value in role.node_selector.items():
         if not _label_key_ok(key):
             yield f"{path}.nodeSelector.{key}: Invalid value: {key!r}: not a valid label key"
@@ -319,7 +320,7 @@ def _toleration(path: str, t: dict[str, Any]) -> Problems:
         yield f"{path}.tolerationSeconds: Forbidden: may only be set when effect is 'NoExecute'"
 
 
-def _storage(path: str, role: rljob.RoleSpec) -> Problems:
+def _storage(path: str, role: rljob.PodSettings) -> Problems:
     declared: list[str] = []
     for i, v in enumerate(role.volumes):
         name = v.get("name")
@@ -359,7 +360,7 @@ def _under(path: str, root: str) -> bool:
     return p == root or p.startswith(root + "/")
 
 
-def _image(path: str, role: rljob.RoleSpec) -> Problems:
+def _image(path: str, role: rljob.PodSettings) -> Problems:
     if role.image is not None and (len(role.image) > 4096 or not _IMAGE.match(role.image)):
         yield (f"{path}.image: Invalid value: {role.image!r}: not a valid image reference "
                "([registry/]name[:tag][@digest], lowercase name)")
@@ -367,12 +368,15 @@ def _image(path: str, role: rljob.RoleSpec) -> Problems:
         yield f"{path}.command: Invalid value: {role.command!r}: must be a non-empty list of non-empty strings"
 
 
+def pod_problems(path: str, pods: rljob.PodSettings) -> Problems:
+    """What the pods rendered from ``pods`` (a role's, or a generator pool's engines at ``path``) must satisfy."""
+    for check in (_image, _resources, _env, _scheduling, _storage):
+        yield from check(path, pods)
+
+
 def _roles(spec: rljob.RLJobSpec) -> Problems:
     for name in contract.ROLES:
-        role: rljob.RoleSpec = getattr(spec.roles, name)
-        path = f"spec.roles.{name}"
-        for check in (_image, _resources, _env, _scheduling, _storage):
-            yield from check(path, role)
+        yield from pod_problems(f"spec.roles.{name}", getattr(spec.roles, name))
 
 
 # ---------------------------------------------------------------- fields added since the admission work
@@ -509,8 +513,17 @@ def _trainer_and_elastic(spec: rljob.RLJobSpec) -> Problems:
                f"{', '.join(GANG_MINIMUM_BACKENDS)} (backend is {spec.gang.backend}: {why}); remove it")
 
 
+def _generator_pool(spec: rljob.RLJobSpec) -> Problems:
+    """On a pool the job has no generators: a setting only they read would be silently ignored (``replicas`` and the
+    engine settings have defaults, so only what is unset by default can be told apart)."""
+    ref, gen = spec.generator_pool, spec.roles.generator
+    if ref is not None and gen.min_replicas is not None:
+        yield (f"spec.roles.generator.minReplicas: Forbidden: the job's generators are the engines of GeneratorPool "
+               f"{ref.name!r} (spec.generatorPool), which the pool sizes itself: remove it")
+
+
 RULES: tuple[Callable[[rljob.RLJobSpec], Problems], ...] = (
     _algorithm, _sync, _generator, _task, _verifiers, _gang, _roles, _dynamic_sampling,
     _builtin_model, _evaluation, _lr_schedule, _reward, _verifiers_and_task, _trainer_and_elastic,
-    _mismatch_corrections, validate_environment.problems,
+    _mismatch_corrections, validate_environment.problems, _generator_pool,
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from kubeforge.api import rljob
+from kubeforge.api import builtins, rljob
 
 ENV_SCORE = "environment"   # the score name the verifier role gives the environment's reward
 
@@ -45,6 +45,22 @@ def problems(spec: rljob.RLJobSpec) -> Iterator[str]:
         # Verifiers agent samples through the generator's endpoint, which the trainer does not have
         yield ("spec.evaluation: Forbidden: cannot be used with spec.environment.type 'Verifiers' yet (held-out "
                "episodes run the built-in episode runner; the library's agents sample through a generator's endpoint)")
+    yield from _native(spec, env)
     if env.type == rljob.EnvironmentType.CODE_FEEDBACK.value and spec.task.code is None and spec.task.jsonl is None:
         yield ("spec.environment.type: Invalid value: 'CodeFeedback': runs the task's reference answer as tests; "
                "use it with a code or jsonl task")
+
+
+def _native(spec: rljob.RLJobSpec, env: rljob.EnvironmentSpec) -> Iterator[str]:
+    """Native tool calls are written in the chat template's format: a model without one cannot take them (a
+    ``path`` model's template is read by the launcher and the roles' start, ``runtime.config.local_problems``)."""
+    if env.tool_format != rljob.ToolFormat.NATIVE.value:
+        return
+    if not spec.task.chat_template:
+        yield ("spec.environment.toolFormat: Invalid value: 'Native': needs the model's chat template, and "
+               "spec.task.chatTemplate is false; use toolFormat Tags, or set chatTemplate true")
+    built = builtins.of(spec.model)
+    if built is not None and built[1].tool_format is None:
+        yield (f"spec.environment.toolFormat: Invalid value: 'Native': the built-in model {built[0]!r} has no chat "
+               "template with a tool-call format; use toolFormat Tags, or a model whose template writes tool calls "
+               "(smollm2-135m-instruct, the Qwen2.5 / Hermes families)")

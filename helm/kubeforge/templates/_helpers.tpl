@@ -66,6 +66,13 @@ Least privilege for what it does (every write is a server-side apply or merge PA
 - apiGroups: ["kubeforge.dev"]
   resources: ["rljobs/status"]
   verbs: ["get", "patch"]
+# GeneratorPools (docs/generator-pool.md): watched, read, their finalizer patched; their status written
+- apiGroups: ["kubeforge.dev"]
+  resources: ["generatorpools"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["kubeforge.dev"]
+  resources: ["generatorpools/status"]
+  verbs: ["get", "patch"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

@@ -57,6 +57,12 @@ NEEDS: tuple[Need, ...] = (
           "kopf watches RLJobs and keeps its progress/diff-base annotations on them (patch); reconcile reads one "
           "(get_rljob) and deletes a finished one after ttlSecondsAfterFinished (delete_rljob)"),
     _need("kubeforge.dev", "rljobs/status", "get patch", Scope.JOBS, "the typed status, one merge patch per pass"),
+    _need("kubeforge.dev", "generatorpools", "get list watch patch", Scope.JOBS,
+          "kopf watches GeneratorPools; a pool pass reads one and patches its finalizer (poolreconcile); a job's pass "
+          "and the admission webhook read the pool a job names (reconcile._pool_engines, admission.pool_problems); "
+          "a pool pass lists the namespace's RLJobs to find the attached ones (list rljobs, above)"),
+    _need("kubeforge.dev", "generatorpools/status", "get patch", Scope.JOBS, "a pool's status, one merge patch per "
+          "pass that changes it"),
     _need("apps", "statefulsets", CHILD, Scope.JOBS, "the role StatefulSets (applied; kopf watches them)"),
     _need("", "services", CHILD, Scope.JOBS, "the job's headless Service"),
     _need("", "configmaps", CHILD, Scope.JOBS, "the job's config"),

@@ -16,6 +16,13 @@ is refused here, where the launcher (local processes) has no image. ``spec.envir
 image does not carry the library (``--runtime-image-features`` without ``verifiers``), the pods could only fail at
 start, so the job is refused naming the field. A role's own image is the user's to vouch for: admitted.
 
+A job that names a GeneratorPool (``spec.generatorPool``) is also reviewed against the pool, read from the API server
+by ``pools`` (``PoolLookup``): refused unless it has the pool's base model and an adapter rank within the pool's
+``maxLoraRank`` (``kubeforge.api.validate_pool``, the words of ``kubeforge validate pool.yaml job.yaml``), or when
+the pool is being deleted. A pool that does not exist (yet) is admitted: the job waits for it, as a pod waits for
+its PVC. A pool that cannot be read is a refusal (the API server's retry, or the user's, settles it), never an
+admission the job's pool would not have given.
+
 Invariants: CREATE is always reviewed; an UPDATE only when the spec changed, so a job stored before the webhook
 existed can still be annotated, have its status written, and be deleted. The denial message lists every problem
 as ``path: message`` joined by ``; `` (one line, as the API server shows it).
@@ -23,10 +30,10 @@ as ``path: message`` joined by ``; `` (one line, as the API server shows it).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubeforge.api import load
+from kubeforge.api import load, rljob, validate_pool
 
 #: What a runtime image may carry beyond kubeforge and its roles (the operator's ``--runtime-image-features``):
 #: ``verifiers``, the library's own interpreter (``KUBEFORGE_ENVS_PYTHON``) for ``environment.type: Verifiers``.
@@ -35,6 +42,10 @@ FEATURES = (FEATURE_VERIFIERS,)
 
 KEYS = ("apiVersion", "kind", "metadata", "spec")
 DENIED_CODE = 422
+
+
+#: Reads a GeneratorPool by (namespace, name): its body, or None when there is none (raises when it cannot read).
+PoolLookup = Callable[[str, str], Mapping[str, Any] | None]
 
 
 class MalformedReview(ValueError):
@@ -50,19 +61,45 @@ class RuntimeImage:
 
 
 def review(operation: str, body: Mapping[str, Any], old: Mapping[str, Any] | None = None, *,
-           runtime: RuntimeImage | None = None) -> list[str]:
+           runtime: RuntimeImage | None = None, pools: PoolLookup | None = None, namespace: str = "") -> list[str]:
     """Problems that make ``body`` (the object as it would be stored) unacceptable; empty to admit it. With
-    ``runtime``, also what that image cannot run (``image_problems``)."""
+    ``runtime``, also what that image cannot run (``image_problems``); with ``pools``, what the GeneratorPool the
+    job names refuses (``pool_problems``; ``namespace``: the request's, when the body carries none)."""
     if operation not in ("CREATE", "UPDATE"):
         return []
     if operation == "UPDATE" and old is not None and old.get("spec") == body.get("spec"):
         return []
     doc = {k: body[k] for k in KEYS if k in body}
     try:
-        load.parse(doc)
+        job = load.parse(doc)
     except load.InvalidRLJob as exc:
         return list(exc.problems)
-    return image_problems(doc.get("spec") or {}, runtime) if runtime is not None else []
+    out = image_problems(doc.get("spec") or {}, runtime) if runtime is not None else []
+    if pools is not None:
+        out += pool_problems(job, pools, namespace=job.metadata.namespace or namespace)
+    return out
+
+
+def pool_problems(job: rljob.RLJob, pools: PoolLookup, *, namespace: str) -> list[str]:
+    """What the GeneratorPool ``job`` names says against it (the module docstring: absent pools are admitted)."""
+    ref = job.spec.generator_pool
+    if ref is None:
+        return []
+    try:
+        raw = pools(namespace, ref.name)
+    except Exception as exc:  # noqa: BLE001 - any failure to read it (API error, timeout)
+        return [f"spec.generatorPool.name: Internal error: could not read GeneratorPool {ref.name!r} to check the "
+                f"job against it ({type(exc).__name__}); try again"]
+    if raw is None:
+        return []
+    if (raw.get("metadata") or {}).get("deletionTimestamp"):
+        return [validate_pool.pool_deleted(ref.name)]
+    try:
+        pool = load.parse_pool({k: raw[k] for k in KEYS if k in raw})
+    except load.InvalidRLJob as exc:
+        return [f"spec.generatorPool.name: Invalid value: {ref.name!r}: the GeneratorPool is not valid: "
+                f"{'; '.join(exc.problems)}"]
+    return validate_pool.problems(job, pool)
 
 
 def image_problems(spec: Mapping[str, Any], runtime: RuntimeImage) -> list[str]:
@@ -83,7 +120,7 @@ def message(problems: list[str]) -> str:
     return "; ".join(problems)
 
 
-def respond(doc: Any, *, runtime: RuntimeImage | None = None) -> dict[str, Any]:
+def respond(doc: Any, *, runtime: RuntimeImage | None = None, pools: PoolLookup | None = None) -> dict[str, Any]:
     """The AdmissionReview answering ``doc`` (a decoded AdmissionReview request); raises ``MalformedReview``."""
     if not isinstance(doc, dict) or doc.get("kind") != "AdmissionReview" or not isinstance(doc.get("request"), dict):
         raise MalformedReview("not an AdmissionReview with a request")
@@ -91,7 +128,8 @@ def respond(doc: Any, *, runtime: RuntimeImage | None = None) -> dict[str, Any]:
     uid, obj, old = req.get("uid"), req.get("object"), req.get("oldObject")
     if not isinstance(uid, str) or not uid or not isinstance(obj, dict) or not isinstance(old, (dict, type(None))):
         raise MalformedReview("the request has no uid or no object")
-    problems = review(str(req.get("operation") or ""), obj, old, runtime=runtime)
+    problems = review(str(req.get("operation") or ""), obj, old, runtime=runtime, pools=pools,
+                      namespace=str(req.get("namespace") or ""))
     response: dict[str, Any] = {"uid": uid, "allowed": not problems}
     if problems:
         response["status"] = {"code": DENIED_CODE, "message": message(problems)}

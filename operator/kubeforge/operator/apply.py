@@ -35,6 +35,7 @@ KINDS: dict[tuple[str, str], str] = {
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups",
     ("scheduling.run.ai/v2alpha2", "PodGroup"): "podgroups",
     (contract.API_VERSION, contract.KIND): contract.PLURAL,
+    (contract.API_VERSION, contract.POOL_KIND): contract.POOL_PLURAL,
     ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
 }
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"      # cluster-scoped Kueue objects the operator reads
@@ -196,6 +197,18 @@ class Cluster:
 
     def get_rljob(self, namespace: str, name: str) -> Obj | None:
         return self.request("GET", path_of(contract.API_VERSION, contract.KIND, namespace, name))
+
+    def list_rljobs(self, namespace: str) -> list[Obj]:
+        """Every RLJob of a namespace (a GeneratorPool's pass finds the jobs attached to it: ``poolreconcile``)."""
+        out = self.request("GET", path_of(contract.API_VERSION, contract.KIND, namespace)) or {}
+        return list(out.get("items", []))
+
+    def patch_object(self, obj: Obj, patch: Obj) -> Obj | None:
+        """Merge-patch an object (a GeneratorPool's finalizers: ``poolreconcile``); a ``metadata.resourceVersion``
+        in the patch makes a concurrent writer's change fail it (409) instead of being overwritten."""
+        md = obj["metadata"]
+        return self.request("PATCH", path_of(obj["apiVersion"], obj["kind"], md["namespace"], md["name"]),
+                            body=patch, content_type="application/merge-patch+json")
 
     def list_pods(self, namespace: str, job: str) -> list[Obj]:
         return self.list_pods_at(namespace, job)[0]

@@ -1,8 +1,10 @@
 """kopf handlers: they only route events to the router; all decisions live in ``reconcile``.
 
 Watches: RLJobs; StatefulSets and pods carrying ``contract.LABEL_JOB`` (label-selected, so the operator never
-caches unrelated objects). A pod event that shows a failure hands it to the router too, because the StatefulSet
-controller may replace a Failed pod before the next pass lists pods.
+caches unrelated objects); GeneratorPools and their StatefulSets (``contract.LABEL_POOL``), routed to the pools'
+router (``poolreconcile``): a job's creation or deletion asks its pool for a pass (attached jobs, the finalizer),
+and a pool's change asks its attached jobs for one (the engines they dial). A pod event that shows a failure hands
+it to the router too, because the StatefulSet controller may replace a Failed pod before the next pass lists pods.
 Kopf's bookkeeping stays out of ``status``: progress and diff-base storage are annotations, and only event
 handlers are used, so kopf writes nothing to an RLJob and adds no finalizer.
 """
@@ -15,7 +17,8 @@ from typing import Any
 import kopf
 
 from kubeforge.api import contract
-from kubeforge.operator import admission, apply, kubeconfig, metrics, observed, router as router_mod, watchcache
+from kubeforge.operator import (admission, apply, kubeconfig, metrics, observed, poolreconcile, router as router_mod,
+                                watchcache)
 from kubeforge.operator import webhook as webhook_mod
 
 ANNOTATION_PREFIX = "kopf.kubeforge.dev"
@@ -50,9 +53,12 @@ def configure(settings: kopf.OperatorSettings) -> None:
 def build_registry(router: router_mod.Router, creds: apply.Credentials,
                    webhook: webhook_mod.Webhook | None = None, *, jobs: watchcache.JobCache | None = None,
                    pods: watchcache.PodCache | None = None,
-                   runtime: admission.RuntimeImage | None = None) -> kopf.OperatorRegistry:
+                   runtime: admission.RuntimeImage | None = None,
+                   pools: admission.PoolLookup | None = None,
+                   pool_router: router_mod.Router | None = None) -> kopf.OperatorRegistry:
     """A registry with the operator's handlers bound to ``router`` (and the admission webhook when given, reviewing
-    against ``runtime``, the operator's runtime image); the watch caches, when given, are fed from the same events."""
+    against ``runtime``, the operator's runtime image, and the pools ``pools`` reads); the watch caches, when given,
+    are fed from the same events. With ``pool_router``, GeneratorPools are reconciled too."""
     reg = kopf.OperatorRegistry()
     present = {contract.LABEL_JOB: kopf.PRESENT}
 
@@ -69,7 +75,7 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
             metrics.EVENTS.labels("admission").inc()
             old = kw.get("old")
             problems = admission.review(kw.get("operation") or "", dict(body), dict(old) if old else None,
-                                        runtime=runtime)
+                                        runtime=runtime, pools=pools, namespace=kw.get("namespace") or "")
             if problems:
                 raise kopf.AdmissionError(admission.message(problems), code=422)
 
@@ -98,6 +104,9 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
         metrics.EVENTS.labels("rljob").inc()
         namespace, name = kw["namespace"], kw["name"]
         raw = kw["event"].get("object") or {}
+        pool = ((raw.get("spec") or {}).get("generatorPool") or {}).get("name")
+        if pool and pool_router is not None and kw["event"].get("type") in (None, "ADDED", "DELETED"):
+            pool_router.request(poolreconcile.key(namespace, pool), trigger="rljob")
         if kw["event"].get("type") == "DELETED":
             router.forget((namespace, name))
             for cache in (jobs, pods):
@@ -138,4 +147,27 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
             router.note_failure(key, failure)
         router.request(key, trigger="pod")
 
+    if pool_router is not None:
+        _pool_handlers(reg, router, pool_router)
     return reg
+
+
+def _pool_handlers(reg: kopf.OperatorRegistry, router: router_mod.Router, pool_router: router_mod.Router) -> None:
+    @kopf.on.event(contract.GROUP, contract.VERSION, contract.POOL_PLURAL, registry=reg)
+    async def _generatorpool(**kw: Any) -> None:
+        metrics.EVENTS.labels("generatorpool").inc()
+        namespace, name = kw["namespace"], kw["name"]
+        if kw["event"].get("type") == "DELETED":
+            pool_router.forget(poolreconcile.key(namespace, name))
+        else:
+            pool_router.request(poolreconcile.key(namespace, name), trigger="generatorpool")
+        status = (kw["event"].get("object") or {}).get("status") or {}
+        for job in status.get("attachedJobs") or ():    # the engines they dial may have changed
+            router.request((namespace, job), trigger="generatorpool")
+
+    @kopf.on.event("apps", "v1", "statefulsets", labels={contract.LABEL_POOL: kopf.PRESENT}, registry=reg)
+    async def _pool_statefulset(**kw: Any) -> None:
+        # its status carries the engines ready (status.readyEngines); deleted: the pass re-creates it
+        metrics.EVENTS.labels("statefulset").inc()
+        pool_router.request(poolreconcile.key(kw["namespace"], kw["labels"][contract.LABEL_POOL]),
+                            trigger="statefulset", invalidate=kw["event"].get("type") == "DELETED")

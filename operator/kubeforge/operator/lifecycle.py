@@ -21,7 +21,8 @@ import dataclasses
 import datetime as dt
 
 from kubeforge.api import contract, failures, progress, rljob
-from kubeforge.operator import completion, deadline, failure_policy, names, observed, queueing, reasons, timefmt, ttl
+from kubeforge.operator import completion, deadline, failure_policy, fencing, names, observed, queueing, reasons
+from kubeforge.operator import timefmt, ttl
 from kubeforge.operator.render import statefulset
 from kubeforge.operator.render.gang import base as gang_base
 
@@ -56,6 +57,8 @@ class Plan:
     queue: queueing.Gate | None = None     # a Kueue workload's gate (None: not labelled with a queue)
     held_by_queue: bool = False            # suspended only because Kueue has not admitted it (or evicted it)
     surplus_present: bool = False          # pods of the surplus StatefulSet exist (any attempt)
+    trainer_epoch: int = fencing.FIRST     # status.trainerEpoch: what trainer pods created now carry
+    fenced_writes: rljob.FencedWrites = dataclasses.field(default_factory=rljob.FencedWrites)
 
 
 def is_surplus(job: rljob.RLJob, pod: observed.PodFacts) -> bool:
@@ -77,13 +80,15 @@ def gang_placed(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> bool:
     return all(sum(p.role == r for p in bound) >= n for r, n in gang_base.minimums(job).items())
 
 
-def trainer_report(job: rljob.RLJob, obs: observed.Observed, attempt: int) -> progress.ProgressReport | None:
-    """Progress reported on trainer rank 0's pod of the current attempt."""
+def trainer_report(job: rljob.RLJob, obs: observed.Observed,
+                   attempt: int) -> tuple[progress.ProgressReport | None, str | None]:
+    """Progress reported on trainer rank 0's pod of the current attempt, unless a stale trainer epoch wrote it; and
+    then that report's identity (``fencing.screen``)."""
     rank0 = names.pod(job.metadata.name, "trainer", 0)
     for p in obs.of_attempt(attempt):
         if p.name == rank0 and p.progress is not None:
-            return p.progress
-    return None
+            return fencing.screen(p)
+    return None, None
 
 
 def _progress(report: progress.ProgressReport | None, prev: rljob.Progress) -> rljob.Progress:
@@ -122,8 +127,9 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime,
     prev = job.status or rljob.RLJobStatus()
     attempt, restarts = prev.attempt, prev.restarts
     terminal, t_reason, t_message = _prev_terminal(prev)
-    report = trainer_report(job, obs, attempt)
+    report, stale_report = trainer_report(job, obs, attempt)
     progress = _progress(report, prev.progress)
+    fresh: list[observed.Failure] = []
     start_time, completion_time = prev.start_time, prev.completion_time
     last_failure, new_failure, new_reason = prev.last_failure, None, None
     decision: failures.Decision | None = None
@@ -159,6 +165,7 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime,
         if terminal is not None:
             completion_time = timefmt.fmt(now)
 
+    trainer_epoch = fencing.epoch(prev.trainer_epoch, new_attempt=new_reason is not None, fresh=fresh)
     draining = bool(obs.stale(attempt))
     active = terminal is None and not suspended and not draining
     if suspended:
@@ -188,6 +195,8 @@ def decide(job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime,
         surplus_active=active and gang_placed(job, obs, attempt),
         queue=queue, held_by_queue=suspended and not job.spec.suspend,
         surplus_present=any(is_surplus(job, p) for p in obs.pods),
+        trainer_epoch=trainer_epoch,
+        fenced_writes=fencing.counted(prev.fenced_writes, report=report, stale=stale_report),
     )
 
 

@@ -31,8 +31,9 @@ from typing import Any
 
 import kopf
 
+from kubeforge.api import contract
 from kubeforge.operator import apply, handlers, leader, memory, metrics, names, reconcile, router as router_mod
-from kubeforge.operator import admission, nodeloss, watchcache
+from kubeforge.operator import admission, nodeloss, poolreconcile, watchcache
 from kubeforge.operator import webhook
 
 
@@ -133,6 +134,11 @@ def runtime_image(opts: Options) -> admission.RuntimeImage:
     return admission.RuntimeImage(image=opts.runtime_image, features=frozenset(opts.runtime_image_features))
 
 
+def pool_lookup(cluster: apply.Cluster) -> admission.PoolLookup:
+    """How the admission webhook reads the GeneratorPool a job names."""
+    return lambda namespace, name: cluster.get(contract.API_VERSION, contract.POOL_KIND, namespace, name)
+
+
 def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, apply.Cluster, webhook.Webhook | None]:
     """The router (with its reconcile work), the kopf registry routing into it, the API client, the webhook kopf
     serves (self-registered mode only: in-cluster, ``main`` serves it with ``webhook.AdmissionServer``)."""
@@ -151,10 +157,18 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, appl
                                    image_pull_secrets=opts.image_pull_secrets)
 
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
+
+    def pool_work(key: tuple[str, str], _failures: list[Any]) -> reconcile.Outcome:
+        return poolreconcile.reconcile_pool(cluster, key, image=opts.runtime_image, cache=cache, pool=appliers,
+                                            image_pull_secrets=opts.image_pull_secrets)
+
+    pool_router = router_mod.Router(pool_work, invalidate=cache.forget, workers=max(1, opts.workers // 4))
+    router.companions.append(pool_router)
     hook = webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,
                            host=opts.webhook_host or opts.webhook_addr, cert_dir=opts.webhook_cert_dir) \
         if opts.webhook and not opts.webhook_cert_dir else None
-    registry = handlers.build_registry(router, creds, hook, jobs=jobs, pods=pods, runtime=runtime_image(opts))
+    registry = handlers.build_registry(router, creds, hook, jobs=jobs, pods=pods, runtime=runtime_image(opts),
+                                       pools=pool_lookup(cluster), pool_router=pool_router)
     return router, registry, cluster, hook
 
 
@@ -237,10 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics.serve(opts.metrics_port)     # a standby is scraped too
     if opts.webhook and opts.webhook_cert_dir:   # in-cluster: every replica answers reviews, standbys too
         runtime = runtime_image(opts)
+        lookup = pool_lookup(apply.Cluster(apply.load_credentials(opts.kubeconfig)))
         webhook.AdmissionServer(webhook.prepare(addr=opts.webhook_addr, port=opts.webhook_port,
                                                 host=opts.webhook_host or opts.webhook_addr,
                                                 cert_dir=opts.webhook_cert_dir),
-                                lambda doc: webhook.answer(doc, runtime=runtime)).start()
+                                lambda doc: webhook.answer(doc, runtime=runtime, pools=lookup)).start()
     elector = None
     if opts.leader_elect:
         metrics.LEADER.set(0)

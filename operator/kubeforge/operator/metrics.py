@@ -2,7 +2,7 @@
 
 Series: reconciles and errors per triggering handler, reconcile duration and latency (event to pass done), RLJobs
 by phase (this process's view), the time from an RLJob's creation to its gang first Running, failures acted on (by role, reason, action) and the
-time from a restart decision to every role ready again; the API requests it sent (by verb and resource), the pod
+time from a restart decision to every role ready again, the writes of stale trainer epochs refused; the API requests it sent (by verb and resource), the pod
 re-LISTs that failed; whether
 this process is the active replica, and the admission reviews its webhook server answered.
 """
@@ -33,6 +33,10 @@ GANG_RUNNING = prom.Histogram("kubeforge_operator_gang_running_seconds",
 RESTARTS = prom.Counter("kubeforge_operator_failures_total", "Failures acted on by the failure policy, by the "
                        "failed role, its termination reason and the action taken (RestartAll, RestartRole, Fail, "
                        "Ignore).", ["role", "reason", "action"], registry=REGISTRY)
+FENCED = prom.Counter("kubeforge_operator_fenced_writes_total", "Writes of stale trainer epochs refused, by kind: "
+                     "checkpoint (the checkpoint store), push (the generators), report (progress the operator "
+                     "ignored); grows by what status.fencedWrites gains (docs/fencing.md).", ["kind"],
+                     registry=REGISTRY)
 RECOVERY = prom.Histogram("kubeforge_operator_recovery_seconds", "Seconds from a restart decision to every role "
                           "ready again, by action.", ["action"],
                           buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800), registry=REGISTRY)

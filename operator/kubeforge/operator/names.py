@@ -76,3 +76,15 @@ peer_host = contract.peer_host     # stable DNS name of a pod behind the job's h
 def network_policy(job: str) -> str:
     """The job's NetworkPolicy."""
     return f"{job}-network"
+
+
+# ---- a GeneratorPool's children (its StatefulSet and Service: ``contract.pool_service``) ----
+POOL_CONFIG_FILE = "pool.yaml"           # the pool's manifest, as the engines read it
+POOL_ENGINE_FILE = "engine.json"         # the vLLM arguments the spec decides (``generatorpool.engine_args``)
+#: The finalizer on every GeneratorPool: a deleted pool waits until no RLJob names it (docs/generator-pool.md).
+POOL_FINALIZER = "kubeforge.dev/pool-in-use"
+
+
+def pool_config_map(pool: str) -> str:
+    """The ConfigMap holding a pool's manifest and engine arguments."""
+    return f"{contract.pool_service(pool)}-config"

@@ -57,6 +57,7 @@ class PodFacts:
     export_request: str | None = None      # the pod's contract.ANNOTATION_EXPORT_REQUEST (the operator's relay)
     node: str | None = None                # spec.nodeName
     uid: str = ""                          # metadata.uid (the precondition of a forced delete)
+    trainer_epoch: int | None = None       # the pod's contract.LABEL_TRAINER_EPOCH (trainers; None: absent)
 
 
 # Waiting reasons of a container that will not start by waiting: the kubelet retries them silently forever.
@@ -164,6 +165,7 @@ def pod_facts(pod: Raw) -> PodFacts:
         progress=progress.ProgressReport.decode(ann.get(contract.ANNOTATION_PROGRESS)), stuck=_stuck(st),
         export_request=ann.get(contract.ANNOTATION_EXPORT_REQUEST),
         node=spec.get("nodeName") or None, uid=str(md.get("uid") or ""),
+        trainer_epoch=_int(labels.get(contract.LABEL_TRAINER_EPOCH)),
     )
 
 

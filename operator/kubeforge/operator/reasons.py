@@ -52,6 +52,7 @@ EVICTED = "Evicted"                      # Kueue evicted it for another reason (
 QUEUE_INVALID = "QueueInvalid"           # the labels name what cannot admit it (e.g. no such WorkloadPriorityClass)
 NODE_LOST = "NodeLost"                   # event (Warning): a node not Ready past the grace; its pods of the job force-deleted
 CONTAINER_FAILED = "ContainerFailed"      # event: a container of the current attempt failed
+POOL_NOT_FOUND = "PoolNotFound"          # event (Warning): the GeneratorPool the job names does not exist: no pods
 # gang.backend Auto (condition GangScheduling's reasons, and the event when the choice is made; gangauto.py)
 AUTO_CHOSE_KUEUE = "AutoChoseKueue"                # the RLJob carries a Kueue queue label: Kueue admits it whole
 AUTO_CHOSE_COSCHEDULING = "AutoChoseCoscheduling"  # PodGroups served and the operator names their scheduler
@@ -351,6 +352,13 @@ REFERENCE: dict[str, Entry] = {
                 "for its node.",
         check="The node named in the message; whether it was only partitioned (its pods may still run there).",
         run=(_NODES, _LAST_FAILURE)),
+    POOL_NOT_FOUND: Entry(
+        event="Warning",
+        meaning="The job names a GeneratorPool (`spec.generatorPool.name`) that does not exist in its namespace: "
+                "its roles would have no generator to dial, so it gets no pods (its StatefulSets stay at 0 replicas, "
+                "no gang object) until the pool is created; then it starts (docs/generator-pool.md).",
+        check="The pool's name and namespace: `kubectl -n <ns> get generatorpools`; create the pool, or fix the name.",
+        run=("kubectl -n <ns> get generatorpools", _DESCRIBE)),
     INVALID_SPEC: Entry(
         event="Warning",
         meaning="The stored RLJob does not match the operator's API model: the CRD installed and the operator's "

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubeforge.api import contract, failures, load, rljob
-from kubeforge.operator import (apply, exports, gangauto, lifecycle, metrics, names, nodeloss, observed, queueing,
-                                reasons, render, status, timefmt, watchcache)
+from kubeforge.operator import (apply, exports, fencing, gangauto, lifecycle, metrics, names, nodeloss, observed,
+                                queueing, reasons, render, status, timefmt, watchcache)
 from kubeforge.operator.render import context, gang, meta, secret
 from kubeforge.operator.render import workload as workload_render
 
@@ -45,6 +45,7 @@ class Outcome:
     created: str | None = None           # the RLJob's creationTimestamp
     decision: failures.Decision | None = None   # what the failure policy decided this pass
     all_ready: bool = False              # every role of the current attempt has all replicas ready
+    fenced: dict[str, int] = dataclasses.field(default_factory=dict)   # what status.fencedWrites gained, by kind
 
 
 class ApplyCache:
@@ -218,6 +219,7 @@ def _read_pods(cluster: apply.Cluster, key: Key, pods: watchcache.PodCache | Non
 
 #: How soon a job Kueue has not admitted (or has evicted) is looked at again besides its Workload's watch events.
 QUEUE_POLL_S = 10.0
+TEMPLATE_WAIT_S = 1.0     # a lost trainer pod waits this long between looks at its StatefulSet (_held_trainers)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -372,8 +374,16 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
             pacer.forget(key)
         return Outcome(gone=True, phase=job.status.phase if job.status else None)
     choice = _gang_choice(cluster, job, coscheduling_scheduler=coscheduling_scheduler)
+    engines = _pool_engines(cluster, job, namespace)
+    held = engines is None and plan.active   # its GeneratorPool does not exist: no pods until it does
+    if held and job.spec.generator_pool is not None:
+        cluster.post_event(raw, type="Warning", reason=reasons.POOL_NOT_FOUND, now=timefmt.fmt(now),
+                           message=f"GeneratorPool {job.spec.generator_pool.name!r} does not exist in namespace "
+                           f"{namespace}: the job's pods wait for it")
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
-                                active=plan.active, gang_active=plan.gang_active, image=image,
+                                trainer_epoch=plan.trainer_epoch,
+                                active=plan.active and not held, gang_active=plan.gang_active and not held,
+                                pool_engines=engines or 0, image=image,
                                 surplus_active=plan.surplus_active, surplus_present=plan.surplus_present,
                                 admission=queueing.admission_key(queue.wl, queue.flavors, grown=grown)
                                 if queue is not None and gate is not None and gate.admitted else "",
@@ -415,8 +425,12 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         log.warning("%s/%s: %s", namespace, name, nodeloss.message(lost, node, node_loss_grace))
         cluster.post_event(raw, type="Warning", reason=reasons.NODE_LOST, now=timefmt.fmt(now),
                            message=nodeloss.message(lost, node, node_loss_grace))
+    held_pods = _held_trainers(cluster, key, lost, trainer_epoch=plan.trainer_epoch)
     for p in lost.lost:
-        cluster.force_delete_pod(namespace, p.pod, p.uid)
+        if p.pod not in held_pods:
+            cluster.force_delete_pod(namespace, p.pod, p.uid)
+    if held_pods:          # the next pass deletes them (they are still lost), once the template is observed
+        requeue = _min(requeue, TEMPLATE_WAIT_S)
     handoff = exports.relay(job, obs, attempt=plan.attempt, served=new.progress.last_export,
                             annotations=raw["metadata"].get("annotations")) if plan.active else None
     if handoff is not None:      # the user's export request on the RLJob, for trainer 0 (exports.py)
@@ -424,11 +438,35 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     ready = next((c.status == "True" for c in new.conditions if c.type == reasons.READY), False)
     return Outcome(phase=new.phase, previous_phase=job.status.phase if job.status else None,
                    requeue_after=requeue, created=raw["metadata"].get("creationTimestamp"),
-                   decision=plan.decision, all_ready=ready)
+                   decision=plan.decision, all_ready=ready,
+                   fenced=fencing.gained(job.status.fenced_writes if job.status else None, new.fenced_writes))
+
+
+def _pool_engines(cluster: apply.Cluster, job: rljob.RLJob, namespace: str) -> int | None:
+    """The engines of the GeneratorPool ``job`` names (its ``spec.replicas``; 0 for a job with generators of its
+    own; None: the pool does not exist, and the job gets no pods until it does: ``reasons.POOL_NOT_FOUND``). A
+    pool's creation or replica change reaches its jobs by a pass the pool's events ask for (``handlers``)."""
+    ref = job.spec.generator_pool
+    if ref is None:
+        return 0
+    raw = cluster.get(contract.API_VERSION, contract.POOL_KIND, namespace, ref.name)
+    return None if raw is None else int((raw.get("spec") or {}).get("replicas") or 0)
 
 
 def _min(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
+
+
+def _held_trainers(cluster: apply.Cluster, key: Key, lost: nodeloss.Verdict, *,
+                   trainer_epoch: int) -> set[str]:
+    """Lost trainer pods not to force-delete yet: the StatefulSet controller has not observed the template with
+    ``trainer_epoch``, so their replacements could still carry the epoch of the pods they replace
+    (``fencing.template_observed``; docs/fencing.md)."""
+    trainers = {p.pod for p in lost.lost if p.failure.role == "trainer"}
+    if not trainers:
+        return set()
+    sts = cluster.get("apps/v1", "StatefulSet", key[0], contract.child_name(key[1], "trainer"))
+    return set() if fencing.template_observed(sts, trainer_epoch=trainer_epoch) else trainers
 
 
 def _node_loss(cluster: apply.Cluster, obs: observed.Observed, *, now: dt.datetime, grace: float) -> nodeloss.Verdict:

@@ -52,6 +52,8 @@ class Router:
         self._invalidate = invalidate
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconcile")
         self._jobs: dict[Key, _JobState] = {}
+        #: routers shut down with this one (the GeneratorPools' beside the RLJobs': ``main.build``)
+        self.companions: list[Router] = []
 
     def request(self, key: Key, *, trigger: str, invalidate: bool = False) -> None:
         """Ask for a pass of ``key`` (coalesced with any pending request); ``invalidate``: a child was deleted,
@@ -123,6 +125,8 @@ class Router:
 
     def _observe(self, key: Key, st: _JobState, out: reconcile.Outcome) -> None:
         metrics.set_phase(key, out.phase)
+        for kind, n in out.fenced.items():
+            metrics.FENCED.labels(kind).inc(n)
         d = out.decision
         if d is not None and d.cause is not None:
             metrics.RESTARTS.labels(d.cause.role, d.cause.reason, d.action).inc()
@@ -139,3 +143,5 @@ class Router:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for other in self.companions:
+            other.shutdown()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
-from kubeforge.api import contract, failures, rljob
+from kubeforge.api import failures, rljob
 from kubeforge.operator import gangauto, lifecycle, observed, reasons, timefmt
 from kubeforge.operator.render.gang import base as gang_base
 
@@ -34,7 +34,7 @@ def role_statuses(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan
     """Desired, ready and restarted pods per role in the current attempt."""
     pods = [p for p in obs.of_attempt(plan.attempt) if not p.terminating]
     out = {}
-    for role in contract.ROLES:
+    for role in job.spec.own_roles():       # a pool's engines are the pool's status (GeneratorPool.status)
         mine = [p for p in pods if p.role == role]
         out[role] = rljob.RoleStatus(
             replicas=getattr(job.spec.roles, role).replicas if plan.active else 0,
@@ -155,6 +155,7 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
         conditions=merge_conditions(prev.conditions, _conditions(job, plan, gang, ready, gang_choice),
                                     generation=generation, now=now),
         roles=roles, ready=f"{ready_roles}/{len(roles)}", restarts=plan.restarts, attempt=plan.attempt,
+        trainer_epoch=plan.trainer_epoch, fenced_writes=plan.fenced_writes,
         last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress,
         last_progress_time=plan.last_progress_time, start_time=plan.start_time,
         completion_time=plan.completion_time,

@@ -126,9 +126,10 @@ def configuration_ref() -> dict[str, object]:
             "metadata": {"name": MANAGED_NAME}}
 
 
-def answer(doc: Any, *, runtime: admission.RuntimeImage | None = None) -> dict[str, Any]:
+def answer(doc: Any, *, runtime: admission.RuntimeImage | None = None,
+           pools: admission.PoolLookup | None = None) -> dict[str, Any]:
     """The AdmissionReview answer (``admission.respond``), counted by result."""
-    out = admission.respond(doc, runtime=runtime)
+    out = admission.respond(doc, runtime=runtime, pools=pools)
     metrics.ADMISSION.labels("allowed" if out["response"]["allowed"] else "denied").inc()
     return out
 

@@ -50,6 +50,7 @@ class RoleConfig:
     pod_index: int = 0             # ENV_INDEX: the replica (pod) index
     local_rank: int | None = None  # ENV_LOCAL_RANK: trainer rank within its pod (None: not set)
     cpus: str | None = None        # ENV_CPUS: the CPU ids to pin to (affinity.apply_text); None: not pinned
+    trainer_epoch: int = 0         # ENV_TRAINER_EPOCH: what a trainer's writes carry (docs/fencing.md)
 
     @property
     def supervises(self) -> bool:
@@ -119,6 +120,7 @@ def local_problems(spec: rljob.RLJobSpec, *, role: str | None = None) -> list[st
         # LoRA targets against the folder's weight names (safetensors headers, no torch): refused here, before any
         # model or vLLM engine loads, not by the trainer after its start (a built-in's layers: kubeforge.api.validate)
         problems.extend(modelfolder.lora_problems(spec.model))
+        problems.extend(_native_problems(spec))
     if "task" in reads and spec.task.jsonl is not None and not pathlib.Path(spec.task.jsonl.path).is_file():
         problems.append(f"spec.task.jsonl.path: Not found: {spec.task.jsonl.path!r} is not a file")
     if role in (None, "generator") and spec.environment is not None and \
@@ -132,6 +134,21 @@ def local_problems(spec: rljob.RLJobSpec, *, role: str | None = None) -> list[st
                             f"with the verifiers library, and {str(python)!r} does not exist (make venv-envs, or set "
                             f"{adapter.ENV_PYTHON})")
     return problems
+
+
+def _native_problems(spec: rljob.RLJobSpec) -> list[str]:
+    """``toolFormat: Native`` with a ``spec.model.path`` model: its folder's chat template must write a tool-call
+    format kubeforge reads (a built-in's: ``kubeforge.api.validate``). A folder that is not there is refused above."""
+    env, path = spec.environment, spec.model.path
+    if env is None or env.tool_format != rljob.ToolFormat.NATIVE.value or path is None or \
+            not pathlib.Path(path).is_dir():
+        return []
+    from kubeforge.runtime.agents.toolcalls import registry
+
+    if registry.for_template(modelfolder.chat_template(pathlib.Path(path))) is not None:
+        return []
+    return [f"spec.environment.toolFormat: Invalid value: 'Native': the chat template of the model at spec.model.path "
+            f"writes no tool-call format kubeforge reads ({registry.families()}); use toolFormat Tags"]
 
 
 def from_env(env: Mapping[str, str]) -> RoleConfig:
@@ -157,7 +174,7 @@ def from_env(env: Mapping[str, str]) -> RoleConfig:
         run_dir=pathlib.Path(e.run_dir) if e.run_dir else None,
         checkpoint_dir=e.checkpoint_dir or job.spec.checkpoint.path, attempt=e.attempt, report=e.report,
         peers={**e.peers, "trainer": rank_peers(e.peers["trainer"], n)}, job_key=e.job_key, pod_index=e.index,
-        local_rank=local_rank, cpus=e.cpus,
+        local_rank=local_rank, cpus=e.cpus, trainer_epoch=e.trainer_epoch,
     )
 
 
@@ -180,9 +197,10 @@ def _replica_problems(job: rljob.RLJob, peers: Mapping[str, tuple[roleenv.Peer, 
 def role_env(*, job: rljob.RLJob, config_path: str, role: str, index: int,
              peers: Mapping[str, list[roleenv.Peer]], bind_host: str = "127.0.0.1", run_dir: str | None = None,
              checkpoint_dir: str | None = None, attempt: int = 0, report: str = roleenv.REPORT_JSONL,
-             job_key: bytes | None = None) -> dict[str, str]:
+             job_key: bytes | None = None, trainer_epoch: int | None = None) -> dict[str, str]:
     """The env contract for one local process (``roleenv.render`` with every value known here)."""
     env = roleenv.render(role=role, index=index, config_path=config_path, job_name=job.metadata.name, peers=peers,
                          port_base=peers[role][index].port_base, bind_host=bind_host, attempt=attempt,
-                         report=report, job_key=job_key, run_dir=run_dir, checkpoint_dir=checkpoint_dir)
+                         report=report, job_key=job_key, run_dir=run_dir, checkpoint_dir=checkpoint_dir,
+                         trainer_epoch=trainer_epoch if role == "trainer" else None)
     return {k: v for k, v in env.items() if isinstance(v, str)}

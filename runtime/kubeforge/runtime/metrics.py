@@ -102,12 +102,19 @@ class Metrics:
         self.endpoint_tokens = Family(self._raw(prom.Counter, "endpoint_tokens_total", "Tokens of the calls the "
                                                 "agents endpoint sampled, by kind: prompt, completion.", ("kind",)),
                                       self._base)
+        self.endpoint_tool_parses = Family(self._raw(prom.Counter, "endpoint_tool_parses_total", "Replies of calls "
+                                                     "that offered tools, read for the model's tool calls, by "
+                                                     "outcome: tool_calls, text, malformed (markup that does not "
+                                                     "parse, returned as content), unmet (tool_choice required or "
+                                                     "a function, and no such call).", ("outcome",)), self._base)
         self.endpoint_request_seconds = Family(self._raw(prom.Histogram, "endpoint_request_seconds", "Wall time "
                                                          "of one answered chat completion, body read to last byte, "
                                                          "by stream (true, false).", ("stream",),
                                                          buckets=_SECONDS), self._base)
         self.endpoint_first_token_seconds = h("endpoint_first_token_seconds", "Time from a streamed chat "
                                               "completion's body read to its first content sent.", _SECONDS)
+        self.fenced_pushes = c("fenced_pushes_total", "Weight pushes (SYNC) refused: sent by a trainer epoch older "
+                               "than one this generator has seen (docs/fencing.md).")
         # data plane
         self.rollouts_sent = c("rollouts_sent_total", "Rollout groups sent (generator: ROLLOUT; verifier: SCORED).")
         self.rollouts_received = c("rollouts_received_total", "Rollout groups received.")

@@ -1,4 +1,5 @@
-"""What a Hugging Face model folder holds, read cheaply: tensor names and shapes from the safetensors headers.
+"""What a Hugging Face model folder holds, read cheaply: tensor names and shapes from the safetensors headers, and
+its chat template (``chat_template.jinja`` or ``tokenizer_config.json``'s, as transformers reads them).
 
 Neighbours: ``config.local_problems`` calls :func:`lora_problems`, so a LoRA ``targetModules`` naming no layer of a
 ``spec.model.path`` model is refused by the launcher before any process starts and by every role process (a pod
@@ -67,3 +68,18 @@ def lora_problems(spec: rljob.ModelSpec) -> list[str]:
     return [f"spec.model.lora.targetModules[{i}]: Unsupported value: {name!r}: the model at spec.model.path has no "
             f"layer of that name (its weight matrices belong to: {shown})"
             for i, name in enumerate(spec.lora.target_modules) if name not in layers]
+
+
+def chat_template(folder: pathlib.Path) -> str | None:
+    """The folder's default chat template as transformers loads it, or None: ``chat_template.jinja`` first, else
+    ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of named templates: the ``default`` one)."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    try:
+        value = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(value, list):
+        value = next((t.get("template") for t in value if isinstance(t, dict) and t.get("name") == "default"), None)
+    return value if isinstance(value, str) else None

@@ -8,8 +8,8 @@ name a type wherever it is defined. The parts, by concern: ``base`` (the base ty
 patterns; its docstring states the model's invariants), ``model`` (spec.model), ``task`` (spec.task and
 spec.evaluation), ``verifiers`` (spec.verifiers, spec.reward), ``algorithm`` (spec.algorithm, spec.weightSync,
 spec.schedule), ``checkpoint``, ``container`` (env vars, secret references, resources), ``roles``, ``gang``
-(spec.gang, spec.placement), ``failure`` (spec.failurePolicy), ``environment``, ``status``, and ``spec`` (the
-RLJob object that composes them).
+(spec.gang, spec.placement), ``failure`` (spec.failurePolicy), ``environment``, ``pool`` (spec.generatorPool),
+``status``, and ``spec`` (the RLJob object that composes them).
 """
 from __future__ import annotations
 
@@ -26,9 +26,14 @@ from kubeforge.api.rljob.base import (
 from kubeforge.api.rljob.model import (
     BuiltinModel,
     DType,
+    LORA_RANKS,
     LoraSpec,
     MSG_ONE_MODEL,
+    ModelSource,
     ModelSpec,
+    ONE_MODEL_RULE,
+    engine_lora_rank,
+    lora_engine_args,
 )
 from kubeforge.api.rljob.task import (
     ArithmeticOp,
@@ -105,12 +110,14 @@ from kubeforge.api.rljob.container import (
     gpu_count,
 )
 from kubeforge.api.rljob.roles import (
+    EngineSettings,
     GeneratorRole,
     MSG_AFFINITY_BOTH,
     MSG_AFFINITY_SELF,
     MSG_MIN_REPLICAS,
     MSG_TRAINER_IMMUTABLE,
     PlacementMode,
+    PodSettings,
     RoleAffinity,
     RoleName,
     RoleSpec,
@@ -139,15 +146,23 @@ from kubeforge.api.rljob.environment import (
     GuessNumberEnvironment,
     MODULE_PATTERN,
     MSG_ENV_GUESS,
+    MSG_ENV_NATIVE,
     MSG_ENV_PYTHON,
     MSG_ENV_VERIFIERS,
     PythonEnvironment,
+    ToolFormat,
     VerifiersEnvironment,
+)
+from kubeforge.api.rljob.pool import (
+    GeneratorPoolRef,
+    MSG_POOL_IMMUTABLE,
+    MSG_POOL_NEEDS_LORA,
 )
 from kubeforge.api.rljob.status import (
     Condition,
     ExportInfo,
     FailureInfo,
+    FencedWrites,
     Phase,
     Progress,
     RLJobStatus,
@@ -161,6 +176,7 @@ from kubeforge.api.rljob.spec import (
     ObjectMeta,
     RLJob,
     RLJobSpec,
+    name_rules,
 )
 __all__ = [
     "AccessMode",
@@ -181,6 +197,7 @@ __all__ = [
     "DynamicSamplingSpec",
     "ENTRY_POINT_PATTERN",
     "ENV_PREFIX_PATTERN",
+    "EngineSettings",
     "EnvFromSource",
     "EnvVar",
     "EnvVarSource",
@@ -194,9 +211,11 @@ __all__ = [
     "FailurePolicySpec",
     "FailureReason",
     "FailureRule",
+    "FencedWrites",
     "GPU_RESOURCES",
     "GangBackend",
     "GangSpec",
+    "GeneratorPoolRef",
     "GeneratorRole",
     "GuessNumberEnvironment",
     "IMMUTABLE",
@@ -204,6 +223,7 @@ __all__ = [
     "Isolation",
     "JsonlTask",
     "KeySelector",
+    "LORA_RANKS",
     "LRScheduleSpec",
     "LRScheduleType",
     "LengthVerifier",
@@ -219,6 +239,7 @@ __all__ = [
     "MSG_ENTRY_POINT",
     "MSG_ENV_FROM_ONE_SOURCE",
     "MSG_ENV_GUESS",
+    "MSG_ENV_NATIVE",
     "MSG_ENV_ONE_SOURCE",
     "MSG_ENV_ONE_VALUE",
     "MSG_ENV_PYTHON",
@@ -235,6 +256,8 @@ __all__ = [
     "MSG_ONE_MODEL",
     "MSG_ONE_TASK",
     "MSG_OVERLONG_LENGTH",
+    "MSG_POOL_IMMUTABLE",
+    "MSG_POOL_NEEDS_LORA",
     "MSG_POSITIVE_RATES",
     "MSG_PYTHON_NEEDS_SETTINGS",
     "MSG_REGEX_INVALID",
@@ -244,16 +267,19 @@ __all__ = [
     "MismatchLevel",
     "MismatchMaskSpec",
     "Model",
+    "ModelSource",
     "ModelSpec",
     "NAME_PATTERN",
     "NAME_PATTERN_DNS1123",
     "NAME_RULES",
+    "ONE_MODEL_RULE",
     "ObjectMeta",
     "ObjectReference",
     "OverlongBufferSpec",
     "Phase",
     "PlacementMode",
     "PlacementSpec",
+    "PodSettings",
     "Progress",
     "PythonEnvironment",
     "PythonVerifier",
@@ -277,6 +303,7 @@ __all__ = [
     "SecretReference",
     "Sharding",
     "TaskSpec",
+    "ToolFormat",
     "TrainerRole",
     "VerifierRole",
     "VerifierSpec",
@@ -285,5 +312,8 @@ __all__ = [
     "WeakSupervisionSpec",
     "WeightSyncBackend",
     "WeightSyncSpec",
+    "engine_lora_rank",
     "gpu_count",
+    "lora_engine_args",
+    "name_rules",
 ]

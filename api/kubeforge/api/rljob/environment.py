@@ -19,6 +19,13 @@ class EnvironmentType(str, enum.Enum):
     VERIFIERS = "Verifiers"
 
 
+class ToolFormat(str, enum.Enum):
+    """See docs/agents.md, "Tool calls"."""
+
+    TAGS = "Tags"       # <tool>EXPR</tool>, answered <result>VALUE</result>: any model can learn it
+    NATIVE = "Native"   # the model's own tool-call format through its chat template; results as tool messages
+
+
 class EnvironmentReward(str, enum.Enum):
     """Where an episode's reward comes from (docs/agents.md, "Reward")."""
 
@@ -61,6 +68,8 @@ class GuessNumberEnvironment(Model):
 MSG_ENV_PYTHON = "python must be set when type is Python, and only then"
 MSG_ENV_VERIFIERS = "verifiers must be set when type is Verifiers, and only then"
 MSG_ENV_GUESS = "guessNumber may only be set when type is GuessNumber"
+MSG_ENV_NATIVE = ("toolFormat Native needs an environment whose tools are function schemas: type Calculator (the "
+                  "others take Tags)")
 
 
 class EnvironmentSpec(Model):
@@ -71,7 +80,9 @@ class EnvironmentSpec(Model):
         json_schema_extra=schema_extra(
             cel("has(self.python) == (self.type == 'Python')", MSG_ENV_PYTHON),
             cel("has(self.verifiers) == (self.type == 'Verifiers')", MSG_ENV_VERIFIERS),
-            cel("!has(self.guessNumber) || self.type == 'GuessNumber'", MSG_ENV_GUESS)))
+            cel("!has(self.guessNumber) || self.type == 'GuessNumber'", MSG_ENV_GUESS),
+            cel("!has(self.toolFormat) || self.toolFormat != 'Native' || self.type == 'Calculator'",
+                MSG_ENV_NATIVE)))
 
     type: EnvironmentType = Field(description="Calculator | GuessNumber | CodeFeedback | Python | Verifiers.")
     max_turns: int = Field(4, ge=1, le=64, description="Policy turns per episode at most.")
@@ -87,6 +98,11 @@ class EnvironmentSpec(Model):
     python: PythonEnvironment | None = Field(None, description="Settings for type Python.")
     verifiers: VerifiersEnvironment | None = Field(None, description="Settings for type Verifiers.")
     guess_number: GuessNumberEnvironment | None = Field(None, description="Settings for type GuessNumber.")
+    tool_format: ToolFormat = Field(ToolFormat.TAGS, description="How the policy calls the tools: Tags (a tag "
+                                    "protocol any model can learn) | Native (the model's own tool-call format "
+                                    "through its chat template: SmolLM2's, the Hermes/Qwen2.5 family's; results come "
+                                    "back as tool messages). Native: type Calculator, with a model whose template "
+                                    "writes such a format.")
 
     @pydantic.model_validator(mode="after")
     def _settings(self) -> EnvironmentSpec:
@@ -96,6 +112,8 @@ class EnvironmentSpec(Model):
             raise ValueError(MSG_ENV_VERIFIERS)
         if self.guess_number is not None and self.type != EnvironmentType.GUESS_NUMBER.value:
             raise ValueError(MSG_ENV_GUESS)
+        if self.tool_format == ToolFormat.NATIVE.value and self.type != EnvironmentType.CALCULATOR.value:
+            raise ValueError(MSG_ENV_NATIVE)
         return self
 
     def episode_tokens(self, max_new_tokens: int) -> int:

@@ -53,8 +53,9 @@ class RoleAffinity(Model):
         return self
 
 
-class RoleSpec(Model):
-    """Settings shared by every role."""
+class PodSettings(Model):
+    """A set of identical pods (a role's, or a generator pool's engines): how many, image, env, resources, node
+    placement, volumes."""
 
     replicas: int = Field(1, ge=1, le=4096, description="Pods (processes) of this role.")
     image: str | None = Field(None, min_length=1, description="Container image; defaults to the operator's "
@@ -74,8 +75,6 @@ class RoleSpec(Model):
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements,
                                             description="Resource requests and limits of the role's container.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the role's pods need.")
-    affinity: RoleAffinity | None = Field(None, description="Placement relative to the job's roles: co-locate "
-                                          "with some, keep apart from others (pod affinity over topologyKey).")
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list, description="Kubernetes tolerations of the role's pods.",
         json_schema_extra={"items": FREE_FORM})
@@ -96,21 +95,33 @@ class RoleSpec(Model):
         return v
 
 
-MSG_MIN_REPLICAS = "minReplicas must be less than or equal to replicas"
+class RoleSpec(PodSettings):
+    """Settings shared by every role."""
+
+    affinity: RoleAffinity | None = Field(None, description="Placement relative to the job's roles: co-locate "
+                                          "with some, keep apart from others (pod affinity over topologyKey).")
 
 
-class GeneratorRole(RoleSpec):
-    """The generator role: a vLLM engine per replica."""
-
-    model_config = pydantic.ConfigDict(
-        json_schema_extra=schema_extra(cel("!has(self.minReplicas) || self.minReplicas <= self.replicas",
-                                             MSG_MIN_REPLICAS)))
+class EngineSettings(Model):
+    """vLLM engine settings, of a job's generators or of a generator pool's engines."""
 
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="vLLM tensor parallelism inside one replica.")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vLLM GPU memory share (GPU only).")
     kv_cache_gib: int = Field(1, ge=1, le=1024, description="vLLM KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE).")
     max_model_len: int | None = Field(None, ge=16, description="vLLM max model length; defaults to the model's.")
     enforce_eager: bool = Field(False, description="Skip vLLM graph compilation (faster start, slower decode).")
+
+
+MSG_MIN_REPLICAS = "minReplicas must be less than or equal to replicas"
+
+
+class GeneratorRole(EngineSettings, RoleSpec):
+    """The generator role: a vLLM engine per replica."""
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=schema_extra(cel("!has(self.minReplicas) || self.minReplicas <= self.replicas",
+                                             MSG_MIN_REPLICAS)))
+
     min_replicas: int | None = Field(None, ge=1, le=4096, description="Generators the gang holds the job for "
                                      "(default: all replicas). Generators beyond it are not gang-held: the job "
                                      "starts with what fits and grows. spec.roles.generator.replicas may change "

@@ -5,7 +5,7 @@ where a field called ``model`` or ``task`` would hide a module of that name."""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pydantic
 from pydantic import Field
@@ -18,6 +18,7 @@ from kubeforge.api.rljob.environment import EnvironmentSpec
 from kubeforge.api.rljob.failure import FailurePolicySpec
 from kubeforge.api.rljob.gang import GangSpec, PlacementSpec
 from kubeforge.api.rljob.model import ModelSpec
+from kubeforge.api.rljob.pool import MSG_POOL_NEEDS_LORA, SPEC_RULES as POOL_RULES, GeneratorPoolRef
 from kubeforge.api.rljob.roles import RolesSpec
 from kubeforge.api.rljob.status import RLJobStatus
 from kubeforge.api.rljob.task import EvaluationSpec, TaskSpec
@@ -35,6 +36,7 @@ class RLJobSpec(Model):
             cel("!has(self.evaluation) || !has(self.evaluation.verifier) || "
                  "self.verifiers.exists(v, v.name == self.evaluation.verifier)",
                  f"evaluation.verifier: {MSG_EVAL_VERIFIER}"),
+            *POOL_RULES,
         )
     )
 
@@ -55,6 +57,10 @@ class RLJobSpec(Model):
                                    "the cores or GPUs: Overlapped | Colocated | Disaggregated.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Trainer checkpoints.")
     roles: RolesSpec = Field(default_factory=RolesSpec, description="Generator, verifier and trainer roles.")
+    generator_pool: GeneratorPoolRef | None = Field(
+        None, description="Sample on a GeneratorPool's engines instead of generators of the job's own "
+        "(spec.roles.generator is then unused): needs spec.model.lora and the pool's base model "
+        "(docs/generator-pool.md).")
     gang: GangSpec = Field(default_factory=GangSpec, description="Gang scheduling (cluster only).")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Topology placement (cluster only).")
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec,
@@ -80,26 +86,46 @@ class RLJobSpec(Model):
             raise ValueError(f"evaluation.verifier: {MSG_EVAL_VERIFIER}")
         return self
 
+    @pydantic.model_validator(mode="after")
+    def _pool_needs_lora(self) -> RLJobSpec:
+        if self.generator_pool is not None and self.model.lora is None:
+            raise ValueError(MSG_POOL_NEEDS_LORA)
+        return self
+
+    def own_roles(self) -> tuple[str, ...]:
+        """The roles whose pods (processes) the job runs itself: all three, or without the generators when they are
+        a pool's (``spec.generatorPool``)."""
+        if self.generator_pool is not None:
+            return tuple(r for r in contract.ROLES if r != "generator")
+        return contract.ROLES
+
 
 MSG_NAME_TOO_LONG = (f"must be no more than {contract.MAX_JOB_NAME_LENGTH} characters, so that the names of the "
                      "job's children fit DNS limits")
 MSG_NAME_NOT_DNS1035 = ("must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter and "
                         "ending with a letter or digit")
-NAME_RULES = (
-    {"rule": f"self.metadata.name.size() <= {contract.MAX_JOB_NAME_LENGTH}", "message": MSG_NAME_TOO_LONG,
-     "fieldPath": ".metadata.name"},
-    {"rule": f"self.metadata.name.matches('{NAME_PATTERN}')", "message": MSG_NAME_NOT_DNS1035,
-     "fieldPath": ".metadata.name"},
-)
+def name_rules(*, max_length: int, too_long: str) -> tuple[dict[str, str], ...]:
+    """The CEL rules on ``metadata.name`` at a CRD's root (a CRD cannot constrain ``metadata`` in its schema)."""
+    return (
+        {"rule": f"self.metadata.name.size() <= {max_length}", "message": too_long, "fieldPath": ".metadata.name"},
+        {"rule": f"self.metadata.name.matches('{NAME_PATTERN}')", "message": MSG_NAME_NOT_DNS1035,
+         "fieldPath": ".metadata.name"},
+    )
+
+
+NAME_RULES = name_rules(max_length=contract.MAX_JOB_NAME_LENGTH, too_long=MSG_NAME_TOO_LONG)
 
 
 class ObjectMeta(Model):
     """The parts of Kubernetes ObjectMeta a manifest may carry (the API server owns the rest).
 
     The name rules are CEL rules at the CRD's root (``NAME_RULES``: a CRD cannot constrain ``metadata`` in its
-    OpenAPI schema); the validator below raises their messages."""
+    OpenAPI schema); the validator below raises their messages. A kind whose children derive other names from its
+    name sets its own limit (``name_limit``, ``name_too_long``)."""
 
     model_config = pydantic.ConfigDict(extra="ignore")
+    name_limit: ClassVar[int] = contract.MAX_JOB_NAME_LENGTH
+    name_too_long: ClassVar[str] = MSG_NAME_TOO_LONG
 
     name: str = Field(min_length=1, description="Job name; children's names derive from it.")
     namespace: str | None = None
@@ -109,8 +135,8 @@ class ObjectMeta(Model):
     @pydantic.field_validator("name")
     @classmethod
     def _name_rules(cls, v: str) -> str:
-        if len(v) > contract.MAX_JOB_NAME_LENGTH:
-            raise ValueError(MSG_NAME_TOO_LONG)
+        if len(v) > cls.name_limit:
+            raise ValueError(cls.name_too_long)
         if not re.fullmatch(NAME_PATTERN, v):
             raise ValueError(MSG_NAME_NOT_DNS1035)
         return v

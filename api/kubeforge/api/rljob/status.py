@@ -82,6 +82,20 @@ class FailureInfo(Model):
                              "Ready for the operator's node-loss grace; docs/node-loss.md).")
 
 
+class FencedWrites(Model):
+    """Writes refused because they came from a trainer epoch older than the current one (docs/fencing.md)."""
+
+    checkpoints: int = Field(0, description="Checkpoint commits of stale trainer epochs the checkpoint store refused "
+                             "(its fence records, as the current trainer reports them).")
+    pushes: int = Field(0, description="Weight pushes of stale trainer epochs the generators refused (the highest "
+                        "count each generator last reported to the current trainer; a generator restart forgets its "
+                        "own).")
+    reports: int = Field(0, description="Progress reports of stale trainer epochs the operator ignored (each "
+                         "distinct report once).")
+    last_report: str | None = Field(None, description="The last stale report counted (so a pass that sees it again "
+                                    "does not count it twice).")
+
+
 class RLJobStatus(Model):
     """Observed state of an RLJob, written by the operator only."""
 
@@ -97,6 +111,11 @@ class RLJobStatus(Model):
     ready: str | None = Field(None, description="Ready roles as 'ready/total' (printer column).")
     restarts: int = Field(0, description="Job restarts so far.")
     attempt: int = Field(0, description="Current attempt (0 first).")
+    trainer_epoch: int = Field(0, description="The epoch trainer pods created now carry (their label "
+                               "kubeforge.dev/trainer-epoch): 1 first, one more at each new attempt and each "
+                               "NodeLost failure; a write from an older epoch is refused (docs/fencing.md).")
+    fenced_writes: FencedWrites = Field(default_factory=FencedWrites, description="Writes of stale trainer "
+                                        "epochs refused so far.")
     last_failure: FailureInfo | None = Field(None, description="The last container failure observed.")
     handled_failures: dict[str, str] = Field(default_factory=dict, description="Per pod, the failure the "
                                              "failure policy last acted on (so none is acted on twice).")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kubeforge.api import contract, rljob
+from kubeforge.api import rljob
 from kubeforge.operator.render import config, context, meta, network, rbac, service, statefulset
 from kubeforge.operator.render import gang as gangs
 
@@ -27,8 +27,10 @@ def render(job: rljob.RLJob, ctx: context.RenderContext) -> Rendered:
     desired.append(service.headless_service(job, ctx))
     absent: list[meta.Obj] = []
     (desired if ctx.gang_active else absent).extend(gang.objects)
-    desired += [statefulset.statefulset(job, ctx, gang, role=r) for r in contract.ROLES]
-    if job.spec.roles.generator.min_replicas is not None:     # generators beyond it: outside the gang
+    # a job on a GeneratorPool (spec.generatorPool) runs no generators of its own: its roles dial the pool's engines
+    desired += [statefulset.statefulset(job, ctx, gang, role=r) for r in job.spec.own_roles()]
+    if job.spec.roles.generator.min_replicas is not None and "generator" in job.spec.own_roles():
+        # generators beyond it: outside the gang
         desired.append(statefulset.surplus_statefulset(job, ctx, gang))
     elif ctx.surplus_present:
         absent.append(statefulset.surplus_ref(job, ctx))

@@ -17,6 +17,8 @@ class RenderContext:
 
     namespace/uid: the RLJob's namespace and UID (owner references).
     attempt: the restart attempt the pods belong to (labels and ``KUBEFORGE_ATTEMPT``).
+    trainer_epoch: ``status.trainerEpoch``, the trainer pod template's label ``kubeforge.dev/trainer-epoch`` (and so
+        its ``KUBEFORGE_TRAINER_EPOCH``): a change reaches only trainer pods created afterwards (``OnDelete``).
     active: pods should exist (False while suspended, finished, or while an old attempt drains).
     gang_active: the gang object should exist (False while suspended or finished; kept while an attempt drains).
     image: the role image used when a role names none.
@@ -33,11 +35,14 @@ class RenderContext:
         ``gang.coschedulingSchedulerName``): the ``schedulerName`` of Coscheduling pods; "" leaves it unset.
     image_pull_secrets: the operator's default ``imagePullSecrets`` of every role pod (chart value
         ``rolePods.imagePullSecrets``); a role's own list wins.
+    pool_engines: for a job on a GeneratorPool (``spec.generatorPool``), the pool's engines (its
+        ``spec.replicas``; 0 while the pool does not exist): the generators its roles dial.
     """
 
     namespace: str
     uid: str
     attempt: int = 0
+    trainer_epoch: int = 1
     active: bool = True
     gang_active: bool = True
     image: str = names.DEFAULT_RUNTIME_IMAGE
@@ -47,3 +52,4 @@ class RenderContext:
     gang_backend: str = ""
     coscheduling_scheduler: str = ""
     image_pull_secrets: tuple[str, ...] = ()
+    pool_engines: int = 0

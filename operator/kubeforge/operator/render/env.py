@@ -1,6 +1,6 @@
 """The env contract of a role's container (``kubeforge.api.roleenv.render``), as Kubernetes env entries.
 
-Role: tells each process who it is (role, index, attempt), who its peers are (stable DNS names behind the
+Role: tells each process who it is (role, index, attempt; a trainer its epoch), who its peers are (stable DNS names behind the
 job's headless Service, all at ``contract.DEFAULT_PORT_BASE``) and how big each role is. The same variables the local
 launcher sets for a plain process. Invariant: peers and world sizes come from the spec alone, so every pod of an
 attempt sees the same world (a replica change starts a new attempt; see ``lifecycle``).
@@ -12,8 +12,13 @@ from kubeforge.operator import names
 from kubeforge.operator.render import context, meta
 
 
-def peers(job: rljob.RLJob, role: str, namespace: str) -> list[roleenv.Peer]:
-    """Every replica of ``role`` by index, at its stable DNS name and the pods' one port base."""
+def peers(job: rljob.RLJob, role: str, namespace: str, *, pool_engines: int = 0) -> list[roleenv.Peer]:
+    """Every replica of ``role`` by index, at its stable DNS name and the pods' one port base; a job on a
+    GeneratorPool's generators are the pool's ``pool_engines`` engines (``contract.pool_peer_host``)."""
+    pool = job.spec.generator_pool
+    if role == "generator" and pool is not None:
+        return [roleenv.Peer(host=contract.pool_peer_host(pool.name, i, namespace),
+                             port_base=contract.DEFAULT_PORT_BASE) for i in range(pool_engines)]
     n = getattr(job.spec.roles, role).replicas
     held = job.spec.roles.generator.gang_held()     # generators beyond it are the surplus StatefulSet's pods
     return [roleenv.Peer(host=names.peer_host(job.metadata.name, role, i, namespace, gang_held=held),
@@ -37,9 +42,12 @@ def role_env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list
         port_base=contract.DEFAULT_PORT_BASE, bind_host="0.0.0.0", attempt=ctx.attempt,
         report=roleenv.REPORT_POD_ANNOTATION,
         job_key=roleenv.SecretRef(contract.job_key_secret(job.metadata.name), contract.JOB_KEY_SECRET_KEY),
-        peers={other: peers(job, other, ctx.namespace) for other in contract.ROLES})
+        peers={other: peers(job, other, ctx.namespace, pool_engines=ctx.pool_engines) for other in contract.ROLES},
+        # the pod's own label (statefulset.py), so env and label agree for the pod's whole life (docs/fencing.md)
+        trainer_epoch=roleenv.FieldRef(f"metadata.labels['{contract.LABEL_TRAINER_EPOCH}']")
+        if role == "trainer" else None)
     fixed = [_entry(name, value) for name, value in contract_env.items()]
-    extra = [_own(e) for e in getattr(job.spec.roles, role).env if e.name not in contract_env]
+    extra = [own_var(e) for e in getattr(job.spec.roles, role).env if e.name not in contract_env]
     return fixed + extra
 
 
@@ -47,7 +55,7 @@ def _key_ref(ref: rljob.KeySelector) -> meta.Obj:
     return {"name": ref.name, "key": ref.key, **({"optional": True} if ref.optional else {})}
 
 
-def _own(e: rljob.EnvVar) -> meta.Obj:
+def own_var(e: rljob.EnvVar) -> meta.Obj:
     """A role's own variable as a Kubernetes EnvVar: its value, or where the kubelet reads it from."""
     src = e.value_from
     if src is None:
@@ -58,7 +66,7 @@ def _own(e: rljob.EnvVar) -> meta.Obj:
     return {"name": e.name, "valueFrom": {"configMapKeyRef": _key_ref(src.config_map_key_ref)}}
 
 
-def env_from(spec: rljob.RoleSpec) -> list[meta.Obj]:
+def env_from(spec: rljob.PodSettings) -> list[meta.Obj]:
     """A role's ``envFrom`` as Kubernetes EnvFromSources (its ``env`` and the contract, rendered as ``env``, win
     over a key of the same name: the kubelet lets ``env`` override ``envFrom``)."""
     out = []

@@ -5,7 +5,7 @@ Role names every pod of the job by name (``resourceNames``) and grants nothing e
 """
 from __future__ import annotations
 
-from kubeforge.api import contract, rljob
+from kubeforge.api import rljob
 from kubeforge.operator import names
 from kubeforge.operator.render import context, meta
 
@@ -13,7 +13,7 @@ from kubeforge.operator.render import context, meta
 def pod_names(job: rljob.RLJob) -> list[str]:
     """Every pod name the job can have at its current replica counts."""
     out = []
-    for role in contract.ROLES:
+    for role in job.spec.own_roles():
         replicas = getattr(job.spec.roles, role).replicas
         out += [names.pod(job.metadata.name, role, i) for i in range(replicas)]
     return out

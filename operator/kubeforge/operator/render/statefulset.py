@@ -8,14 +8,13 @@ placement and the gang's pod labels meet. Invariants:
   StatefulSet controller never rolls pods one by one into a mixed world;
 - replicas are 0 unless the context is active (suspended, finished, or an old attempt still draining);
 - a pod that talks NCCL or runs vLLM tensor parallelism (it requests GPUs, or a generator has
-  ``tensorParallelSize > 1``) gets a memory-backed ``/dev/shm`` sized per GPU (the container runtime's default
-  64 MiB makes NCCL and vLLM's shared-memory broadcast fail).
+  ``tensorParallelSize > 1``) gets a memory-backed ``/dev/shm`` sized per GPU (``render.pods``).
 """
 from __future__ import annotations
 
 from kubeforge.api import contract, rljob
 from kubeforge.operator import names
-from kubeforge.operator.render import checkpoint, context, env, meta, placement, security, service
+from kubeforge.operator.render import checkpoint, context, env, meta, placement, pods, security, service
 from kubeforge.operator.render.gang import base
 
 # The runtime image's ENTRYPOINT is ``tini -- kubeforge`` (images/runtime/Containerfile): a pod leaves ``command``
@@ -24,32 +23,19 @@ from kubeforge.operator.render.gang import base
 # SIGTERM without a handler (the trainer has none): every restart would wait out the grace period.
 
 
-SHM_VOLUME = "dshm"
-SHM_GIB_PER_DEVICE = 2
+SHM_VOLUME = pods.SHM_VOLUME
 
 
 def shm_gib(spec: rljob.RoleSpec) -> int:
     """GiB of ``/dev/shm`` a role's pod needs: 0 when it uses neither GPUs nor vLLM tensor parallelism."""
-    gpus = rljob.gpu_count(spec.resources)
-    tp = spec.tensor_parallel_size if isinstance(spec, rljob.GeneratorRole) else 1
-    if gpus == 0 and tp <= 1:
-        return 0
-    return SHM_GIB_PER_DEVICE * max(gpus, tp)
+    return pods.shm_gib(spec, tensor_parallel=spec.tensor_parallel_size if isinstance(spec, rljob.GeneratorRole)
+                        else 1)
 
 
 def world(job: rljob.RLJob) -> str:
     """Replica counts a pod was rendered for, e.g. ``verifier=1,trainer=1``. Generators are not part of it: their
     count may change while the job runs (the trainer follows it), so a change never starts a new attempt."""
     return ",".join(f"{r}={n}" for r, n in base.replicas(job).items() if r != "generator")
-
-
-def _resources(spec: rljob.RoleSpec) -> meta.Obj:
-    out: meta.Obj = {}
-    if spec.resources.limits:
-        out["limits"] = {k: str(v) for k, v in sorted(spec.resources.limits.items())}
-    if spec.resources.requests:
-        out["requests"] = {k: str(v) for k, v in sorted(spec.resources.requests.items())}
-    return out
 
 
 def _env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list[meta.Obj]:
@@ -95,11 +81,11 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
                          *[dict(m) for m in spec.volume_mounts]],
         "securityContext": security.container_security_context(),
     }
-    res = _resources(spec)
+    res = pods.resources(spec.resources)
     if res:
         c["resources"] = res
     if shm_gib(spec):
-        c["volumeMounts"].append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+        c["volumeMounts"].append(dict(pods.SHM_MOUNT))
     return c
 
 
@@ -109,6 +95,8 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
     replaced by ``gang.surplus_labels``/``surplus_annotations``, ``LABEL_SURPLUS`` added)."""
     spec: rljob.RoleSpec = getattr(job.spec.roles, role)
     labels = {**meta.job_labels(job), contract.LABEL_ROLE: role, contract.LABEL_ATTEMPT: str(ctx.attempt)}
+    if role == "trainer":     # what the trainer's writes carry (render/env.py reads it back: docs/fencing.md)
+        labels[contract.LABEL_TRAINER_EPOCH] = str(ctx.trainer_epoch)
     annotations = {names.ANNOTATION_WORLD: world(job)}
     if surplus:
         labels.update({**gang.surplus_labels, names.LABEL_SURPLUS: "true"})
@@ -128,8 +116,7 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
         **placement.pod_placement(job, role),
     }
     if shm_gib(spec):
-        pod["volumes"].append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
-                                                                "sizeLimit": f"{shm_gib(spec)}Gi"}})
+        pod["volumes"].append(pods.shm_volume(shm_gib(spec)))
     if role == "trainer":       # room for the stop checkpoint (contract: STOP_CHECKPOINT_WITHIN_SECONDS)
         pod["terminationGracePeriodSeconds"] = contract.TRAINER_TERMINATION_GRACE_SECONDS
     scheduler = job.spec.gang.scheduler_name or gang.scheduler_name    # the job's own choice wins

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeforge.api import contract, rljob
+from kubeforge.api import rljob
 from kubeforge.operator import names, queueing
 from kubeforge.operator.render import context, meta
 
@@ -54,7 +54,7 @@ def _workload(job: rljob.RLJob, ctx: context.RenderContext, *, name: str, pod_se
 def workload(job: rljob.RLJob, ctx: context.RenderContext, *, priority: int | None = None) -> meta.Obj:
     """The Workload ``<job>`` in the job's namespace (``priority``: the WorkloadPriorityClass's value)."""
     return _workload(job, ctx, name=names.workload(job.metadata.name),
-                     pod_sets=[pod_set(job, ctx, r) for r in contract.ROLES], priority=priority)
+                     pod_sets=[pod_set(job, ctx, r) for r in job.spec.own_roles()], priority=priority)
 
 
 def grow_workload(job: rljob.RLJob, ctx: context.RenderContext, ordinal: int, *, priority: int | None = None,

@@ -9,11 +9,20 @@ A ``str`` observation is one ``{"role": "user", "content": ...}`` message. ``rew
 last reward an episode got is its environment reward). Neighbours: ``host`` runs these calls (in process for unit
 tests, in a child process in the roles); ``runner`` drives episodes; ``check_result`` is the one place that tells
 a well-formed step result from garbage.
+
+Native tool calls (``spec.environment.toolFormat: Native``): the runner reads each policy turn in the model's own
+tool-call format and ``step`` is given OpenAI's assistant message as JSON (:func:`native_turn` reads it); the
+environment answers each call, in order, with a ``{"role": "tool", "content": ...}`` message (the runner names the
+call each answers). Messages stay (role, content) pairs on every host and wire: a start message in which the
+assistant called tools (a worked example) is written with :func:`assistant_tool_calls`, which the runner expands
+into ``tool_calls`` for the chat template.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from kubeforge.runtime import types
@@ -78,6 +87,33 @@ def check_result(value: Any) -> StepResult:
             raise Garbage(f"step.{name}: expected an int in [0, 1000], got {v!r}")
     return StepResult(observation=obs, done=value.done, reward=None if reward is None else float(reward),
                       tool_calls=value.tool_calls, tool_errors=value.tool_errors)
+
+
+TOOL_CALLS_MARK = "kubeforge.tool_calls:"   # an assistant start message's content: this, then its calls as JSON
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToolCall:
+    """One call of a native policy turn: its id, the function's name, its arguments (a JSON object, decoded)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+def assistant_tool_calls(calls: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, str]:
+    """A start message in which the assistant called ``calls`` ((name, arguments) each), for toolFormat Native."""
+    return {"role": "assistant",
+            "content": TOOL_CALLS_MARK + json.dumps([{"name": n, "arguments": a} for n, a in calls])}
+
+
+def native_turn(text: str) -> tuple[str, list[ToolCall]]:
+    """A native policy turn as ``step`` is given it (OpenAI's assistant message, JSON): its content ("" when none)
+    and its calls. A turn whose markup did not parse has content only (the runner counts it a tool error)."""
+    message = json.loads(text)
+    calls = [ToolCall(id=c["id"], name=c["function"]["name"], arguments=json.loads(c["function"]["arguments"]))
+             for c in message.get("tool_calls") or ()]
+    return str(message.get("content") or ""), calls
 
 
 def as_dict(result: StepResult) -> dict[str, Any]:

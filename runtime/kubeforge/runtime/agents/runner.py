@@ -10,7 +10,10 @@
 
 An episode ends when its environment says done (``stop``), after ``maxTurns`` policy turns (``max_turns``), when the
 next turn would pass ``maxTokensPerEpisode`` or the model's context (``max_tokens``), or when its environment fails
-(``host.FAILURES``: counted by kind in ``stats``; the other episodes go on). Neighbours: ``generator.start`` builds
+(``host.FAILURES``: counted by kind in ``stats``; the other episodes go on). With ``toolFormat: Native``
+(``native``) the tools are rendered by the model's template, each turn is read in its tool-call format before the
+environment steps (a turn whose markup does not parse counts as a tool error) and the answers go back as ``tool``
+messages; the sampled ids are the same either way. Neighbours: ``generator.start`` builds
 it as the loop's ``Sampler`` when ``spec.environment`` is set; ``host`` runs the steps; ``episode`` is the record.
 """
 from __future__ import annotations
@@ -23,9 +26,10 @@ from typing import Any, Protocol
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
-from kubeforge.runtime.agents import chat, episode
+from kubeforge.runtime.agents import chat, episode, native
 from kubeforge.runtime.agents.hosts import host as host_mod
 from kubeforge.runtime.agents.envs import registry
+from kubeforge.runtime.agents.toolcalls import choice as tool_choice
 
 SEED_STRIDE = 1009
 
@@ -61,7 +65,11 @@ class EpisodeSampler:
                  on_sampled: Callable[[Stats], None] | None = None) -> None:
         self.engine, self.host, self.spec, self.algo = engine, host, spec, algorithm
         self.chat_template, self.seed, self.max_context = chat_template, seed, max_context
-        self.stop = registry.kind(spec).stop
+        kind = registry.kind(spec)
+        self.native = native.Native(tokenizer=engine.tokenizer, tools=kind.tools, chat_template=chat_template) \
+            if spec.tool_format == rljob.ToolFormat.NATIVE.value else None
+        self.render: dict[str, Any] = self.native.render() if self.native is not None else {}
+        self.stop = self.native.format.stop if self.native is not None else kind.stop
         self.budget = spec.episode_tokens(algorithm.max_new_tokens)
         self.eos = getattr(engine.tokenizer, "eos_token_id", None)
         self.ids = itertools.count()
@@ -92,7 +100,7 @@ class EpisodeSampler:
         return [episode.group(p, starts[g][1], eps[g * n:(g + 1) * n]) for g, p in enumerate(prompts)]
 
     def _start(self, prompts: Sequence[types.Prompt], eps: list[episode.Episode],
-               ids: list[int]) -> list[tuple[list[dict[str, str]], list[int]]]:
+               ids: list[int]) -> list[tuple[list[dict[str, Any]], list[int]]]:
         """Each group's start messages and prompt ids (its first episode's); an episode whose reset failed or
         differs from its group's ends at once."""
         n = self.algo.group_size
@@ -102,14 +110,16 @@ class EpisodeSampler:
             mine = replies[g * n:(g + 1) * n]
             first = next((r.messages for r in mine if not r.failure and r.messages), None)
             msgs = first or [{"role": "user", "content": p.text}]
-            out.append((msgs, chat.start_ids(self.engine.tokenizer, msgs, chat_template=self.chat_template)))
+            shown = self.native.start(msgs) if self.native is not None else msgs
+            out.append((shown, chat.start_ids(self.engine.tokenizer, shown, chat_template=self.chat_template,
+                                              **self.render)))
             for k, r in enumerate(mine):
                 if r.failure or r.messages != msgs:
                     self._fail(eps[g * n + k], r.failure or host_mod.GARBAGE)
         return out
 
     def _turn(self, turn: int, active: list[int], eps: list[episode.Episode], ids: list[int],
-              starts: list[tuple[list[dict[str, str]], list[int]]]) -> None:
+              starts: list[tuple[list[dict[str, Any]], list[int]]]) -> None:
         n = self.algo.group_size
         contexts = [starts[k // n][1] + eps[k].token_ids for k in active]
         limits = [min(self.algo.max_new_tokens, self.budget - len(eps[k].token_ids),
@@ -127,14 +137,25 @@ class EpisodeSampler:
         for (k, _, _), t in zip(go, turns):
             eps[k].add_policy_turn(t.token_ids, t.logprobs, t.text)
         stepping = [k for k, _, _ in go]
-        replies = self.host.step([(ids[k], eps[k].transcript_of_last_turn) for k in stepping])
+        calls = {k: self._read(eps[k]) for k in stepping} if self.native is not None else {}
+        texts = [native.Native.step_text(calls[k]) if calls else eps[k].transcript_of_last_turn for k in stepping]
+        replies = self.host.step([(ids[k], text) for k, text in zip(stepping, texts)])
         last = turn == self.spec.max_turns - 1
         for k, t, r in zip(stepping, turns, replies):
             self.stats.step_seconds.append(r.seconds)
-            self._answer(eps[k], t, r, start=starts[k // n][0], last=last)
+            answered = [c.openai() for c in calls[k].calls] if calls else []
+            self._answer(eps[k], t, r, start=starts[k // n][0], last=last, calls=answered)
+
+    def _read(self, ep: episode.Episode) -> tool_choice.Reply:
+        """A native turn read for calls (``toolcalls.choice.Reply``); markup that does not parse is a tool error."""
+        assert self.native is not None
+        got = self.native.read(ep.transcript_of_last_turn)
+        if got.outcome == tool_choice.MALFORMED:
+            ep.tool_errors += 1
+        return got
 
     def _answer(self, ep: episode.Episode, turn: types.Completion, r: host_mod.Reply, *,
-                start: list[dict[str, str]], last: bool) -> None:
+                start: list[dict[str, Any]], last: bool, calls: list[dict[str, Any]]) -> None:
         if r.failure:
             self._fail(ep, r.failure)
             return
@@ -151,8 +172,9 @@ class EpisodeSampler:
             ep.finish("max_turns")
             return
         ended = len(turn.token_ids) > 0 and self.eos is not None and int(turn.token_ids[-1]) == self.eos
-        ids, text = chat.delta(self.engine.tokenizer, start, res.observation, ended_with_eos=ended,
-                               chat_template=self.chat_template)
+        observation = native.Native.answers(res.observation, calls) if self.native is not None else res.observation
+        ids, text = chat.delta(self.engine.tokenizer, start, observation, ended_with_eos=ended,
+                               chat_template=self.chat_template, **self.render)
         if len(ep.token_ids) + len(ids) >= self.budget:
             ep.finish("max_tokens")
             return

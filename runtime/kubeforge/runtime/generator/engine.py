@@ -59,16 +59,12 @@ LOGPROBS_MODE = "processed_logprobs"
 SEED_STRIDE = 1_000_003
 
 
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # the max_lora_rank values vLLM accepts
-
-
 def engine_kwargs(*, model_dir: pathlib.Path, dtype: str, role: rljob.GeneratorRole, seed: int,
                   max_model_len: int | None = None, lora: rljob.LoraSpec | None = None) -> dict[str, Any]:
     """Keyword arguments of ``vllm.LLM`` for a generator (pure: tests and the bench read them)."""
     extra: dict[str, Any] = {}
     if lora is not None:      # one adapter at a time: the current policy's
-        extra = {"enable_lora": True, "max_loras": 1,
-                 "max_lora_rank": next(r for r in LORA_RANKS if r >= lora.rank)}
+        extra = dict(rljob.lora_engine_args(rank=lora.rank, adapters=1))
     return {
         **extra,
         "model": str(model_dir),

@@ -25,6 +25,9 @@ while this loop's thread is blocked inside a weight receive (``LeaveNotice.send`
 of ``generator.start``, on its own socket); the loop ends at its next turn. The notice is sent once, whichever comes
 first. Trainer 0 shrinks the weight-sync group and re-issues this generator's work (``trainer.membership``).
 
+Fencing: a SYNC from a trainer epoch older than the highest seen is refused before the broadcast and counted
+(``generator.fence``; docs/fencing.md); every ACK of a load carries the count.
+
 Starting: while the vLLM engine loads, ``StartBeats`` tells trainer 0 every few seconds that this generator is
 starting (an ACK of READY with ``ok=False``), so a restart in place is not taken for a stalled step.
 """
@@ -37,6 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from kubeforge.runtime import transport, types, wire
+from kubeforge.runtime.generator import fence as push_fence
 
 POLL_SECONDS = 0.2
 FORGED_SYNC = "ForgedSync"  # a SYNC naming a weight-sync address other than the env contract's trainer 0
@@ -136,14 +140,16 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
         should_stop: Callable[[], bool] = lambda: False, max_policy_lag: int | None = None,
         beat: Callable[[str], None] = lambda activity: None,
         trainer_weights: tuple[str, int] | None = None, leave: LeaveNotice | None = None,
-        activity: Any = None) -> None:
+        activity: Any = None, fence: push_fence.PushFence | None = None) -> None:
     """Serve until STOP (or ``should_stop``). ``trainer_weights`` is trainer 0's weight-sync address as the job's
     env contract names it: a SYNC naming any other address is refused (counted as ``ForgedSync``, never joined,
     never acked), so no frame can point a generator at a group that feeds it weights of its choosing. ``leave``
     sends the leave notice when stopped by ``should_stop`` (None: sent on ``control``). ``activity``
     (``partial.Activity``) counts the seconds spent sampling (the bench's generator idle fraction). With partial
-    rollouts ``generator.partial.run`` serves instead (``generator.start`` chooses)."""
+    rollouts ``generator.partial.run`` serves instead (``generator.start`` chooses). ``fence`` refuses SYNCs of a
+    stale trainer epoch (``generator.fence``; None: a fence of this loop's own)."""
     version = policy_version
+    fence = fence or push_fence.PushFence()
     if leave is not None:
         leave.version = version
     control.send(wire.Ready(role="generator", index=index, policy_version=version))
@@ -168,7 +174,7 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
                 activity.add_busy(time.monotonic() - started)
         elif isinstance(msg, wire.Sync):
             version = sync(msg, index=index, version=version, weights=weights, control=control, observer=observer,
-                           beat=beat, trainer_weights=trainer_weights, leave=leave)
+                           beat=beat, trainer_weights=trainer_weights, leave=leave, fence=fence)
         else:
             observer.unexpected(kind=type(msg).__name__)
     if leave is not None:
@@ -179,11 +185,14 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
 
 def sync(msg: wire.Sync, *, index: int, version: int, weights: WeightLoader, control: transport.Sender,
          observer: GeneratorObserver, beat: Callable[[str], None], trainer_weights: tuple[str, int] | None,
-         leave: LeaveNotice | None) -> int:
-    """Handle one SYNC (both loops): refuse a forged one, load, ACK; the version held afterwards."""
+         leave: LeaveNotice | None, fence: push_fence.PushFence | None = None) -> int:
+    """Handle one SYNC (both loops): refuse a forged one and one of a stale trainer epoch, load, ACK; the version
+    held afterwards."""
     if trainer_weights is not None and (msg.host, msg.port) != trainer_weights:
         observer.unexpected(kind=FORGED_SYNC)
         return version
+    if fence is not None and not fence.admit(msg):
+        return version               # never joined, never acked (generator.fence)
     beat("sync")
     try:
         result = weights.load(msg)
@@ -196,7 +205,8 @@ def sync(msg: wire.Sync, *, index: int, version: int, weights: WeightLoader, con
         leave.version = msg.version
     observer.synced(version=msg.version, result=result)
     control.send(wire.Ack(role="generator", index=index, of=wire.Kind.SYNC, version=msg.version,
-                          detail=json.dumps({"seconds": result.seconds, "bytes": result.bytes})))
+                          detail=json.dumps({"seconds": result.seconds, "bytes": result.bytes,
+                                             "fenced": fence.refused if fence is not None else 0})))
     return msg.version
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kubeforge.runtime import transport, wire
+from kubeforge.runtime.generator import fence as push_fence
 from kubeforge.runtime.generator import loop, stepper
 
 
@@ -66,10 +67,12 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
         should_stop: Callable[[], bool] = lambda: False, max_policy_lag: int | None = None,
         beat: Callable[[str], None] = lambda activity: None, trainer_weights: tuple[str, int] | None = None,
         leave: loop.LeaveNotice | None = None, seed: Callable[[int], int | None] = lambda step: None,
-        synced: Callable[[], None] = lambda: None, activity: Activity | None = None) -> None:
+        synced: Callable[[], None] = lambda: None, activity: Activity | None = None,
+        fence: push_fence.PushFence | None = None) -> None:
     """Serve until STOP (or ``should_stop``); ``seed(step)`` seeds a WORK's requests, ``synced`` runs after every
     weight load (the vLLM backend's prefix-cache reset)."""
     act = activity or Activity()
+    fence = fence or push_fence.PushFence()
     version = policy_version
     if leave is not None:
         leave.version = version
@@ -92,7 +95,8 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
             elif isinstance(msg, wire.Sync):
                 started = time.monotonic()
                 new = loop.sync(msg, index=index, version=version, weights=weights, control=control,
-                                observer=observer, beat=beat, trainer_weights=trainer_weights, leave=leave)
+                                observer=observer, beat=beat, trainer_weights=trainer_weights, leave=leave,
+                                fence=fence)
                 if new != version:
                     version = new
                     pool.switch(version)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from kubeforge.api import contract, rljob
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, transport, types, weightsync, wire
-from kubeforge.runtime.generator import loop, partial
+from kubeforge.runtime.generator import fence, loop, partial
 
 if TYPE_CHECKING:
     from kubeforge.runtime.agents.hosts import host as agents_host
@@ -184,7 +184,8 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     common = dict(index=cfg.index, inbox=inbox, verifiers=to_verifiers, control=control, weights=weights,
                   observer=observe.GeneratorObserver(m), should_stop=stop.is_set,
                   max_policy_lag=spec.algorithm.max_policy_lag, beat=server.heartbeat,
-                  trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)), leave=leave)
+                  trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)), leave=leave,
+                  fence=fence.PushFence(on_refused=lambda sync, highest: _fenced(cfg, m, sync, highest)))
     activity = partial.Activity()
     closers: list[Callable[[], None]] = []
     try:
@@ -210,6 +211,12 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
         inbox.close()
         llm.close()
     return 0
+
+
+def _fenced(cfg: config.RoleConfig, m: metrics.Metrics, sync: wire.Sync, highest: int) -> None:
+    m.fenced_pushes.inc()
+    print(f"{cfg.name}: refused the push of policy v{sync.version} from trainer epoch {sync.trainer_epoch} "
+          f"(epoch {highest} took over)", file=sys.stderr, flush=True)
 
 
 def _on_gpu() -> bool:

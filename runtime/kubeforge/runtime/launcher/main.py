@@ -27,9 +27,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubeforge.api import contract, failures, load, rljob, roleenv
+from kubeforge.api import contract, failures, load, progress, rljob, roleenv
 from kubeforge.runtime import affinity, config, hardware
 from kubeforge.runtime.launcher import localenv, placement, plot, ports, progressbar, rundir, summary, supervisor
+from kubeforge.runtime.learner import fence
 
 POLL_SECONDS = 0.5
 FAILURES = "failures.jsonl"      # one line per failure decision (the fault campaign reads it)
@@ -57,6 +58,13 @@ def prepare(file: str, *, steps: int | None) -> rljob.RLJob:
     return job
 
 
+def fenced_writes(run: rundir.RunDir, records: list[progress.StepRecord]) -> dict[str, int]:
+    """Writes of stale trainer epochs refused in this run (docs/fencing.md): the checkpoint store's records, and the
+    generators' refused pushes as the trainer last recorded them."""
+    return {"checkpoints": fence.count(run.checkpoints),
+            "pushes": max((r.fenced_pushes for r in records), default=0)}
+
+
 def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
                   bases: list[int] | None = None, job_key: bytes | None = None,
                   cpus: list[int] | None = None) -> list[supervisor.ProcSpec]:
@@ -82,7 +90,8 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
             fixed = config.role_env(
                 job=job, config_path=str(run.manifest), role=role, index=i, peers=peers,
                 run_dir=str(run.root), checkpoint_dir=str(run.checkpoints), attempt=attempt,
-                report=roleenv.REPORT_JSONL, job_key=job_key)
+                report=roleenv.REPORT_JSONL, job_key=job_key,
+                trainer_epoch=attempt + 1)   # every process of an attempt is gone before the next starts
             # the role's own env as on a pod (render/env.py): over the launcher's, under the contract (the API
             # refuses KUBEFORGE_* names in it anyway)
             env.update(localenv.values(getattr(roles, role), os.environ))   # valueFrom: docs/launcher.md
@@ -232,7 +241,8 @@ def run(*, file: str, run_dir: str | None = None, steps: int | None = None,
     records = summary.by_step(summary.read_records(run.metrics))
     result = summary.summarize(records, wall_seconds=time.time() - start, metrics_path=str(run.metrics),
                                extra={"run_dir": str(run.root), "restarts": restarts,
-                                      "restarts_by_role": tally.by_role, "succeeded": status == 0})
+                                      "restarts_by_role": tally.by_role, "succeeded": status == 0,
+                                      "fenced_writes": fenced_writes(run, records)})
     if records:
         plot.reward_curve(records, path=run.plot, title=f"{job.metadata.name}: reward per step")
         result["plot_path"] = str(run.plot)

@@ -27,6 +27,7 @@ Modules:
 - ``parallel``   — ``DistConfig`` / ``DataParallel``: torch.distributed group (gloo/NCCL), gradient mean.
 - ``checkpoint`` — atomic checkpoints with manifest, checksums and a COMPLETE marker; ``latest``, ``load``.
 - ``persist``    — the learner's state in and out of a checkpoint: rank 0 alone (replicated) or every rank its shards.
+- ``fence``      — the checkpoint store's fence: trainer epochs claim it, stale commits refused and never read.
 - ``hf_export``  — the policy written as a Hugging Face folder next to the checkpoints.
 - ``malloc``     — freed tensor memory goes back to the system.
 

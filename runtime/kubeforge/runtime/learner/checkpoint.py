@@ -19,15 +19,22 @@ Sharded writes (:func:`begin` on rank 0, its temp path broadcast, every rank wri
 resumes onto any number of ranks.
 
 Write protocol: write into ``<root>/.tmp-...``, fsync every file and the folder, rename it to ``step-N``, fsync the
-root, then write ``COMPLETE`` (temp + rename + fsync). Readers trust only folders with a ``COMPLETE`` marker whose
+root, then write ``COMPLETE`` (temp + link + fsync). Readers trust only folders with a ``COMPLETE`` marker whose
 manifest matches the files (sizes in :func:`latest`, sha256 in :func:`load`), so a crash at any point leaves either
 the previous checkpoint or the new one, never a half-written one. Nothing is unpickled: tensors load with
 ``torch.load(weights_only=True)``, the rest is JSON.
+
+Fencing (``fence``; docs/fencing.md): a writer with a trainer epoch records it in ``FENCE``; a commit is refused
+(:class:`Fenced`, before and after its rename) once a higher epoch claimed the store, readers skip a checkpoint that
+a higher epoch's claim made invalid, a folder already at ``step-N`` is moved aside (never deleted in place, never
+if a higher epoch wrote it), and ``COMPLETE`` never replaces a marker it did not write for its own manifest: a
+stale writer can neither publish a checkpoint anyone reads nor spoil the current one.
 """
 from __future__ import annotations
 
 import base64
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -40,6 +47,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from kubeforge.runtime.learner import fence
 
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
@@ -54,6 +63,9 @@ FILES = (MODEL, OPTIMIZER, STATE)
 
 class CheckpointError(Exception):
     """A checkpoint folder is incomplete or corrupt."""
+
+
+Fenced = fence.Fenced     # a commit refused: a newer trainer epoch claimed the store
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -127,10 +139,15 @@ def _sha256(path: Path) -> str:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    """Write ``path`` whole (temp + link + fsync) unless it exists: ``FileExistsError`` then (a marker is never
+    replaced behind the writer's back; :func:`_mark` decides)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     _fsync_file(tmp)
-    os.replace(tmp, path)
+    try:
+        os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
 
 
@@ -139,12 +156,13 @@ def dir_name(step: int) -> str:
 
 
 def save(*, root: Path | str, step: int, model_state: Mapping[str, torch.Tensor],
-         optimizer_state: Mapping[str, Any], state: Mapping[str, Any], keep: int) -> Path:
-    """Write checkpoint ``step`` atomically (see module docstring), then prune to the newest ``keep``."""
+         optimizer_state: Mapping[str, Any], state: Mapping[str, Any], keep: int, epoch: int = 0) -> Path:
+    """Write checkpoint ``step`` atomically (see module docstring) as trainer ``epoch``, then prune to the newest
+    ``keep``; :class:`Fenced` when a newer epoch claimed the store."""
     tmp = begin(root=root, step=step)
     torch.save({k: v.detach().cpu() for k, v in model_state.items()}, tmp / MODEL)
     torch.save(dict(optimizer_state), tmp / OPTIMIZER)
-    return seal(tmp, root=root, step=step, state=state, keep=keep)
+    return seal(tmp, root=root, step=step, state=state, keep=keep, epoch=epoch)
 
 
 def begin(*, root: Path | str, step: int) -> Path:
@@ -156,11 +174,14 @@ def begin(*, root: Path | str, step: int) -> Path:
     return tmp
 
 
-def seal(tmp: Path, *, root: Path | str, step: int, state: Mapping[str, Any], keep: int) -> Path:
-    """Add ``state.json`` and the manifest of every file in ``tmp``, fsync, rename to ``step-N``, mark COMPLETE,
-    prune to the newest ``keep``."""
+def seal(tmp: Path, *, root: Path | str, step: int, state: Mapping[str, Any], keep: int, epoch: int = 0) -> Path:
+    """Add ``state.json`` (and ``FENCE`` for an epoch) and the manifest of every file in ``tmp``, fsync, rename to
+    ``step-N``, mark COMPLETE, prune to the newest ``keep``. :class:`Fenced` (recorded) when a newer epoch claimed
+    the store before the rename, or after it with a resume point below ``step``."""
     root = Path(root)
     (tmp / STATE).write_text(json.dumps(dict(state), sort_keys=True))
+    if epoch > 0:
+        (tmp / fence.EPOCH_FILE).write_text(f"{epoch}\n")
     manifest = {}
     for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
         name = f.relative_to(tmp).as_posix()
@@ -171,35 +192,103 @@ def seal(tmp: Path, *, root: Path | str, step: int, state: Mapping[str, Any], ke
     (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True, indent=1))
     _fsync_file(tmp / MANIFEST)
     _fsync_dir(tmp)
-    final = root / dir_name(step)
-    if final.exists():  # an older incomplete attempt at the same step (crash before COMPLETE)
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    _write_text_atomic(final / COMPLETE, _sha256(final / MANIFEST) + "\n")
+    mark = _sha256(tmp / MANIFEST)
+    if fence.newer(root, epoch):
+        shutil.rmtree(tmp, ignore_errors=True)
+        _refuse(root, epoch=epoch, step=step, why="a newer epoch claimed the store before the commit")
+    final = _publish(tmp, root=root, step=step, epoch=epoch)
+    _mark(final, mark)
+    if not fence.valid(fence.newer(root, epoch), step=step, epoch=epoch):
+        _refuse(root, epoch=epoch, step=step, why="a newer epoch claimed the store during the commit")
     prune(root=root, keep=keep)
     return final
 
 
+def _refuse(root: Path, *, epoch: int, step: int, why: str) -> None:
+    fence.record(root, epoch=epoch, step=step, why=why)
+    raise Fenced(f"{root}: checkpoint of step {step} by trainer epoch {epoch} refused: {why}")
+
+
+def _publish(tmp: Path, *, root: Path, step: int, epoch: int, tries: int = 5) -> Path:
+    """Rename ``tmp`` to ``step-N``. A folder already there (a crash before COMPLETE, or another epoch's commit of
+    the same step) is moved aside first, unless a newer epoch wrote it (then this writer is stale); the rename never
+    replaces a complete folder (a non-empty target refuses it), so a concurrent commit makes this one retry."""
+    final = root / dir_name(step)
+    for _ in range(tries):
+        if final.exists():
+            other = fence.epoch_of(final)
+            if other > epoch:
+                shutil.rmtree(tmp, ignore_errors=True)
+                _refuse(root, epoch=epoch, step=step, why=f"epoch {other} committed this step")
+            aside = root / f"{TMP_PREFIX}aside-{final.name}-{os.getpid()}-{time.time_ns()}"
+            try:
+                os.rename(final, aside)
+            except FileNotFoundError:
+                continue                 # someone else moved it: look again
+            _note_if_fenced(root, aside, step=step, epoch=other)
+            shutil.rmtree(aside, ignore_errors=True)
+        try:
+            os.rename(tmp, final)
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                continue                 # another writer published this step in between
+            raise
+        _fsync_dir(root)
+        return final
+    raise CheckpointError(f"{final}: could not publish after {tries} tries (concurrent writers of one step)")
+
+
+def _mark(final: Path, mark: str) -> None:
+    """Write COMPLETE for the manifest whose sha256 is ``mark``. A marker already there that is not ours was put by
+    a writer whose folder this one displaced: replaced only while the folder is still ours."""
+    try:
+        _write_text_atomic(final / COMPLETE, mark + "\n")
+        return
+    except FileExistsError:
+        pass
+    if (final / COMPLETE).read_text().strip() == mark:
+        return
+    if _sha256(final / MANIFEST) != mark:
+        raise CheckpointError(f"{final}: displaced by another writer before its marker")
+    tmp = final / f"{COMPLETE}.{os.getpid()}.tmp"
+    tmp.write_text(mark + "\n")
+    _fsync_file(tmp)
+    os.replace(tmp, final / COMPLETE)
+    _fsync_dir(final)
+
+
+def _note_if_fenced(root: Path, folder: Path, *, step: int, epoch: int) -> None:
+    """Record a complete checkpoint that the claims made invalid (a stale epoch's commit) as fenced."""
+    try:
+        _manifest(folder)
+    except CheckpointError:
+        return
+    if not fence.valid(fence.claims(root), step=step, epoch=epoch):
+        fence.record(root, epoch=epoch, step=step, why="a stale commit found by a newer epoch")
+
+
 def prune(*, root: Path | str, keep: int) -> None:
-    """Keep the newest ``keep`` complete checkpoints; delete older ones, incomplete ones older than the newest
-    complete one, and leftover temp folders of other (dead) writers."""
+    """Keep the newest ``keep`` complete checkpoints; delete older ones, incomplete or fenced ones older than the
+    newest complete one (a fenced one is recorded first), and leftover temp folders of other (dead) writers."""
     root = Path(root)
     complete = _complete_dirs(root)
-    newest = _step_of(complete[-1]) if complete else -1
+    newest = step_of(complete[-1]) if complete else -1
     for d in complete[:-keep] if keep > 0 else complete:
         shutil.rmtree(d, ignore_errors=True)
     for d in root.iterdir():
         if d.name.startswith(TMP_PREFIX) and f"-{os.getpid()}-" not in d.name:
             shutil.rmtree(d, ignore_errors=True)
-        elif d.name.startswith(PREFIX) and d not in complete and 0 <= _step_of(d) < newest:
-            shutil.rmtree(d, ignore_errors=True)
+        elif d.name.startswith(PREFIX) and d not in complete and 0 <= step_of(d):
+            _note_if_fenced(root, d, step=step_of(d), epoch=fence.epoch_of(d))
+            if step_of(d) < newest:
+                shutil.rmtree(d, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- reading
 
 
-def _step_of(path: Path) -> int:
+def step_of(path: Path) -> int:
+    """The step of a checkpoint folder (-1 when its name is not ``step-N``)."""
     try:
         return int(path.name[len(PREFIX):])
     except ValueError:
@@ -226,18 +315,21 @@ def _manifest(path: Path) -> dict[str, Any]:
 
 
 def _complete_dirs(root: Path) -> list[Path]:
-    """Complete checkpoint folders (marker + sizes match), oldest first."""
+    """Complete checkpoint folders (marker + sizes match) that no claim fenced, oldest first."""
     if not root.is_dir():
         return []
+    claims = fence.claims(root)
     out = []
     for d in root.iterdir():
-        if d.is_dir() and d.name.startswith(PREFIX) and _step_of(d) >= 0:
+        if d.is_dir() and d.name.startswith(PREFIX) and step_of(d) >= 0:
             try:
                 _manifest(d)
             except CheckpointError:
                 continue
+            if claims and not fence.valid(claims, step=step_of(d), epoch=fence.epoch_of(d)):
+                continue                 # a stale epoch's commit after a newer epoch resumed below it
             out.append(d)
-    return sorted(out, key=_step_of)
+    return sorted(out, key=step_of)
 
 
 def latest(root: Path | str) -> Path | None:

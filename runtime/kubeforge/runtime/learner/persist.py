@@ -6,7 +6,9 @@ Neighbours: ``checkpoint`` is the folder format (atomic: temp, fsync, rename, CO
 ``sharding`` the DCP I/O; ``parallel`` the group whose broadcasts and barriers keep the ranks together.
 
 Invariants:
-- Rank 0 finds and verifies the newest complete checkpoint; every rank learns its state from rank 0 (one broadcast).
+- Rank 0 finds and verifies the newest complete checkpoint and claims the store for the trainer epoch (``fence``:
+  a stale epoch is refused before it trains); every rank learns its state, or the refusal, from rank 0 (one
+  broadcast). A commit refused by the fence raises ``checkpoint.Fenced`` on every rank (sharded: rank 0 says so).
 - A sharded checkpoint resumes only a sharded learner and a replicated one only a replicated learner: the other
   way is refused, naming ``spec.roles.trainer.sharding``.
 - Replicated with several ranks: rank 0's weights and AdamW state reach every rank (broadcasts), the state first
@@ -20,7 +22,7 @@ from typing import Any
 
 import torch
 
-from kubeforge.runtime.learner import checkpoint, parallel, sharding
+from kubeforge.runtime.learner import checkpoint, fence, parallel, sharding
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,6 +35,7 @@ class Parts:
     params: list[torch.nn.Parameter]    # the trained parameters, in the optimizer's order
     group: parallel.DataParallel
     layout: str                         # spec.roles.trainer.sharding: sharding.DDP or sharding.FSDP
+    epoch: int = 0                      # the trainer epoch that writes (docs/fencing.md; 0: unfenced)
 
 
 def save(parts: Parts, *, directory: str | Path, keep: int, step: int, state: dict[str, Any]) -> Path | None:
@@ -43,13 +46,21 @@ def save(parts: Parts, *, directory: str | Path, keep: int, step: int, state: di
         if not group.is_main:
             return None
         return checkpoint.save(root=directory, step=step, model_state=parts.model.state_dict(),
-                               optimizer_state=parts.optimizer.state_dict(), state=state, keep=keep)
+                               optimizer_state=parts.optimizer.state_dict(), state=state, keep=keep,
+                               epoch=parts.epoch)
     tmp = checkpoint.begin(root=directory, step=step) if group.is_main else None
     tmp = Path(group.broadcast_json(str(tmp) if tmp else None))
     sharding.dcp_save(tmp / checkpoint.DCP, root=parts.policy, optimizer=parts.optimizer)
     group.barrier()
-    final = checkpoint.seal(tmp, root=directory, step=step, state=state, keep=keep) if group.is_main else None
-    group.barrier()
+    final, refused = None, None
+    if group.is_main:
+        try:
+            final = checkpoint.seal(tmp, root=directory, step=step, state=state, keep=keep, epoch=parts.epoch)
+        except checkpoint.Fenced as exc:
+            refused = str(exc)
+    refused = group.broadcast_json(refused)          # also the barrier after the seal
+    if refused is not None:
+        raise checkpoint.Fenced(refused)
     return final
 
 
@@ -58,12 +69,20 @@ def restore(parts: Parts, *, directory: str | Path) -> dict[str, Any] | None:
     when there is none."""
     group = parts.group
     loaded = checkpoint.load_latest(directory) if group.is_main else None
-    info = None
+    info: dict[str, Any] | None = None
     if loaded is not None:
         info = {"state": loaded.state, "sharded": str(loaded.sharded) if loaded.sharded else None}
+    if group.is_main:
+        try:
+            fence.claim(Path(directory), epoch=parts.epoch,
+                        resumed_from=checkpoint.step_of(loaded.path) if loaded is not None else 0)
+        except fence.Fenced as exc:
+            info = {"fenced": str(exc)}
     info = group.broadcast_json(info)
     if info is None:
         return None
+    if "fenced" in info:
+        raise fence.Fenced(info["fenced"])
     fsdp = parts.layout == sharding.FSDP
     if fsdp != (info["sharded"] is not None):
         raise checkpoint.CheckpointError(

@@ -85,9 +85,11 @@ class Trainer:
     def __init__(self, *, model_path: str | Path, algorithm: rljob.AlgorithmSpec, dtype: str = "float32",
                  group: parallel.DataParallel | None = None, device: str = "cpu",
                  logit_temperature: float = 1.0, scale: Scale | None = None,
-                 lora: rljob.LoraSpec | None = None, compile_backend: compiled.Backend = "inductor") -> None:
+                 lora: rljob.LoraSpec | None = None, compile_backend: compiled.Backend = "inductor",
+                 trainer_epoch: int = 0) -> None:
         malloc.return_freed_memory()     # freed tensors leave the process's RSS (malloc.py; every rank, any sharding)
         self.device = torch.device(device)
+        self.trainer_epoch = trainer_epoch   # stamped on checkpoints; claims the store at resume (docs/fencing.md)
         self.group = group or parallel.DataParallel(config=parallel.DistConfig(), device=self.device)
         self.scale = scale or Scale()
         self.variant = registry.variant_for(algorithm.loss)
@@ -433,7 +435,7 @@ class Trainer:
 
     def _parts(self) -> persist.Parts:
         return persist.Parts(model=self.model, policy=self.policy, optimizer=self.optimizer, params=self.params,
-                             group=self.group, layout=self.scale.sharding)
+                             group=self.group, layout=self.scale.sharding, epoch=self.trainer_epoch)
 
 
 def _filler(pad_id: int) -> batch.Batch:

@@ -362,6 +362,8 @@ class Loop:
         if not last:          # the last step exports anyway, after the loop
             self.exports.after_step(rec, requests=self.rank0.exports if self.rank0 is not None else None,
                                     directory=self.s.checkpoint_dir)
+        if self.rank0 is not None:
+            self._fencing(rec)
         self.observer.trained(record=rec)
         if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
             self.rank0.reporter.step(rec)
@@ -386,9 +388,16 @@ class Loop:
                 self.generators.send(wire.Stop(reason="done"), to=g, timeout=5.0)
             except transport.TransportError:
                 pass
-        self.rank0.reporter.done(progress.StepRecord(
+        closing = progress.StepRecord(
             step=self.learner.step, policy_version=self.learner.policy_version,
-            export=str(exported) if exported else None, eval_accuracy=self.accuracy.last))
+            export=str(exported) if exported else None, eval_accuracy=self.accuracy.last)
+        self._fencing(closing)
+        self.rank0.reporter.done(closing)
+
+    def _fencing(self, rec: progress.StepRecord) -> None:
+        assert self.rank0 is not None
+        record.fencing(rec, trainer_epoch=getattr(self.learner, "trainer_epoch", 0),
+                       pushes=getattr(self.rank0.pusher, "fenced_pushes", 0), checkpoint_dir=self.s.checkpoint_dir)
 
     # ------------------------------------------------------------ rank 0's membership, as seen on the loop
 

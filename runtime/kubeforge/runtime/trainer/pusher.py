@@ -3,8 +3,12 @@
 ```
  rank 0 ──SYNC(v, store host:port, world)──▶ generator g inbox   (g reads it between batches)
  rank 0 ══ weightsync.WeightSender.send(named tensors, v) ══▶ every generator worker (gloo/NCCL, private group)
- generator g ──ACK(SYNC, v, detail={"seconds", "bytes"})──▶ rank 0 control inbox
+ generator g ──ACK(SYNC, v, detail={"seconds", "bytes", "fenced"})──▶ rank 0 control inbox
 ```
+
+Fencing (docs/fencing.md): every SYNC carries this trainer's epoch (``trainer_epoch``); a generator that has seen a
+newer one refuses it unanswered. The ACKs of accepted pushes carry each generator's count of refused pushes; the
+highest per generator is kept (:attr:`Pusher.fenced_pushes`) for the progress report.
 
 Neighbours: ``weightsync`` (the group and the bucketed broadcast), ``trainer.pushes`` (calls :meth:`Pusher.push`,
 or :meth:`Pusher.start` and :meth:`Pusher.finish` when a push overlaps the next step), ``generator.loop`` (answers
@@ -39,6 +43,15 @@ def ack_detail(result: types.SyncResult) -> str:
     return json.dumps({"seconds": result.seconds, "bytes": result.bytes})
 
 
+def fenced_of(detail: str) -> int | None:
+    """The count of refused pushes a generator's ACK detail carries (None when it carries none)."""
+    try:
+        value = json.loads(detail)["fenced"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return value if type(value) is int and value >= 0 else None
+
+
 def parse_ack_detail(detail: str) -> types.SyncResult | None:
     try:
         doc = json.loads(detail)
@@ -53,7 +66,7 @@ class Pusher:
     def __init__(self, *, generators: transport.Sender, control: transport.Receiver,
                  sender: weightsync.WeightSender, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]],
                  host: str, port: int, world_size: int, backend: str, timeout_s: int,
-                 on_other: Callable[[wire.Message], Any] = lambda m: None) -> None:
+                 on_other: Callable[[wire.Message], Any] = lambda m: None, trainer_epoch: int = 0) -> None:
         self.generators = generators
         self.members = generators.peers            # generators in the weight-sync group now (elastic)
         self.tensor_parallel_size = max(1, (world_size - 1) // max(1, generators.peers))
@@ -61,7 +74,8 @@ class Pusher:
         self.sender = sender
         self.tensors = tensors
         self.notice: dict[str, Any] = dict(host=host, port=port, world_size=world_size, backend=backend,
-                                           timeout_s=timeout_s)
+                                           timeout_s=timeout_s, trainer_epoch=trainer_epoch)
+        self.fenced_by_generator: dict[int, int] = {}   # refused pushes each generator reported (its highest)
         self.on_other = on_other
         self._flight: weightsync.InFlight | None = None
         self._acked: list[wire.Ack] = []
@@ -90,6 +104,11 @@ class Pusher:
             self.generators.send(sync, to=g, timeout=ACK_TIMEOUT_SECONDS)
         self._acked = []
         self._flight = self.sender.start(self.tensors(), version=version)
+
+    @property
+    def fenced_pushes(self) -> int:
+        """Pushes of stale trainer epochs the generators refused, as they last reported them."""
+        return sum(self.fenced_by_generator.values())
 
     @property
     def in_flight(self) -> bool:
@@ -125,6 +144,9 @@ class Pusher:
 
         def take(ack: wire.Ack) -> None:
             want.discard(ack.index)
+            fenced = fenced_of(ack.detail)
+            if fenced is not None:
+                self.fenced_by_generator[ack.index] = max(fenced, self.fenced_by_generator.get(ack.index, 0))
             if not ack.ok:   # received (the group acked it) but not loaded: as a failed collective ack before
                 failed.append(f"generator {ack.index}: {ack.detail}")
                 return

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from kubeforge.api import progress
 from kubeforge.runtime import types
-from kubeforge.runtime.learner import staleness
+from kubeforge.runtime.learner import fence, staleness
 from kubeforge.runtime.trainer import buffer, episode_figures
 
 
@@ -33,3 +33,11 @@ def of(metrics: progress.StepMetrics, groups: Sequence[types.RolloutGroup], *, r
         **staleness.lag_figures(groups, policy_version=trained_version, max_policy_lag=max_policy_lag),
         **episode_figures.figures(groups))
     return progress.StepRecord.of(learned, loop)
+
+
+def fencing(rec: progress.StepRecord, *, trainer_epoch: int, pushes: int, checkpoint_dir: str) -> None:
+    """Rank 0 stamps its epoch on ``rec`` with the stale writes refused so far: the store's records (read from the
+    checkpoint folder: they survive every restart) and the generators' counts ``pushes`` (docs/fencing.md)."""
+    rec.trainer_epoch = trainer_epoch
+    rec.fenced_pushes = pushes
+    rec.fenced_checkpoints = fence.count(checkpoint_dir)

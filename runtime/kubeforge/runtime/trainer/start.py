@@ -16,7 +16,7 @@ import transformers
 
 from kubeforge.api import contract, rljob, roleenv
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, tasks, transport, weightsync
-from kubeforge.runtime.learner import parallel, step
+from kubeforge.runtime.learner import fence, parallel, step
 from kubeforge.runtime.trainer import episode_eval, evaluate, export_requests, loop, pusher, report
 from kubeforge.runtime.verifiers import registry
 
@@ -81,7 +81,7 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
                                      delta=spec.weight_sync.delta)
     push = pusher.Pusher(generators=generators, control=control, sender=sender, tensors=learner.named_tensors,
                          host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world, backend=be,
-                         timeout_s=spec.weight_sync.timeout_seconds)
+                         timeout_s=spec.weight_sync.timeout_seconds, trainer_epoch=cfg.trainer_epoch)
     ev = spec.evaluation
     held_out = evaluator(cfg, learner, beat)
     return loop.Rank0(control=control, pusher=push, reporter=reporter(cfg),
@@ -127,6 +127,7 @@ def evaluator(cfg: config.RoleConfig, learner: step.Trainer,
 
 
 EXIT_TERMINATED = 143   # 128 + SIGTERM, as if the signal had ended the process
+EXIT_FENCED = 75        # a newer trainer epoch claimed the checkpoints: this trainer is stale (docs/fencing.md)
 
 
 def generator_address(cfg: config.RoleConfig) -> Callable[[int], str | None]:
@@ -156,7 +157,8 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     learner = step.Trainer(model_path=model_path, algorithm=spec.algorithm, dtype=spec.model.dtype,
                            group=group, device=str(group.device),
                            logit_temperature=spec.algorithm.temperature or 1.0,
-                           scale=step.Scale.from_spec(spec.roles.trainer), lora=spec.model.lora)
+                           scale=step.Scale.from_spec(spec.roles.trainer), lora=spec.model.lora,
+                           trainer_epoch=cfg.trainer_epoch)
     generators = transport.open_sender(startup.data_addresses(cfg, "generator"), role="trainer", index=cfg.index,
                                        send_timeout=startup.role_deadline(cfg))
     slow = hardware.slow_dtype_warning(str(spec.model.dtype)) if learner.device.type == "cpu" else None
@@ -166,6 +168,7 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
              if control is not None else None)
     server.set_ready(True)
     stream = tasks.stream(spec.task)
+    fenced = False
     try:
         loop.Loop(settings=s, inbox=inbox, generators=generators, learner=learner, prompt_at=stream.prompt_at,
                   observer=observe.TrainerObserver(m), rank0=rank0, beat=server.heartbeat,
@@ -175,8 +178,12 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
     except loop.Terminated as exc:
         print(f"{cfg.name}: {exc}", flush=True)
         return EXIT_TERMINATED
+    except fence.Fenced as exc:      # a newer trainer epoch owns the job: stop writing at once (docs/fencing.md)
+        print(f"{cfg.name}: fenced: {exc}", file=sys.stderr, flush=True)
+        fenced = True
+        return EXIT_FENCED
     finally:
-        if rank0 is not None:
+        if rank0 is not None and not fenced:   # fenced: a push in flight waits for generators that refused it
             rank0.pusher.close()  # type: ignore[attr-defined]
         if control is not None:
             control.close()

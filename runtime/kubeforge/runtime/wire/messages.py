@@ -117,6 +117,7 @@ class Sync:
     backend: str = "gloo"
     timeout_s: int = 120
     epoch: int = 0          # the weight-sync group's epoch: a new one each time the membership re-forms
+    trainer_epoch: int = 0  # the sender's trainer epoch: generators refuse an older one (docs/fencing.md)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

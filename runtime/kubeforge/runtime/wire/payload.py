@@ -160,7 +160,8 @@ def _sync_in(r: Reader) -> messages.Sync:
     m = messages.Sync(version=r.integer("version"), step=r.integer("step"),
                       host=r.text("host", frame.MAX_NAME_CHARS), port=r.integer("port", 1, frame.MAX_PORT),
                       world_size=r.integer("world_size", 1, 1 << 20), backend=backend,
-                      timeout_s=r.integer("timeout_s", 1, 86400), epoch=r.integer("epoch"))
+                      timeout_s=r.integer("timeout_s", 1, 86400), epoch=r.integer("epoch"),
+                      trainer_epoch=r.integer("trainer_epoch"))
     r.done()
     return m
 

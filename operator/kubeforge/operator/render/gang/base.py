@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
-from kubeforge.api import contract, rljob
+from kubeforge.api import rljob
 from kubeforge.operator.render import context, meta
 
 
@@ -41,8 +41,9 @@ class Backend(Protocol):
 
 
 def replicas(job: rljob.RLJob) -> dict[str, int]:
-    """Replica count per role, in ``contract.ROLES`` order."""
-    return {role: getattr(job.spec.roles, role).replicas for role in contract.ROLES}
+    """Replica count per role the job runs pods for (``RLJobSpec.own_roles``: no generators on a pool), in
+    ``contract.ROLES`` order."""
+    return {role: getattr(job.spec.roles, role).replicas for role in job.spec.own_roles()}
 
 
 def minimums(job: rljob.RLJob) -> dict[str, int]:
@@ -50,12 +51,16 @@ def minimums(job: rljob.RLJob) -> dict[str, int]:
     (default all; generators are elastic: those beyond the minimum are placed when they fit and join the running
     job)."""
     out = replicas(job)
-    out["generator"] = job.spec.roles.generator.gang_held()
+    if "generator" in out:
+        out["generator"] = job.spec.roles.generator.gang_held()
     return out
 
 
 def surplus(job: rljob.RLJob) -> int:
-    """Generators beyond the gang's minimum (0 when ``minReplicas`` is unset or equals ``replicas``)."""
+    """Generators beyond the gang's minimum (0 when ``minReplicas`` is unset or equals ``replicas``, or the generators
+    are a pool's)."""
+    if "generator" not in job.spec.own_roles():
+        return 0
     return job.spec.roles.generator.replicas - job.spec.roles.generator.gang_held()
 
 

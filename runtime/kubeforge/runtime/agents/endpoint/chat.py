@@ -20,12 +20,22 @@ The rule (docs/agents-endpoint.md, "No re-tokenisation drift"):
 
 Models whose tokenizer has no chat template (the ``tiny`` built-in) get :data:`PLAIN_TEMPLATE`:
 ``role: content`` lines, then ``assistant:`` as the generation prompt.
+
+Tool calls (``agents.toolcalls``): :class:`ChatTemplate` knows the model's tool-call format from its template (and
+renders with the format's tool-aware template where the model's own ignores tools). A reply the endpoint returned
+with ``tool_calls`` is extended like any other: the agent echoes it (content and calls, compared with the arguments
+read as JSON), and the delta is rendered with that message standing as the text vLLM sampled, so what the model
+wrote stays exactly its sampled ids and the template's own rendering of the calls never reaches the tokens.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
+
+from kubeforge.runtime.agents.toolcalls import base as tool_base
+from kubeforge.runtime.agents.toolcalls import registry as tool_registry
 
 PLAIN_TEMPLATE = (
     "{%- for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor -%}"
@@ -53,21 +63,43 @@ def normalise(message: dict[str, Any]) -> dict[str, Any]:
     """The parts of a message that reach the template (and so the tokens): role, content as text, and tool fields
     when set. Clients echo assistant messages with extra null fields (``refusal``, ``annotations``, ...): ignored."""
     out: dict[str, Any] = {"role": str(message.get("role", "")), "content": _content_text(message.get("content"))}
-    for key in ("name", "tool_call_id", "tool_calls"):
+    for key in ("name", "tool_call_id"):
         if message.get(key):
             out[key] = message[key]
+    if message.get("tool_calls"):
+        out["tool_calls"] = [_tool_call(c) for c in message["tool_calls"]]
     return out
+
+
+def _tool_call(call: Any) -> dict[str, Any]:
+    """OpenAI's call with its arguments as a JSON object where they are one: what chat templates index (HF's
+    convention), and a comparison that does not hang on how a client spaced the JSON it echoes."""
+    fn = call.get("function") or {}
+    args: Any = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except ValueError:
+            parsed = None
+        args = parsed if isinstance(parsed, dict) else args
+    return {"id": call.get("id"), "type": "function", "function": {"name": fn.get("name"), "arguments": args}}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Turn:
     """What the previous call of a branch left: its messages (normalised), its exact prompt ids, the ids vLLM
-    sampled and the content text the endpoint returned for them."""
+    sampled and their text (cut at a stop string: the content the endpoint returned when it found no tool calls);
+    ``reply``: the assistant message it returned when that was not ``content`` alone (``tool_calls``), normalised."""
 
     messages: tuple[dict[str, Any], ...]
     prompt_ids: tuple[int, ...]
     sampled_ids: tuple[int, ...]
     content: str
+    reply: dict[str, Any] | None = None
+
+    def expected(self) -> dict[str, Any]:
+        """The assistant message an extending call echoes (normalised)."""
+        return self.reply or {"role": "assistant", "content": self.content}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,6 +126,10 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         own = getattr(tokenizer, "chat_template", None)
         self.template: str | None = template or (None if own else PLAIN_TEMPLATE)
+        # the model's tool-call format (None: tools are refused), and the template that renders its tools
+        source = str(template or own or "")
+        self.tool_format: tool_base.Format | None = tool_registry.for_template(source)
+        self.template = (self.tool_format.template(source) if self.tool_format else None) or self.template
 
     def render(self, messages: Sequence[dict[str, Any]], *, generation_prompt: bool,
                tools: list[dict[str, Any]] | None = None) -> str:
@@ -134,8 +170,8 @@ def _extension_problem(norm: tuple[dict[str, Any], ...], previous: Turn) -> str:
     k = len(previous.messages)
     if len(norm) <= k or norm[:k] != previous.messages:
         return REWRITTEN
-    reply = norm[k]
-    if reply.get("role") != "assistant" or reply.get("content") != previous.content or reply.get("tool_calls"):
+    reply, expected = norm[k], previous.expected()
+    if any(reply.get(key) != expected.get(key) for key in ("role", "content", "tool_calls")):
         return REWRITTEN
     return EXTENDS
 
@@ -144,8 +180,10 @@ def _delta_text(chat: ChatTemplate, norm: tuple[dict[str, Any], ...], previous: 
                 tools: list[dict[str, Any]] | None) -> str | None:
     """The text to feed after the previous prompt and sample, or None when the template is not prefix-stable
     (it renders the old conversation differently once more messages follow, or rewrites the assistant content)."""
+    k = len(previous.messages)
+    sampled = {"role": "assistant", "content": previous.content}    # the reply as the text vLLM sampled
     before = chat.render(previous.messages, generation_prompt=True, tools=tools)
-    after = chat.render(norm, generation_prompt=True, tools=tools)
+    after = chat.render((*norm[:k], sampled, *norm[k + 1:]), generation_prompt=True, tools=tools)
     if not after.startswith(before):
         return None
     rest = after[len(before):]

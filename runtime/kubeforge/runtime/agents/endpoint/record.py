@@ -31,7 +31,8 @@ class EpisodeSink(Protocol):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Call:
-    """One answered call: the prompt vLLM was given, the ids and logprobs it sampled, the text returned."""
+    """One answered call: the prompt vLLM was given, the ids and logprobs it sampled, their text (cut at a stop
+    string) and, when the text held tool calls, the assistant message returned instead of it (``reply``)."""
 
     prompt_ids: tuple[int, ...]
     delta_ids: tuple[int, ...]        # empty for a branch's first call
@@ -41,6 +42,12 @@ class Call:
     content: str
     finish_reason: str
     reason: str                       # chat.EXTENDS,, or why a branch started
+    reply: dict[str, Any] | None = None   # OpenAI's assistant message with tool_calls, when the text held calls
+    tool_outcome: str = ""            # the tool-call parse's outcome (toolcalls.choice.OUTCOMES; "": not parsed)
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message the endpoint returned."""
+        return self.reply or {"role": "assistant", "content": self.content}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -68,8 +75,8 @@ class Branch:
         if len(call.sampled_ids) != len(call.logprobs):
             raise ValueError(f"{len(call.sampled_ids)} sampled ids with {len(call.logprobs)} logprobs")
         self.calls.append(call)
-        self.last = chat.Turn(messages=messages, prompt_ids=call.prompt_ids,
-                              sampled_ids=call.sampled_ids, content=call.content)
+        self.last = chat.Turn(messages=messages, prompt_ids=call.prompt_ids, sampled_ids=call.sampled_ids,
+                              content=call.content, reply=chat.normalise(call.reply) if call.reply else None)
 
     def token_ids(self) -> tuple[int, ...]:
         """Every token after the first prompt, as the trainer will see it."""

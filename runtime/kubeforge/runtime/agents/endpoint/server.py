@@ -28,9 +28,12 @@ Invariants:
 - A streamed call records exactly what a whole one does (the sampled ids and logprobs, ``stream.py``'s text
   invariant). A client that leaves mid-stream cancels the sample; the call goes to ``Recording.disconnected``, not
   into a branch, and the request counts as ``disconnected``.
-- Counters: :attr:`refused`, :attr:`branches`, :attr:`answered` here, and the same as Prometheus series in
-  :attr:`metrics` (the role's registry when given: ``endpoint_*`` in docs/metrics.md), with the tokens, the
-  latency and, for streams, the time to the first content.
+- Counters: :attr:`refused`, :attr:`branches`, :attr:`answered`, :attr:`tool_parses` here, and the same as
+  Prometheus series in :attr:`metrics` (the role's registry when given: ``endpoint_*`` in docs/metrics.md), with
+  the tokens, the latency and, for streams, the time to the first content.
+- Tool calls: with ``tools`` (and a ``tool_choice`` other than none) a reply's text is read in the model's
+  tool-call format (``agents.toolcalls``) into OpenAI ``tool_calls``; the recorded ids stay what vLLM sampled
+  (the parse is a view over their text), and markup that does not parse is returned as content, counted.
 - Authentication: bound to loopback by default (the agent runs in the same pod). Any other bind address needs the
   job key; then every call carries ``Authorization: Bearer <api_key(key)>`` (an ``openai`` client's ``api_key``),
   an HMAC of the job key, checked in constant time (docs/agents-endpoint.md, "Authentication").
@@ -52,6 +55,7 @@ from typing import Any
 
 from kubeforge.runtime import metrics as metrics_mod
 from kubeforge.runtime.agents.endpoint import chat, record, request, sampler, stream
+from kubeforge.runtime.agents.toolcalls import choice as tool_choice
 
 Refusal = request.Refusal
 ANSWERED, REFUSED, DISCONNECTED = "answered", "refused", "disconnected"     # endpoint_requests_total's outcomes
@@ -114,6 +118,7 @@ class Endpoint:
         self.answered = 0
         self.branches: collections.Counter[str] = collections.Counter()
         self.disconnected = 0
+        self.tool_parses: collections.Counter[str] = collections.Counter()    # by toolcalls.choice outcome
         # the role's registry (served on the pod's /metrics) or one of its own (tests read ep.metrics)
         self.metrics = metrics or metrics_mod.Metrics(role="endpoint", replica=0)
         self._httpd = _Server((self.config.host, self.config.port), _handler(self))
@@ -152,6 +157,7 @@ class Endpoint:
     def stats(self) -> dict[str, Any]:
         return {"requests": self.requests, "answered": self.answered, "refused": dict(self.refused),
                 "branches": dict(self.branches), "disconnected": self.disconnected,
+                "tool_parses": dict(self.tool_parses),
                 "episodes_open": len(self._episodes)}
 
     # ------------------------------------------------------------ one call
@@ -176,7 +182,8 @@ class Endpoint:
         if not ep.lock.acquire(blocking=False):
             raise Refusal(409, "episode_busy", "another call of this episode is running: one call at a time")
         try:
-            req = request.parse(body, model=self.config.model, policy=self.sampler.policy)
+            req = request.parse(body, model=self.config.model, policy=self.sampler.policy,
+                                tool_calls=self.chat.tool_format is not None)
             return self._complete(ep.recording, req, reply)
         except Refusal as refusal:     # the episode's owner reads why its calls stopped (a bound, a bad request)
             ep.recording.refused[refusal.code] += 1
@@ -203,7 +210,7 @@ class Endpoint:
             sample = pending.result(timeout=cfg.request_timeout)
         except Exception as exc:  # noqa: BLE001
             raise _sampler_refusal(exc) from None
-        call = self._record(rec, plan, sample, req.stop)
+        call = self._record(rec, plan, sample, req)
         reply.send(200, self._response(rec, call, logprobs=req.logprobs))
         self._observe(call, started=started, stream=False)
         return ANSWERED
@@ -215,7 +222,9 @@ class Endpoint:
         it whole, so it cannot extend it)."""
         shapes = stream.Chunks(ident=f"chatcmpl-{rec.episode_id}-{rec.calls + 1}", created=int(time.time()),
                                model=self.config.model)
-        text = stream.TextDeltas(decode=lambda ids: self.chat.decode(ids, skip_special=True), stops=req.stop)
+        fmt = self.chat.tool_format if req.tools and req.tool_choice.parses else None
+        text = stream.TextDeltas(decode=lambda ids: self.chat.decode(ids, skip_special=True), stops=req.stop,
+                                 holds=fmt.opens if fmt is not None else ())
         alive = reply.open_stream() and reply.event(shapes.role())
         first: float | None = None
         try:
@@ -233,8 +242,8 @@ class Endpoint:
         assert pending.sample is not None
         if not alive:
             return self._disconnected(rec, plan, pending.sample, req.stop)
-        call = self._record(rec, plan, pending.sample, req.stop)
-        alive = reply.event(shapes.finish(text.finish(call.content), finish_reason=call.finish_reason))
+        call = self._record(rec, plan, pending.sample, req)
+        alive = self._finish_stream(reply, shapes, text, call)
         if alive and req.stream_usage:
             alive = reply.event(shapes.usage(prompt_tokens=len(call.prompt_ids),
                                              completion_tokens=len(call.sampled_ids)))
@@ -243,9 +252,21 @@ class Endpoint:
         self._observe(call, started=started, stream=True, first=first)
         return ANSWERED
 
+    @staticmethod
+    def _finish_stream(reply: stream.Reply, shapes: stream.Chunks, text: stream.TextDeltas,
+                       call: record.Call) -> bool:
+        """The last choice chunks: the rest of the content, then the tool calls when the reply has them."""
+        message = call.message()
+        rest = text.finish(message["content"] or "")
+        if not call.reply:
+            return reply.event(shapes.finish(rest, finish_reason=call.finish_reason))
+        alive = not rest or reply.event(shapes.delta(rest, logprobs=None))
+        alive = alive and reply.event(shapes.tool_calls(message["tool_calls"]))
+        return alive and reply.event(shapes.finish("", finish_reason=tool_choice.TOOL_CALLS))
+
     def _record(self, rec: record.Recording, plan: chat.Plan, sample: sampler.Sample,
-                stops: tuple[str, ...]) -> record.Call:
-        call = self._call(plan, sample, stops)
+                req: request.ChatRequest) -> record.Call:
+        call = self._read_tools(self._call(plan, sample, req.stop), req)
         rec.add(call, plan.messages)
         with self._lock:
             self.branches[plan.reason] += 1
@@ -258,6 +279,18 @@ class Endpoint:
         return record.Call(prompt_ids=plan.prompt_ids, delta_ids=plan.delta_ids, delta_text=plan.delta_text,
                            sampled_ids=sample.token_ids, logprobs=sample.logprobs, content=content,
                            finish_reason=sample.finish_reason, reason=plan.reason)
+
+    def _read_tools(self, call: record.Call, req: request.ChatRequest) -> record.Call:
+        """The call with its text read for tool calls when the request offered tools (counted by outcome)."""
+        fmt = self.chat.tool_format
+        if fmt is None or not req.tools or not req.tool_choice.parses:
+            return call
+        offered = {t["function"]["name"] for t in req.tools}
+        got = tool_choice.reply(fmt, call.content, offered=offered, choice=req.tool_choice)
+        with self._lock:
+            self.tool_parses[got.outcome] += 1
+        self.metrics.endpoint_tool_parses.labels(outcome=got.outcome).inc()
+        return dataclasses.replace(call, reply=got.message() if got.calls else None, tool_outcome=got.outcome)
 
     def _disconnected(self, rec: record.Recording, plan: chat.Plan, sample: sampler.Sample,
                       stops: tuple[str, ...]) -> str:
@@ -295,8 +328,8 @@ class Endpoint:
 
     def _response(self, rec: record.Recording, call: record.Call, *,
                   logprobs: bool) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": call.content},
-                                  "finish_reason": call.finish_reason, "logprobs": None}
+        finish = tool_choice.TOOL_CALLS if call.reply else call.finish_reason
+        choice: dict[str, Any] = {"index": 0, "message": call.message(), "finish_reason": finish, "logprobs": None}
         if logprobs:
             choice["logprobs"] = {"content": self._logprobs(call.sampled_ids, call.logprobs)}
         n_prompt, n_out = len(call.prompt_ids), len(call.sampled_ids)
@@ -449,7 +482,8 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
         def _fail(self, refusal: Refusal) -> None:
             endpoint.refuse(refusal.code)
             kind = "invalid_request_error" if refusal.status < 500 else "server_error"
-            error = {"error": {"message": refusal.message, "type": kind, "code": refusal.code, "param": None}}
+            error = {"error": {"message": refusal.message, "type": kind, "code": refusal.code,
+                               "param": refusal.param}}
             if self._streaming:           # the 200 left already: the error is the stream's last event
                 if self.event(error):
                     self.end_stream()

@@ -10,6 +10,7 @@ The stream of one call (docs/agents-endpoint.md, "Streaming")::
     data: {role chunk: delta {"role": "assistant", "content": ""}}        sent before the first token
     data: {delta {"content": <text of step 1>}, logprobs of its tokens}   one per engine step that adds text
     ...
+    data: {delta {"tool_calls": [{index, id, type, function}, ...]}}     when the reply holds tool calls
     data: {delta {"content": <the rest>} or {}, finish_reason}            the last choice chunk
     data: {"choices": [], "usage": {...}}                                  when stream_options.include_usage
     data: [DONE]
@@ -17,7 +18,9 @@ The stream of one call (docs/agents-endpoint.md, "Streaming")::
 Invariants:
 - The contents of the chunks concatenate to the non-streamed ``message.content`` of the same sample: text is sent
   only once it extends what was sent, an incomplete UTF-8 character and any tail that may begin a stop string are
-  held back (OpenAI's content ends before the stop string), and the last chunk carries the rest.
+  held back (OpenAI's content ends before the stop string), and the last chunk carries the rest. When tools are
+  parsed, text from where a call's markup may begin is held back too (``holds``): it goes out at the end as
+  ``tool_calls`` when it parses, else as the rest of the content.
 - Every token's logprob is sent once, in the chunk of the step that sampled it (``logprobs: true``).
 """
 from __future__ import annotations
@@ -72,6 +75,10 @@ class Chunks:
     def delta(self, content: str, *, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
         return self._choice({"content": content}, logprobs=logprobs)
 
+    def tool_calls(self, calls: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Every call of the reply in one delta (OpenAI's streamed shape: each with its ``index``)."""
+        return self._choice({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+
     def finish(self, content: str, *, finish_reason: str) -> dict[str, Any]:
         return self._choice({"content": content} if content else {}, finish_reason=finish_reason)
 
@@ -84,8 +91,9 @@ class Chunks:
 class TextDeltas:
     """The text each step adds: the decoding of every id so far, less what was sent, less what must wait."""
 
-    def __init__(self, *, decode: Callable[[Sequence[int]], str], stops: Sequence[str]) -> None:
-        self._decode, self._stops = decode, tuple(stops)
+    def __init__(self, *, decode: Callable[[Sequence[int]], str], stops: Sequence[str],
+                 holds: Sequence[str] = ()) -> None:
+        self._decode, self._stops, self._holds = decode, tuple(stops), tuple(holds)
         self._ids: list[int] = []
         self.sent = ""
 
@@ -103,11 +111,12 @@ class TextDeltas:
         return content[len(self.sent):] if content.startswith(self.sent) else ""
 
     def _sendable(self, text: str) -> str:
-        cuts = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        cuts = [i for i in (text.find(s) for s in self._stops + self._holds) if i >= 0]
         if cuts:
             return text[:min(cuts)]
         text = text.rstrip(REPLACEMENT)
-        hold = max((k for s in self._stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        hold = max((k for s in self._stops + self._holds for k in range(1, len(s)) if text.endswith(s[:k])),
+                   default=0)
         return text[:len(text) - hold]
 
 

@@ -1,14 +1,23 @@
 """``Calculator``: arithmetic beyond the model's reach (e.g. 3-4 digit multiplication) with a calculator tool.
 
-The task's prompt is the problem (``spec.task.arithmetic``), its answer the reference. A policy turn with
-``<tool>EXPR</tool>`` gets ``<result>VALUE</result>`` (``arith``: safe, no eval) and goes on; a turn without a
-tool call is the final answer: reward 1.0 when its last number equals the reference, else 0.0. The episode opens
-with one worked exchange (``DEMONSTRATION``) so that an untrained small model calls the tool at all. An invalid
-expression is answered with ``<error>…</error>`` and counted as a tool error.
+The task's prompt is the problem (``spec.task.arithmetic``), its answer the reference. A turn without a tool call
+is the final answer: reward 1.0 when its last number equals the reference, else 0.0. The episode opens with one
+worked exchange (the demonstration) so that an untrained small model calls the tool at all. An invalid expression is
+answered with the evaluator's error and counted as a tool error.
+
+Two ways to call the tool (``spec.environment.toolFormat``):
+- ``Tags``: the policy writes ``<tool>EXPR</tool>`` and gets ``<result>VALUE</result>`` (``<error>WHY</error>``) as
+  the next user turn (``tags``: any model can learn it).
+- ``Native``: the tool is the function :data:`TOOLS` describes, rendered by the model's chat template; ``step`` is
+  given the runner's reading of the turn in the model's own tool-call format (``protocol.native_turn``) and answers
+  each call with a ``tool`` message holding the value (or ``error: WHY``).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from kubeforge.runtime import types
+from kubeforge.runtime.agents import protocol
 from kubeforge.runtime.agents.envs import arith, tags
 from kubeforge.runtime.agents.protocol import StepResult
 
@@ -25,25 +34,68 @@ DEMONSTRATION: tuple[dict[str, str], ...] = (
 )
 STOP = tags.STOP
 
+FUNCTION = "calculate"
+TOOLS: tuple[dict[str, Any], ...] = ({"type": "function", "function": {
+    "name": FUNCTION,
+    "description": "Evaluate an arithmetic expression: integers, + - * / // % ** and parentheses.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string", "description":
+                                                                   "The expression, e.g. 314 * 27."}},
+                   "required": ["expression"]}}},)
+NATIVE_SYSTEM = "You can use a calculator. When you know the answer, reply with the number only."
+# the same worked exchange, the call in the model's own format (the runner expands it for the template)
+NATIVE_DEMONSTRATION: tuple[dict[str, str], ...] = (
+    DEMONSTRATION[0],
+    protocol.assistant_tool_calls([(FUNCTION, {"expression": "314 * 27"})]),
+    {"role": "tool", "content": "8478"},
+    DEMONSTRATION[3],
+)
+
 
 class Calculator:
-    def __init__(self) -> None:
+    def __init__(self, *, native: bool = False) -> None:
         self.answer = ""
+        self.native = native
 
     def reset(self, prompt: types.Prompt) -> list[dict[str, str]]:
         self.answer = prompt.answer.strip()
-        return [{"role": "system", "content": SYSTEM}, *DEMONSTRATION, {"role": "user", "content": prompt.text}]
+        system, demo = (NATIVE_SYSTEM, NATIVE_DEMONSTRATION) if self.native else (SYSTEM, DEMONSTRATION)
+        return [{"role": "system", "content": system}, *demo, {"role": "user", "content": prompt.text}]
 
     def step(self, assistant_text: str) -> StepResult:
+        if self.native:
+            return self._native_step(assistant_text)
         call = tags.tool_call(assistant_text)
         if call is None:
-            final = tags.last_number(assistant_text)
-            return StepResult(observation=[], done=True, reward=1.0 if final == self.answer else 0.0)
+            return self._final(assistant_text)
         try:
             value = tags.result(arith.show(arith.evaluate(call)))
         except arith.ArithmeticError_ as e:
             return StepResult(observation=tags.error(str(e)), done=False, tool_calls=1, tool_errors=1)
         return StepResult(observation=value, done=False, tool_calls=1)
+
+    def _native_step(self, message: str) -> StepResult:
+        content, calls = protocol.native_turn(message)
+        if not calls:
+            return self._final(content)
+        answers, errors = [], 0
+        for call in calls:
+            try:
+                value = arith.show(arith.evaluate(_expression(call)))
+            except arith.ArithmeticError_ as e:
+                value, errors = f"error: {e}", errors + 1
+            answers.append({"role": "tool", "content": value})
+        return StepResult(observation=answers, done=False, tool_calls=len(calls), tool_errors=errors)
+
+    def _final(self, text: str) -> StepResult:
+        final = tags.last_number(text)
+        return StepResult(observation=[], done=True, reward=1.0 if final == self.answer else 0.0)
+
+
+def _expression(call: protocol.ToolCall) -> str:
+    expression = call.arguments.get("expression")
+    if call.name != FUNCTION or not isinstance(expression, str):
+        raise arith.ArithmeticError_(f'call {FUNCTION} with {{"expression": "..."}}')
+    return expression
 
 
 def make_env() -> Calculator:

@@ -7,24 +7,24 @@ worker process in the roles); ``runner`` reads ``stop``. ``Verifiers`` environme
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any
 
 from kubeforge.api import rljob
-from kubeforge.runtime.agents.envs import tags
+from kubeforge.runtime.agents.envs import calculator, tags
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Kind:
     make: Callable[[rljob.EnvironmentSpec], Callable[[], Any]]   # spec -> make_env
-    stop: tuple[str, ...] = ()                                   # stop strings of a policy turn
+    stop: tuple[str, ...] = ()                                   # stop strings of a policy turn (toolFormat Tags)
+    tools: tuple[dict[str, Any], ...] = ()                       # OpenAI function tools (toolFormat Native)
 
 
 def _calculator(spec: rljob.EnvironmentSpec) -> Callable[[], Any]:
-    from kubeforge.runtime.agents.envs import calculator
-
-    return calculator.make_env
+    return functools.partial(calculator.Calculator, native=spec.tool_format == rljob.ToolFormat.NATIVE.value)
 
 
 def _guess(spec: rljob.EnvironmentSpec) -> Callable[[], Any]:
@@ -50,7 +50,7 @@ def _python(spec: rljob.EnvironmentSpec) -> Callable[[], Any]:
 
 
 KINDS: dict[str, Kind] = {
-    rljob.EnvironmentType.CALCULATOR.value: Kind(make=_calculator, stop=tags.STOP),
+    rljob.EnvironmentType.CALCULATOR.value: Kind(make=_calculator, stop=tags.STOP, tools=calculator.TOOLS),
     rljob.EnvironmentType.GUESS_NUMBER.value: Kind(make=_guess),
     rljob.EnvironmentType.CODE_FEEDBACK.value: Kind(make=_code),
     rljob.EnvironmentType.PYTHON.value: Kind(make=_python),

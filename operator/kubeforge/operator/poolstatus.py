@@ -1,0 +1,73 @@
+"""A GeneratorPool's status and finalizer, computed (pure) from what a pool pass observed.
+
+Role: the "status" step of a pool pass (``poolreconcile`` observes and writes). Neighbours: ``status`` (the
+conditions' merge, shared with RLJobs). Invariants:
+- ``readyEngines`` counts ready pods of the pool's StatefulSet; ``attachedJobs`` every RLJob of the namespace whose
+  ``spec.generatorPool.name`` is the pool, a job being deleted included (it may still sample until it is gone);
+- ``residentAdapters`` and ``utilisation`` are the engines' to report: carried over, never invented here;
+- the finalizer ``names.POOL_FINALIZER`` is on every pool that is not being deleted, and comes off a deleted pool
+  only once no job is attached (docs/generator-pool.md: deleting a pool in use waits).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from kubeforge.api import generatorpool
+from kubeforge.operator import names, status
+
+# ---- the pool's condition types and reasons ----
+READY = "Ready"                       # every engine is ready
+TERMINATING = "Terminating"           # the pool is being deleted (True: it waits for its attached jobs)
+ENGINES_READY = "EnginesReady"
+ENGINES_NOT_READY = "EnginesNotReady"
+WAITING_FOR_JOBS = "WaitingForJobs"   # deleted, but RLJobs still name it: the finalizer holds it
+RELEASED = "Released"                 # deleted and no job attached: the finalizer comes off
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PoolFacts:
+    """What a pool pass observed: engines ready, the attached jobs (sorted), whether the pool is being deleted."""
+
+    ready_engines: int
+    attached: tuple[str, ...]
+    deleting: bool
+
+
+def attached_jobs(pool: str, jobs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
+    """Names of the RLJob bodies (one namespace's) whose ``spec.generatorPool.name`` is ``pool``, sorted."""
+    return tuple(sorted({str(j["metadata"]["name"]) for j in jobs
+                         if ((j.get("spec") or {}).get("generatorPool") or {}).get("name") == pool}))
+
+
+def compute(pool: generatorpool.GeneratorPool, facts: PoolFacts, *, generation: int | None,
+            now: dt.datetime) -> generatorpool.GeneratorPoolStatus:
+    """The pool's status from ``facts``; conditions merged with the previous ones (``status.merge_conditions``)."""
+    before = pool.status or generatorpool.GeneratorPoolStatus()
+    want = pool.spec.replicas
+    ready = (True, ENGINES_READY, f"all {want} engines are ready") if facts.ready_engines >= want else \
+        (False, ENGINES_NOT_READY, f"{facts.ready_engines}/{want} engines ready")
+    conds: dict[str, status.Cond] = {READY: ready}
+    if facts.deleting:
+        conds[TERMINATING] = (True, WAITING_FOR_JOBS, "deleted; waiting for the RLJobs that name it to go: "
+                              + ", ".join(facts.attached)) if facts.attached else \
+            (True, RELEASED, "deleted; no RLJob names it")
+    return generatorpool.GeneratorPoolStatus(
+        observed_generation=generation, conditions=status.merge_conditions(
+            before.conditions, conds, generation=generation, now=now),
+        replicas=want, ready_engines=facts.ready_engines, ready=f"{facts.ready_engines}/{want}",
+        attached_jobs=list(facts.attached), attached=len(facts.attached),
+        resident_adapters=before.resident_adapters, utilisation=before.utilisation)
+
+
+def finalizers(current: Sequence[str], facts: PoolFacts) -> list[str] | None:
+    """The pool's finalizers as they must be (None: as they are): ``names.POOL_FINALIZER`` added to a live pool,
+    removed from a deleted one no job names."""
+    has = names.POOL_FINALIZER in current
+    if not facts.deleting and not has:
+        return [*current, names.POOL_FINALIZER]
+    if facts.deleting and has and not facts.attached:
+        return [f for f in current if f != names.POOL_FINALIZER]
+    return None
