@@ -1,7 +1,7 @@
 """Weight-sync micro-benchmark: full sync into a running vLLM engine vs a raw gloo broadcast of the same bytes.
 
     .venv/bin/python bench/bench_weightsync.py [--model tiny|smollm2-135m-instruct|all] [--reps N] \
-        [--dtype bfloat16|float32] [--profile]
+        [--dtype bfloat16|float32] [--profile] [--delta [--lr LR]]
 
 For each model, in one run: a sender process (the "trainer", holding the HF model) and this process (the
 "generator", holding a real vLLM engine in-process) first time a raw gloo broadcast of one flat buffer as large as
@@ -24,6 +24,16 @@ dtype of the weights and the engine (the demo's is bfloat16). Prints one JSON li
 GB/s / raw GB/s (medians after one warm-up each). ``receive_discard`` syncs run the same protocol into the engine's worker but
 discard the tensors instead of loading them: the difference to a full sync is vLLM's reload time. ``memcpy_*`` is one
 in-process copy of the same bytes into a preallocated buffer (the ceiling of landing them in memory once). Nothing is asserted: speed is reported, never hard-coded.
+
+``--delta`` (lossless deltas, ``spec.weightSync.delta``): the sender holds float32 masters and runs real AdamW steps
+on them (gradients drawn from a normal distribution: the optimizer's arithmetic, not a task's loss; ``--lr``, default
+the example's rate for the model: examples/arithmetic-smollm2.yaml 2e-5, examples/tiny.yaml 5e-3); each step's
+weights, in ``--dtype``, go out twice into the same running engine: first as a delta against the previous step's
+(full if the delta is not smaller), then full (the same weights again), so both figures describe one update. One
+JSON line per model with one entry per step: ``changed`` (the fraction of elements whose bits changed), and for
+``delta`` and ``full`` each: ``sent_delta``, ``bytes`` (sent), ``pack_seconds`` (the sender's snapshot, with the
+comparison and encoding for the delta: ``encode_seconds``), ``sync_seconds`` (header to the new weights serving,
+engine side, as above) and ``total_seconds`` (pack + sync); medians over the steps after the first.
 """
 from __future__ import annotations
 
@@ -40,6 +50,7 @@ from typing import Any
 import common
 
 MODELS = ("tiny", "smollm2-135m-instruct")
+LEARNING_RATES = {"tiny": 5e-3, "smollm2-135m-instruct": 2e-5}   # examples/tiny.yaml, examples/arithmetic-smollm2.yaml
 
 
 def model_dir(name: str) -> pathlib.Path:
@@ -193,6 +204,94 @@ def receiver_main(args: argparse.Namespace) -> dict[str, object]:
     return report
 
 
+def delta_sender_main(args: argparse.Namespace) -> None:
+    """``--delta``, the trainer side: one full sync (no base yet), then per step an AdamW update of the float32
+    masters sent as a delta, then the same weights full; a JSON line per step."""
+    import torch
+    import transformers
+
+    from kubeforge.runtime import weightsync
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir(args.model), dtype=torch.float32)
+    params = list(model.named_parameters())   # a tied weight once, as the trainer sends it
+    opt = torch.optim.AdamW([p for _, p in params], lr=args.lr or LEARNING_RATES[args.model])
+    dtype = getattr(torch, args.dtype)
+    sender = weightsync.WeightSender(host="127.0.0.1", port=args.sync_port, world_size=2, timeout=120,
+                                     join_timeout=3600, delta=True)
+    gen = torch.Generator().manual_seed(0)
+
+    def sync(version: int, *, delta: bool) -> dict[str, Any]:
+        sender.delta = delta
+        t0 = time.perf_counter()
+        flight = sender.start([(n, p.detach().to(dtype)) for n, p in params], version=version)
+        pack = time.perf_counter() - t0
+        return {"sync": flight.result(timeout=600).as_dict(), "pack_seconds": pack}
+
+    print(json.dumps({"step": 0, "full": sync(1, delta=False)}), flush=True)
+    for step in range(1, args.reps + 2):
+        for _, p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+        print(json.dumps({"step": step, "delta": sync(2 * step, delta=True), "full": sync(2 * step + 1, delta=False)}),
+              flush=True)
+    sender.close()
+
+
+def delta_receiver_main(args: argparse.Namespace) -> dict[str, object]:
+    """``--delta``, the generator side (a real engine sampling between syncs, as above); the report line."""
+    import torch
+
+    from kubeforge.api import rljob
+    from kubeforge.runtime.generator import engine
+
+    folder, sync_port = model_dir(args.model), common.free_port()
+    cmd = [sys.executable, __file__, "--role", "sender", "--model", args.model, "--reps", str(args.reps),
+           "--dtype", args.dtype, "--delta", "--lr", str(args.lr), "--sync-port", str(sync_port)]
+    sender = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        eng = engine.Engine(model_dir=folder, dtype=args.dtype, seed=0, role=rljob.GeneratorRole(kv_cache_gib=1),
+                            max_model_len=512)
+        eng.join_weight_sync(host="127.0.0.1", port=sync_port, world_size=2, rank_base=1, timeout=120)
+        engine_side = []
+        for _ in range(1 + 2 * (args.reps + 1)):   # the first full sync, then a delta and a full one per step
+            generate_until_staged(eng)
+            engine_side.append(eng.receive_weights())
+        lines = [json.loads(x) for x in sender.communicate(timeout=600)[0].splitlines() if x.startswith("{")]
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+    steps = []
+    for line in lines[1:]:
+        k = 2 * line["step"] - 1
+        steps.append({"step": line["step"], "changed": line["delta"]["sync"].get("changed"),
+                      "delta": _figures(line["delta"], engine_side[k]),
+                      "full": _figures(line["full"], engine_side[k + 1])})
+    measured = steps[1:]   # the first step warms the delta path's buffers up
+    report = {
+        "model": args.model, "dtype": args.dtype, "mode": "delta", "reps": args.reps,
+        "learning_rate": args.lr or LEARNING_RATES[args.model], "gradients": "normal(0, 1), AdamW on float32 masters",
+        "full_bytes": lines[0]["full"]["sync"]["bytes"], "threads": torch.get_num_threads(),
+        "engine_start_seconds": round(eng.start_seconds, 1), "steps": steps,
+        "changed_median": round(statistics.median(s["changed"] for s in measured), 4),
+        "load_average": common.load_average(),
+    }
+    for kind in ("delta", "full"):
+        for field in ("bytes", "pack_seconds", "sync_seconds", "total_seconds"):
+            report[f"{kind}_{field}_median"] = round(statistics.median(s[kind][field] for s in measured), 4)
+    eng.close()
+    return report
+
+
+def _figures(sent: dict[str, Any], got: Any) -> dict[str, object]:
+    """One sync's figures: the sender's line and the engine's stats (header to serving: ready + swap)."""
+    sync = (got.ready_seconds or got.receive_seconds + got.prepare_seconds) + got.seconds
+    return {"sent_delta": sent["sync"]["delta"], "received_delta": got.delta, "bytes": sent["sync"]["bytes"],
+            "pack_seconds": round(sent["pack_seconds"], 4),
+            "encode_seconds": round(sent["sync"].get("encode_seconds", 0.0), 4),
+            "sync_seconds": round(sync, 4), "pause_seconds": round(got.seconds, 4),
+            "total_seconds": round(sent["pack_seconds"] + sync, 4)}
+
+
 def profiled(fn: Any) -> Any:
     """``fn()`` under cProfile; the top of the profile (cumulative) goes to stderr."""
     import cProfile
@@ -242,16 +341,19 @@ def main() -> None:
     p.add_argument("--role", default="bench", choices=("bench", "sender"))
     p.add_argument("--raw-port", type=int, default=0)
     p.add_argument("--sync-port", type=int, default=0)
+    p.add_argument("--delta", action="store_true", help="each step's update sent as a delta, then full (see above)")
+    p.add_argument("--lr", type=float, default=0.0, help="--delta: AdamW's learning rate (0: the example's)")
     args = p.parse_args()
     if args.role == "sender":
-        sender_main(args)
+        (delta_sender_main if args.delta else sender_main)(args)
     elif args.model == "all":  # one engine per process: each model in its own child
         for name in MODELS:
-            subprocess.run([sys.executable, __file__, "--model", name, "--reps", str(args.reps), "--dtype", args.dtype],
+            subprocess.run([sys.executable, __file__, "--model", name, "--reps", str(args.reps), "--dtype", args.dtype,
+                            *(["--delta", "--lr", str(args.lr)] if args.delta else [])],
                            check=True,
                            env={**os.environ})
     else:
-        print(json.dumps(receiver_main(args)), flush=True)
+        print(json.dumps((delta_receiver_main if args.delta else receiver_main)(args)), flush=True)
 
 
 if __name__ == "__main__":

@@ -151,6 +151,9 @@ class WeightSyncSpec(Model):
     backend: WeightSyncBackend = Field(WeightSyncBackend.AUTO, description="Auto (NCCL with GPUs, else Gloo) | "
                                        "Gloo | NCCL.")
     timeout_seconds: int = Field(120, ge=1, le=86400, description="A broadcast that takes longer fails the role.")
+    delta: bool = Field(False, description="Send only the elements whose bits changed since the generators' version "
+                        "(lossless; full when that is not smaller, or when a generator lacks that version). The "
+                        "trainer keeps its delta beside its snapshot of the last-sent weights (docs/runtime.md).")
 
 
 class ScheduleMode(str, enum.Enum):

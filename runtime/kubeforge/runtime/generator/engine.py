@@ -212,7 +212,8 @@ class Engine:
                                     prepare_seconds=float(first.get("prepare_seconds", 0.0)),
                                     prepare_wait_seconds=float(first.get("prepare_wait_seconds", 0.0)),
                                     ready_seconds=float(first.get("ready_seconds", 0.0)),
-                                    swapped=bool(first.get("swapped", False)))
+                                    swapped=bool(first.get("swapped", False)),
+                                    delta=bool(first.get("delta", False)), full_bytes=int(first.get("full_bytes", 0)))
 
     def weights_staged(self) -> bool:
         """Every worker holds the next sync whole in its buffers (received in the background while generating):

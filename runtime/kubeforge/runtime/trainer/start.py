@@ -77,7 +77,8 @@ def _rank0(cfg: config.RoleConfig, *, learner: step.Trainer, generators: transpo
     be = backend(spec.weight_sync)
     sender = weightsync.WeightSender(host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world,
                                      timeout=spec.weight_sync.timeout_seconds, backend=be,
-                                     join_timeout=float(spec.failure_policy.progress_deadline_seconds))
+                                     join_timeout=float(spec.failure_policy.progress_deadline_seconds),
+                                     delta=spec.weight_sync.delta)
     push = pusher.Pusher(generators=generators, control=control, sender=sender, tensors=learner.named_tensors,
                          host=me.host, port=me.port(contract.PORT_WEIGHTS), world_size=world, backend=be,
                          timeout_s=spec.weight_sync.timeout_seconds, trainer_epoch=cfg.trainer_epoch)

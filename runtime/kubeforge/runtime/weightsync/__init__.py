@@ -4,7 +4,7 @@ API::
 
     world_size(generators=G, tensor_parallel_size=T) -> int            # 1 + G*T
     rank_base(generator_index=g, tensor_parallel_size=T) -> int        # 1 + g*T; worker rank = base + tp_rank
-    sender = WeightSender(host=..., port=..., world_size=..., timeout=..., join_timeout=...)  # trainer rank 0
+    sender = WeightSender(host=..., port=..., world_size=..., timeout=..., join_timeout=..., delta=False)  # rank 0
     stats = sender.send(named_tensors, version=v)                      # -> SyncStats(bytes, seconds, ...)
     stats = sender.send(stream, version=v)   # a TensorStream: meta first, tensors produced bucket by bucket
     flight = sender.start(named_tensors, version=v)  # snapshot now, broadcast in a background thread
@@ -24,8 +24,8 @@ ZeroMQ when to call in.
 Modules, one concept each: ``protocol`` (header magic and version, bounds, dtypes, ranks; ``WeightSyncError``,
 ``SyncStats``), ``rendezvous`` (the store, its epochs, the join barrier), ``auth`` (the job key proven at the
 rendezvous), ``process_group`` (the private gloo/NCCL group), ``metadata`` (what a receiver must know of the tensors;
-tensor streams), ``bucketing`` (placing and packing tensors into buckets; reusable buffers), ``sender`` and
-``receiver`` (the two ends). This package's face hands on the names its callers use; its modules import each other,
+tensor streams), ``bucketing`` (placing and packing tensors into buckets; reusable buffers), ``delta`` (the lossless
+per-tensor codec), ``deltas`` (a sync's deltas at both ends), ``sender`` and ``receiver`` (the two ends). This package's face hands on the names its callers use; its modules import each other,
 never the face.
 
 The group is private: a ``TCPStore`` served by rank 0 (port ``contract.PORT_WEIGHTS`` of trainer 0) plus a
@@ -38,8 +38,13 @@ One sync, every step a collective over the whole group::
     rank 0 (sender)                            ranks 1..N (receivers)
     header  int64[MAGIC, PROTOCOL, version, len(meta)]  ──broadcast──▶ check magic/protocol
     meta    uint8[JSON: names, shapes, dtypes,        ──broadcast──▶ validate, plan buffers
-            bucket/offset of each tensor]
-    bucket 0..B-1  uint8 buffers (~bucket_mb each;    ──broadcast──▶ views handed to load() as they arrive
+            bucket/offset of each tensor; a delta
+            offered: its base version, each tensor's
+            encoding/count/place]
+    vote    int64[yes count]  ◀──all-reduce(sum)──    (a delta offered) 1 when its buffers hold the base whole
+    bucket 0..B-1  the delta's when all voted yes,
+            else the full ones: uint8 buffers
+            (~bucket_mb each;                          ──broadcast──▶ views handed to load() as they arrive
             a big tensor travels alone, uncopied)
     ack    int64[failures, count]  ◀──all-reduce(sum)── 0 or 1 per receiver, after load() returned
                                                           (prefetched: after the last bucket, before loading)
@@ -59,6 +64,9 @@ Invariants:
   ``kubeforge/epoch-<n>/``. ``WeightSender.reset()`` abandons the current epoch (a mark in the store that ends
   every barrier still waiting in it with ``WeightSyncError``, at once) and the next ``send`` forms epoch n+1 with
   whoever joins it. So a generator that restarts, or one that reads an old SYNC, never waits on a dead epoch.
+- Deltas (``delta=True``; docs/runtime.md): the sender offers one only against the version its snapshot holds and every
+  receiver acknowledged; the receivers' full buffers are the base a delta is applied to, so a loader always gets
+  whole tensors, bit for bit the sender's. One receiver without the base makes the whole sync full.
 - Buffers are reused: both ends keep one set of bucket buffers per layout (the bucket sizes), allocated on the
   first sync of that layout and reused by every later one; a new layout (another model, LoRA on/off) replaces
   them. A loader may keep the views it was given only until it returns (vLLM's layer-wise reload copies them into

@@ -2,7 +2,8 @@
 
 The metadata is JSON bytes in a uint8 tensor (names, shapes, dtypes, bucket and offset of each tensor), never pickle;
 :func:`decode_meta` validates all of it (bounds, dtypes, every tensor inside its bucket, every bucket exactly as large
-as its tensors) before anything is allocated. A ``TensorStream`` produces named tensors lazily, described up front by
+as its tensors) before anything is allocated; :func:`decode_sync_meta` also the delta a sync may offer (``Offer``:
+each tensor's encoding, count and place in the delta's own buckets, sized by ``delta.payload_bytes``). A ``TensorStream`` produces named tensors lazily, described up front by
 its ``meta`` (the sharded trainer gathers each one only when its bucket is packed); :func:`as_stream` makes one of
 tensors already in memory.
 
@@ -19,21 +20,44 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from kubeforge.runtime.weightsync import protocol
+from kubeforge.runtime.weightsync import delta, protocol
 
 
-def encode_meta(*, version: int, entries: list[dict[str, Any]], bucket_sizes: list[int]) -> bytes:
-    return json.dumps({"version": version, "tensors": entries, "buckets": bucket_sizes},
-                      separators=(",", ":")).encode()
+@dataclasses.dataclass(frozen=True)
+class Offer:
+    """A delta offered against the receivers' ``base`` version: its payload's bucket sizes (buckets back to back in
+    one flat buffer); each tensor's entry says its encoding, changed count and place (``dbucket`` -1: no bytes)."""
+
+    base: int
+    buckets: list[int]
+
+
+def encode_meta(*, version: int, entries: list[dict[str, Any]], bucket_sizes: list[int],
+                offer: Offer | None = None) -> bytes:
+    doc: dict[str, Any] = {"version": version, "tensors": entries, "buckets": bucket_sizes}
+    if offer is not None:
+        doc["delta"] = {"base": offer.base, "buckets": offer.buckets}
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def decode_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int]]:
     """Parse and validate the metadata message; raise WeightSyncError naming what is wrong."""
+    version, entries, buckets, _ = decode_sync_meta(raw)
+    return version, entries, buckets
+
+
+def decode_sync_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int], Offer | None]:
+    """:func:`decode_meta` plus the delta offered with it (None: a full sync), validated as strictly."""
     try:
         doc = json.loads(raw.decode())
         version, entries, buckets = int(doc["version"]), list(doc["tensors"]), [int(b) for b in doc["buckets"]]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise protocol.WeightSyncError(f"weight sync: malformed metadata: {e}") from e
+    _check_full(entries, buckets)
+    return version, entries, buckets, _offer(doc.get("delta"), entries) if "delta" in doc else None
+
+
+def _check_full(entries: list[Any], buckets: list[int]) -> None:
     if len(entries) > protocol.MAX_TENSORS or len(buckets) > len(entries):
         raise protocol.WeightSyncError(f"weight sync: {len(entries)} tensors in {len(buckets)} buckets exceed the "
                                        f"bounds ({protocol.MAX_TENSORS} tensors, every bucket holding at least one)")
@@ -59,7 +83,46 @@ def decode_meta(raw: bytes) -> tuple[int, list[dict[str, Any]], list[int]]:
     if extent != buckets:   # a bucket is exactly as large as the tensors placed in it: no allocation beyond them
         raise protocol.WeightSyncError(f"weight sync: bucket sizes {buckets[:8]} do not match their tensors "
                                        f"{extent[:8]}")
-    return version, entries, buckets
+
+
+def _offer(doc: Any, entries: list[dict[str, Any]]) -> Offer:
+    """The delta part of the metadata: every payload inside its bucket, every size by ``delta.payload_bytes``, every
+    bucket exactly as large as its payloads."""
+    try:
+        base, buckets = int(doc["base"]), [int(b) for b in doc["buckets"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise protocol.WeightSyncError(f"weight sync: malformed delta metadata: {e}") from e
+    if base < 0 or len(buckets) > len(entries) or any(b <= 0 for b in buckets):
+        raise protocol.WeightSyncError(f"weight sync: delta metadata out of bounds (base {base}, buckets "
+                                       f"{buckets[:8]})")
+    extent = [0] * len(buckets)
+    for i, entry in enumerate(entries):
+        try:
+            size = payload_size(entry)
+            dbucket, doffset = entry["dbucket"], entry["doffset"]
+            ok = (type(dbucket) is int and type(doffset) is int and (
+                (size == 0 and dbucket == -1) or (0 <= dbucket < len(buckets) and doffset % protocol.ALIGN == 0
+                                                  and 0 <= doffset and doffset + size <= buckets[dbucket])))
+        except (KeyError, TypeError, ValueError) as err:
+            raise protocol.WeightSyncError(f"weight sync: malformed delta entry {i}: {err}") from err
+        if not ok:
+            raise protocol.WeightSyncError(f"weight sync: delta entry {i} ({entry.get('name')!r}) is out of bounds")
+        if size:
+            extent[dbucket] = max(extent[dbucket], doffset + size)
+    if extent != buckets:
+        raise protocol.WeightSyncError(f"weight sync: delta bucket sizes {buckets[:8]} do not match their payloads "
+                                       f"{extent[:8]}")
+    return Offer(base=base, buckets=buckets)
+
+
+def payload_size(entry: dict[str, Any]) -> int:
+    """Bytes of an (already validated) entry's delta payload; ValueError/KeyError/TypeError when its fields are bad."""
+    elem = torch.empty((), dtype=protocol.DTYPES[entry["dtype"]]).element_size()
+    numel = math.prod(entry["shape"])
+    count = entry["count"]
+    if type(count) is not int or not 0 <= count <= numel:
+        raise ValueError(f"count {count!r} outside 0..{numel}")
+    return delta.payload_bytes(enc=delta.Encoding(entry["enc"]), numel=numel, count=count, elem=elem)
 
 
 @runtime_checkable

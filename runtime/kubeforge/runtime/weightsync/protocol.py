@@ -11,7 +11,7 @@ import dataclasses
 import torch
 
 MAGIC = 0x4B46_5753  # "KFWS"
-PROTOCOL = 1
+PROTOCOL = 2  # 2: a sync may offer a delta, which the receivers vote on before its payload
 ALIGN = 16  # bytes; every tensor starts at a multiple of this inside its bucket
 DEFAULT_BUCKET_MB = 64
 MAX_META_BYTES = 16 << 20  # JSON metadata: ~100 bytes per tensor; a 70B model has a few thousand tensors
@@ -46,6 +46,11 @@ class SyncStats:
     prepare_wait_seconds: float = 0.0  # the part of prepare_seconds spent waiting for buckets still on the wire
     ready_seconds: float = 0.0        # prefetched: header to prepared (received whole and built), before the load
     swapped: bool = False             # the engine installed prebuilt kernels (swap reload), not an in-place reload
+    delta: bool = False               # the payload was a delta against the receivers' version (``bytes`` is its size)
+    full_bytes: int = 0               # the full copy's payload (``bytes`` when the sync went out full)
+    changed: float | None = None      # sender: the fraction of elements whose bits changed since the receivers'
+                                      # version (None: not compared, as when there is no base)
+    encode_seconds: float = 0.0       # sender: comparing and encoding (part of packing the snapshot)
 
     @property
     def gb_per_s(self) -> float:
@@ -53,7 +58,9 @@ class SyncStats:
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, float | int | bool]:
-        return {**dataclasses.asdict(self), "gb_per_s": self.gb_per_s}
+        """The fields (``changed`` only when known) and ``gb_per_s``."""
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return {**fields, "gb_per_s": self.gb_per_s}
 
 
 def world_size(*, generators: int, tensor_parallel_size: int) -> int:

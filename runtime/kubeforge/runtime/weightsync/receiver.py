@@ -19,6 +19,7 @@ failure), so one failing loader never leaves the others blocked.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kubeforge.runtime.weightsync import bucketing, metadata, process_group, protocol, rendezvous
+from kubeforge.runtime.weightsync import bucketing, deltas, metadata, process_group, protocol, rendezvous
 
 
 Loader = Callable[[Iterator[tuple[str, torch.Tensor]]], None]
@@ -51,17 +52,18 @@ class Staged:
     prepare_wait_seconds: float = 0.0   # of prepare_seconds: waiting for buckets still on the wire
     ready_seconds: float = 0.0          # header to received whole and prepared
     arrivals: _Arrivals | None = dataclasses.field(default=None, repr=False, compare=False)  # while arriving
+    applier: deltas.Applier | None = dataclasses.field(default=None, repr=False, compare=False)
+    full_bytes: int = 0
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, view into the buffers): valid until the receiver's next sync. While the sync is still
-        arriving (inside ``prepare``), each bucket's tensors come once that bucket has landed (bounded by the
-        group's timeout; a broken receive raises ``WeightSyncError``)."""
-        for e in self.entries:
-            if self.arrivals is not None:
-                self.arrivals.wait(e["bucket"])
-            dtype = protocol.DTYPES[e["dtype"]]
-            n = torch.Size(e["shape"]).numel() * torch.empty((), dtype=dtype).element_size()
-            yield e["name"], self.buffers[e["bucket"]][e["offset"]:e["offset"] + n].view(dtype).view(e["shape"])
+        """(HF name, view into the receive buffers, whole: a delta is applied first): valid until the receiver's
+        next sync. While the sync is still arriving (inside ``prepare``), each bucket's tensors come once that bucket
+        has landed (bounded by the group's timeout; a broken receive raises ``WeightSyncError``)."""
+        applier = self.applier or deltas.Applier(self.entries, self.buffers, None)
+        for i, e in enumerate(self.entries):
+            if self.arrivals is not None and applier.wire_bucket(i) >= 0:
+                self.arrivals.wait(applier.wire_bucket(i))
+            yield e["name"], applier.tensor(i)
 
 
 class _Arrivals:
@@ -123,7 +125,9 @@ class WeightReceiver:
         self.group: process_group.Group = process_group.open_group(
             host=host, port=port, world_size=world_size, rank=rank, timeout=timeout, join_timeout=join_timeout,
             backend=backend, epoch=epoch)
-        self.buffers = bucketing.BucketBuffers()
+        self.buffers = bucketing.BucketBuffers()     # the full layout: every sync's tensors, and a delta's base
+        self.delta_buffer = bucketing.GrowingBuffer()  # a delta's payload
+        self.base: int | None = None       # the version ``buffers`` hold whole (None while a sync lands in them)
         self.seen = 0                      # syncs of this epoch received so far
         self._live = self._count_live(1)   # counted among the epoch's live receivers (the sender's close waits)
         self._stop = threading.Event()
@@ -138,26 +142,33 @@ class WeightReceiver:
         group = self.group
         start = time.perf_counter()
         try:
-            version, entries, buckets = self._begin(group)
-            stream = _BucketStream(group, entries, self.buffers.get(buckets, group.device))
+            version, entries, applier = self._begin(group)
+            stream = _BucketStream(group, applier)
             error: BaseException | None = None
             try:
                 load(iter(stream))
             except Exception as e:  # noqa: BLE001 - reported to the sender through the ack, then re-raised
                 error = e
             stream.drain()
+            try:
+                applier.finish()
+            except protocol.WeightSyncError as e:   # a delta that does not fit: acked as a failure
+                error = error or e
             group.all_reduce_sum(torch.tensor([1 if error else 0, 1], dtype=torch.int64, device=group.device))
         except (RuntimeError, dist.DistError) as e:
             if isinstance(e, protocol.WeightSyncError):
                 raise
             raise protocol.WeightSyncError(f"weight sync receive failed on rank {group.rank}: {e}") from e
+        if not any(not done for done in applier.applied):
+            self.base = version
         if error is not None:
             raise protocol.WeightSyncError(f"weight sync v{version}: loading failed: {error}") from error
         return protocol.SyncStats(version=version, bytes=stream.bytes, seconds=time.perf_counter() - start,
-                         tensors=len(entries), buckets=len(buckets))
+                                  tensors=len(entries), buckets=stream.buckets, delta=applier.is_delta,
+                                  full_bytes=_full_bytes(entries))
 
-    def _begin(self, group: process_group.Group) -> tuple[int, list[dict[str, Any]], list[int]]:
-        """Header and metadata of the next sync."""
+    def _begin(self, group: process_group.Group) -> tuple[int, list[dict[str, Any]], deltas.Applier]:
+        """Header and metadata of the next sync, and (a delta offered) the vote; how its tensors will be read."""
         header = torch.zeros(4, dtype=torch.int64, device=group.device)
         group.broadcast(header)
         magic, proto, version, meta_len = (int(x) for x in header.tolist())
@@ -166,9 +177,17 @@ class WeightReceiver:
                 f"weight sync: bad header {header.tolist()} (protocol {protocol.PROTOCOL} expected)")
         raw = torch.empty(meta_len, dtype=torch.uint8, device=group.device)
         group.broadcast(raw)
-        meta_version, entries, buckets = metadata.decode_meta(bytes(raw.cpu().numpy()))
+        meta_version, entries, buckets, offer = metadata.decode_sync_meta(bytes(raw.cpu().numpy()))
         self.seen += 1
-        return meta_version, entries, buckets
+        wire: list[torch.Tensor] | None = None
+        if offer is not None:   # yes only when the buffers hold the offered base whole, in the same layout
+            held = (self.base == offer.base and self.buffers.layout == (str(group.device), tuple(buckets)))
+            votes = torch.tensor([1 if held else 0], dtype=torch.int64, device=group.device)
+            group.all_reduce_sum(votes)
+            if int(votes[0]) == group.size - 1:
+                wire = self.delta_buffer.views(offer.buckets, group.device)
+        self.base = None   # the buffers change from here on
+        return meta_version, entries, deltas.Applier(entries, self.buffers.get(buckets, group.device), wire)
 
     # ------------------------------------------------------------ prefetch
 
@@ -211,13 +230,12 @@ class WeightReceiver:
                     raise protocol.WeightSyncError("weight sync: the sender closed the group")
                 time.sleep(rendezvous.PREFETCH_POLL_SECONDS)
             start = time.perf_counter()
-            version, entries, buckets = self._begin(group)
-            buffers = self.buffers.get(buckets, group.device)
-            nbytes = sum(torch.Size(e["shape"]).numel()
-                         * torch.empty((), dtype=protocol.DTYPES[e["dtype"]]).element_size() for e in entries)
-            arrivals = _Arrivals(group, buffers, start)   # every bucket enqueued: the wire runs on its own
-            staged = Staged(version=version, entries=entries, buffers=buffers, bytes=nbytes, seconds=0.0,
-                            arrivals=arrivals)
+            version, entries, applier = self._begin(group)
+            wire = applier.wire if applier.wire is not None else applier.full
+            nbytes = sum(applier.wire_bytes(i) for i in range(len(entries)))
+            arrivals = _Arrivals(group, wire, start)   # every bucket enqueued: the wire runs on its own
+            staged = Staged(version=version, entries=entries, buffers=wire, bytes=nbytes, seconds=0.0,
+                            arrivals=arrivals, applier=applier, full_bytes=_full_bytes(entries))
             prepared, error, prepare_s = None, None, 0.0
             if prepare is not None:   # pipelined: it consumes each bucket as it lands
                 started = time.perf_counter()
@@ -230,6 +248,8 @@ class WeightReceiver:
             # received whole (the rest waited for here) and acked: a failed receive fails the prefetch, whatever
             # the preparation made of the part it saw; a failed load is reported by the role's ACK
             arrivals.finish()
+            applier.finish()          # what the preparation did not ask for: the buffers hold the new version
+            self.base = version
             staged = dataclasses.replace(staged, seconds=arrivals.seconds, prepared=prepared, prepare_error=error,
                                          prepare_seconds=prepare_s, prepare_wait_seconds=waited,
                                          ready_seconds=time.perf_counter() - start, arrivals=None)
@@ -269,7 +289,8 @@ class WeightReceiver:
         return protocol.SyncStats(version=staged.version, bytes=staged.bytes, seconds=time.perf_counter() - start,
                          tensors=len(staged.entries), buckets=len(staged.buffers), receive_seconds=staged.seconds,
                          prepare_seconds=staged.prepare_seconds, prepare_wait_seconds=staged.prepare_wait_seconds,
-                         ready_seconds=staged.ready_seconds)
+                         ready_seconds=staged.ready_seconds, delta=staged.applier is not None
+                         and staged.applier.is_delta, full_bytes=staged.full_bytes)
 
     def _count_live(self, delta: int) -> bool:
         store = getattr(self.group, "store", None)
@@ -294,33 +315,35 @@ class WeightReceiver:
 
 
 class _BucketStream:
-    """Receives buckets in order, into the receiver's reusable buffers, as the loader iterates; ``drain``
-    receives whatever the loader left."""
+    """Receives buckets in order, into the receiver's reusable buffers (a delta: its payload buffer), as the loader
+    iterates, and hands out each tensor whole; ``drain`` receives whatever the loader left."""
 
-    def __init__(self, group: process_group.Group, entries: list[dict[str, Any]], buffers: list[torch.Tensor]) -> None:
-        self.group, self.entries, self.buffers = group, entries, buffers
+    def __init__(self, group: process_group.Group, applier: deltas.Applier) -> None:
+        self.group, self.applier = group, applier
+        self.buffers = applier.wire if applier.wire is not None else applier.full
         self.received = 0
         self.bytes = 0
 
-    def _next_bucket(self) -> torch.Tensor:
-        buf = self.buffers[self.received]
-        self.group.broadcast(buf)
+    @property
+    def buckets(self) -> int:
+        return len(self.buffers)
+
+    def _next_bucket(self) -> None:
+        self.group.broadcast(self.buffers[self.received])
         self.received += 1
-        return buf
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        by_bucket: dict[int, list[dict[str, Any]]] = {}
-        for e in self.entries:
-            by_bucket.setdefault(e["bucket"], []).append(e)
-        while self.received < len(self.buffers):
-            b = self.received
-            buf = self._next_bucket()
-            for e in by_bucket.get(b, []):
-                dtype = protocol.DTYPES[e["dtype"]]
-                n = torch.Size(e["shape"]).numel() * torch.empty((), dtype=dtype).element_size()
-                self.bytes += n
-                yield e["name"], buf[e["offset"]:e["offset"] + n].view(dtype).view(e["shape"])
+        for i, e in enumerate(self.applier.entries):
+            while self.received <= self.applier.wire_bucket(i):
+                self._next_bucket()
+            self.bytes += self.applier.wire_bytes(i)
+            yield e["name"], self.applier.tensor(i)
+        self.drain()
 
     def drain(self) -> None:
         while self.received < len(self.buffers):
             self._next_bucket()
+
+
+def _full_bytes(entries: list[dict[str, Any]]) -> int:
+    return sum(math.prod(e["shape"]) * protocol.DTYPES[e["dtype"]].itemsize for e in entries)

@@ -18,6 +18,7 @@ syncs reach the receivers in version order.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kubeforge.runtime.weightsync import bucketing, metadata, process_group, protocol, rendezvous
+from kubeforge.runtime.weightsync import bucketing, deltas, metadata, process_group, protocol, rendezvous
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,6 +40,7 @@ class Prepared:
     bytes: int
     tensors: int
     pack_seconds: float
+    delta: deltas.Encoded | None = None   # offered against the receivers' version (the metadata says which)
 
 
 class InFlight:
@@ -79,7 +81,7 @@ class WeightSender:
 
     def __init__(self, *, host: str, port: int, world_size: int, timeout: float = 120.0,
                  join_timeout: float = protocol.DEFAULT_JOIN_TIMEOUT, backend: str = "gloo",
-                 bucket_mb: float = protocol.DEFAULT_BUCKET_MB) -> None:
+                 bucket_mb: float = protocol.DEFAULT_BUCKET_MB, delta: bool = False) -> None:
         if world_size < 2:
             raise ValueError("weight sync: world_size must count the sender and at least one receiver")
         self._args = dict(host=host, port=port, world_size=world_size, rank=0, timeout=timeout,
@@ -92,6 +94,10 @@ class WeightSender:
         self.buffers = bucketing.BucketBuffers()      # overlapped syncs: the snapshot, one buffer per bucket
         self.staging = bucketing.BucketBuffers()      # streaming syncs: one bucket-sized buffer
         self._flight: InFlight | None = None
+        self.delta = delta                            # offer deltas against the receivers' version (``prepare``)
+        self.delta_buffer = bucketing.GrowingBuffer()  # the delta's payload
+        self._packed: int | None = None   # the version the snapshot (``buffers``) holds
+        self.base: int | None = None      # ... when every receiver of this epoch acknowledged it: a delta's base
 
     def connect(self) -> None:
         if self.group is None:
@@ -125,6 +131,7 @@ class WeightSender:
             self.group.close()
             self.group = None
         self.epoch += 1
+        self.base = None   # new members may hold any version
         return self.epoch
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | metadata.TensorStream, *,
@@ -138,6 +145,7 @@ class WeightSender:
         self.connect()
         assert self.group is not None
         group = self.group
+        self.base = None   # the receivers' buffers will hold a version the snapshot does not
         stream = metadata.as_stream(named_tensors)
         metas, places, bucket_sizes, meta = self._plan(stream, version)
         staging = self.staging.get([max(bucket_sizes, default=0)], group.device)[0]
@@ -147,12 +155,17 @@ class WeightSender:
                                  buckets=len(bucket_sizes))
 
     def _collectives(self, group: process_group.Group, version: int, meta: bytes, payload: Iterable[torch.Tensor],
-                     **figures: int) -> protocol.SyncStats:
-        """Header, metadata, every bucket, then the receivers' ack; the stats, or WeightSyncError."""
+                     *, encoded: deltas.Encoded | None = None, **figures: int) -> protocol.SyncStats:
+        """Header, metadata, (a delta offered: the receivers' vote), every bucket, then the receivers' ack; the
+        stats, or WeightSyncError."""
         start = time.perf_counter()
+        sent_delta = False
         try:
             announce(group)
             self._header(group, version, meta)
+            if encoded is not None and encoded.worth and self._vote(group):
+                sent_delta, payload = True, encoded.buckets
+                figures = {**figures, "bytes": encoded.bytes, "buckets": len(encoded.buckets)}
             for buf in payload:
                 group.broadcast(buf)
             failures, count = self._ack(group)
@@ -160,7 +173,18 @@ class WeightSender:
             if isinstance(e, protocol.WeightSyncError):
                 raise
             raise protocol.WeightSyncError(f"weight sync v{version} failed: {e}") from e
-        return self._stats(group, version, failures, count, seconds=time.perf_counter() - start, **figures)
+        compared: dict[str, Any] = {} if encoded is None else {
+            "changed": encoded.changed / max(1, encoded.elements), "encode_seconds": encoded.seconds}
+        return self._stats(group, version, failures, count, seconds=time.perf_counter() - start, delta=sent_delta,
+                           full_bytes=encoded.full_bytes if encoded is not None else figures["bytes"], **compared,
+                           **figures)
+
+    @staticmethod
+    def _vote(group: process_group.Group) -> bool:
+        """Every receiver holds the offered base (each adds 1 when its buffers do): the delta may go out."""
+        votes = torch.zeros(1, dtype=torch.int64, device=group.device)
+        group.all_reduce_sum(votes)
+        return int(votes[0]) == group.size - 1
 
     def _plan(self, stream: metadata.TensorStream,
               version: int) -> tuple[list[metadata.TensorMeta], list[tuple[int, int]], list[int], bytes]:
@@ -224,17 +248,32 @@ class WeightSender:
         start = time.perf_counter()
         stream = metadata.as_stream(named_tensors)
         metas, places, bucket_sizes, meta = self._plan(stream, version)
+        layouts = self.buffers.allocations
         buffers = self.buffers.get(bucket_sizes, self.group.device)
-        bucketing.pack(iter(stream), metas, places, buffers)
+        base = self.base if self.delta and self.base == self._packed and layouts == self.buffers.allocations else None
+        self.base = self._packed = None   # the snapshot is about to change
+        encoded = None
+        if base is None:
+            bucketing.pack(iter(stream), metas, places, buffers)
+        else:
+            encoded = deltas.pack_and_encode(iter(stream), metas, places, buffers, bucket_bytes=self.bucket_bytes,
+                                             flat=self.delta_buffer)
+            if encoded.worth:
+                meta = _offered(meta, encoded, base=base)
+        self._packed = version
         return Prepared(version=version, meta=meta, buckets=buffers, bytes=sum(metadata.nbytes(m) for m in metas),
-                        tensors=len(metas), pack_seconds=time.perf_counter() - start)
+                        tensors=len(metas), pack_seconds=time.perf_counter() - start, delta=encoded)
 
     def broadcast(self, prepared: Prepared) -> protocol.SyncStats:
         """The collectives of one prepared sync: header, metadata, buckets, then the receivers' ack."""
         self.connect()
         assert self.group is not None
-        return self._collectives(self.group, prepared.version, prepared.meta, prepared.buckets,
-                                 bytes=prepared.bytes, tensors=prepared.tensors, buckets=len(prepared.buckets))
+        stats = self._collectives(self.group, prepared.version, prepared.meta, prepared.buckets,
+                                  encoded=prepared.delta, bytes=prepared.bytes, tensors=prepared.tensors,
+                                  buckets=len(prepared.buckets))
+        if self._packed == prepared.version:   # every receiver holds what the snapshot holds: the next delta's base
+            self.base = prepared.version
+        return stats
 
     def close(self) -> None:
         """Join the sync in flight and close the group; receivers prefetching in the store see the epoch closed and
@@ -253,6 +292,15 @@ class WeightSender:
         if self.group is not None:
             self.group.close()
             self.group = None
+
+
+def _offered(meta: bytes, encoded: deltas.Encoded, *, base: int) -> bytes:
+    """The full sync's metadata with the delta offered beside it (each entry's encoding, count and place)."""
+    doc = json.loads(meta)
+    for entry, fields in zip(doc["tensors"], encoded.fields):
+        entry.update(fields)
+    return metadata.encode_meta(version=int(doc["version"]), entries=doc["tensors"], bucket_sizes=doc["buckets"],
+                                offer=metadata.Offer(base=base, buckets=encoded.bucket_sizes))
 
 
 def announce(group: process_group.Group) -> None:
