@@ -69,17 +69,28 @@ unit: venv
 
 # The tiers (docs/testing.md): `make test` runs every suite that fits its 60-minute budget on a fresh 2-core machine:
 # unit, runtime (real vLLM / ZeroMQ / torch.distributed), the real control plane with kwok GPU nodes, and the real
-# kubelet node. `make test-long` runs the suites past that budget (LONG_SUITES: the two-node module with its node
-# loss, ~15-20 min alone). The cluster binaries are built once and cached by version.
+# kubelet node. `make test` runs every suite in one pass, in two lanes: the cluster binaries build (CPU-bound, 20-30 min
+# cold, cached by version: seconds once built) beside the suites under tests/, which need no cluster; then the
+# suites under e2e/. The build's output goes to $(BUILD_LOG) (its tail is printed; all of it when it fails).
+# `make test-long` runs the suites past that budget (LONG_SUITES: the two-node module with its node loss, ~15-20 min
+# alone). (host-deps is a prerequisite: e2e/host/check.py reads off the prerequisites that a target using host tools
+# installs them first.)
 LONG_SUITES := e2e/test_two_nodes.py
 LONG_IGNORED := $(addprefix --ignore=,$(LONG_SUITES))
-# (host-deps again after test-deps: a check that finds everything installed; it keeps the rule that a target using
-# host tools depends on the install step, which e2e/host/check.py reads off the prerequisites.)
-test: test-deps host-deps
-	KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=25 $(LONG_IGNORED) tests e2e
+BUILD_LOG ?= $(VENV)/build-cluster.log
+test: host-deps venv
+	@echo "[test] building the cluster binaries beside the suites under tests/ (log: $(BUILD_LOG))"
+	@{ bash e2e/build/build.sh > $(BUILD_LOG) 2>&1; echo $$? > $(BUILD_LOG).rc; } & build=$$!; \
+	$(MAKE) --no-print-directory venv-envs && KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=15 tests; units=$$?; \
+	wait $$build; rc=$$(cat $(BUILD_LOG).rc); \
+	if [ "$$rc" != 0 ]; then cat $(BUILD_LOG); echo "[test] the cluster build failed (exit $$rc)"; exit 1; fi; \
+	tail -n 5 $(BUILD_LOG); \
+	KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=25 $(LONG_IGNORED) e2e; e2e=$$?; \
+	echo "[test] tests/: exit $$units; e2e/: exit $$e2e"; [ $$units = 0 ] && [ $$e2e = 0 ]
 
-# What `make test` needs, two at a time: the Go builds of the cluster binaries (CPU-bound, ~20 min cold) beside the
-# Python and Debian installs (network- and disk-bound); neither uses the other's output.
+# What the cluster suites need, two at a time: the Go builds of the cluster binaries beside the Python and Debian
+# installs (network- and disk-bound); neither uses the other's output. (`make test` runs the build itself, beside
+# the suites under tests/.)
 test-deps:
 	@$(MAKE) --no-print-directory -j2 build-cluster venv-envs host-deps
 
