@@ -199,7 +199,7 @@ def skewed_main(args: argparse.Namespace) -> None:
 
     def length(request_id: str) -> int:
         key, sample = skewed.request_key(request_id)
-        return skew.length(key=key, sample=sample)
+        return int(skew.length(key=key, sample=sample))
 
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for rep in range(-1, args.reps):          # rep -1: two steps of each mode, a warm-up not counted
