@@ -8,15 +8,20 @@
 completion lengths are drawn from a skewed mixture and enforced by the engine (most short, a few near
 ``maxNewTokens``; ``bench/skewed.py`` says how and why), served by the generator's two production loops in turn,
 whole batch (``partialRollouts: false``) then partial rollouts, same seed, ``--reps`` alternations after a
-two-step warm-up of each, from a stand-in
-for trainer 0 that issues work as its loop does (``maxPolicyLag`` steps early, a SYNC after each complete step) and
-trains in no time (``--train-seconds``), so only the generator's scheduling differs. Idle fraction = the part of the
+two-step warm-up of each, from a stand-in for trainer 0 that issues work as its loop does (``maxPolicyLag`` steps
+early, a SYNC after each complete step) and trains in no time (``--train-seconds``), so only the generator's
+scheduling differs. Idle fraction = the part of the
 engine's slot-seconds (one step's requests, promptsPerStep x groupSize) left empty, stragglers alone or the engine
 not stepping; completions/s = the stand-in's (all steps complete). Before the runs, the same engine's cost of one
 decode step at batch 1, 2, 4, ... up to (1 + maxPolicyLag) x promptsPerStep x groupSize (the most the partial loop
 can run at once): partial rollouts fill the slots, which pays only as far as a bigger batch costs less than
-proportionally more per step. The gain's ceiling is 1 + maxPolicyLag (the next steps' work is all there is to run
-beside the stragglers). The last line: both modes (medians over the reps), their ratio, the step costs, the CPU.
+proportionally more per step. The gain's ceiling is 1 + maxPolicyLag: the next steps' work is all there is to run
+beside the stragglers, and as steps are trained in order, step s + 1 + maxPolicyLag's work goes out only once step
+s is complete, so two long steps within one window run one after the other in either mode. After the runs, the same workload replayed on those step costs alone (no engine, no
+loop time: ``skewed.Simulated``): its ratio against the measured one tells the engine's share of the result from the
+loops'. ``generate_seconds_per_step_full``: the whole-batch loop's own vLLM path (``LLM.generate``) per step at a
+full batch, against the step-driven backend's ``seconds_per_step`` there. The last line: both modes (medians over
+the reps), their ratio, the step costs, the replay, the CPU.
 
 Without ``--skewed``, end to end:
 
@@ -215,6 +220,18 @@ def skewed_main(args: argparse.Namespace) -> None:
                 runs[mode].append(out)
             print(json.dumps({"mode": mode, "rep": rep, **out}), flush=True)
     eng.close()
+    # the same workload replayed on the measured step costs alone (skewed.Simulated): what the modes would give
+    # if the engine's forward were all that counted; the gap to the measured ratio is the loops' own time
+    cost = skewed.interpolate([(c["batch"], c["seconds_per_step"]) for c in costs])
+    replay = {}
+    for mode in ("off", "on"):
+        sim = skewed.Simulated(length=length, cost=cost)
+        out = skewed.run_mode(partial_rollouts=mode == "on", backend=sim, steps=args.steps,
+                              prompts_per_step=args.prompts, group_size=args.group_size,
+                              max_policy_lag=args.max_policy_lag, seed=args.seed, clock=sim.clock)
+        replay[mode] = {"completions_per_s": round(out["completions"] / out["engine_wall_seconds"], 3),
+                        "idle_fraction": out["idle_fraction"], "engine_steps": out["engine_steps"]}
+    print(json.dumps({"replay_on_step_costs": replay}), flush=True)
 
     def med(mode: str, key: str) -> float:
         return round(statistics.median(float(r[key]) for r in runs[mode]), 4)
@@ -231,6 +248,8 @@ def skewed_main(args: argparse.Namespace) -> None:
         "engine_steps_off": med("off", "engine_steps"), "engine_steps_on": med("on", "engine_steps"),
         "switches_on": med("on", "switches"), "switched_completions_on": med("on", "switched_completions"),
         "step_cost": costs, "generate_seconds_per_step_full": round(generate_full, 5),
+        "replay_on_step_costs": {**replay, "ratio": round(replay["on"]["completions_per_s"]
+                                                          / replay["off"]["completions_per_s"], 3)},
         "step_cost_ratio_full_over_one": round(by_batch[capacity] / by_batch[1], 2) if capacity in by_batch else None,
         "step_cost_ratio_most_over_full": (round(by_batch[most] / by_batch[capacity], 2)
                                            if capacity in by_batch and most in by_batch else None),

@@ -130,6 +130,65 @@ class Metered:
         return self.last_end - self.first_add
 
 
+class Simulated:
+    """A ``stepper.Backend`` with no engine behind it: each step adds one token to every running request, a request
+    runs ``length(request_id)`` tokens, and ``clock`` advances by ``cost(batch)`` per step and by nothing else (the
+    step costs alone, without a loop's own time). Each step also sleeps ``sleep`` real seconds, as an engine's
+    forward gives the stand-in's thread time to answer. The unit tests' engine; the bench replays its workload on
+    the step costs it measured (what the two modes would give if those were all that counted)."""
+
+    def __init__(self, *, length: Callable[[str], int], cost: Callable[[int], float] = lambda batch: 0.01,
+                 sleep: float = 0.001) -> None:
+        self.length = length
+        self.cost = cost
+        self.sleep = sleep
+        self.now = 0.0
+        self.running: dict[str, list[int]] = {}
+
+    def clock(self) -> float:
+        return self.now
+
+    def encode(self, prompt: types.Prompt) -> list[int]:
+        return [ord(c) for c in prompt.text]
+
+    def add(self, request_id: str, prompt_ids: list[int], *, seed: int | None) -> None:
+        self.running[request_id] = [0, self.length(request_id)]
+
+    def step(self) -> list[stepper.Delta]:
+        self.now += self.cost(len(self.running))
+        time.sleep(self.sleep)
+        out = []
+        for rid, state in list(self.running.items()):
+            state[0] += 1
+            done = state[0] >= state[1]
+            out.append(stepper.Delta(request_id=rid, token_ids=[7], logprobs=[-1.0], text="x", finished=done,
+                                     finish_reason="length" if done else ""))
+            if done:
+                del self.running[rid]
+        return out
+
+    def abort(self, request_ids: list[str]) -> None:
+        for r in request_ids:
+            self.running.pop(r, None)
+
+
+def interpolate(points: Sequence[tuple[int, float]]) -> Callable[[int], float]:
+    """Step seconds at any batch from (batch, seconds) points: linear between them, flat outside."""
+    pts = sorted(points)
+    if not pts:
+        raise ValueError("points must not be empty")
+
+    def cost(batch: int) -> float:
+        if batch <= pts[0][0]:
+            return pts[0][1]
+        for (b0, s0), (b1, s1) in zip(pts, pts[1:]):
+            if batch <= b1:
+                return s0 + (s1 - s0) * (batch - b0) / (b1 - b0)
+        return pts[-1][1]
+
+    return cost
+
+
 def occupancy(records: Sequence[tuple[float, int]], *, capacity: int, wall: float) -> dict[str, Any]:
     """Idle accounting of one run (the module's invariants): ``idle_fraction``, the part of the wall time the engine
     stepped (``busy_fraction``), the time-weighted mean batch it ran and its step count."""
@@ -318,6 +377,6 @@ def run_mode(*, partial_rollouts: bool, backend: stepper.Backend, steps: int, pr
     if "error" in result:
         raise RuntimeError(f"the stand-in trainer failed: {result['error']}") from result["error"]
     return {**result, **occupancy(metered.records, capacity=prompts_per_step * group_size, wall=metered.wall()),
-            "switches": pool.counters.switches, "switched_completions": pool.counters.switched_completions,
+            "engine_wall_seconds": round(metered.wall(), 4), "switches": pool.counters.switches, "switched_completions": pool.counters.switched_completions,
             "syncs": weights.loads, "skipped_work": observer.skipped_work,
             "unexpected": observer.unexpected_kinds, "sync_failures": observer.sync_failures}

@@ -1,12 +1,12 @@
 """The skewed-lengths partial-rollouts bench, its pure parts and harness (bench/skewed.py): the length mixture, the
-idle accounting, and both generator loops driven by the stand-in trainer over a fake engine whose step costs the
-same at any batch (so engine steps measure time). The bench itself needs vLLM (docs/benchmarks.md)."""
+idle accounting, the step-cost interpolation, and both generator loops driven by the stand-in trainer over the
+simulated engine (``skewed.Simulated``) at a step cost the same at any batch (so engine steps measure time). The
+bench itself needs vLLM (docs/benchmarks.md)."""
 from __future__ import annotations
 
 import pathlib
 import statistics
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -21,46 +21,14 @@ from kubeforge.runtime import types  # noqa: E402
 from kubeforge.runtime.generator import stepper  # noqa: E402
 
 
-class FakeSteps:
-    """One token per running request per engine step; each request runs the length ``skew`` draws for it.
-    ``clock`` advances by ``step_seconds`` per step and by nothing else (a flat step cost); a step also sleeps
-    ``sleep`` real seconds, as an engine's forward leaves the other thread (the stand-in trainer) time to answer."""
+def fake(skew: skewed.Skew, *, sleep: float = 0.0) -> skewed.Simulated:
+    """The simulated engine on the skew's lengths, a flat step cost of 0.01 s."""
 
-    def __init__(self, skew: skewed.Skew, *, step_seconds: float = 0.01, sleep: float = 0.0) -> None:
-        self.skew = skew
-        self.step_seconds = step_seconds
-        self.sleep = sleep
-        self.now = 0.0
-        self.running: dict[str, list[int]] = {}
-        self.ids: list[str] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    def encode(self, prompt: types.Prompt) -> list[int]:
-        return [ord(c) for c in prompt.text]
-
-    def add(self, request_id: str, prompt_ids: list[int], *, seed: int | None) -> None:
+    def length(request_id: str) -> int:
         key, sample = skewed.request_key(request_id)
-        self.ids.append(request_id)
-        self.running[request_id] = [0, self.skew.length(key=key, sample=sample)]
+        return skew.length(key=key, sample=sample)
 
-    def step(self) -> list[stepper.Delta]:
-        self.now += self.step_seconds
-        time.sleep(self.sleep)
-        out = []
-        for rid, state in list(self.running.items()):
-            state[0] += 1
-            done = state[0] >= state[1]
-            out.append(stepper.Delta(request_id=rid, token_ids=[7], logprobs=[-1.0], text="x", finished=done,
-                                     finish_reason="length" if done else ""))
-            if done:
-                del self.running[rid]
-        return out
-
-    def abort(self, request_ids: list[str]) -> None:
-        for r in request_ids:
-            self.running.pop(r, None)
+    return skewed.Simulated(length=length, sleep=sleep)
 
 
 # ---------------------------------------------------------------- lengths
@@ -92,11 +60,11 @@ def test_bad_skew_names_the_field(kwargs: dict[str, float], field: str) -> None:
 
 
 def test_request_key_reads_the_pool_ids() -> None:
-    fake = FakeSteps(skewed.Skew(max_new_tokens=8))
-    pool = stepper.Pool(fake, group_size=3)
+    sim = fake(skewed.Skew(max_new_tokens=8))
+    pool = stepper.Pool(sim, group_size=3)
     prompts = skewed.prompts_of(2, prompts_per_step=2, seed=0)
     pool.add(prompts, step=2, version=0, seed=None)
-    assert [skewed.request_key(r) for r in fake.ids] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    assert [skewed.request_key(r) for r in sim.running] == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
     assert [p.index for p in prompts] == [4, 5]
     with pytest.raises(ValueError):
         skewed.request_key("req-1-2")
@@ -128,32 +96,38 @@ def test_occupancy_refuses_bad_input(records: list[tuple[float, int]], capacity:
 
 
 def test_metered_records_the_batch_each_step_ran() -> None:
-    fake = FakeSteps(skewed.Skew(max_new_tokens=8))
-    metered = skewed.Metered(fake, clock=fake.clock)
+    sim = fake(skewed.Skew(max_new_tokens=8))
+    metered = skewed.Metered(sim, clock=sim.clock)
     pool = stepper.Pool(metered, group_size=2)
     pool.add(skewed.prompts_of(0, prompts_per_step=2, seed=0), step=0, version=0, seed=None)
-    lengths = sorted(state[1] for state in fake.running.values())
+    lengths = sorted(state[1] for state in sim.running.values())
     while pool.busy():
         pool.step()
     assert [n for _, n in metered.records] == [sum(1 for x in lengths if x >= k) for k in range(1, lengths[-1] + 1)]
     assert metered.wall() == pytest.approx(0.01 * lengths[-1]) and not metered.running
 
 
+def test_interpolated_step_cost() -> None:
+    cost = skewed.interpolate([(4, 0.4), (1, 0.1), (2, 0.3)])
+    assert [cost(b) for b in (0, 1, 2, 3, 4, 9)] == pytest.approx([0.1, 0.1, 0.3, 0.35, 0.4, 0.4])
+    with pytest.raises(ValueError, match="points"):
+        skewed.interpolate([])
+
+
 # ---------------------------------------------------------------- both loops, one workload
 
 
 def _run(partial: bool, skew: skewed.Skew, *, steps: int = 6, prompts: int = 4, group: int = 4,
-         lag: int = 1) -> tuple[dict[str, Any], FakeSteps]:
-    fake = FakeSteps(skew, sleep=0.003)
-    out = skewed.run_mode(partial_rollouts=partial, backend=fake, steps=steps, prompts_per_step=prompts,
-                          group_size=group, max_policy_lag=lag, seed=0, clock=fake.clock, deadline=60)
-    return out, fake
+         lag: int = 1) -> dict[str, Any]:
+    sim = fake(skew, sleep=0.003)
+    return skewed.run_mode(partial_rollouts=partial, backend=sim, steps=steps, prompts_per_step=prompts,
+                           group_size=group, max_policy_lag=lag, seed=0, clock=sim.clock, deadline=60)
 
 
 def test_partial_rollouts_fill_the_slots_stragglers_leave() -> None:
     skew = skewed.Skew(max_new_tokens=64, long_fraction=0.1, seed=1)
-    off, _ = _run(False, skew)
-    on, _ = _run(True, skew)
+    off = _run(False, skew)
+    on = _run(True, skew)
     for out in (off, on):        # the same work, delivered whole, nothing skipped or refused
         assert out["completions"] == 6 * 4 * 4 and out["groups"] == 24 and out["syncs"] == 5
         assert out["skipped_work"] == 0 and out["unexpected"] == [] and out["sync_failures"] == 0
@@ -162,6 +136,7 @@ def test_partial_rollouts_fill_the_slots_stragglers_leave() -> None:
     longest = [max(skew.length(key=k, sample=i) for k in range(s * 4 + 1, s * 4 + 5) for i in range(4))
                for s in range(6)]
     assert off["engine_steps"] == sum(longest) and off["switches"] == 0
+    assert off["engine_wall_seconds"] == pytest.approx(0.01 * sum(longest))     # the flat step cost, nothing else
     # partial: the next step's work runs beside the stragglers, so fewer engine steps for the same tokens
     assert on["engine_steps"] < off["engine_steps"]
     assert on["idle_fraction"] < off["idle_fraction"]
@@ -172,6 +147,6 @@ def test_without_lag_partial_rollouts_have_nothing_to_overlap() -> None:
     """maxPolicyLag 0: the next step's work goes out only after this one is complete, so neither loop can start it
     beside the stragglers: the same engine steps (the ceiling of the gain is 1 + maxPolicyLag)."""
     skew = skewed.Skew(max_new_tokens=64, long_fraction=0.1, seed=1)
-    off, _ = _run(False, skew, lag=0)
-    on, _ = _run(True, skew, lag=0)
+    off = _run(False, skew, lag=0)
+    on = _run(True, skew, lag=0)
     assert on["engine_steps"] == off["engine_steps"] and on["tokens"] == off["tokens"]
