@@ -12,15 +12,19 @@ two-step warm-up of each, from a stand-in for trainer 0 that issues work as its 
 early, a SYNC after each complete step) and trains in no time (``--train-seconds``), so only the generator's
 scheduling differs. Idle fraction = the part of the
 engine's slot-seconds (one step's requests, promptsPerStep x groupSize) left empty, stragglers alone or the engine
-not stepping; completions/s = the stand-in's (all steps complete). Before the runs, the same engine's cost of one
+not stepping, counted in this process's CPU seconds (the engine runs in it; on a shared machine, wall time is
+mostly other people's work), so it is the part of the CPU spent on steps, weighted by their empty slots;
+completions/s = the stand-in's (all steps complete), per wall second and per CPU second of this process
+(``ratio`` and ``ratio_cpu``). Before the runs, the same engine's cost of one
 decode step at batch 1, 2, 4, ... up to (1 + maxPolicyLag) x promptsPerStep x groupSize (the most the partial loop
 can run at once): partial rollouts fill the slots, which pays only as far as a bigger batch costs less than
 proportionally more per step. The gain's ceiling is 1 + maxPolicyLag: the next steps' work is all there is to run
 beside the stragglers, and as steps are trained in order, step s + 1 + maxPolicyLag's work goes out only once step
 s is complete, so two long steps within one window run one after the other in either mode. After the runs, the same workload replayed on those step costs alone (no engine, no
 loop time: ``skewed.Simulated``): its ratio against the measured one tells the engine's share of the result from the
-loops'. ``generate_seconds_per_step_full``: the whole-batch loop's own vLLM path (``LLM.generate``) per step at a
-full batch, against the step-driven backend's ``seconds_per_step`` there. The last line: both modes (medians over
+loops'. ``generate_full_batch``: the whole-batch loop's own vLLM path (``LLM.generate``) per step at a full
+batch, against the step-driven backend's step there. Step costs are medians of wall and CPU seconds; the replay
+and the ratios use CPU. The last line: both modes (medians over
 the reps), their ratio, the step costs, the replay, the CPU.
 
 Without ``--skewed``, end to end:
@@ -144,8 +148,8 @@ def skewed_steps(eng: Any, *, length: Callable[[str], int], temperature: float) 
 
 
 def step_costs(eng: Any, *, batches: list[int], decode_steps: int, seed: int) -> list[dict[str, Any]]:
-    """Median seconds of one decode step at each batch size: ``b`` samples of one prompt through the same pool
-    and backend the modes use (the prefill step left out)."""
+    """Median seconds of one decode step at each batch size, wall and this process's CPU (the engine runs in it):
+    ``b`` samples of one prompt through the same pool and backend the modes use (the prefill step left out)."""
     import statistics
 
     import skewed
@@ -156,19 +160,21 @@ def step_costs(eng: Any, *, batches: list[int], decode_steps: int, seed: int) ->
         pool = stepper.Pool(skewed_steps(eng, length=lambda rid: decode_steps + 1, temperature=1.0), group_size=b)
         pool.add(skewed.prompts_of(0, prompts_per_step=1, seed=seed), step=0, version=0, seed=seed)
         pool.step()                               # the prefill and first token
-        times = []
+        wall, cpu = [], []
         while pool.busy():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             pool.step()
-            times.append(time.perf_counter() - t0)
-        median = statistics.median(times)
-        out.append({"batch": b, "seconds_per_step": round(median, 5), "seconds_per_token": round(median / b, 6)})
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        w, c = statistics.median(wall), statistics.median(cpu)
+        out.append({"batch": b, "seconds_per_step": round(w, 5), "cpu_seconds_per_step": round(c, 5),
+                    "cpu_seconds_per_token": round(c / b, 6)})
     return out
 
 
-def generate_cost(eng: Any, *, batch: int, decode_steps: int, seed: int) -> float:
-    """Seconds per decode step of the whole-batch loop's own path at ``batch`` (``vllm.LLM.generate``, as
-    ``Engine.generate`` calls it: one request of ``n = batch`` samples, final outputs only), the prefill spread
+def generate_cost(eng: Any, *, batch: int, decode_steps: int, seed: int) -> dict[str, float]:
+    """Seconds per decode step (wall, CPU) of the whole-batch loop's own path at ``batch`` (``vllm.LLM.generate``,
+    as ``Engine.generate`` calls it: one request of ``n = batch`` samples, final outputs only), the prefill spread
     over the steps: the baseline of the step-driven backend's per-step overhead (DELTA outputs, the pool)."""
     from vllm import SamplingParams
 
@@ -176,9 +182,10 @@ def generate_cost(eng: Any, *, batch: int, decode_steps: int, seed: int) -> floa
 
     ids = eng.encode(skewed.prompts_of(0, prompts_per_step=1, seed=seed)[0], chat_template=False)
     params = SamplingParams(n=batch, max_tokens=decode_steps + 1, ignore_eos=True, logprobs=0, seed=seed)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     eng.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
-    return (time.perf_counter() - t0) / (decode_steps + 1)
+    return {"seconds_per_step": round((time.perf_counter() - t0) / (decode_steps + 1), 5),
+            "cpu_seconds_per_step": round((time.process_time() - c0) / (decode_steps + 1), 5)}
 
 
 def skewed_main(args: argparse.Namespace) -> None:
@@ -200,7 +207,7 @@ def skewed_main(args: argparse.Namespace) -> None:
     batches = sorted({min(2 ** k, most) for k in range(most.bit_length() + 1)})
     costs = step_costs(eng, batches=batches, decode_steps=args.cost_steps, seed=args.seed)
     generate_full = generate_cost(eng, batch=capacity, decode_steps=args.cost_steps, seed=args.seed)
-    print(json.dumps({"step_cost": costs, "generate_seconds_per_step_full": round(generate_full, 5)}), flush=True)
+    print(json.dumps({"step_cost": costs, "generate_full_batch": generate_full}), flush=True)
 
     def length(request_id: str) -> int:
         key, sample = skewed.request_key(request_id)
@@ -210,19 +217,22 @@ def skewed_main(args: argparse.Namespace) -> None:
     for rep in range(-1, args.reps):          # rep -1: two steps of each mode, a warm-up not counted
         for mode in ("off", "on"):
             steps = skewed_steps(eng, length=length, temperature=1.0)
+            c0 = time.process_time()
             out = skewed.run_mode(partial_rollouts=mode == "on", backend=steps,
                                   steps=args.steps if rep >= 0 else min(2, args.steps),
                                   prompts_per_step=args.prompts, group_size=args.group_size,
                                   max_policy_lag=args.max_policy_lag, seed=args.seed,
                                   train_seconds=args.train_seconds, synced=steps.synced,
-                                  reset=eng.llm.reset_prefix_cache)
+                                  reset=eng.llm.reset_prefix_cache, clock=time.process_time)
+            cpu = time.process_time() - c0
+            out.update(cpu_seconds=round(cpu, 3), completions_per_cpu_s=round(out["completions"] / cpu, 3))
             if rep >= 0:
                 runs[mode].append(out)
             print(json.dumps({"mode": mode, "rep": rep, **out}), flush=True)
     eng.close()
     # the same workload replayed on the measured step costs alone (skewed.Simulated): what the modes would give
     # if the engine's forward were all that counted; the gap to the measured ratio is the loops' own time
-    cost = skewed.interpolate([(c["batch"], c["seconds_per_step"]) for c in costs])
+    cost = skewed.interpolate([(c["batch"], c["cpu_seconds_per_step"]) for c in costs])
     replay = {}
     for mode in ("off", "on"):
         sim = skewed.Simulated(length=length, cost=cost)
@@ -236,22 +246,26 @@ def skewed_main(args: argparse.Namespace) -> None:
     def med(mode: str, key: str) -> float:
         return round(statistics.median(float(r[key]) for r in runs[mode]), 4)
 
-    by_batch = {c["batch"]: c["seconds_per_step"] for c in costs}
+    by_batch = {c["batch"]: c["cpu_seconds_per_step"] for c in costs}
     tokens = sorted({r["tokens"] for mode in runs for r in runs[mode]})
     print(json.dumps({
         "bench": "partial_rollouts", "workload": "skewed", "model": args.model, "dtype": args.dtype,
         "idle_fraction_off": med("off", "idle_fraction"), "idle_fraction_on": med("on", "idle_fraction"),
         "completions_per_s_off": med("off", "completions_per_s"), "completions_per_s_on": med("on", "completions_per_s"),
         "ratio": round(med("on", "completions_per_s") / med("off", "completions_per_s"), 3),
+        "completions_per_cpu_s_off": med("off", "completions_per_cpu_s"),
+        "completions_per_cpu_s_on": med("on", "completions_per_cpu_s"),
+        "ratio_cpu": round(med("on", "completions_per_cpu_s") / med("off", "completions_per_cpu_s"), 3),
         "ceiling": 1 + args.max_policy_lag,
         "mean_batch_off": med("off", "mean_batch"), "mean_batch_on": med("on", "mean_batch"),
         "engine_steps_off": med("off", "engine_steps"), "engine_steps_on": med("on", "engine_steps"),
         "switches_on": med("on", "switches"), "switched_completions_on": med("on", "switched_completions"),
-        "step_cost": costs, "generate_seconds_per_step_full": round(generate_full, 5),
+        "step_cost": costs, "generate_full_batch": generate_full,
         "replay_on_step_costs": {**replay, "ratio": round(replay["on"]["completions_per_s"]
                                                           / replay["off"]["completions_per_s"], 3)},
-        "step_cost_ratio_full_over_one": round(by_batch[capacity] / by_batch[1], 2) if capacity in by_batch else None,
-        "step_cost_ratio_most_over_full": (round(by_batch[most] / by_batch[capacity], 2)
+        "cpu_step_cost_ratio_full_over_one": (round(by_batch[capacity] / by_batch[1], 2)
+                                              if capacity in by_batch else None),
+        "cpu_step_cost_ratio_most_over_full": (round(by_batch[most] / by_batch[capacity], 2)
                                            if capacity in by_batch and most in by_batch else None),
         "tokens_per_mode": tokens, "same_tokens": len(tokens) == 1,
         "completion_length": {"mean_drawn": round(skew.mean(), 2), "short": [1, skew.short_max],
