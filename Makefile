@@ -72,19 +72,22 @@ unit: venv
 # kubelet node, in two lanes at once: the suites under tests/ (no cluster; output in $(TESTS_LOG), printed when both
 # lanes are done) beside the cluster build (CPU-bound, ~26 min cold, cached by version: seconds once built; output in
 # $(BUILD_LOG)) followed by the suites under e2e/ (streamed). `make test-long` runs the suites past that budget
-# (LONG_SUITES: the two-node module with its node loss, ~15-20 min alone). (host-deps is a prerequisite:
+# (the tests marked `long` and LONG_SUITES: the two-node module with its node loss, ~15-20 min alone). (host-deps is a prerequisite:
 # e2e/host/check.py reads off the prerequisites that a target using host tools installs them first.)
 LONG_SUITES := e2e/test_two_nodes.py
 LONG_IGNORED := $(addprefix --ignore=,$(LONG_SUITES))
+# What make test's suites use: every component but kube-router (the two-node module's NetworkPolicy enforcer, built on
+# first use by make test-long).
+TEST_COMPONENTS := control-plane kubelet kube-proxy coredns helm registry kueue kube-scheduler-stock
 BUILD_LOG ?= $(VENV)/build-cluster.log
 TESTS_LOG ?= $(VENV)/test-tests.log
 test: host-deps venv-envs
 	@echo "[test] lane 1: the suites under tests/ (output: $(TESTS_LOG)); lane 2: the cluster build (output: $(BUILD_LOG)), then the suites under e2e/"
-	@{ KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=15 tests > $(TESTS_LOG) 2>&1; echo $$? > $(TESTS_LOG).rc; } & units=$$!; \
+	@{ KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=15 -m "not long" tests > $(TESTS_LOG) 2>&1; echo $$? > $(TESTS_LOG).rc; } & units=$$!; \
 	trap 'pkill -TERM -P $$units; kill $$units 2>/dev/null' INT TERM; \
-	bash e2e/build/build.sh > $(BUILD_LOG) 2>&1; rc=$$?; \
+	bash e2e/build/build.sh $(TEST_COMPONENTS) > $(BUILD_LOG) 2>&1; rc=$$?; \
 	if [ $$rc != 0 ]; then tail -n 40 $(BUILD_LOG); echo "[test] the cluster build failed (exit $$rc): $(BUILD_LOG)"; e2e=1; \
-	else tail -n 1 $(BUILD_LOG); KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=25 $(LONG_IGNORED) e2e; e2e=$$?; fi; \
+	else tail -n 1 $(BUILD_LOG); KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=25 -m "not long" $(LONG_IGNORED) e2e; e2e=$$?; fi; \
 	echo "[test] e2e/ done (exit $$e2e); the suites under tests/ ..."; wait $$units; cat $(TESTS_LOG); \
 	units=$$(cat $(TESTS_LOG).rc 2>/dev/null || echo 1); \
 	echo "[test] tests/: exit $$units; e2e/: exit $$e2e"; [ "$$units" = 0 ] && [ $$e2e = 0 ]
@@ -95,9 +98,12 @@ test: host-deps venv-envs
 test-deps:
 	@$(MAKE) --no-print-directory -j2 build-cluster venv-envs host-deps
 
-# The long tier: the two-node module (make e2e-nodes: two real nodes, NetworkPolicy, roles across nodes, a node lost
-# mid-run and rejoined), at Kubernetes' node-monitor defaults. Prints its figures as one JSON line last.
-test-long: build-cluster
+# The long tier: the tests marked `long` (learning runs of the non-default loss variants and of the multi-turn game,
+# FSDP x LoRA and FSDP x episodes; docs/testing.md says why each is here), then the two-node module (make e2e-nodes:
+# two real nodes, NetworkPolicy, roles across nodes, a node lost mid-run and rejoined), at Kubernetes' node-monitor
+# defaults. Prints the two-node figures as one JSON line last.
+test-long: host-deps venv-envs build-cluster
+	KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=15 -m long tests e2e
 	@$(MAKE) --no-print-directory e2e-nodes
 
 # The CRDs (RLJob, GeneratorPool) are generated from the typed models (kubeforge.api.crd) and copied into the Helm

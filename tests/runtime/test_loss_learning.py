@@ -27,6 +27,7 @@ LOSSES: dict[str, dict[str, Any]] = {
 }
 
 
+@pytest.mark.long   # whole learning runs of the non-default losses: the long tier (docs/testing.md)
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.parametrize("loss", sorted(LOSSES))

@@ -22,6 +22,7 @@ CLI = [sys.executable, "-m", "kubeforge.cli"]
 MARGIN = 0.3
 
 
+@pytest.mark.long   # a 40-step learning run: the long tier (docs/testing.md)
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_the_tiny_model_learns_a_two_turn_game(tmp_path: Path) -> None:

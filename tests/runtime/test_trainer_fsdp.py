@@ -88,6 +88,7 @@ def test_fsdp_matches_ddp_resumes_sharded_onto_one_and_two_ranks_and_runs_bf16(t
           atol=3e-3)    # one step moves by <= 1e-3 (a flipped sign: 2e-3), bf16 rounding ~1e-4
 
 
+@pytest.mark.long   # FSDP x LoRA: the long tier (docs/testing.md); FSDP = DDP and the sharded resume stay in make test
 @pytest.mark.slow
 def test_fsdp_lora_matches_ddp_lora(tiny: Path, tmp_path: Path) -> None:
     ddp, h_ddp = run(tiny, tmp_path, tag="ddp", sharding="DDP", world=2, steps=2, ckpt=tmp_path / "a", lora=True)
@@ -100,6 +101,7 @@ def test_fsdp_lora_matches_ddp_lora(tiny: Path, tmp_path: Path) -> None:
     assert any(float(v.abs().max()) > 0 for k, v in fsdp.items() if ".lora_B." in k)
 
 
+@pytest.mark.long   # FSDP x episodes: the long tier (docs/testing.md); the masking itself is checked without FSDP in make test
 @pytest.mark.slow
 def test_environment_tokens_give_no_gradient_under_fsdp(tiny: Path, tmp_path: Path) -> None:
     """Episodes (policy turn, environment turn, policy turn) on 2 FSDP ranks with micro-batches: perturbing the
