@@ -180,3 +180,30 @@ def test_stop_releases_the_slot_and_is_passed_on_and_shares_follow_work(pool) ->
     shares = ledger.shares()
     assert shares["a"] + shares["b"] == pytest.approx(1.0)
     assert isinstance(b.control(timeout=5), wire.Ack)      # still attached at the end: its trainer is told
+
+
+def test_a_job_whose_verifiers_take_nothing_costs_only_itself() -> None:
+    """Job a's verifier never reads (its inbox holds one frame): its batches are dropped after the send timeout and
+    counted, and job b is served all along."""
+    eng = FakeEngine()
+    slots = adapters.Slots(capacity=2, backend=eng)
+    a, b = Job("a", engine=eng, weight=4), Job("b", engine=eng, weight=4)
+    tag = uuid.uuid4().hex[:8]
+    stuck = transport.open_receiver(f"mem://{tag}-stuck", hwm=1)
+    a.channel.verifiers = transport.open_sender([f"mem://{tag}-stuck"], role="generator", index=0)
+    a.channel.send_timeout = 0.2
+    stop, out = threading.Event(), []
+    t = threading.Thread(target=lambda: out.append(serve.serve(index=0, channels=[a.channel, b.channel], slots=slots,
+                                                               observer=Observer(), should_stop=stop.is_set)),
+                         daemon=True)
+    t.start()
+    try:
+        for step in range(1, 6):
+            a.work(step)
+            b.work(step)
+        assert len(b.rollouts(10, timeout=20)) == 10
+    finally:
+        stop.set()
+        t.join(10)
+        stuck.close()
+    assert out and out[0].jobs["a"].undelivered >= 2 and out[0].jobs["b"].undelivered == 0

@@ -19,8 +19,10 @@ Invariants:
   a ``lora_id``. A job's WORK is sampled with that job's newest adapter only (``adapters.Slots``), and its groups
   go to that job's verifiers only, stamped with the version of the adapter that sampled them.
 - One engine thread: a SYNC is loaded between two batches, never during one, so a batch runs on one version.
-- A job waiting for its trainer queues nothing and takes no engine time; a job that stops answering costs the
-  others at most one bounded weight-sync wait (``spec.weightSync.timeoutSeconds`` of that job).
+- A job waiting for its trainer queues nothing and takes no engine time. A job that stops answering costs the
+  others at most a bounded wait: one weight-sync wait (that job's ``spec.weightSync.timeoutSeconds``) for a push
+  its trainer abandons, ``ROLLOUT_SEND_SECONDS`` for a batch its verifiers have no room for (the batch is dropped
+  and counted; its trainer re-issues the work, as for a generator that lost it).
 - READY goes to a job's trainer 0 when its connection's HELLO arrives (the trainer waits for it before any WORK),
   and again for every new connection of trainer 0 (a restarted trainer), so a restarted trainer finds the pool as
   it would find a generator that restarted.
@@ -39,6 +41,7 @@ from kubeforge.runtime.generator.pool import adapters, fairshare
 
 POLL_SECONDS = 0.02
 DRAIN_LIMIT = 64          # messages taken from one job's inbox per turn (so one busy job cannot starve the turn)
+ROLLOUT_SEND_SECONDS = 10.0   # how long the engine waits for room towards one job's verifiers (then drops the batch)
 
 
 class JobSampler(Protocol):
@@ -65,6 +68,7 @@ class Channel:
     trainer_weights: tuple[str, int] | None
     max_policy_lag: int | None
     fence: push_fence.PushFence = dataclasses.field(default_factory=push_fence.PushFence)
+    send_timeout: float = ROLLOUT_SEND_SECONDS
     version: int = 0
     stopped: bool = False
     trainer_hellos: int = 0
@@ -79,6 +83,7 @@ class JobLedger:
     batches: int = 0
     queue_wait_seconds: float = 0.0   # summed over its batches: from arrival to the start of sampling
     skipped: int = 0                  # WORK too new for the adapter held (maxPolicyLag): re-issued by its trainer
+    undelivered: int = 0              # groups its verifiers had no room for in time: dropped, re-issued by its trainer
     syncs: int = 0
     versions: list[int] = dataclasses.field(default_factory=list)   # adapter versions its groups were sampled with
     stopped: bool = False
@@ -219,7 +224,10 @@ def _sample(ch: Channel, queued: _Queued, *, index: int, slots: adapters.Slots, 
     if not j.versions or j.versions[-1] != version:
         j.versions.append(version)
     observer.served(job=ch.name, seconds=seconds, queue_wait=started - queued.arrived, completions=done)
-    ch.verifiers.send_many([wire.Rollout(group=g) for g in groups])
+    try:
+        ch.verifiers.send_many([wire.Rollout(group=g) for g in groups], timeout=ch.send_timeout)
+    except transport.TransportError:   # its verifiers stopped taking groups: that job's loss alone
+        j.undelivered += len(groups)
 
 
 def _stop(ch: Channel, msg: wire.Stop, *, sched: fairshare.Scheduler[_Queued], slots: adapters.Slots,
@@ -252,6 +260,7 @@ def summary(ledger: Ledger, slots: adapters.Slots) -> dict[str, Any]:
         out[name] = {"engine_seconds": round(j.engine_seconds, 3), "engine_share": round(shares[name], 4),
                      "completions": j.completions, "batches": j.batches,
                      "queue_wait_seconds": round(j.queue_wait_seconds, 3), "skipped": j.skipped, "syncs": j.syncs,
+                     "undelivered": j.undelivered,
                      "adapter_versions": j.versions, "adapter_loads": st.loads, "adapter_swaps": st.swaps,
                      "adapter_swap_seconds": round(st.swap_seconds, 4), "stopped": j.stopped}
     return out
