@@ -209,9 +209,11 @@ def _layout(pool: generatorpool.GeneratorPool, jobs: list[tuple[str, rljob.RLJob
 
 
 def _inherited() -> dict[str, str]:
+    """The launcher's environment, as every role process gets it (``main.process_specs``), less a job key: an
+    engine has none of its own."""
     import os
 
-    return {k: v for k, v in os.environ.items() if not k.startswith(contract.ENV_PREFIX)}
+    return {k: v for k, v in os.environ.items() if k != contract.ENV_JOB_KEY}
 
 
 def _resolve(jobs: list[tuple[str, rljob.RLJob]], resolve_model: Callable[[rljob.RLJob], None]) -> None:
