@@ -3,6 +3,7 @@ WORK is sampled with its own newest adapter and answered to its own verifiers, s
 STOP releases its slot, READY answers each trainer connection."""
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 import uuid
@@ -56,17 +57,29 @@ class FakeLoader:
 
 
 class Observer:
+    """What serve reports beside its ledger (the kubeforge_pool_* series are fed from these calls): each job's
+    served completions, the versions loaded, the loads that failed and the kinds of the frames it refused."""
+
     def __init__(self) -> None:
         self.unexpected_kinds: list[str] = []
+        self.served_completions: collections.Counter[str] = collections.Counter()
+        self.synced_versions: list[int] = []
+        self.sync_errors: list[BaseException] = []
 
-    def sampled(self, **kw: object) -> None: ...
-    def synced(self, **kw: object) -> None: ...
-    def sync_failed(self, **kw: object) -> None: ...
-    def skipped(self, **kw: object) -> None: ...
-    def served(self, **kw: object) -> None: ...
+    def served(self, *, job: str, seconds: float, queue_wait: float, completions: int) -> None:
+        self.served_completions[job] += completions
+
+    def synced(self, *, version: int, result: object) -> None:
+        self.synced_versions.append(version)
+
+    def sync_failed(self, *, version: int, error: BaseException) -> None:
+        self.sync_errors.append(error)
 
     def unexpected(self, *, kind: str) -> None:
         self.unexpected_kinds.append(kind)
+
+    def sampled(self, **kw: object) -> None: ...
+    def skipped(self, **kw: object) -> None: ...
 
 
 class Job:
@@ -145,6 +158,7 @@ def test_each_job_is_sampled_with_its_own_newest_adapter_and_answered_alone(pool
     assert all(g.step == 2 and g.generator == 0 for g in ga + gb)
     assert a.verifier_in.recv(timeout=0.2) is None and b.verifier_in.recv(timeout=0.2) is None
     assert slots.stats["a"].swaps + slots.stats["b"].swaps >= 1             # one slot, two jobs: swapped
+    assert sorted(obs.synced_versions) == [1, 1, 2] and obs.sync_errors == []
 
 
 def test_a_sync_naming_another_trainers_store_is_refused(pool) -> None:  # type: ignore[no-untyped-def]
@@ -177,6 +191,7 @@ def test_stop_releases_the_slot_and_is_passed_on_and_shares_follow_work(pool) ->
     assert ledger.jobs["a"].stopped and not ledger.jobs["b"].stopped
     assert "a" not in slots.current and ledger.jobs["a"].completions == 20 and ledger.jobs["b"].completions == 4
     assert ledger.jobs["b"].versions == [1]
+    assert obs.served_completions == {"a": 20, "b": 4}     # the per-job series see what the ledger counts
     shares = ledger.shares()
     assert shares["a"] + shares["b"] == pytest.approx(1.0)
     assert isinstance(b.control(timeout=5), wire.Ack)      # still attached at the end: its trainer is told
