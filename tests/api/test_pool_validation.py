@@ -120,16 +120,23 @@ def test_cli_validate_checks_the_files_together(tmp_path: pathlib.Path, capsys: 
     assert out.err == load.refusal(bad[1], check(pool(maxLoraRank=1), job("job-b"))["RLJob-job-b.yaml"])
 
 
-def test_cli_run_refuses_a_pool_and_its_jobs_after_checking_them(tmp_path: pathlib.Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    """Until the pool's runtime sharing exists a pool run is refused, and never by starting a job's own generators
-    for a job that names a pool (exit 2: the files are the problem)."""
+def test_cli_run_hands_a_checked_pool_and_its_jobs_to_the_pool_launcher(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool and its jobs run through ``launcher.poolrun`` once checked together (never by starting a job's own
+    generators for a job that names a pool); files that fail the check never reach it (exit 2)."""
+    import sys
+    import types
+
+    calls: list[list[str]] = []
+    fake = types.ModuleType("kubeforge.runtime.launcher.poolrun")
+    fake.run = lambda *, files, run_dir, steps: calls.append(list(files)) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kubeforge.runtime.launcher.poolrun", fake)
+    import kubeforge.runtime.launcher as launcher_pkg
+    monkeypatch.setattr(launcher_pkg, "poolrun", fake, raising=False)
     files = write(tmp_path, pool(), job(), job("job-b"))
-    assert cli.run(files, run_dir=None, steps=None) == cli.EXIT_INVALID
-    assert capsys.readouterr().err == cli.POOL_RUN_REFUSED
-    assert cli.run(files[1:2], run_dir=None, steps=None) == cli.EXIT_INVALID
-    assert capsys.readouterr().err == cli.POOL_RUN_REFUSED
+    assert cli.run(files, run_dir=None, steps=None) == 0 and calls == [files]
+    assert cli.run(files[1:2], run_dir=None, steps=None) == 0 and calls[-1] == files[1:2]   # poolrun refuses it
     bad = write(tmp_path, pool(maxLoraRank=1), job("job-c"))
     assert cli.run(bad, run_dir=None, steps=None) == cli.EXIT_INVALID
     err = capsys.readouterr().err
-    assert "spec.model.lora.rank" in err and cli.POOL_RUN_REFUSED not in err
+    assert "spec.model.lora.rank" in err and len(calls) == 2

@@ -103,3 +103,35 @@ def test_a_peer_added_later_speaks_curve_too() -> None:
         tx.close()
         first.close()
         joiner.close()
+
+
+def test_one_process_serving_two_jobs_admits_each_jobs_key_on_its_own_socket_only() -> None:
+    """A pool engine (generator.pool.start): job A's socket and job B's socket in one process, each with its job's
+    keys and ZAP domain. B's key holder is refused on A's socket even when it knows A's public key (the ZAP domain
+    of A's socket allows A's key alone), and the other way round."""
+    a = transport.CurveKeys.from_job_key(os.urandom(32), domain=f"{transport.ZAP_DOMAIN}/job-a")
+    b = transport.CurveKeys.from_job_key(os.urandom(32), domain=f"{transport.ZAP_DOMAIN}/job-b")
+    rx_a = transport.open_receiver("tcp://127.0.0.1:*", auth=a)
+    rx_b = transport.open_receiver("tcp://127.0.0.1:*", auth=b)
+    tx_a = transport.open_sender([rx_a.address], role="trainer", index=0, auth=a, ready_timeout=10)
+    tx_b = transport.open_sender([rx_b.address], role="trainer", index=0, auth=b, ready_timeout=10)
+    intruders = []
+    try:
+        tx_a.send(wire.Ready(role="trainer", index=0))
+        tx_b.send(wire.Ready(role="trainer", index=1))
+        assert rx_a.recv(timeout=10) == wire.Ready(role="trainer", index=0)
+        assert rx_b.recv(timeout=10) == wire.Ready(role="trainer", index=1)
+        for rx, server, holder in ((rx_a, a, b), (rx_b, b, a)):
+            def knows_the_other_server(sock: zmq.Socket[bytes], server: transport.CurveKeys = server,
+                                       holder: transport.CurveKeys = holder) -> None:
+                sock.curve_serverkey = server.public
+                sock.curve_publickey, sock.curve_secretkey = holder.public, holder.secret
+            intruders.append(_intruder(rx.address, knows_the_other_server))
+            _wait_counted(rx, 1)
+        tx_a.send(wire.Ready(role="trainer", index=2))      # the job's own key still talks
+        assert rx_a.recv(timeout=10) == wire.Ready(role="trainer", index=2)
+    finally:
+        for s in intruders:
+            s.close(0)
+        for x in (tx_a, tx_b, rx_a, rx_b):
+            x.close()

@@ -2,8 +2,8 @@
 
 Subcommands:
 - ``kubeforge run FILE [--run-dir DIR] [--steps N]`` → ``kubeforge.runtime.launcher`` (local run of an RLJob); with
-  a GeneratorPool and its jobs (``kubeforge run pool.yaml job-a.yaml ...``) the files are checked together and the
-  run refused: a pool's runtime sharing is not built yet (docs/generator-pool.md)
+  a GeneratorPool and its jobs (``kubeforge run pool.yaml job-a.yaml ...``) the files are checked together, then
+  ``kubeforge.runtime.launcher.poolrun`` runs the pool's engines and the jobs (docs/generator-pool.md)
 - ``kubeforge role generator|verifier|trainer`` → ``kubeforge.runtime.role`` (the container entrypoint)
 - ``kubeforge operator ...`` → ``kubeforge.operator.entry:main`` (argv passed through)
 - ``kubeforge crd ...`` → ``kubeforge.api.crd:main`` (argv passed through)
@@ -99,15 +99,10 @@ def validate(files: str | Sequence[str]) -> int:
     return 0 if len(passed) == len(files) else EXIT_INVALID
 
 
-#: Why ``kubeforge run`` refuses a pool and its jobs (or a job naming a pool) after checking them.
-POOL_RUN_REFUSED = ("kubeforge: run: a GeneratorPool and the jobs that name it do not run locally yet (the pool's "
-                    "runtime sharing is not built: docs/generator-pool.md); the files were checked together: "
-                    "`kubeforge validate` says the same\n")
-
-
 def run(files: Sequence[str], *, run_dir: str | None, steps: int | None) -> int:
-    """``kubeforge run``: one RLJob runs locally (``kubeforge.runtime.launcher``); a pool with its jobs is checked,
-    then refused (``POOL_RUN_REFUSED``)."""
+    """``kubeforge run``: one RLJob runs locally (``kubeforge.runtime.launcher``); a GeneratorPool and the jobs that
+    name it, once checked together as ``kubeforge validate`` checks them, run as the pool's engines and the jobs'
+    trainers and verifiers (``kubeforge.runtime.launcher.poolrun``)."""
     if len(files) == 1:
         from kubeforge.api import load, rljob
 
@@ -120,9 +115,10 @@ def run(files: Sequence[str], *, run_dir: str | None, steps: int | None) -> int:
         if single is None or (isinstance(single, rljob.RLJob) and single.spec.generator_pool is None):
             import kubeforge.runtime.launcher.main
             return kubeforge.runtime.launcher.main.run(file=files[0], run_dir=run_dir, steps=steps)
-    if len(_check(files)) == len(files):
-        sys.stderr.write(POOL_RUN_REFUSED)
-    return EXIT_INVALID
+    if len(_check(files)) != len(files):
+        return EXIT_INVALID
+    import kubeforge.runtime.launcher.poolrun
+    return kubeforge.runtime.launcher.poolrun.run(files=list(files), run_dir=run_dir, steps=steps)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

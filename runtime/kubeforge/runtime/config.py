@@ -187,6 +187,8 @@ def rank_peers(pods: tuple[roleenv.Peer, ...], ranks_per_pod: int) -> tuple[role
 def _replica_problems(job: rljob.RLJob, peers: Mapping[str, tuple[roleenv.Peer, ...]]) -> list[str]:
     out = []
     for role in contract.ROLES:
+        if role == "generator" and job.spec.generator_pool is not None:
+            continue      # its generators are the pool's engines, as many as the pool runs (docs/generator-pool.md)
         want = getattr(job.spec.roles, role).replicas
         if peers.get(role) and len(peers[role]) != want:
             out.append(f"{contract.env_peers(role)}: Invalid value: lists {len(peers[role])} peers but "

@@ -30,6 +30,10 @@ from kubeforge.runtime.trainer import ranks
 
 def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of ``kubeforge role ROLE``; returns the exit status."""
+    env = os.environ if environ is None else environ
+    if role == "generator" and env.get(contract.ENV_POOL):   # a GeneratorPool's engine: its config is the pool's
+        import kubeforge.runtime.generator.pool.start
+        return kubeforge.runtime.generator.pool.start.run(env)
     try:
         cfg = startup.load_config(role, os.environ if environ is None else environ)
     except config.ConfigError as exc:

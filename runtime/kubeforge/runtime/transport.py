@@ -77,15 +77,19 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_
 @dataclasses.dataclass(frozen=True)
 class CurveKeys:
     """The job's ZeroMQ CURVE key pair (Z85), derived from the job key: every role is server and client with it, so
-    only a holder of the job key completes a handshake (docs/security.md)."""
+    only a holder of the job key completes a handshake (docs/security.md). ``domain`` is the ZAP domain a server
+    socket with these keys admits clients in: only this key pair's public key is allowed there, so a process that
+    serves several jobs (a GeneratorPool's engine: one socket per job, each with its job's keys and a domain of its
+    own) admits on each socket that job's key alone."""
 
     public: bytes
     secret: bytes
+    domain: str = ZAP_DOMAIN
 
     @classmethod
-    def from_job_key(cls, job_key: bytes) -> CurveKeys:
+    def from_job_key(cls, job_key: bytes, *, domain: str = ZAP_DOMAIN) -> CurveKeys:
         secret = z85.encode(hmac.new(job_key, b"kubeforge/curve", hashlib.sha256).digest())
-        return cls(public=zmq.curve_public(secret), secret=secret)
+        return cls(public=zmq.curve_public(secret), secret=secret, domain=domain)
 
 
 _default_auth: CurveKeys | None = None
@@ -97,7 +101,7 @@ def use_curve(keys: CurveKeys | None) -> None:
     global _default_auth
     _default_auth = keys
     if keys is not None:
-        _Authenticator.get().allow(keys.public)
+        _Authenticator.get().allow(keys.public, domain=keys.domain)
 
 
 def process_curve() -> CurveKeys | None:
@@ -110,11 +114,11 @@ def curve_server(sock: zmq.Socket[bytes], auth: CurveKeys | None) -> zmq.Socket[
     returns a monitor socket whose events are its failed handshakes (one per refused peer), None when plain."""
     if auth is None:
         return None
-    _Authenticator.get().allow(auth.public)   # a peer without the job key never completes a handshake
+    _Authenticator.get().allow(auth.public, domain=auth.domain)   # no peer without the job key completes a handshake
     sock.setsockopt(zmq.CURVE_SERVER, 1)
     sock.setsockopt(zmq.CURVE_SECRETKEY, auth.secret)
     sock.setsockopt(zmq.CURVE_PUBLICKEY, auth.public)
-    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+    sock.setsockopt(zmq.ZAP_DOMAIN, auth.domain.encode())
     return sock.get_monitor_socket(_HANDSHAKE_FAILED)
 
 
@@ -143,7 +147,8 @@ def close_curve_server(sock: zmq.Socket[bytes], monitor: zmq.Socket[bytes] | Non
 
 
 class _Authenticator:
-    """The process's ZAP handler: admits a CURVE client only when its public key is the job's."""
+    """The process's ZAP handler: admits a CURVE client only when its public key is the one allowed in the server
+    socket's ZAP domain (the job's; one domain per job where a process serves several)."""
 
     _instance: _Authenticator | None = None
     _lock = threading.Lock()
@@ -151,11 +156,10 @@ class _Authenticator:
     def __init__(self) -> None:
         from zmq.auth.thread import ThreadAuthenticator
 
-        self.allowed: set[bytes] = set()
+        self.allowed: dict[str, set[bytes]] = {}
         self.refused = 0
         self._auth = ThreadAuthenticator(zmq.Context.instance())
         self._auth.start()
-        self._auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=self)
 
     @classmethod
     def get(cls) -> _Authenticator:
@@ -164,11 +168,16 @@ class _Authenticator:
                 cls._instance = cls()
             return cls._instance
 
-    def allow(self, public: bytes) -> None:
-        self.allowed.add(public)
+    def allow(self, public: bytes, *, domain: str = ZAP_DOMAIN) -> None:
+        with self._lock:
+            if domain not in self.allowed:
+                self.allowed[domain] = set()
+                self._auth.configure_curve_callback(domain=domain, credentials_provider=self)
+            self.allowed[domain].add(public)
 
     def callback(self, domain: str, key: bytes) -> bool:
-        ok = z85.encode(key) in self.allowed if len(key) == 32 else key in self.allowed
+        allowed = self.allowed.get(domain, set())
+        ok = z85.encode(key) in allowed if len(key) == 32 else key in allowed
         if not ok:
             self.refused += 1
         return ok

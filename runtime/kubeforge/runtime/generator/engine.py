@@ -42,6 +42,7 @@ import pathlib
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ BLOCK_SIZE = 32
 DEFAULT_MAX_MODEL_LEN = 2048
 LOGPROBS_MODE = "processed_logprobs"
 SEED_STRIDE = 1_000_003
+CURRENT: Any = object()     # ``generate``'s default adapter: the engine's own (``lora_request``)
 
 
 def engine_kwargs(*, model_dir: pathlib.Path, dtype: str, role: rljob.GeneratorRole, seed: int,
@@ -110,7 +112,10 @@ class Engine:
 
     def __init__(self, *, model_dir: pathlib.Path, dtype: str = "float32",
                  role: rljob.GeneratorRole | None = None, seed: int = 0, max_model_len: int | None = None,
-                 in_process: bool = True, lora: rljob.LoraSpec | None = None, swap_reload: bool = True) -> None:
+                 in_process: bool = True, lora: rljob.LoraSpec | None = None, swap_reload: bool = True,
+                 engine_args: Mapping[str, Any] | None = None) -> None:
+        """``engine_args`` go over the generator's own (a GeneratorPool's: LoRA for ``maxAdapters`` adapters,
+        ``generatorpool.engine_args``)."""
         role = role or rljob.GeneratorRole()
         import torch
 
@@ -120,8 +125,8 @@ class Engine:
 
         self._vllm = vllm
         self.model_dir = pathlib.Path(model_dir)
-        self.kwargs = engine_kwargs(model_dir=self.model_dir, dtype=dtype, role=role, seed=seed,
-                                    max_model_len=max_model_len, lora=lora)
+        self.kwargs = {**engine_kwargs(model_dir=self.model_dir, dtype=dtype, role=role, seed=seed,
+                                       max_model_len=max_model_len, lora=lora), **(engine_args or {})}
         self.lora = lora
         self.swap_reload = swap_reload and lora is None   # LoRA syncs carry adapters: nothing to rebuild
         self.lora_request: Any = None          # the adapter being served (None: the base model, policy v0)
@@ -139,9 +144,10 @@ class Engine:
         return prompt_ids.encode(self.tokenizer, prompt.text, chat_template=chat_template)
 
     def generate(self, prompts: list[types.Prompt], *, n: int, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                 chat_template: bool = True) -> list[tuple[list[int], list[types.Completion]]]:
-        """Sample ``n`` completions of every prompt; each token comes with its behaviour logprob."""
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, chat_template: bool = True,
+                 lora_request: Any = CURRENT) -> list[tuple[list[int], list[types.Completion]]]:
+        """Sample ``n`` completions of every prompt; each token comes with its behaviour logprob. ``lora_request``:
+        the adapter to sample with (default: the one this engine's own sync loaded; a pool passes each job's)."""
         vllm = self._vllm
         encoded = [self.encode(p, chat_template=chat_template) for p in prompts]
         params = [vllm.SamplingParams(
@@ -149,7 +155,8 @@ class Engine:
             seed=None if seed is None else request_seed(seed, prompt_index=p.index, n=n))
             for p in prompts]
         inputs: Any = [{"prompt_token_ids": ids} for ids in encoded]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
+        adapter = self.lora_request if lora_request is CURRENT else lora_request
+        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=adapter)
         return [(ids, [_completion(c) for c in out.outputs]) for ids, out in zip(encoded, outputs)]
 
     def continue_ids(self, contexts: list[list[int]], *, max_tokens: list[int], seeds: list[int] | None,

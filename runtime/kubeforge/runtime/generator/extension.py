@@ -145,24 +145,65 @@ class WeightSyncExtension:
         rank 0 writes; every rank receives); returns ``SyncStats.as_dict()`` plus ``path``."""
         if self._kf_receiver is None:
             raise RuntimeError("kf_receive_adapter before kf_join_weight_sync")
-        got: list[tuple[str, torch.Tensor]] = []
-
-        def keep(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-            got.extend((n, t.clone()) for n, t in weights)
-
-        try:
-            stats = self._kf_receiver.receive(keep).as_dict()
-        finally:
-            self._kf_receiver.prefetch()   # adapters: nothing to build in the background
-        path = pathlib.Path(directory) / f"v{int(stats['version'])}"
-        if _tp_rank() == 0:
-            adapter.save_adapter(path, got, config=json.loads(config_json))
-        return {**stats, "path": str(path)}
+        return _receive_adapter(self._kf_receiver, directory, config_json)
 
     def kf_leave_weight_sync(self) -> None:
         if self._kf_receiver is not None:
             self._kf_receiver.close()
             self._kf_receiver = None
+
+    # A GeneratorPool's engine (generator.pool): one receiver per attached job, each in that job's own weight-sync
+    # group, authenticated with that job's key (never the env contract's: a pool engine has no job key of its own).
+
+    def _kf_pool(self) -> dict[str, weightsync.WeightReceiver]:
+        jobs: dict[str, weightsync.WeightReceiver] | None = self.__dict__.get("_kf_pool_receivers")
+        if jobs is None:
+            jobs = self.__dict__["_kf_pool_receivers"] = {}
+        return jobs
+
+    def kf_pool_join(self, job: str, host: str, port: int, world_size: int, rank_base: int, timeout: float,
+                     join_timeout: float, backend: str, epoch: int, key_hex: str) -> int:
+        """Join epoch ``epoch`` of ``job``'s weight-sync group (leaving its previous one), proving ``job``'s key."""
+        self.kf_pool_leave(job)
+        if not key_hex:
+            raise weightsync.WeightSyncError(f"weight sync: job {job!r}: no key (a pool never joins unauthenticated)")
+        rank = rank_base + _tp_rank()
+        receiver = weightsync.WeightReceiver(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
+                                             join_timeout=join_timeout, backend=backend, epoch=epoch,
+                                             auth_key=bytes.fromhex(key_hex))
+        receiver.prefetch()
+        self._kf_pool()[job] = receiver
+        return rank
+
+    def kf_pool_receive_adapter(self, job: str, directory: str, config_json: str) -> dict[str, Any]:
+        """Receive one adapter sync of ``job`` and write it under ``directory`` (``job``'s own folder)."""
+        receiver = self._kf_pool().get(job)
+        if receiver is None:
+            raise RuntimeError(f"kf_pool_receive_adapter: job {job!r} has not joined")
+        return _receive_adapter(receiver, directory, config_json)
+
+    def kf_pool_leave(self, job: str) -> None:
+        receiver = self._kf_pool().pop(job, None)
+        if receiver is not None:
+            receiver.close()
+
+
+def _receive_adapter(receiver: weightsync.WeightReceiver, directory: str, config_json: str) -> dict[str, Any]:
+    """One sync of LoRA adapter tensors written as a PEFT folder ``directory/v<version>`` (TP rank 0 writes; every
+    rank receives); ``SyncStats.as_dict()`` plus ``path``."""
+    got: list[tuple[str, torch.Tensor]] = []
+
+    def keep(weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        got.extend((n, t.clone()) for n, t in weights)
+
+    try:
+        stats = receiver.receive(keep).as_dict()
+    finally:
+        receiver.prefetch()   # adapters: nothing to build in the background
+    path = pathlib.Path(directory) / f"v{int(stats['version'])}"
+    if _tp_rank() == 0:
+        adapter.save_adapter(path, got, config=json.loads(config_json))
+    return {**stats, "path": str(path)}
 
 
 def refresh_shared_weights(model: torch.nn.Module) -> list[str]:

@@ -67,22 +67,29 @@ def fenced_writes(run: rundir.RunDir, records: list[progress.StepRecord]) -> dic
 
 def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
                   bases: list[int] | None = None, job_key: bytes | None = None,
-                  cpus: list[int] | None = None) -> list[supervisor.ProcSpec]:
+                  cpus: list[int] | None = None,
+                  generators: list[roleenv.Peer] | None = None) -> list[supervisor.ProcSpec]:
     """One ProcSpec per role replica, with the env contract filled in (fresh ports per attempt; a fresh job key
     per attempt unless one is given: every socket of the attempt uses CURVE with it; each role's CPU list and
-    thread-pool width under ``spec.schedule``, from ``cpus``, default the launcher's own) and the role's ``env``."""
+    thread-pool width under ``spec.schedule``, from ``cpus``, default the launcher's own) and the role's ``env``.
+    ``generators``: a job on a GeneratorPool samples on the pool's engines there (``launcher.poolrun``), so it
+    starts no generator of its own."""
     cpus = placement.usable_cpus() if cpus is None else cpus
     roles = job.spec.roles
     pinned = placement.plan(job.spec.schedule, cpus=cpus)
     pools = placement.threads(job.spec.schedule, cpus=cpus, generators=roles.generator.replicas)
     job_key = job_key or secrets.token_bytes(32)
     counts = {r: getattr(roles, r).replicas for r in contract.ROLES}
+    if generators is not None:
+        counts["generator"] = 0
     # a trainer process stands for a pod: with N ranks per pod it needs N consecutive port blocks (every process
     # gets as many: simpler than two disjoint allocations)
     bases = bases or ports.allocate(sum(counts.values()), blocks=roles.trainer.ranks())
     it = iter(bases)
     peers = {r: [roleenv.Peer(host="127.0.0.1", port_base=next(it)) for _ in range(counts[r])]
              for r in contract.ROLES}
+    if generators is not None:
+        peers["generator"] = list(generators)
     out = []
     for role in ("trainer", "verifier", "generator"):
         for i in range(counts[role]):
@@ -238,8 +245,16 @@ def run(*, file: str, run_dir: str | None = None, steps: int | None = None,
         for s, h in old.items():
             signal.signal(s, h)
     bar.close()
+    result = finish(job, run, wall_seconds=time.time() - start, restarts=restarts, tally=tally, status=status)
+    print(json.dumps(result), flush=True)
+    return status
+
+
+def finish(job: rljob.RLJob, run: rundir.RunDir, *, wall_seconds: float, restarts: int, tally: Tally,
+           status: int) -> dict[str, Any]:
+    """A run's summary (written to ``summary.json``) and its reward plot."""
     records = summary.by_step(summary.read_records(run.metrics))
-    result = summary.summarize(records, wall_seconds=time.time() - start, metrics_path=str(run.metrics),
+    result = summary.summarize(records, wall_seconds=wall_seconds, metrics_path=str(run.metrics),
                                extra={"run_dir": str(run.root), "restarts": restarts,
                                       "restarts_by_role": tally.by_role, "succeeded": status == 0,
                                       "fenced_writes": fenced_writes(run, records)})
@@ -247,5 +262,4 @@ def run(*, file: str, run_dir: str | None = None, steps: int | None = None,
         plot.reward_curve(records, path=run.plot, title=f"{job.metadata.name}: reward per step")
         result["plot_path"] = str(run.plot)
     run.summary.write_text(json.dumps(result, indent=1))
-    print(json.dumps(result), flush=True)
-    return status
+    return result

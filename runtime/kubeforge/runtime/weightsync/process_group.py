@@ -93,10 +93,12 @@ class TorchGroup:
 
 
 def open_group(*, host: str, port: int, world_size: int, rank: int, timeout: float, join_timeout: float,
-          backend: str, epoch: int = 0, store: Any = None) -> TorchGroup:
+          backend: str, epoch: int = 0, store: Any = None, auth_key: bytes | None = None) -> TorchGroup:
+    """The group; ``auth_key`` is the job key proven at the rendezvous (None: the env contract's: a pool engine
+    serving several jobs passes each job's own)."""
     try:
         return TorchGroup(host=host, port=port, world_size=world_size, rank=rank, timeout=timeout,
-                          join_timeout=join_timeout, backend=backend, epoch=epoch, store=store)
+                          join_timeout=join_timeout, backend=backend, epoch=epoch, store=store, auth_key=auth_key)
     except (RuntimeError, dist.DistError) as e:
         if isinstance(e, protocol.WeightSyncError):
             raise

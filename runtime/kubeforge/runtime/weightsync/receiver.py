@@ -119,12 +119,13 @@ class WeightReceiver:
     ``prefetch``/``receive``: start the next prefetch only after the staged tensors are loaded."""
 
     def __init__(self, *, host: str, port: int, world_size: int, rank: int, timeout: float = 120.0,
-                 join_timeout: float = protocol.DEFAULT_JOIN_TIMEOUT, backend: str = "gloo", epoch: int = 0) -> None:
+                 join_timeout: float = protocol.DEFAULT_JOIN_TIMEOUT, backend: str = "gloo", epoch: int = 0,
+                 auth_key: bytes | None = None) -> None:
         if rank < 1:
             raise ValueError("weight sync: receivers have ranks >= 1 (rank 0 is the trainer)")
         self.group: process_group.Group = process_group.open_group(
             host=host, port=port, world_size=world_size, rank=rank, timeout=timeout, join_timeout=join_timeout,
-            backend=backend, epoch=epoch)
+            backend=backend, epoch=epoch, auth_key=auth_key)
         self.buffers = bucketing.BucketBuffers()     # the full layout: every sync's tensors, and a delta's base
         self.delta_buffer = bucketing.GrowingBuffer()  # a delta's payload
         self.base: int | None = None       # the version ``buffers`` hold whole (None while a sync lands in them)

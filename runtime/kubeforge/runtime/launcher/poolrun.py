@@ -1,0 +1,315 @@
+"""``kubeforge run pool.yaml job-a.yaml job-b.yaml ...``: a GeneratorPool's engines and its jobs' trainers and
+verifiers as local processes; one summary JSON line per job, then the pool's summary JSON as the last line.
+
+```
+ check (pool + jobs together, then each job's local rules, then what a pool serves locally) ──▶ run dir
+   <root>/pool.json, jobs.json, keys.json (0600) ──▶ <root>/<job>/ per job (the single-job run dir layout)
+ ports: per engine a block of its own + a block per job (the job's KUBEFORGE_PEERS_GENERATOR lists these), per
+        job's trainer/verifier process a block; fixed for the whole run (a job's restart reuses them)
+ start the engines, then every job's processes ──▶ watch:
+     a job's exits ──▶ supervisor.judge with ITS failurePolicy (restart in place / a new attempt of that job alone /
+                       succeeded / failed): a job's failure costs only that job
+     an engine's exit ──▶ every job still running fails (engine-loss reload: docs/generator-pool.md, "Left")
+ every job done ──▶ SIGTERM the engines (each writes <root>/pool-<i>.json) ──▶ summaries
+```
+
+Neighbours: ``launcher.main`` (a single job: ``process_specs``, ``finish``, the restart policy) whose pieces this
+reuses; ``generator.pool.attach`` is the format of the engines' jobs and keys files; ``kubeforge.cli`` sends a pool
+and its jobs here once ``kubeforge validate`` would pass them.
+
+Invariants: stdout carries only the summary lines (the pool's last: a contract); invalid input exits 2 before any
+process starts; Ctrl-C stops every process and exits 130; the exit status is 0 only when every job succeeded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubeforge.api import contract, generatorpool, load, rljob, roleenv, validate_pool
+from kubeforge.runtime.launcher import main, ports, progressbar, rundir, supervisor
+
+ENGINE = "pool"    # the engines' process names: pool-<i>
+
+
+def _err(text: str) -> None:
+    print(f"kubeforge: {text}", file=sys.stderr, flush=True)
+
+
+def local_problems(job: rljob.RLJob, pool: generatorpool.GeneratorPool) -> list[str]:
+    """What a pool engine does not serve yet, beyond ``validate_pool.problems`` (docs/generator-pool.md, "Left")."""
+    out = list(validate_pool.problems(job, pool))      # (partial rollouts: refused with LoRA by the model)
+    if job.spec.environment is not None:
+        out.append("spec.environment: Unsupported value: a GeneratorPool's engines sample single-turn tasks "
+                   "(episodes on a pool are not built yet)")
+    if job.spec.roles.generator.tensor_parallel_size != pool.spec.tensor_parallel_size:
+        out.append(f"spec.roles.generator.tensorParallelSize: Invalid value: "
+                   f"{job.spec.roles.generator.tensor_parallel_size}: should be the GeneratorPool's "
+                   f"tensorParallelSize ({pool.spec.tensor_parallel_size}): the weight-sync ranks are the engines'")
+    return out
+
+
+def prepare(files: list[str], *, steps: int | None
+            ) -> tuple[tuple[str, generatorpool.GeneratorPool], list[tuple[str, rljob.RLJob]]]:
+    """The pool and its jobs, each checked; raises ``load.InvalidRLJob`` with ``FILE: problem`` lines."""
+    pools: list[tuple[str, generatorpool.GeneratorPool]] = []
+    jobs: list[tuple[str, rljob.RLJob]] = []
+    problems: list[str] = []
+    for file in files:
+        try:
+            doc = load.parse_any_text(pathlib.Path(file).read_text())
+        except (load.InvalidRLJob, OSError) as exc:
+            problems += [f"{file}: {p}" for p in getattr(exc, "problems", [str(exc)])]
+            continue
+        if isinstance(doc, generatorpool.GeneratorPool):
+            pools.append((file, doc))
+            continue
+        try:
+            job = main.prepare(file, steps=steps)
+        except load.InvalidRLJob as exc:
+            problems += [f"{file}: {p}" for p in exc.problems]
+            continue
+        jobs.append((file, job))
+    if problems or len(pools) != 1 or not jobs:
+        raise load.InvalidRLJob(problems or [f"kubeforge run takes one GeneratorPool and the jobs that name it; got "
+                                             f"{len(pools)} pools and {len(jobs)} jobs"])
+    pool_file, pool = pools[0]
+    names = [j.metadata.name for _, j in jobs]
+    if len(set(names)) != len(names):
+        problems.append(f"metadata.name: Duplicate value: jobs on one pool need distinct names ({names})")
+    for file, job in jobs:
+        if job.spec.generator_pool is None or job.spec.generator_pool.name != pool.metadata.name:
+            problems.append(f"{file}: spec.generatorPool.name: Invalid value: should name GeneratorPool "
+                            f"{pool.metadata.name!r} ({pool_file})")
+            continue
+        problems += [f"{file}: {p}" for p in local_problems(job, pool)]
+    if problems:
+        raise load.InvalidRLJob(problems)
+    return (pool_file, pool), jobs
+
+
+@dataclasses.dataclass(kw_only=True)
+class JobRun:
+    """One job of the run: its run dir, key, ports (fixed for the run), current attempt and verdict."""
+
+    file: str
+    job: rljob.RLJob
+    run: rundir.RunDir
+    key: bytes
+    bases: list[int]
+    engines: list[roleenv.Peer]          # the job's generators: the pool's engines at the job's port bases
+    tally: main.Tally
+    bar: progressbar.Progress
+    attempt: int = 0
+    group: supervisor.Group | None = None
+    dog: supervisor.Watchdog | None = None
+    status: int | None = None            # None: running; 0 succeeded; 1 failed
+    message: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.job.metadata.name
+
+    def start(self) -> None:
+        specs = main.process_specs(job=self.job, run=self.run, attempt=self.attempt, bases=list(self.bases),
+                                   job_key=self.key, generators=self.engines)
+        self.group = supervisor.Group(specs)
+        self.group.start()
+        self.dog = supervisor.Watchdog(self.group)
+
+    def step(self) -> None:
+        """One look at the job's processes (``main._watch``'s body for one job)."""
+        assert self.group is not None and self.dog is not None
+        self.bar.poll()
+        self.dog.check()
+        exits = self.group.poll()
+        verdict, decision = supervisor.judge(exits=exits, trainers=self.job.spec.roles.trainer.replicas,
+                                             restarts=self.tally.restarts, policy=self.job.spec.failure_policy,
+                                             unhealthy=self.dog.unhealthy(exits))
+        if decision is not None:
+            self.tally.record(decision, attempt=self.attempt)
+        if verdict is supervisor.Verdict.RUNNING:
+            return
+        if verdict is supervisor.Verdict.SUCCEEDED:
+            self.stop()
+            self.status = 0
+            return
+        assert decision is not None
+        _err(f"{self.name}: {decision.message}")
+        if verdict is supervisor.Verdict.RESTART_IN_PLACE:
+            self.group.restart(decision.restart)
+            self.dog.forget(decision.restart)
+        elif verdict is supervisor.Verdict.RESTART:
+            self.stop()
+            self.attempt += 1
+            self.start()
+        else:
+            self.stop()
+            dead = decision.cause.name if decision.cause is not None else ""
+            self.fail(f"{decision.message}; last lines of {self.run.log(dead)}:\n{supervisor.tail(self.run.log(dead))}")
+
+    def fail(self, message: str) -> None:
+        self.stop()
+        self.status, self.message = 1, message
+        _err(f"{self.name}: {message}")
+
+    def stop(self) -> None:
+        if self.group is not None:
+            self.group.stop()
+
+
+def _layout(pool: generatorpool.GeneratorPool, jobs: list[tuple[str, rljob.RLJob]], root: pathlib.Path,
+            ) -> tuple[list[supervisor.ProcSpec], list[JobRun]]:
+    """Ports, keys, the engines' files and process specs, and one ``JobRun`` per job."""
+    engines = pool.spec.replicas
+    per_job = [j.spec.roles.trainer.replicas + j.spec.roles.verifier.replicas for _, j in jobs]
+    blocks = max(j.spec.roles.trainer.ranks() for _, j in jobs)
+    bases = iter(ports.allocate(engines * (1 + len(jobs)) + sum(per_job), blocks=blocks))
+    engine_bases = [next(bases) for _ in range(engines)]
+    runs: list[JobRun] = []
+    entries: list[dict[str, Any]] = []
+    for (file, job), count in zip(jobs, per_job):
+        at = [next(bases) for _ in range(engines)]
+        own = [next(bases) for _ in range(count)]     # in contract.ROLES order, as main.process_specs hands them out
+        run = rundir.create(job_name=job.metadata.name, explicit=str(root / job.metadata.name))
+        run.manifest.write_text(json.dumps(load.dump(job), indent=1))
+        jr = JobRun(file=file, job=job, run=run, key=secrets.token_bytes(32), bases=own,
+                    engines=[roleenv.Peer(host="127.0.0.1", port_base=b) for b in at],
+                    tally=main.Tally(log=run.root / main.FAILURES),
+                    bar=progressbar.Progress(metrics=run.metrics, total=job.spec.algorithm.steps, enabled=False))
+        runs.append(jr)
+        handed = iter(own)
+        peers = {r: [f"127.0.0.1:{next(handed)}" for _ in range(getattr(job.spec.roles, r).replicas)]
+                 for r in contract.ROLES if r != "generator"}
+        entries.append({"name": job.metadata.name, "manifest": str(run.manifest), "portBases": at,
+                        "peers": {"trainer": peers["trainer"], "verifier": peers["verifier"]}})
+    from kubeforge.runtime.generator.pool import attach   # the engines' file format (plain JSON, no vLLM)
+
+    attach.write(root / "jobs.json", entries)
+    attach.write_keys(root / "keys.json", {jr.name: jr.key for jr in runs})
+    manifest = root / "pool.json"
+    manifest.write_text(json.dumps(load.dump(pool), indent=1))
+    specs = []
+    for i, base in enumerate(engine_bases):
+        env = {**_inherited(), contract.ENV_ROLE: "generator", contract.ENV_POOL: pool.metadata.name,
+               contract.ENV_CONFIG: str(manifest), contract.ENV_INDEX: str(i), contract.ENV_PORT_BASE: str(base),
+               contract.ENV_BIND_HOST: "127.0.0.1", contract.ENV_RUN_DIR: str(root),
+               contract.ENV_POOL_JOBS: str(root / "jobs.json"), contract.ENV_POOL_KEYS: str(root / "keys.json"),
+               "PYTHONUNBUFFERED": "1"}
+        specs.append(supervisor.ProcSpec(name=f"{ENGINE}-{i}", role="generator",
+                                         argv=[sys.executable, "-m", "kubeforge.cli", "role", "generator"], env=env,
+                                         log=root / "logs" / f"{ENGINE}-{i}.log", port_base=base))
+    return specs, runs
+
+
+def _inherited() -> dict[str, str]:
+    """The launcher's environment, as every role process gets it (``main.process_specs``), less a job key: an
+    engine has none of its own."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != contract.ENV_JOB_KEY}
+
+
+def _resolve(jobs: list[tuple[str, rljob.RLJob]], resolve_model: Callable[[rljob.RLJob], None]) -> None:
+    for _, job in jobs:
+        resolve_model(job)
+
+
+def supervise(pool_group: supervisor.Group, runs: list[JobRun]) -> None:
+    """Watch the engines and every job until every job is done."""
+    dog = supervisor.Watchdog(pool_group)
+    while any(jr.status is None for jr in runs):
+        dog.check()
+        dead = pool_group.poll()
+        if dead:
+            e = dead[0]
+            why = "unhealthy (no progress)" if dog.unhealthy(dead) else supervisor.describe(e.code)
+            for jr in runs:
+                if jr.status is None:
+                    jr.fail(f"pool engine {e.name} ended ({why}); a lost engine is not reloaded yet "
+                            f"(docs/generator-pool.md)")
+            return
+        for jr in runs:
+            if jr.status is None:
+                jr.step()
+        time.sleep(main.POLL_SECONDS)
+
+
+def run(*, files: list[str], run_dir: str | None = None, steps: int | None = None,
+        resolve_model: Callable[[rljob.RLJob], None] = main._resolve_model) -> int:
+    """The whole ``kubeforge run`` of a pool and its jobs; returns the process exit status."""
+    try:
+        (pool_file, pool), jobs = prepare(files, steps=steps)
+    except load.InvalidRLJob as exc:
+        sys.stderr.write("".join(f"kubeforge: {p}\n" for p in exc.problems))
+        return load.EXIT_INVALID
+    start = time.time()
+    root = rundir.create(job_name=pool.metadata.name, explicit=run_dir).root
+    specs, runs = _layout(pool, jobs, root)
+    engines = supervisor.Group(specs)
+    old = {s: signal.signal(s, main._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _err(f"run directory {root} (pool {pool.metadata.name}: {pool.spec.replicas} engine(s); jobs "
+             f"{', '.join(jr.name for jr in runs)})")
+        _resolve(jobs, resolve_model)
+        engines.start()
+        for jr in runs:
+            jr.start()
+        supervise(engines, runs)
+    except main.Interrupted as exc:
+        with main._shielded():
+            for jr in runs:
+                jr.stop()
+            engines.stop()
+        _err(f"interrupted ({exc}); every process stopped")
+        return 130
+    finally:
+        with main._shielded():
+            for jr in runs:
+                jr.stop()
+            engines.stop(grace=30.0)      # each engine writes its summary at SIGTERM
+        for s, h in old.items():
+            signal.signal(s, h)
+    results = []
+    for jr in runs:
+        jr.bar.close()
+        result = main.finish(jr.job, jr.run, wall_seconds=time.time() - start, restarts=jr.tally.restarts,
+                             tally=jr.tally, status=jr.status if jr.status is not None else 1)
+        results.append({"job": jr.name, **result})
+        print(json.dumps(results[-1]), flush=True)
+    summary = pool_summary(pool, root=root, results=results, wall_seconds=time.time() - start)
+    (root / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary), flush=True)
+    return 0 if all(jr.status == 0 for jr in runs) else 1
+
+
+def pool_summary(pool: generatorpool.GeneratorPool, *, root: pathlib.Path, results: list[dict[str, Any]],
+                 wall_seconds: float) -> dict[str, Any]:
+    """The pool's summary (the last line): its engines' ledgers (``generator.pool.serve.summary``) and each job's
+    outcome beside them."""
+    engines: list[dict[str, Any]] = []
+    for i in range(pool.spec.replicas):
+        path = root / f"pool-{i}.json"
+        engines.append(json.loads(path.read_text()) if path.exists() else {"engine": i, "missing": str(path)})
+    jobs: dict[str, Any] = {}
+    for r in results:
+        per = [e.get("jobs", {}).get(r["job"], {}) for e in engines]
+        jobs[r["job"]] = {"succeeded": r.get("succeeded"), "steps": r.get("steps"),
+                          "reward_first": r.get("reward_first"), "reward_last": r.get("reward_last"),
+                          "completions": sum(int(p.get("completions", 0)) for p in per),
+                          "engine_seconds": round(sum(float(p.get("engine_seconds", 0.0)) for p in per), 3),
+                          "adapter_swaps": sum(int(p.get("adapter_swaps", 0)) for p in per),
+                          "adapter_versions": sorted({v for p in per for v in p.get("adapter_versions", [])})}
+    total = sum(j["engine_seconds"] for j in jobs.values())
+    for j in jobs.values():
+        j["engine_share"] = round(j["engine_seconds"] / total, 4) if total else 0.0
+    return {"pool": pool.metadata.name, "engines": pool.spec.replicas, "max_adapters": pool.spec.max_adapters,
+            "succeeded": all(bool(r.get("succeeded")) for r in results), "wall_seconds": round(wall_seconds, 1),
+            "completions": sum(j["completions"] for j in jobs.values()), "jobs": jobs, "engine_ledgers": engines,
+            "run_dir": str(root)}

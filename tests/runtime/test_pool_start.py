@@ -1,0 +1,161 @@
+"""The wiring of a pool engine (``generator.pool.start``) over real ZeroMQ with each job's keys, its vLLM parts
+replaced by fakes: READY answers the trainer's connection, WORK comes back as rollouts to that job's verifier, a SYNC
+is loaded and acked with the job's own loader, a peer holding job B's key is refused on job A's socket, STOP is
+passed on, and the engine's summary lands in the run dir."""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import threading
+import types as pytypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from kubeforge.api import contract, load
+from kubeforge.runtime import startup, transport, types, wire
+from kubeforge.runtime.generator.pool import attach
+from kubeforge.runtime.launcher import ports
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+POOL = ROOT / "examples" / "pool"
+
+
+class FakeEngine:
+    def __init__(self, **kw: Any) -> None:
+        self.kwargs, self.start_seconds, self.model_dir = kw, 0.0, kw["model_dir"]
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def fake_pool_engine(loads: list[tuple[str, int]]) -> pytypes.ModuleType:
+    mod = pytypes.ModuleType("kubeforge.runtime.generator.pool.engine")
+
+    class VllmAdapters:
+        def __init__(self, llm: Any) -> None: ...
+        def load(self, a: Any) -> None: ...
+        def unload(self, a: Any) -> None: ...
+
+    class JobWeights:
+        def __init__(self, llm: Any, att: attach.Attached, *, folder: pathlib.Path, index: int,
+                     tensor_parallel_size: int) -> None:
+            self.att, self.path = att, ""
+
+        def load(self, sync: wire.Sync) -> types.SyncResult:
+            loads.append((self.att.name, sync.version))
+            self.path = f"/fake/{self.att.name}/v{sync.version}"
+            return types.SyncResult(seconds=0.0, bytes=1)
+
+        def close(self) -> None: ...
+
+    class JobSampler:
+        def __init__(self, llm: Any, att: attach.Attached, *, index: int) -> None:
+            self.group_size = att.spec.algorithm.group_size
+
+        def sample(self, prompts: Sequence[types.Prompt], adapter: Any) -> list[types.RolloutGroup]:
+            comp = types.Completion(token_ids=np.asarray([5], dtype=np.int64),
+                                    logprobs=np.asarray([-1.0], dtype=types.LOGPROB_DTYPE), text="a",
+                                    finish_reason="length")
+            return [types.RolloutGroup(prompt=p, prompt_token_ids=types.token_array([1]),
+                                       completions=[comp] * self.group_size, policy_version=0) for p in prompts]
+
+    mod.VllmAdapters, mod.JobWeights, mod.JobSampler = VllmAdapters, JobWeights, JobSampler  # type: ignore[attr-defined]
+    return mod
+
+
+@pytest.fixture
+def layout(tmp_path: pathlib.Path) -> dict[str, Any]:
+    bases = ports.allocate(5)
+    pool_doc = yaml.safe_load((POOL / "pool.yaml").read_text())
+    (tmp_path / "pool.json").write_text(json.dumps(pool_doc))
+    keys, entries = {}, []
+    for i, name in enumerate(("job-a", "job-b")):
+        job = yaml.safe_load((POOL / f"job-{name[-1]}.yaml").read_text())
+        job["metadata"]["name"] = f"pool-{name}"
+        (tmp_path / f"{name}.json").write_text(json.dumps(load.dump(load.parse(job))))
+        keys[f"pool-{name}"] = bytes([i + 1]) * 32
+        entries.append({"name": f"pool-{name}", "manifest": str(tmp_path / f"{name}.json"),
+                        "portBases": [bases[1 + i]], "peers": {"trainer": [f"127.0.0.1:{bases[3 + i]}"],
+                                                               "verifier": [f"127.0.0.1:{bases[3 + i]}"]}})
+    attach.write(tmp_path / "jobs.json", entries)
+    attach.write_keys(tmp_path / "keys.json", keys)
+    env = {contract.ENV_POOL: "shared", contract.ENV_CONFIG: str(tmp_path / "pool.json"), contract.ENV_INDEX: "0",
+           contract.ENV_PORT_BASE: str(bases[0]), contract.ENV_BIND_HOST: "127.0.0.1",
+           contract.ENV_RUN_DIR: str(tmp_path), contract.ENV_POOL_JOBS: str(tmp_path / "jobs.json"),
+           contract.ENV_POOL_KEYS: str(tmp_path / "keys.json")}
+    return {"env": env, "keys": keys, "entries": entries, "root": tmp_path}
+
+
+def test_the_engine_serves_each_job_on_its_own_socket(layout: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubeforge.runtime.generator import pool as pool_pkg
+    from kubeforge.runtime.generator.pool import start
+
+    loads: list[tuple[str, int]] = []
+    fake = fake_pool_engine(loads)
+    monkeypatch.setitem(sys.modules, "kubeforge.runtime.generator.pool.engine", fake)
+    monkeypatch.setattr(pool_pkg, "engine", fake, raising=False)
+    engine_mod = pytypes.ModuleType("kubeforge.runtime.generator.engine")
+    engine_mod.Engine = FakeEngine  # type: ignore[attr-defined]
+    from kubeforge.runtime import generator as generator_pkg
+    monkeypatch.setitem(sys.modules, "kubeforge.runtime.generator.engine", engine_mod)
+    monkeypatch.setattr(generator_pkg, "engine", engine_mod, raising=False)
+    monkeypatch.setattr(start.models, "resolve", lambda spec: layout["root"])
+    stop = startup.StopFlag()
+    monkeypatch.setattr(start.startup, "_stop_flag", lambda: stop)
+
+    keys = {n: transport.CurveKeys.from_job_key(k) for n, k in layout["keys"].items()}
+    ends = {}
+    for e in layout["entries"]:    # each job's trainer 0 (control) and verifier (data), with the job's keys
+        base = int(e["peers"]["trainer"][0].rsplit(":", 1)[1])
+        ends[e["name"]] = {
+            "control": transport.open_receiver(f"tcp://127.0.0.1:{base + contract.PORT_CONTROL}", auth=keys[e["name"]]),
+            "verifier": transport.open_receiver(f"tcp://127.0.0.1:{base + contract.PORT_DATA}", auth=keys[e["name"]]),
+            "pool": f"tcp://127.0.0.1:{e['portBases'][0] + contract.PORT_DATA}", "weights": base + contract.PORT_WEIGHTS}
+    seen: dict[str, Any] = {}
+
+    def trainer_side() -> None:
+        try:
+            a, b = "pool-job-a", "pool-job-b"
+            tx = {n: transport.open_sender([ends[n]["pool"]], role="trainer", index=0, auth=keys[n], ready_timeout=60)
+                  for n in (a, b)}
+            seen["ready"] = [ends[n]["control"].recv(timeout=60) for n in (a, b)]
+            tx[a].send(wire.Work(step=1, policy_version=0, prompts=(types.Prompt(index=0, text="a", answer="a"),)))
+            seen["rollout"] = ends[a]["verifier"].recv(timeout=30)
+            tx[a].send(wire.Sync(version=1, step=1, host="127.0.0.1", port=ends[a]["weights"], world_size=2))
+            seen["ack"] = ends[a]["control"].recv(timeout=30)
+            intruder = transport.open_sender([ends[a]["pool"]], role="trainer", index=0, auth=keys[b],
+                                             ready_timeout=None)
+            try:                         # b's key on a's socket: the handshake fails, nothing is delivered
+                intruder.send(wire.Stop(reason="forged"), timeout=2.0)
+            except transport.TransportError:
+                pass
+            intruder.close()
+            tx[a].send(wire.Stop(reason="done"))
+            seen["stop"] = ends[a]["verifier"].recv(timeout=30)
+            seen["b_quiet"] = ends[b]["verifier"].recv(timeout=0.5)
+        finally:
+            stop.set()
+
+    t = threading.Thread(target=trainer_side, daemon=True)
+    t.start()
+    try:
+        assert start.run(layout["env"]) == 0
+    finally:
+        t.join(30)
+        for e in ends.values():
+            e["control"].close()
+            e["verifier"].close()
+    assert [type(r).__name__ for r in seen["ready"]] == ["Ready", "Ready"]
+    assert isinstance(seen["rollout"], wire.Rollout) and seen["rollout"].group.step == 1
+    assert isinstance(seen["ack"], wire.Ack) and seen["ack"].ok and seen["ack"].version == 1
+    assert seen["stop"] == wire.Stop(reason="done") and seen["b_quiet"] is None    # the forged STOP never arrived
+    assert loads == [("pool-job-a", 1)]
+    summary = json.loads((layout["root"] / "pool-0.json").read_text())
+    assert summary["pool"] == "shared" and summary["jobs"]["pool-job-a"]["stopped"]
+    assert summary["jobs"]["pool-job-a"]["completions"] == 8 and summary["jobs"]["pool-job-b"]["completions"] == 0

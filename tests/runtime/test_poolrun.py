@@ -1,0 +1,108 @@
+"""``kubeforge run pool.yaml job-a.yaml job-b.yaml`` before any process starts (``launcher.poolrun``): what it
+refuses, the files the engines read (``generator.pool.attach``), each job's env contract pointing at the engines,
+and the pool's summary from the engines' ledgers."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import stat
+
+import pytest
+import yaml
+
+from kubeforge.api import contract, load, roleenv
+from kubeforge.runtime.generator.pool import attach
+from kubeforge.runtime.launcher import main, poolrun
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+POOL = ROOT / "examples" / "pool"
+FILES = [str(POOL / "pool.yaml"), str(POOL / "job-a.yaml"), str(POOL / "job-b.yaml")]
+
+
+def test_the_examples_prepare() -> None:
+    (pool_file, pool), jobs = poolrun.prepare(FILES, steps=3)
+    assert pool.metadata.name == "shared" and [j.metadata.name for _, j in jobs] == ["pool-job-a", "pool-job-b"]
+    assert all(j.spec.algorithm.steps == 3 for _, j in jobs)
+
+
+def edited(tmp_path: pathlib.Path, name: str, **roles: object) -> str:
+    doc = yaml.safe_load((POOL / name).read_text())
+    doc["spec"]["roles"].update(roles)
+    out = tmp_path / name
+    out.write_text(yaml.safe_dump(doc))
+    return str(out)
+
+
+def test_what_a_pool_does_not_serve_is_refused_naming_the_field(tmp_path: pathlib.Path) -> None:
+    job = edited(tmp_path, "job-a.yaml", generator={"tensorParallelSize": 2})
+    with pytest.raises(load.InvalidRLJob) as exc:
+        poolrun.prepare([FILES[0], job], steps=None)
+    assert exc.value.problems == [f"{job}: spec.roles.generator.tensorParallelSize: Invalid value: 2: should be the "
+                                  "GeneratorPool's tensorParallelSize (1): the weight-sync ranks are the engines'"]
+    with pytest.raises(load.InvalidRLJob) as exc:
+        poolrun.prepare(FILES[1:], steps=None)
+    assert exc.value.problems[-1].startswith("kubeforge run takes one GeneratorPool and the jobs that name it")
+    with pytest.raises(load.InvalidRLJob) as exc:
+        poolrun.prepare([FILES[0], FILES[1], FILES[1]], steps=None)
+    assert any("metadata.name: Duplicate value" in p for p in exc.value.problems)
+
+
+def test_the_run_returns_2_before_any_process_starts(tmp_path: pathlib.Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    assert poolrun.run(files=FILES[1:], run_dir=str(tmp_path / "r")) == load.EXIT_INVALID
+    assert "kubeforge: kubeforge run takes one GeneratorPool" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_layout_points_every_job_at_the_engines_and_the_engines_at_every_job(tmp_path: pathlib.Path) -> None:
+    (_, pool), jobs = poolrun.prepare(FILES, steps=None)
+    specs, runs = poolrun._layout(pool, jobs, tmp_path)
+    assert [s.name for s in specs] == ["pool-0"]
+    env = specs[0].env
+    assert env[contract.ENV_POOL] == "shared" and env[contract.ENV_ROLE] == "generator"
+    assert stat.S_IMODE(os.stat(env[contract.ENV_POOL_KEYS]).st_mode) == 0o600
+    attached = attach.read(jobs_path=env[contract.ENV_POOL_JOBS], keys_path=env[contract.ENV_POOL_KEYS],
+                           pool="shared", index=0)
+    assert [a.name for a in attached] == ["pool-job-a", "pool-job-b"]
+    assert [a.weight for a in attached] == [64, 64]                     # promptsPerStep x groupSize
+    bases = {specs[0].port_base}
+    for jr, a in zip(runs, attached):
+        assert a.key == jr.key and a.port_base == jr.engines[0].port_base
+        procs = main.process_specs(job=jr.job, run=jr.run, attempt=0, bases=list(jr.bases), job_key=jr.key,
+                                   generators=jr.engines)
+        assert sorted(p.role for p in procs) == ["trainer", "verifier"]     # no generator of its own
+        for p in procs:
+            assert p.env[contract.env_peers("generator")] == f"127.0.0.1:{a.port_base}"
+            assert p.env[contract.ENV_JOB_KEY] == jr.key.hex()
+        trainer = next(p for p in procs if p.role == "trainer")
+        assert a.trainers == (roleenv.Peer(host="127.0.0.1", port_base=trainer.port_base),)
+        bases |= {a.port_base, *(p.port_base for p in procs)}
+    assert len(bases) == 1 + 2 * 3                                        # every block distinct
+    assert runs[0].key != runs[1].key
+
+
+def test_attach_refuses_a_job_without_a_key(tmp_path: pathlib.Path) -> None:
+    (_, pool), jobs = poolrun.prepare(FILES, steps=None)
+    specs, _ = poolrun._layout(pool, jobs, tmp_path)
+    keys = pathlib.Path(specs[0].env[contract.ENV_POOL_KEYS])
+    keys.write_text(json.dumps({"pool-job-a": "00" * 32}))
+    with pytest.raises(attach.AttachError) as exc:
+        attach.read(jobs_path=specs[0].env[contract.ENV_POOL_JOBS], keys_path=str(keys), pool="shared", index=0)
+    assert exc.value.problems == [f"{keys}: pool-job-b: Required value: the job's key, at least 32 hex characters "
+                                  "(a pool serves no job unauthenticated)"]
+    with pytest.raises(attach.AttachError, match="must name GeneratorPool 'other'"):
+        attach.read(jobs_path=specs[0].env[contract.ENV_POOL_JOBS], keys_path=str(keys), pool="other", index=0)
+
+
+def test_the_pool_summary_adds_up_the_engines_ledgers(tmp_path: pathlib.Path) -> None:
+    (_, pool), _ = poolrun.prepare(FILES, steps=None)
+    ledger = {"engine": 0, "jobs": {
+        "pool-job-a": {"engine_seconds": 3.0, "completions": 64, "adapter_swaps": 1, "adapter_versions": [0, 1, 2]},
+        "pool-job-b": {"engine_seconds": 1.0, "completions": 32, "adapter_swaps": 0, "adapter_versions": [0, 1]}}}
+    (tmp_path / "pool-0.json").write_text(json.dumps(ledger))
+    results = [{"job": "pool-job-a", "succeeded": True, "steps": 2}, {"job": "pool-job-b", "succeeded": False}]
+    out = poolrun.pool_summary(pool, root=tmp_path, results=results, wall_seconds=12.34)
+    assert out["pool"] == "shared" and out["succeeded"] is False and out["completions"] == 96
+    assert out["jobs"]["pool-job-a"]["engine_share"] == 0.75 and out["jobs"]["pool-job-b"]["engine_share"] == 0.25
+    assert out["jobs"]["pool-job-a"]["adapter_versions"] == [0, 1, 2]
