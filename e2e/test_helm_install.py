@@ -544,7 +544,11 @@ EVENT_ONLY = {"kubeforge_operator_failures_total", "kubeforge_operator_recovery_
               "kubeforge_endpoint_requests_total", "kubeforge_endpoint_refusals_total",
               "kubeforge_endpoint_branches_total", "kubeforge_endpoint_tokens_total",
               "kubeforge_endpoint_request_seconds_bucket", "kubeforge_endpoint_first_token_seconds_bucket",
-              "kubeforge_endpoint_tool_parses_total"}
+              "kubeforge_endpoint_tool_parses_total",
+              # a GeneratorPool's engine, by attached job: this job runs its own generators, no pool
+              "kubeforge_pool_engine_seconds_total", "kubeforge_pool_completions_total",
+              "kubeforge_pool_queue_wait_seconds_bucket", "kubeforge_pool_adapter_swaps_total",
+              "kubeforge_pool_adapter_swap_seconds_bucket"}
 
 
 def test_every_dashboard_query_parses_and_names_a_real_series(prometheus: Prometheus, job: JobRun) -> None:

@@ -55,3 +55,24 @@ def test_every_exported_family_is_on_the_dashboard() -> None:
     families = {n for n in exported() if not n.endswith(SUFFIXES)}
     missing = sorted(f for f in families if not re.search(rf"\b{f}(_bucket|_sum|_count|_total)?\b", text))
     assert not missing, f"exported series without a panel: {missing}"
+
+
+def test_no_series_label_collides_with_a_prometheus_target_label() -> None:
+    """A series label named ``job`` or ``instance`` arrives renamed (``exported_job``) under the chart's PodMonitor,
+    and a query grouping by ``job`` groups by the scrape job: the pool rows once did both, and the endpoint rows
+    grouped by ``job``."""
+    runtime_metrics = pytest.importorskip("kubeforge.runtime.metrics")
+    operator_metrics = pytest.importorskip("kubeforge.operator.metrics")
+    for registry in (runtime_metrics.Metrics(role="generator", replica=0).registry, operator_metrics.REGISTRY):
+        for collector in set(registry._collector_to_names):
+            labelnames = set(getattr(collector, "_labelnames", ()))
+            assert not labelnames & {"job", "instance"}, (collector, labelnames)
+    dashboard = json.loads(DASHBOARD.read_text())
+    for e in exprs(dashboard):
+        assert not re.search(r"\bexported_\w+|\bby \([^)]*\bjob\b|\bjob=", e), e
+
+
+def test_legends_name_labels_once() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    legends = [t.get("legendFormat", "") for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert not [f for f in legends if "{{{" in f], "a legend with doubled braces renders them literally"

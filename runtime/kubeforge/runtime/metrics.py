@@ -115,20 +115,21 @@ class Metrics:
                                               "completion's body read to its first content sent.", _SECONDS)
         self.fenced_pushes = c("fenced_pushes_total", "Weight pushes (SYNC) refused: sent by a trainer epoch older "
                                "than one this generator has seen (docs/fencing.md).")
-        # a GeneratorPool's engine (generator.pool), by attached job
+        # a GeneratorPool's engine (generator.pool), by attached job: labelled `rljob` as a job's own roles are (a
+        # label named `job` would collide with Prometheus' target label and arrive renamed)
         self.pool_engine_seconds = Family(self._raw(prom.Counter, "pool_engine_seconds", "Engine time spent "
                                                     "sampling a job's work (its share of the engine: its rate over "
-                                                    "the sum of every job's).", ("job",)), self._base)
+                                                    "the sum of every job's).", ("rljob",)), self._base)
         self.pool_completions = Family(self._raw(prom.Counter, "pool_completions", "Completions a pool engine "
-                                                 "sampled for a job.", ("job",)), self._base)
+                                                 "sampled for a job.", ("rljob",)), self._base)
         self.pool_queue_wait_seconds = Family(self._raw(prom.Histogram, "pool_queue_wait_seconds", "Time a job's "
                                                         "WORK waited in the pool engine's queue before sampling.",
-                                                        ("job",), buckets=_SECONDS), self._base)
+                                                        ("rljob",), buckets=_SECONDS), self._base)
         self.pool_adapter_swaps = Family(self._raw(prom.Counter, "pool_adapter_swaps", "Loads of a job's adapter "
                                                    "that evicted another one (more jobs than maxAdapters).",
-                                                   ("job",)), self._base)
+                                                   ("rljob",)), self._base)
         self.pool_adapter_swap_seconds = Family(self._raw(prom.Histogram, "pool_adapter_swap_seconds", "Wall time "
-                                                          "of one adapter swap (unload plus load).", ("job",),
+                                                          "of one adapter swap (unload plus load).", ("rljob",),
                                                           buckets=_SECONDS), self._base)
         # data plane
         self.rollouts_sent = c("rollouts_sent_total", "Rollout groups sent (generator: ROLLOUT; verifier: SCORED).")

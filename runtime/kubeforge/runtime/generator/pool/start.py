@@ -36,13 +36,13 @@ class PoolObserver(observe.GeneratorObserver):
     """The generator's series plus the pool's, by job."""
 
     def served(self, *, job: str, seconds: float, queue_wait: float, completions: int) -> None:
-        self.m.pool_engine_seconds.labels(job=job).inc(seconds)
-        self.m.pool_completions.labels(job=job).inc(completions)
-        self.m.pool_queue_wait_seconds.labels(job=job).observe(queue_wait)
+        self.m.pool_engine_seconds.labels(rljob=job).inc(seconds)
+        self.m.pool_completions.labels(rljob=job).inc(completions)
+        self.m.pool_queue_wait_seconds.labels(rljob=job).observe(queue_wait)
 
     def swapped(self, job: str, seconds: float) -> None:
-        self.m.pool_adapter_swaps.labels(job=job).inc()
-        self.m.pool_adapter_swap_seconds.labels(job=job).observe(seconds)
+        self.m.pool_adapter_swaps.labels(rljob=job).inc()
+        self.m.pool_adapter_swap_seconds.labels(rljob=job).observe(seconds)
 
 
 def _fail(pool: str, problems: list[str]) -> int:
