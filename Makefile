@@ -69,17 +69,29 @@ unit: venv
 
 # The tiers (docs/testing.md): `make test` runs every suite that fits its 60-minute budget on a fresh 2-core machine:
 # unit, runtime (real vLLM / ZeroMQ / torch.distributed), the real control plane with kwok GPU nodes, and the real
-# kubelet node. `make test-long` runs the suites past that budget (LONG_SUITES: the two-node module with its node
-# loss, ~15-20 min alone). The cluster binaries are built once and cached by version.
+# kubelet node, in two lanes at once: the suites under tests/ (no cluster; output in $(TESTS_LOG), printed when both
+# lanes are done) beside the cluster build (CPU-bound, ~26 min cold, cached by version: seconds once built; output in
+# $(BUILD_LOG)) followed by the suites under e2e/ (streamed). `make test-long` runs the suites past that budget
+# (LONG_SUITES: the two-node module with its node loss, ~15-20 min alone). (host-deps is a prerequisite:
+# e2e/host/check.py reads off the prerequisites that a target using host tools installs them first.)
 LONG_SUITES := e2e/test_two_nodes.py
 LONG_IGNORED := $(addprefix --ignore=,$(LONG_SUITES))
-# (host-deps again after test-deps: a check that finds everything installed; it keeps the rule that a target using
-# host tools depends on the install step, which e2e/host/check.py reads off the prerequisites.)
-test: test-deps host-deps
-	KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=25 $(LONG_IGNORED) tests e2e
+BUILD_LOG ?= $(VENV)/build-cluster.log
+TESTS_LOG ?= $(VENV)/test-tests.log
+test: host-deps venv-envs
+	@echo "[test] lane 1: the suites under tests/ (output: $(TESTS_LOG)); lane 2: the cluster build (output: $(BUILD_LOG)), then the suites under e2e/"
+	@{ KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=15 tests > $(TESTS_LOG) 2>&1; echo $$? > $(TESTS_LOG).rc; } & units=$$!; \
+	trap 'pkill -TERM -P $$units; kill $$units 2>/dev/null' INT TERM; \
+	bash e2e/build/build.sh > $(BUILD_LOG) 2>&1; rc=$$?; \
+	if [ $$rc != 0 ]; then tail -n 40 $(BUILD_LOG); echo "[test] the cluster build failed (exit $$rc): $(BUILD_LOG)"; e2e=1; \
+	else tail -n 1 $(BUILD_LOG); KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=25 $(LONG_IGNORED) e2e; e2e=$$?; fi; \
+	echo "[test] e2e/ done (exit $$e2e); the suites under tests/ ..."; wait $$units; cat $(TESTS_LOG); \
+	units=$$(cat $(TESTS_LOG).rc 2>/dev/null || echo 1); \
+	echo "[test] tests/: exit $$units; e2e/: exit $$e2e"; [ "$$units" = 0 ] && [ $$e2e = 0 ]
 
-# What `make test` needs, two at a time: the Go builds of the cluster binaries (CPU-bound, ~20 min cold) beside the
-# Python and Debian installs (network- and disk-bound); neither uses the other's output.
+# What the cluster suites need, two at a time: the Go builds of the cluster binaries beside the Python and Debian
+# installs (network- and disk-bound); neither uses the other's output. (`make test` runs the build itself, beside
+# the suites under tests/.)
 test-deps:
 	@$(MAKE) --no-print-directory -j2 build-cluster venv-envs host-deps
 

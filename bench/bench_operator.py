@@ -28,6 +28,7 @@ import json
 import os
 import pathlib
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -673,7 +674,18 @@ def start_cluster(nodes: int, timeout_s: float) -> tuple[Any, Any]:
         raise
 
 
+class Terminated(Exception):
+    """SIGTERM arrived: raised in the main thread so the operator child, the namespace and the cluster are cleaned up
+    by the ``finally`` blocks and the figures measured so far still print (a killed bench once left its operator
+    process running)."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated(f"signal {signum}")
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _terminated)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, default=0, help="start a cluster with this many 8-GPU kwok nodes")
     ap.add_argument("--jobs", type=int, default=50)

@@ -45,7 +45,8 @@ pytestmark = [pytest.mark.realnode, pytest.mark.slow, pytest.mark.timeout(7200)]
 ROOT = docs_blocks.ROOT
 BLOCK_TIMEOUT_S = 2400
 NAMESPACES = ("rl-jobs", "kubeforge-system")
-CRD = "crd/rljobs.kubeforge.dev"
+# both CRDs the chart installs; the session's other suites apply them from crds/ (kfcluster K.ensure_crd)
+CRDS = ("crd/rljobs.kubeforge.dev", "crd/generatorpools.kubeforge.dev")
 
 
 def log(msg: str) -> None:
@@ -102,10 +103,14 @@ class Reader:
         self.adopt_crd()
 
     def adopt_crd(self) -> None:
-        if self.kubectl("get", CRD, check=False).returncode == 0:
-            self.kubectl("annotate", "--overwrite", CRD, "meta.helm.sh/release-name=kubeforge",
-                         "meta.helm.sh/release-namespace=kubeforge-system")
-            self.kubectl("label", "--overwrite", CRD, "app.kubernetes.io/managed-by=Helm")
+        """Every CRD the chart installs that the session already has is marked the release's (Helm's adoption
+        metadata), or the documented `helm install` refuses it (it did for the GeneratorPool CRD, once the other
+        suites applied it too)."""
+        for crd in CRDS:
+            if self.kubectl("get", crd, check=False).returncode == 0:
+                self.kubectl("annotate", "--overwrite", crd, "meta.helm.sh/release-name=kubeforge",
+                             "meta.helm.sh/release-namespace=kubeforge-system")
+                self.kubectl("label", "--overwrite", crd, "app.kubernetes.io/managed-by=Helm")
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,12 @@ class VllmSteps:
     def encode(self, prompt: types.Prompt) -> list[int]:
         return list(self.engine.encode(prompt, chat_template=self.chat_template))
 
+    def params(self, request_id: str, *, seed: int | None) -> Any:
+        """The ``SamplingParams`` of one request: the job's (a benchmark's subclass sets each request's length)."""
+        return self._make(**self._params, seed=seed)
+
     def add(self, request_id: str, prompt_ids: list[int], *, seed: int | None) -> None:
-        params = self._make(**self._params, seed=seed)
+        params = self.params(request_id, seed=seed)
         internal = self.llm_engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params,
                                                lora_request=self.engine.lora_request)
         self._ours[str(internal)] = request_id
