@@ -17,7 +17,8 @@ import test_push_fence as push_fence_test
 from kubeforge.runtime import transport, types, weightsync, wire
 from kubeforge.runtime.generator import join
 from kubeforge.runtime.generator import loop as generator_role
-from kubeforge.runtime.trainer import liveness, pusher as trainer_push
+from kubeforge.runtime.trainer import buffer, liveness, membership
+from kubeforge.runtime.trainer import pusher as trainer_push
 
 
 class Weights:
@@ -184,6 +185,121 @@ def test_the_pusher_leaves_out_a_silent_generator_and_renumbers_the_live_ones() 
             s.close()
         for r in (*inboxes, ctl):
             r.close()
+
+
+def alive(i: int) -> wire.Ack:
+    return wire.Ack(role="generator", index=i, of=wire.Kind.READY, version=3, ok=True, detail=wire.ALIVE)
+
+
+def sync_ack(i: int, version: int) -> wire.Ack:
+    return wire.Ack(role="generator", index=i, of=wire.Kind.SYNC, version=version,
+                    detail='{"seconds": 0.02, "bytes": 8}')
+
+
+def test_a_push_reads_what_waits_before_it_judges_a_generator_silent() -> None:
+    """The overlapped push joins its flight after a train step longer than the silence: the ACKs that came
+    meanwhile wait unread, and both generators are alive. A generator that said nothing is still silent."""
+    name = uuid.uuid4().hex
+    inboxes = [transport.open_receiver(f"mem://gen{i}-{name}") for i in range(2)]
+    ctl = transport.open_receiver(f"mem://ctl-{name}")
+    acks = [transport.open_sender([f"mem://ctl-{name}"], role="generator", index=i) for i in range(2)]
+    to_gen = transport.open_sender([f"mem://gen{i}-{name}" for i in range(2)], role="trainer", index=0)
+    now = [100.0]
+    ear = liveness.Liveness(after=lambda: 2.0, clock=lambda: now[0])
+    double: Any = Sender()
+    p = trainer_push.Pusher(generators=to_gen, control=ctl, sender=double, tensors=lambda: [], host="mem", port=1,
+                            world_size=3, backend="gloo", timeout_s=5)
+    p.gone, p.on_other = ear.silent, ear.heard
+    try:
+        for i in range(2):
+            ear.heard(alive(i))
+        p.start(version=4, step=4)
+        for i in range(2):
+            assert isinstance(inboxes[i].recv(timeout=5), wire.Sync)
+            acks[i].send(sync_ack(i, 4))
+        time.sleep(0.2)                    # both ACKs wait in the control inbox
+        now[0] = 110.0                     # the train step: 10 s, the silence 2 s
+        result = p.finish()
+        assert result is not None and result.seconds == 0.02
+        for i in range(2):                 # the drain before the next push hears both (trainer.pushes)
+            ear.heard(alive(i))
+        p.start(version=5, step=5)
+        acks[0].send(alive(0))
+        acks[0].send(sync_ack(0, 5))
+        time.sleep(0.2)
+        now[0] = 120.0
+        started = time.monotonic()
+        with pytest.raises(weightsync.WeightSyncError, match=r"generators \[1\] silent"):
+            p.finish()
+        assert time.monotonic() - started < 5                # not the 30 s ACK timeout
+    finally:
+        for snd in (*acks, to_gen):
+            snd.close()
+        for r in (*inboxes, ctl):
+            r.close()
+
+
+@dataclasses.dataclass
+class Deadlines:
+    answer_within: float = 30.0
+    start_deadline: float = 60.0
+    peer_silence: float = 2.0
+
+
+@dataclasses.dataclass
+class Peers:
+    peers: int
+
+
+@dataclasses.dataclass
+class Learner:
+    step: int = 3
+    policy_version: int = 3
+
+
+class Reformer:
+    """The weight pusher as the membership sees it: re-forms, and takes the ACKs of its push in flight."""
+
+    def __init__(self) -> None:
+        self.took: list[tuple[int, int]] = []
+
+    def reform(self, *, members: int | None = None, left_out: frozenset[int] = frozenset()) -> int:
+        return 1
+
+    def acked(self, msg: wire.Ack) -> None:
+        self.took.append((msg.index, msg.version))
+
+
+def test_a_hand_off_hears_the_beats_waiting_before_it_judges_a_generator_quiet() -> None:
+    """A train step (or a send to a dead peer running out its bound) longer than the silence: generator 1's beat
+    and ACK wait unread, generator 0 said nothing. Generator 1 is not quiet (a hand-off to it goes out), generator 0
+    is. The waiting ACK reaches the push in flight at once, and once only."""
+    name = uuid.uuid4().hex
+    ctl = transport.open_receiver(f"mem://ctl-{name}")
+    gen1 = transport.open_sender([f"mem://ctl-{name}"], role="generator", index=1)
+    pusher = Reformer()
+    peers: Any = Peers(2)
+    m = membership.Membership(
+        settings=Deadlines(), generators=peers, control=ctl, pusher=pusher, learner=Learner(),
+        rollouts=buffer.RolloutBuffer(max_policy_lag=1, capacity=8), observer=Observer(),
+        generator_address=lambda i: None, push=lambda **kw: None, send_work=lambda g, w: None,
+        work=lambda step, prompts: work(step, 3))
+    now = [100.0]
+    m.liveness = liveness.Liveness(after=lambda: 2.0, clock=lambda: now[0])
+    try:
+        for i in range(2):
+            m.on_control(alive(i))
+        now[0] = 105.0
+        gen1.send(alive(1))
+        gen1.send(sync_ack(1, 3))
+        time.sleep(0.2)                    # both wait in the control inbox
+        assert not m.quiet(1) and m.quiet(0)
+        assert pusher.took == [(1, 3)]
+        m.drain()
+        assert pusher.took == [(1, 3)] and not m.quiet(1)
+    finally:
+        gen1.close()
+        ctl.close()
 
 
 def test_a_sync_carries_its_receivers_rank_on_the_wire() -> None:

@@ -29,6 +29,10 @@ from kubeforge.runtime.verifier import loop as verifier_role
 from kubeforge.runtime.learner import step
 
 _ids = itertools.count()
+# transformers' from_pretrained swaps process-wide torch state while it loads (parameter creation on the meta device,
+# no-op initialisers): two loads at once (generator threads starting together) leave it swapped for the rest of the
+# process (later models come back untied, their lm_head on meta). One load at a time.
+_loading = threading.Lock()
 
 MANIFEST = {
     "apiVersion": "kubeforge.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "inproc"},
@@ -55,8 +59,9 @@ class HFSampler:
     """Samples ``n`` completions per prompt from an HF model with their raw logprobs (the engine's contract)."""
 
     def __init__(self, *, path: Path, n: int, max_new: int) -> None:
-        self.tok = transformers.AutoTokenizer.from_pretrained(str(path))
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(path)).eval()
+        with _loading:
+            self.tok = transformers.AutoTokenizer.from_pretrained(str(path))
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(str(path)).eval()
         self.n, self.max_new = n, max_new
         self.gen = torch.Generator().manual_seed(0)
 
@@ -662,10 +667,12 @@ class ElasticPusher(InProcessPusher):
         acked: set[int] = set()
         deadline = time.monotonic() + self.ack_timeout    # each ACK bounded (other messages keep coming: beats)
         while len(acked) < len(targets):
-            if self.gone(set(targets) - acked):      # as sync.Pusher: a silent generator's ACK is not awaited
+            msg = self.control.recv(timeout=0)      # as sync.Pusher: what waits is read before silence is judged
+            if msg is None and self.gone(set(targets) - acked):   # ... and a silent generator's ACK not awaited
                 self.failed += 1
                 raise RuntimeError(f"generators {self.gone(set(targets) - acked)} silent")
-            msg = self.control.recv(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            if msg is None:
+                msg = self.control.recv(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
             if msg is None and time.monotonic() < deadline:
                 continue
             if msg is None:          # as the broadcast fails when a member is gone: the trainer re-forms

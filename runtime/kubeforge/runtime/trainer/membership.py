@@ -31,7 +31,9 @@ Invariants:
   no work and is not in the weight-sync group (the live members are renumbered in it: ``Sync.rank_base``); the
   current policy is pushed to the live members and its outstanding work goes to them at once. Its READY (a
   restart) brings it back like any restart. At least one member is never left out (with none alive, the step's
-  stall timer and deadline rule).
+  stall timer and deadline rule). Silence is judged only over what was heard: a hand-off first hears every control
+  message waiting (:meth:`Membership.hear_waiting`), as a push does before it stops waiting for an ACK, so a train
+  step or a bounded send longer than ``peer_silence`` does not make the live generators look silent.
 - At least one member stays; members are always the indexes ``0..members-1`` (StatefulSet ordinals are contiguous).
 - A sharded (FSDP) model's push needs every rank's gathers: after a change of membership it waits for the next step
   boundary, and the work sent meanwhile is skipped by the generator and re-issued by the stall timer.
@@ -102,7 +104,9 @@ class Membership:
         self.silent: set[int] = set()         # members yet to answer the SYNC of a failed push
         self.silent_version = 0
         self.silent_since = 0.0
-        self._deferred: list[wire.Message] = []      # control messages a push read past (READY, leave)
+        # control messages read ahead of their handling (a push read past them, a judgment of silence heard them
+        # first), each with whether it went to the push in flight already (an ACK of its SYNC)
+        self._deferred: list[tuple[wire.Message, bool]] = []
         self.starting: dict[int, float] = {}  # generator -> its first "starting" beat (until its READY)
         self.start_beat_at = 0.0              # the last "starting" beat within its start deadline
         if hasattr(pusher, "on_other"):
@@ -155,16 +159,30 @@ class Membership:
     def _read_by_push(self, msg: wire.Message) -> None:
         """A control message a push read past: heard now (the push asks who is silent), handled at the next drain."""
         self.liveness.heard(msg)
-        self._deferred.append(msg)
+        self._deferred.append((msg, False))
+
+    def hear_waiting(self) -> None:
+        """Every control message waiting is heard now and handled at the next drain (an ACK of the push in flight
+        goes to it at once: the push joins before that drain). Silence is judged only after this: a generator
+        whose beats waited unread (the trainer trained, or a send to a dead peer ran out its bound, for longer than
+        the silence) is alive."""
+        while (msg := self.control.recv(timeout=0)) is not None:
+            self.liveness.heard(msg)
+            handed = isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.SYNC
+            if handed:
+                getattr(self.pusher, "acked", lambda m: None)(msg)
+            self._deferred.append((msg, handed))
 
     def drain(self) -> None:
-        """Every control message waiting (those a push read past first)."""
+        """Every control message waiting (those read ahead first)."""
         while self._deferred:
-            self.on_control(self._deferred.pop(0))
+            read, handed = self._deferred.pop(0)
+            self.on_control(read, to_push=not handed)
         while (msg := self.control.recv(timeout=0)) is not None:
             self.on_control(msg)
 
-    def on_control(self, msg: wire.Message) -> None:
+    def on_control(self, msg: wire.Message, *, to_push: bool = True) -> None:
+        """One control message; ``to_push``: an ACK of a SYNC also goes to the push in flight (False: it went)."""
         self.liveness.heard(msg)
         if isinstance(msg, wire.Ready) and msg.role == "generator":
             g = msg.index
@@ -185,7 +203,8 @@ class Membership:
             self._leave(msg.index)
         elif isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.SYNC:
             self._answered(msg)
-            getattr(self.pusher, "acked", lambda m: None)(msg)   # an ACK of the push in flight
+            if to_push:
+                getattr(self.pusher, "acked", lambda m: None)(msg)   # an ACK of the push in flight
         elif not isinstance(msg, (wire.Ready, wire.Ack)):
             self.observer.unexpected(kind=type(msg).__name__)
 
@@ -240,7 +259,9 @@ class Membership:
         self._shrink(gone=self.left, why="left")
 
     def quiet(self, g: int) -> bool:
-        """Generator ``g`` has been silent for the peer-silence deadline (it is left out at the next check)."""
+        """Generator ``g`` has been silent for the peer-silence deadline (it is left out at the next check), once
+        what waits in the control inbox is heard."""
+        self.hear_waiting()
         return bool(self.liveness.silent([g]))
 
     def live(self) -> list[int]:

@@ -166,19 +166,27 @@ class Pusher:
             if parsed is not None:
                 got.append(parsed)
 
-        for ack in early:
-            take(ack)
-        deadline = time.monotonic() + ACK_TIMEOUT_SECONDS
-        while want and time.monotonic() < deadline:
-            silent = self.gone(want)
-            if silent:               # their beats stopped: no ACK is coming
-                failed.append(f"generators {sorted(silent)} silent")
-                break
-            msg = self.control.recv(timeout=0.5)
+        def read(timeout: float) -> bool:
+            msg = self.control.recv(timeout=timeout)
             if isinstance(msg, wire.Ack) and msg.of == wire.Kind.SYNC and msg.version == version:
                 take(msg)
             elif msg is not None:
                 self.on_other(msg)
+            return msg is not None
+
+        for ack in early:
+            take(ack)
+        deadline = time.monotonic() + ACK_TIMEOUT_SECONDS
+        while want and time.monotonic() < deadline:
+            # what waits is read before silence is judged: after a train step longer than the silence, the
+            # ACKs and beats that came meanwhile are in the inbox, unheard, and a live generator is not silent
+            while want and time.monotonic() < deadline and read(0.0):
+                pass
+            silent = self.gone(want)
+            if silent:               # their beats stopped: no ACK is coming
+                failed.append(f"generators {sorted(silent)} silent")
+                break
+            read(0.5)
         if failed:
             raise weightsync.WeightSyncError(f"weight sync v{version}: loading failed on {'; '.join(failed)}")
         return got if not want else []
