@@ -199,7 +199,9 @@ e2e-real: venv host-deps
 # trainer and generator on different nodes, then one node lost mid-run and rejoined) inside the real-node lock
 # (one real-node set per machine), on the running two-node cluster or one it starts and stops. Prints the figures
 # as one JSON line LAST: nodesUsed, phase, steps, lostSteps, repeatedSteps, nodeLossDetectSeconds,
-# nodeLossRecoverySeconds, strangerBlocked (a test that did not get as far leaves its fields out). A cluster it
+# nodeLossRecoverySeconds, recoveryBreakdown (the operator's status.recoveryBreakdown: detect, reschedule, podStart,
+# engineStart, weights, firstStep; docs/recovery.md), strangerBlocked (a test that did not get as far leaves its
+# fields out). A cluster it
 # starts runs the node lifecycle controller at Kubernetes' defaults (NODE_MONITOR; the test cluster's own 3m20s grace
 # suits kwok at scale, and would add minutes to the detection). `make test` runs the same module on its session
 # cluster, at that cluster's own settings: the node-loss test reads them and sizes its bound (docs/node-loss.md).

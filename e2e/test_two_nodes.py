@@ -396,11 +396,15 @@ def test_a_lost_node_is_survived_from_the_checkpoint_and_rejoins(cluster: lifecy
     figures = {"lost": lost, "phase": result.status.get("phase"), "lastFailure": failure, "nodeMonitor": monitor,
                "nodeLossDetectSeconds": run_real._r(result.failure_seen_s),
                "nodeLossRecoverySeconds": run_real._r(result.next_step_s), "rejoinSeconds": rejoin_s,
-               "lostSteps": sorted(set(want) - set(line)), "repeatedSteps": sorted({s for s in line if line.count(s) > 1})}
+               "lostSteps": sorted(set(want) - set(line)),
+               "repeatedSteps": sorted({s for s in line if line.count(s) > 1}),
+               # the operator's own account of the recovery, in parts (docs/recovery.md)
+               "recoveryBreakdown": result.status.get("recoveryBreakdown")}
     print(f"\n[two-nodes] node loss: {json.dumps(figures)}", file=sys.stderr, flush=True)
     record(phase=figures["phase"], steps=(result.status.get("progress") or {}).get("step"),
            **{k: figures[k] for k in ("lostSteps", "repeatedSteps", "nodeLossDetectSeconds",
-                                      "nodeLossRecoverySeconds", "rejoinSeconds")}, nodeLoss=figures)
+                                      "nodeLossRecoverySeconds", "rejoinSeconds", "recoveryBreakdown")},
+           nodeLoss=figures)
     assert lost.get("roles"), f"no role of the job ran on {lost_node}: nothing was lost ({lost})"
     assert lost["at_step"] < LOSS_STEPS, f"the fault landed after the last step: {lost}"
     assert failure.get("reason") == "NodeLost" and failure.get("node") == lost_node, failure
@@ -408,4 +412,6 @@ def test_a_lost_node_is_survived_from_the_checkpoint_and_rejoins(cluster: lifecy
     assert (result.status.get("attempt") or 0) >= 1, result.status
     assert line == want, line
     assert len(result.trainer_logs) >= 2, "the trainer started again from its checkpoint"
+    breakdown = figures["recoveryBreakdown"] or {}
+    assert breakdown.get("seconds") is not None and breakdown.get("detect") is not None, breakdown
     assert result.next_step_s is not None, "no step trained after the loss"

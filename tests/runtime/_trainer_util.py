@@ -283,7 +283,7 @@ def _stop_worker(argv: list[str]) -> None:
         def push(self, *, version: int, step: int) -> types.SyncResult:
             return types.SyncResult(seconds=0.0, bytes=0)
 
-        def reform(self, *, members: int | None = None) -> int:
+        def reform(self, *, members: int | None = None, left_out: frozenset[int] = frozenset()) -> int:
             return 0
 
     rank0 = trainer_role.Rank0(control=none, pusher=Pusher(),  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import transformers
 
 from kubeforge.api import load, progress, rljob
 from kubeforge.runtime import metrics, models, observe, tasks, transport, types, verifiers, wire
+from kubeforge.runtime.generator import join as generator_join
 from kubeforge.runtime.generator import loop as generator_role
 from kubeforge.runtime.trainer import loop as trainer_role
 from kubeforge.runtime.trainer import report
@@ -27,6 +29,10 @@ from kubeforge.runtime.verifier import loop as verifier_role
 from kubeforge.runtime.learner import step
 
 _ids = itertools.count()
+# transformers' from_pretrained swaps process-wide torch state while it loads (parameter creation on the meta device,
+# no-op initialisers): two loads at once (generator threads starting together) leave it swapped for the rest of the
+# process (later models come back untied, their lm_head on meta). One load at a time.
+_loading = threading.Lock()
 
 MANIFEST = {
     "apiVersion": "kubeforge.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "inproc"},
@@ -53,8 +59,9 @@ class HFSampler:
     """Samples ``n`` completions per prompt from an HF model with their raw logprobs (the engine's contract)."""
 
     def __init__(self, *, path: Path, n: int, max_new: int) -> None:
-        self.tok = transformers.AutoTokenizer.from_pretrained(str(path))
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(path)).eval()
+        with _loading:
+            self.tok = transformers.AutoTokenizer.from_pretrained(str(path))
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(str(path)).eval()
         self.n, self.max_new = n, max_new
         self.gen = torch.Generator().manual_seed(0)
 
@@ -277,7 +284,7 @@ class OverlapPusher(InProcessPusher):
         assert result is not None
         return result
 
-    def reform(self, *, members: int | None = None) -> int:
+    def reform(self, *, members: int | None = None, left_out: frozenset[int] = frozenset()) -> int:
         return 0
 
 
@@ -636,32 +643,48 @@ class ElasticPusher(InProcessPusher):
     def __init__(self, generators: transport.Sender, control: transport.Receiver) -> None:
         super().__init__(generators, control)
         self.members, self.epoch, self.pushes, self.failed = generators.peers, 0, [], 0
+        self.pushed_to: list[tuple[int, tuple[int, ...]]] = []     # (version, the generators it went to)
         self.on_other: Any = lambda msg: None
+        self.gone: Any = lambda generators: set()     # as sync.Pusher: the membership's liveness
 
-    def reform(self, *, members: int | None = None) -> int:
+    def reform(self, *, members: int | None = None, left_out: frozenset[int] = frozenset()) -> int:
         self.members = members or self.members
+        self.left_out = left_out
         self.epoch += 1
         return self.epoch
 
+    left_out: frozenset[int] = frozenset()
+
     def push(self, *, version: int, step: int) -> generator_role.SyncResult:
+        targets = [g for g in range(self.members) if g not in self.left_out]
         try:                         # bounded, as sync.Pusher: a generator gone fails the push
-            for g in range(self.members):
+            for g in targets:
                 self.generators.send(wire.Sync(version=version, step=step, host="mem", port=1, world_size=2,
                                                epoch=self.epoch), to=g, timeout=5)
         except transport.TransportError:
             self.failed += 1
             raise
         acked: set[int] = set()
-        while len(acked) < self.members:
-            msg = self.control.recv(timeout=self.ack_timeout)
+        deadline = time.monotonic() + self.ack_timeout    # each ACK bounded (other messages keep coming: beats)
+        while len(acked) < len(targets):
+            msg = self.control.recv(timeout=0)      # as sync.Pusher: what waits is read before silence is judged
+            if msg is None and self.gone(set(targets) - acked):   # ... and a silent generator's ACK not awaited
+                self.failed += 1
+                raise RuntimeError(f"generators {self.gone(set(targets) - acked)} silent")
+            if msg is None:
+                msg = self.control.recv(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            if msg is None and time.monotonic() < deadline:
+                continue
             if msg is None:          # as the broadcast fails when a member is gone: the trainer re-forms
                 self.failed += 1
-                raise RuntimeError(f"no ACK from generators {set(range(self.members)) - acked}")
+                raise RuntimeError(f"no ACK from generators {set(targets) - acked}")
             if isinstance(msg, wire.Ack) and msg.of == wire.Kind.SYNC and msg.version == version:
                 acked.add(msg.index)
+                deadline = time.monotonic() + self.ack_timeout
             else:
                 self.on_other(msg)
         self.pushes.append((version, self.members))
+        self.pushed_to.append((version, tuple(targets)))
         return generator_role.SyncResult(seconds=0.01, bytes=1)
 
 
@@ -953,3 +976,126 @@ def test_stdout_done_line_carries_only_what_the_done_record_has(capsys: pytest.C
     step_line, done_line = (json.loads(x) for x in capsys.readouterr().out.splitlines())
     assert step_line["mean_reward"] == 0.75 and "done" not in step_line
     assert done_line == {"done": True, "step": 40, "policy_version": 40}
+
+
+class Events:
+    """A generator observer that logs what generator ``index`` did: ("sync", v), ("sample", v) with v the version its
+    groups carry, ("skip", v) with v the version the skipped WORK asked for."""
+
+    def __init__(self, index: int, log: list[tuple[int, str, int]]) -> None:
+        self.index, self.log = index, log
+
+    def sampled(self, *, groups: Sequence[types.RolloutGroup], seconds: float) -> None:
+        self.log.append((self.index, "sample", min(g.policy_version for g in groups)))
+
+    def synced(self, *, version: int, result: generator_role.SyncResult) -> None:
+        self.log.append((self.index, "sync", version))
+
+    def sync_failed(self, *, version: int, error: BaseException) -> None:
+        self.log.append((self.index, "sync-failed", version))
+
+    def skipped(self, *, work: wire.Work, version: int) -> None:
+        self.log.append((self.index, "skip", work.policy_version))
+
+    def unexpected(self, *, kind: str) -> None:
+        self.log.append((self.index, f"unexpected {kind}", 0))
+
+
+def test_a_silent_generator_is_left_out_within_seconds_and_its_restart_takes_the_current_policy_first(
+        tmp_path: Path) -> None:
+    """Generator 0 of 2 (not the top: no shrink can drop it) dies without a word mid-run (its thread ends, its beats
+    stop, its inbox goes). Trainer 0 hears no beat for ``peer_silence`` and leaves it out: its prompts
+    go to generator 1 at once (not after the stall timer: ``reissued`` stays 0), the pushes reach generator 1 alone.
+    Generator 0 restarts (a fresh loop and inbox): its READY brings it back, it loads the current policy first and
+    its first groups carry that version. Every step is trained once with its full share."""
+    import time as _time
+
+    spec_job = job(steps=8)
+    silence = 1.5
+    n = next(_ids)
+    base = f"mem://silent{n}"
+    trn_in, ctl_in = transport.open_receiver(f"{base}-trn", hwm=256), transport.open_receiver(f"{base}-ctl")
+    ver_in = transport.open_receiver(f"{base}-ver")
+    inboxes: list[Any] = [transport.open_receiver(f"{base}-gen{i}") for i in (0, 1)]
+    scorer = verifiers.Scorer(spec_job.spec.verifiers)
+    m = metrics.Metrics(role="x", replica=0)
+    stop_all = threading.Event()
+    log: list[tuple[int, str, int]] = []
+    learner = step.Trainer(model_path=models.resolve(spec_job.spec.model), algorithm=spec_job.spec.algorithm)
+    died: dict[str, float] = {}
+
+    class Killed(Exception):
+        pass
+
+    def generator(i: int, *, dies: bool) -> None:
+        log.append((i, "start", 0))
+        if inboxes[i] is None:                            # a new process binds its port afresh
+            inboxes[i] = transport.open_receiver(f"{base}-gen{i}")
+        sampler = HFSampler(path=models.resolve(spec_job.spec.model), n=4, max_new=2)
+        loader = CopyWeights(sampler)
+        loader.learner = learner
+        if dies:
+            sample = sampler.sample
+
+            def dies_at_step_3(prompts: Sequence[types.Prompt]) -> list[types.RolloutGroup]:
+                if learner.step >= 2:
+                    raise Killed()                    # kill -9: no leave notice, its work lost with it
+                return sample(prompts)
+            sampler.sample = dies_at_step_3  # type: ignore[method-assign]
+        beats = generator_join.AliveBeats(index=i, every=silence / 4, open_control=lambda timeout: (
+            transport.open_sender([f"{base}-ctl"], role="generator", index=i, ready_timeout=timeout))).start()
+        try:
+            generator_role.run(index=i, inbox=inboxes[i], verifiers=transport.open_sender(
+                [f"{base}-ver"], role="generator", index=i), control=transport.open_sender(
+                [f"{base}-ctl"], role="generator", index=i), sampler=sampler, weights=loader,
+                observer=Events(i, log), max_policy_lag=1, should_stop=stop_all.is_set)
+        except Killed:
+            died["at"] = _time.time()
+            inboxes[i].close()                            # what was queued for it dies with it
+            inboxes[i] = None
+        finally:
+            beats.stop()
+
+    threads = [threading.Thread(target=generator, args=(0,), kwargs=dict(dies=True), daemon=True),
+               threading.Thread(target=generator, args=(1,), kwargs=dict(dies=False), daemon=True)]
+    for t in threads:
+        t.start()
+    threading.Thread(target=verifier_role.run, kwargs=dict(
+        inbox=ver_in, trainers=transport.open_sender([f"{base}-trn"], role="verifier", index=0), score=scorer.apply,
+        observer=observe.VerifierObserver(m, scorer.errors), should_stop=stop_all.is_set), daemon=True).start()
+    to_gen = transport.open_sender([f"{base}-gen0", f"{base}-gen1"], role="trainer", index=0)
+    pusher = ElasticPusher(to_gen, ctl_in)
+    loop = _elastic_loop(tmp_path, spec_job, learner, inbox=trn_in, generators=to_gen, control=ctl_in, pusher=pusher,
+                         deadline=60, reissue_after=40, peer_silence=silence)
+    train = learner.train_step
+    restarted: dict[str, float] = {}
+
+    def train_and_restart(**kw: object) -> object:
+        if learner.step == 5 and 0 in loop.membership.out and "at" not in restarted:   # type: ignore[union-attr]
+            restarted["at"] = _time.time()                 # the kubelet restarts it
+            threading.Thread(target=generator, args=(0,), kwargs=dict(dies=False), daemon=True).start()
+        return train(**kw)  # type: ignore[arg-type]
+
+    learner.train_step = train_and_restart  # type: ignore[method-assign]
+    loop.run()
+    stop_all.set()
+    records = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 9)) and all(r["completions"] == 16 for r in records)
+    assert loop.reissued == 0                               # re-routed when left out, not by the stall timer
+    assert loop.membership is not None and loop.membership.out == set() and loop.members == 2
+    detect = loop.membership.left_out_at[0] - died["at"]
+    print(f"left out {detect:.2f}s after it died (peer silence {silence}s)")
+    # its silence, plus what the loop was busy with when it ran out (a train step, one hand-off or push bounded
+    # by the silence): seconds, not the stall timer's 40 s here (progressDeadlineSeconds / 4 in a pod)
+    assert silence - 0.5 < detect < silence + 10.0
+    while_out = [to for v, to in pusher.pushed_to if v > 2 and restarted and to == (1,)]
+    assert while_out, pusher.pushed_to                      # pushes while it was out went to generator 1 alone
+    assert pusher.pushed_to[-1][1] == (0, 1)                # and after its READY to both again
+    life = [(what, v) for g, what, v in log if g == 0]
+    restart_from = max(k for k, (what, v) in enumerate(life) if what == "start")
+    after = [e for e in life[restart_from:] if e[0] in ("sync", "sample")]
+    assert after and after[0][0] == "sync" and after[0][1] >= 5, life   # the current policy before any sample
+    first_sample = next(v for what, v in after if what == "sample")
+    assert first_sample >= after[0][1]                       # its first groups carry (at least) that version
+    for r in (trn_in, ctl_in, ver_in, *[i for i in inboxes if i is not None]):
+        r.close()

@@ -31,7 +31,8 @@ from kubeforge.api import rljob
 
 
 #: StepRecord fields a line carries only when the step has them (evaluated, exported).
-SPARSE = ("eval_accuracy", "eval_accuracy_base", "eval_seconds", "evaluated", "export", "export_request")
+SPARSE = ("eval_accuracy", "eval_accuracy_base", "eval_seconds", "evaluated", "export", "export_request",
+          "weights_at")
 
 
 class StepMetrics(pydantic.BaseModel):
@@ -117,6 +118,10 @@ class StepRecord(StepMetrics):
                                     "so far (its fence records).")
     fenced_pushes: int = Field(0, description="Weight pushes of stale trainer epochs the generators refused so "
                                "far, as they last reported them.")
+    # recovery (docs/recovery.md; trainer rank 0)
+    weights_at: float | None = Field(None, description="Wall clock when the generators last took the current "
+                                     "policy outside the schedule (the push after a resume, a restart or a join of "
+                                     "a generator): the end of a recovery's weights part.")
 
     @classmethod
     def of(cls, metrics: StepMetrics, rest: StepRecord) -> StepRecord:
@@ -156,7 +161,7 @@ class StepRecord(StepMetrics):
 
 
 #: ProgressReport fields that are not ``status.progress``: the operator reads them, the status does not hold them.
-REPORT_ONLY = {"done", "trainer_epoch", "fenced_checkpoints", "fenced_pushes"}
+REPORT_ONLY = {"done", "trainer_epoch", "fenced_checkpoints", "fenced_pushes", "time", "weights_at"}
 
 
 class ProgressReport(rljob.Progress):
@@ -169,6 +174,8 @@ class ProgressReport(rljob.Progress):
     trainer_epoch: int = Field(0, description="The epoch of the trainer that wrote the report.")
     fenced_checkpoints: int = Field(0, description="StepRecord.fenced_checkpoints of the reported step.")
     fenced_pushes: int = Field(0, description="StepRecord.fenced_pushes of the reported step.")
+    time: float = Field(0.0, description="StepRecord.time of the reported step (0: unknown).")
+    weights_at: float | None = Field(None, description="StepRecord.weights_at of the reported step.")
 
     @classmethod
     def of_step(cls, record: StepRecord, *, done: bool,
@@ -190,9 +197,11 @@ class ProgressReport(rljob.Progress):
         for key in ("evalAccuracy", "lastExport", "episodeTurnsMean", "toolCalls"):
             if doc.get(key) is None:
                 doc.pop(key, None)
-        for key in ("trainerEpoch", "fencedCheckpoints", "fencedPushes"):    # 0: unfenced, nothing refused
+        for key in ("trainerEpoch", "fencedCheckpoints", "fencedPushes", "time"):   # 0: unfenced, none, unknown
             if doc.get(key) == 0:
                 doc.pop(key, None)
+        if doc.get("weightsAt") is None:
+            doc.pop("weightsAt", None)
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod

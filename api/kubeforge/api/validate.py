@@ -513,6 +513,14 @@ def _trainer_and_elastic(spec: rljob.RLJobSpec) -> Problems:
                f"{', '.join(GANG_MINIMUM_BACKENDS)} (backend is {spec.gang.backend}: {why}); remove it")
 
 
+def _peer_silence(spec: rljob.RLJobSpec) -> Problems:
+    fp = spec.failure_policy
+    if fp.peer_silence_seconds > fp.progress_deadline_seconds:
+        yield (f"spec.failurePolicy.peerSilenceSeconds: Invalid value: {fp.peer_silence_seconds}: should be at most "
+               f"spec.failurePolicy.progressDeadlineSeconds ({fp.progress_deadline_seconds}): a generator silent "
+               "that long is restarted as hung before the trainer would leave it out")
+
+
 def _generator_pool(spec: rljob.RLJobSpec) -> Problems:
     """On a pool the job has no generators: a setting only they read would be silently ignored (``replicas`` and the
     engine settings have defaults, so only what is unset by default can be told apart)."""
@@ -525,5 +533,5 @@ def _generator_pool(spec: rljob.RLJobSpec) -> Problems:
 RULES: tuple[Callable[[rljob.RLJobSpec], Problems], ...] = (
     _algorithm, _sync, _generator, _task, _verifiers, _gang, _roles, _dynamic_sampling,
     _builtin_model, _evaluation, _lr_schedule, _reward, _verifiers_and_task, _trainer_and_elastic,
-    _mismatch_corrections, validate_environment.problems, _generator_pool,
+    _mismatch_corrections, validate_environment.problems, _generator_pool, _peer_silence,
 )

@@ -41,6 +41,7 @@ class NodeFacts:
     name: str
     ready: str                     # "True", "False", "Unknown" ("Unknown" too when the Node has no such condition)
     since: dt.datetime | None      # the Ready condition's lastTransitionTime
+    heartbeat: dt.datetime | None = None   # the Ready condition's lastHeartbeatTime: the kubelet's last word
 
 
 def node_facts(raw: Mapping[str, Any] | None, name: str) -> NodeFacts:
@@ -50,7 +51,8 @@ def node_facts(raw: Mapping[str, Any] | None, name: str) -> NodeFacts:
     for c in (raw.get("status") or {}).get("conditions") or []:
         if c.get("type") == "Ready":
             return NodeFacts(name=name, ready=str(c.get("status") or "Unknown"),
-                             since=timefmt.parse(c.get("lastTransitionTime")))
+                             since=timefmt.parse(c.get("lastTransitionTime")),
+                             heartbeat=timefmt.parse(c.get("lastHeartbeatTime")))
     return NodeFacts(name=name, ready="Unknown", since=None)
 
 
@@ -105,7 +107,8 @@ def judge(pods: Iterable[observed.PodFacts], nodes: Mapping[str, NodeFacts], *, 
         uid = p.uid or p.name
         lost.append(LostPod(pod=p.name, uid=p.uid, node=n.name, failure=observed.Failure(
             role=p.role, pod=p.name, attempt=p.attempt, exit_code=None, reason=REASON,
-            time=timefmt.fmt(now), key=f"{uid}/{REASON}", node=n.name)))
+            time=timefmt.fmt(now), key=f"{uid}/{REASON}", node=n.name,
+            since=timefmt.fmt(n.heartbeat) if n.heartbeat is not None else None)))
     return Verdict(lost=tuple(lost), requeue_after=wait)
 
 

@@ -29,6 +29,8 @@ class Failure:
     time: str | None
     key: str = ""          # identifies this failure of this pod (container ID, else pod UID + restart count)
     node: str | None = None   # the node, for a pod the operator judged lost with it (``nodeloss``)
+    since: str | None = None  # when the fault itself happened, when known better than ``time`` (a lost node's
+                              # last heartbeat): the start of the recovery's breakdown (``recovery``)
 
     @property
     def ident(self) -> str:
@@ -58,6 +60,17 @@ class PodFacts:
     node: str | None = None                # spec.nodeName
     uid: str = ""                          # metadata.uid (the precondition of a forced delete)
     trainer_epoch: int | None = None       # the pod's contract.LABEL_TRAINER_EPOCH (trainers; None: absent)
+    marks: PodMarks | None = None          # when it was created, scheduled, running, ready (``recovery``)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PodMarks:
+    """The times (RFC 3339, as the API server wrote them) a pod reached each stage of its start; None: not yet."""
+
+    created: str | None = None       # metadata.creationTimestamp
+    scheduled: str | None = None     # the PodScheduled condition's lastTransitionTime, once True
+    running: str | None = None       # the latest container's state.running.startedAt (a restart in place too)
+    ready: str | None = None         # the Ready condition's lastTransitionTime, once True
 
 
 # Waiting reasons of a container that will not start by waiting: the kubelet retries them silently forever.
@@ -147,6 +160,16 @@ def _condition(st: Raw, kind: str) -> Raw:
     return {}
 
 
+def pod_marks(md: Raw, st: Raw) -> PodMarks:
+    sched, ready = _condition(st, "PodScheduled"), _condition(st, "Ready")
+    running = [str(t) for cs in st.get("containerStatuses") or []
+               if (t := ((cs.get("state") or {}).get("running") or {}).get("startedAt"))]
+    return PodMarks(created=md.get("creationTimestamp"),
+                    scheduled=sched.get("lastTransitionTime") if sched.get("status") == "True" else None,
+                    running=max(running) if running else None,
+                    ready=ready.get("lastTransitionTime") if ready.get("status") == "True" else None)
+
+
 def pod_facts(pod: Raw) -> PodFacts:
     """Typed facts of one raw pod."""
     md, spec, st = pod.get("metadata", {}), pod.get("spec", {}) or {}, pod.get("status", {}) or {}
@@ -165,7 +188,7 @@ def pod_facts(pod: Raw) -> PodFacts:
         progress=progress.ProgressReport.decode(ann.get(contract.ANNOTATION_PROGRESS)), stuck=_stuck(st),
         export_request=ann.get(contract.ANNOTATION_EXPORT_REQUEST),
         node=spec.get("nodeName") or None, uid=str(md.get("uid") or ""),
-        trainer_epoch=_int(labels.get(contract.LABEL_TRAINER_EPOCH)),
+        trainer_epoch=_int(labels.get(contract.LABEL_TRAINER_EPOCH)), marks=pod_marks(md, st),
     )
 
 

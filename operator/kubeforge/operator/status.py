@@ -14,7 +14,7 @@ import dataclasses
 import datetime as dt
 
 from kubeforge.api import failures, rljob
-from kubeforge.operator import gangauto, lifecycle, observed, reasons, timefmt
+from kubeforge.operator import gangauto, lifecycle, observed, reasons, recovery, timefmt
 from kubeforge.operator.render.gang import base as gang_base
 
 Phase = rljob.Phase
@@ -159,6 +159,9 @@ def compute(job: rljob.RLJob, obs: observed.Observed, plan: lifecycle.Plan, *, g
         last_failure=plan.last_failure, handled_failures=plan.handled, progress=plan.progress,
         last_progress_time=plan.last_progress_time, start_time=plan.start_time,
         completion_time=plan.completion_time,
+        recovery_breakdown=recovery.track(prev.recovery_breakdown, failure=plan.new_failure, pods=obs.pods,
+                                          attempt=plan.attempt, report=lifecycle.trainer_report(
+                                              job, obs, plan.attempt)[0], step=plan.progress.step, now=now),
     )
 
 

@@ -92,6 +92,11 @@ def role_deadline(cfg: config.RoleConfig) -> float:
     return float(cfg.spec.failure_policy.progress_deadline_seconds)
 
 
+def peer_beat_seconds(cfg: config.RoleConfig) -> float:
+    """How often a generator tells trainer 0 it is alive (``spec.failurePolicy.peerSilenceSeconds`` / 4)."""
+    return cfg.spec.failure_policy.peer_beat_seconds()
+
+
 def start_deadline(cfg: config.RoleConfig) -> float:
     """The bound of a role's start, and of waiting for a peer's start (a vLLM engine load makes no heartbeat):
     ``spec.failurePolicy`` ``start_deadline_seconds()``, a multiple of the progress deadline."""

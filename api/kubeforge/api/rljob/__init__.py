@@ -165,6 +165,7 @@ from kubeforge.api.rljob.status import (
     FencedWrites,
     Phase,
     Progress,
+    RecoveryBreakdown,
     RLJobStatus,
     RoleStatus,
 )
@@ -288,6 +289,7 @@ __all__ = [
     "RLJob",
     "RLJobSpec",
     "RLJobStatus",
+    "RecoveryBreakdown",
     "RegexVerifier",
     "ResourceRequirements",
     "RewardModelVerifier",

@@ -59,6 +59,16 @@ class FailurePolicySpec(Model):
         "Stalled. Every wait in the roles is bounded by it. A role still starting (loading its model or vLLM "
         "engine) has 3 times as long (its startup probe) before it counts as hung.")
 
+    peer_silence_seconds: int = Field(
+        10, ge=2, le=600, description="Trainer rank 0 leaves a generator out (its prompts go to the live ones, the "
+        "weight-sync group re-forms without it) once it has heard nothing from it for this long; generators beat "
+        "every quarter of it. At most progressDeadlineSeconds. A generator left out joins again with its READY.")
+
+    def peer_beat_seconds(self) -> float:
+        """How often a generator tells trainer 0 it is alive: a quarter of ``peerSilenceSeconds``, so three beats
+        can be lost before it is left out."""
+        return self.peer_silence_seconds / 4
+
     def start_deadline_seconds(self) -> int:
         """How long a role may take to start (model or vLLM engine loaded, ready) before it counts as hung: the pod's
         startupProbe allowance, the local watchdog's bound during a start, and the trainer's bound on waiting for a

@@ -96,6 +96,33 @@ class FencedWrites(Model):
                                     "does not count it twice).")
 
 
+class RecoveryBreakdown(Model):
+    """The last recovery in parts (docs/recovery.md): the operator fills it
+    from what it observes (the failure, the replacement pods' scheduling, start and readiness) and what trainer 0
+    reports (when the generators took the current policy, when the next step was trained). A part is null until
+    it is known; ``seconds`` is set once the next step is trained (then the breakdown no longer changes)."""
+
+    fault_time: str | None = Field(None, description="When the fault happened, as far as the operator can tell "
+                                   "(a lost node's last heartbeat; a container's exit).")
+    detected_time: str | None = Field(None, description="When the operator acted on it (the failure recorded).")
+    step: int = Field(0, description="The trainer's reported step when it was detected (the recovery ends at the "
+                      "first step record trainer 0 makes after the detection).")
+    pod: str | None = Field(None, description="The replacement pod that was ready last (the parts below follow it).")
+    detect: float | None = Field(None, description="Seconds from the fault to its detection.")
+    reschedule: float | None = Field(None, description="Seconds from the detection to the replacement pod "
+                                     "scheduled on a node.")
+    pod_start: float | None = Field(None, description="Seconds from scheduled to its container running (image, "
+                                    "volumes, sandbox).")
+    engine_start: float | None = Field(None, description="Seconds from its container running to the pod Ready "
+                                       "(a generator's vLLM engine, a trainer's model).")
+    weights: float | None = Field(None, description="Seconds from the pod Ready to the generators holding the "
+                                  "current policy (trainer 0's push after the resume, restart or join).")
+    first_step: float | None = Field(None, description="Seconds from the current policy held (or the pod Ready) "
+                                     "to the next trained step.")
+    seconds: float | None = Field(None, description="Seconds from the fault to the next trained step: the sum of "
+                                  "the known parts (a mark earlier than the one before it counts from that one).")
+
+
 class RLJobStatus(Model):
     """Observed state of an RLJob, written by the operator only."""
 
@@ -117,6 +144,8 @@ class RLJobStatus(Model):
     fenced_writes: FencedWrites = Field(default_factory=FencedWrites, description="Writes of stale trainer "
                                         "epochs refused so far.")
     last_failure: FailureInfo | None = Field(None, description="The last container failure observed.")
+    recovery_breakdown: RecoveryBreakdown | None = Field(None, description="The last recovery from a failure, in "
+                                                         "parts (seconds), from the fault to the next trained step.")
     handled_failures: dict[str, str] = Field(default_factory=dict, description="Per pod, the failure the "
                                              "failure policy last acted on (so none is acted on twice).")
     progress: Progress = Field(default_factory=Progress, description="Training progress.")

@@ -28,6 +28,9 @@ first. Trainer 0 shrinks the weight-sync group and re-issues this generator's wo
 Fencing: a SYNC from a trainer epoch older than the highest seen is refused before the broadcast and counted
 (``generator.fence``; docs/fencing.md); every ACK of a load carries the count.
 
+Joining a running job (a restart, a scale-up): WORK of a newer policy than this generator has held is skipped until
+trainer 0's push, which its READY asks for, is loaded (``generator.join``); its first rollouts carry that version.
+
 Starting: while the vLLM engine loads, ``StartBeats`` tells trainer 0 every few seconds that this generator is
 starting (an ACK of READY with ``ok=False``), so a restart in place is not taken for a stalled step.
 """
@@ -41,6 +44,7 @@ from typing import Any, Protocol
 
 from kubeforge.runtime import transport, types, wire
 from kubeforge.runtime.generator import fence as push_fence
+from kubeforge.runtime.generator import join
 
 POLL_SECONDS = 0.2
 FORGED_SYNC = "ForgedSync"  # a SYNC naming a weight-sync address other than the env contract's trainer 0
@@ -140,16 +144,19 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
         should_stop: Callable[[], bool] = lambda: False, max_policy_lag: int | None = None,
         beat: Callable[[str], None] = lambda activity: None,
         trainer_weights: tuple[str, int] | None = None, leave: LeaveNotice | None = None,
-        activity: Any = None, fence: push_fence.PushFence | None = None) -> None:
+        activity: Any = None, fence: push_fence.PushFence | None = None,
+        joining: join.Joining | None = None) -> None:
     """Serve until STOP (or ``should_stop``). ``trainer_weights`` is trainer 0's weight-sync address as the job's
     env contract names it: a SYNC naming any other address is refused (counted as ``ForgedSync``, never joined,
     never acked), so no frame can point a generator at a group that feeds it weights of its choosing. ``leave``
     sends the leave notice when stopped by ``should_stop`` (None: sent on ``control``). ``activity``
     (``partial.Activity``) counts the seconds spent sampling (the bench's generator idle fraction). With partial
     rollouts ``generator.partial.run`` serves instead (``generator.start`` chooses). ``fence`` refuses SYNCs of a
-    stale trainer epoch (``generator.fence``; None: a fence of this loop's own)."""
+    stale trainer epoch (``generator.fence``; None: a fence of this loop's own). ``joining`` holds back WORK of a
+    newer policy than this generator has held until trainer 0's push arrives (``generator.join``)."""
     version = policy_version
     fence = fence or push_fence.PushFence()
+    joining = joining or join.Joining()
     if leave is not None:
         leave.version = version
     control.send(wire.Ready(role="generator", index=index, policy_version=version))
@@ -162,7 +169,8 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
             _pass_on(msg, verifiers)
             return
         if isinstance(msg, wire.Work):
-            if max_policy_lag is not None and msg.policy_version - version > max_policy_lag:
+            if not joining.admit(msg, version=version) or (
+                    max_policy_lag is not None and msg.policy_version - version > max_policy_lag):
                 observer.skipped(work=msg, version=version)
                 continue
             beat("generate")
@@ -174,7 +182,7 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
                 activity.add_busy(time.monotonic() - started)
         elif isinstance(msg, wire.Sync):
             version = sync(msg, index=index, version=version, weights=weights, control=control, observer=observer,
-                           beat=beat, trainer_weights=trainer_weights, leave=leave, fence=fence)
+                           beat=beat, trainer_weights=trainer_weights, leave=leave, fence=fence, joining=joining)
         else:
             observer.unexpected(kind=type(msg).__name__)
     if leave is not None:
@@ -185,7 +193,8 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
 
 def sync(msg: wire.Sync, *, index: int, version: int, weights: WeightLoader, control: transport.Sender,
          observer: GeneratorObserver, beat: Callable[[str], None], trainer_weights: tuple[str, int] | None,
-         leave: LeaveNotice | None, fence: push_fence.PushFence | None = None) -> int:
+         leave: LeaveNotice | None, fence: push_fence.PushFence | None = None,
+         joining: join.Joining | None = None) -> int:
     """Handle one SYNC (both loops): refuse a forged one and one of a stale trainer epoch, load, ACK; the version
     held afterwards."""
     if trainer_weights is not None and (msg.host, msg.port) != trainer_weights:
@@ -203,6 +212,8 @@ def sync(msg: wire.Sync, *, index: int, version: int, weights: WeightLoader, con
         return version
     if leave is not None:
         leave.version = msg.version
+    if joining is not None:
+        joining.loaded(version=msg.version)
     observer.synced(version=msg.version, result=result)
     control.send(wire.Ack(role="generator", index=index, of=wire.Kind.SYNC, version=msg.version,
                           detail=json.dumps({"seconds": result.seconds, "bytes": result.bytes,

@@ -27,7 +27,7 @@ from typing import Any
 
 from kubeforge.runtime import transport, wire
 from kubeforge.runtime.generator import fence as push_fence
-from kubeforge.runtime.generator import loop, stepper
+from kubeforge.runtime.generator import join, loop, stepper
 
 
 class Activity:
@@ -68,11 +68,12 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
         beat: Callable[[str], None] = lambda activity: None, trainer_weights: tuple[str, int] | None = None,
         leave: loop.LeaveNotice | None = None, seed: Callable[[int], int | None] = lambda step: None,
         synced: Callable[[], None] = lambda: None, activity: Activity | None = None,
-        fence: push_fence.PushFence | None = None) -> None:
+        fence: push_fence.PushFence | None = None, joining: join.Joining | None = None) -> None:
     """Serve until STOP (or ``should_stop``); ``seed(step)`` seeds a WORK's requests, ``synced`` runs after every
-    weight load (the vLLM backend's prefix-cache reset)."""
+    weight load (the vLLM backend's prefix-cache reset); ``joining`` as in ``loop.run``."""
     act = activity or Activity()
     fence = fence or push_fence.PushFence()
+    joining = joining or join.Joining()
     version = policy_version
     if leave is not None:
         leave.version = version
@@ -88,7 +89,8 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
                 return
             if isinstance(msg, wire.Work):
                 act.work()
-                if max_policy_lag is not None and msg.policy_version - version > max_policy_lag:
+                if not joining.admit(msg, version=version) or (
+                        max_policy_lag is not None and msg.policy_version - version > max_policy_lag):
                     observer.skipped(work=msg, version=version)
                 else:
                     pool.add(msg.prompts, step=msg.step, version=version, seed=seed(msg.step))
@@ -96,7 +98,7 @@ def run(*, index: int, inbox: transport.Receiver, verifiers: transport.Sender, c
                 started = time.monotonic()
                 new = loop.sync(msg, index=index, version=version, weights=weights, control=control,
                                 observer=observer, beat=beat, trainer_weights=trainer_weights, leave=leave,
-                                fence=fence)
+                                fence=fence, joining=joining)
                 if new != version:
                     version = new
                     pool.switch(version)

@@ -10,6 +10,7 @@ joined on the first SYNC (``weightsync`` world = trainer 0 + every generator wor
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from kubeforge.api import contract, rljob
 from kubeforge.runtime import config, hardware, metrics, models, observe, startup, transport, types, weightsync, wire
-from kubeforge.runtime.generator import fence, loop, partial
+from kubeforge.runtime.generator import fence, join, loop, partial
 
 if TYPE_CHECKING:
     from kubeforge.runtime.agents.hosts import host as agents_host
@@ -119,7 +120,8 @@ class EngineWeights:
             if self.joined_at != (sync.host, sync.port, sync.epoch):
                 self.joined_at = None
                 self.engine.join_weight_sync(  # type: ignore[attr-defined]
-                    host=sync.host, port=sync.port, world_size=sync.world_size, rank_base=self.rank_base,
+                    host=sync.host, port=sync.port, world_size=sync.world_size,
+                    rank_base=sync.rank_base or self.rank_base,     # renumbered while a peer is left out
                     timeout=sync.timeout_s, backend=sync.backend, epoch=sync.epoch, join_timeout=self.join_timeout)
                 self.joined_at = (sync.host, sync.port, sync.epoch)
             stats = self.engine.receive_weights()  # type: ignore[attr-defined]
@@ -186,8 +188,15 @@ def main(cfg: config.RoleConfig, m: metrics.Metrics, server: metrics.MetricsServ
                   max_policy_lag=spec.algorithm.max_policy_lag, beat=server.heartbeat,
                   trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)), leave=leave,
                   fence=fence.PushFence(on_refused=lambda sync, highest: _fenced(cfg, m, sync, highest)))
+    common["joining"] = join.Joining(on_current=lambda version, seconds: print(
+        f"{cfg.name}: {join.CURRENT_LINE} {json.dumps({'version': version, 'seconds': round(seconds, 3)})}",
+        flush=True))
+    alive = join.AliveBeats(index=cfg.index, every=startup.peer_beat_seconds(cfg), version=lambda: leave.version,
+                            open_control=lambda timeout: transport.open_sender(
+                                [control_address], role="generator", index=cfg.index, ready_timeout=timeout,
+                                send_timeout=timeout)).start()
     activity = partial.Activity()
-    closers: list[Callable[[], None]] = []
+    closers: list[Callable[[], None]] = [alive.stop]
     try:
         if spec.algorithm.partial_rollouts:   # requests in flight across weight updates (generator.partial)
             sampler = EngineSampler(llm, cfg)

@@ -96,6 +96,8 @@ class Settings:
     deadline: float = 600.0           # no progress this long: Stalled
     reissue_after: float = 150.0      # no group for this long: re-issue the step's missing prompts
     answer_within: float = 30.0       # after a failed push: a top member silent this long is dropped
+    peer_silence: float = 0.0         # a generator that beats and then is silent this long is left out (0: off;
+                                      # spec.failurePolicy.peerSilenceSeconds in a pod)
     start_deadline: float = 1800.0    # a generator's start (vLLM engine load) may take this long: the READY wait,
                                       # and a step's wait while a generator says it is starting
     colocated: bool = False           # spec.schedule.mode Colocated: a step's work goes out only after the last
@@ -364,6 +366,7 @@ class Loop:
                                     directory=self.s.checkpoint_dir)
         if self.rank0 is not None:
             self._fencing(rec)
+            rec.weights_at = self.pushes.weights_at
         self.observer.trained(record=rec)
         if self.rank0 is not None:      # reported before the checkpoint: a resume never lacks a step's record
             self.rank0.reporter.step(rec)

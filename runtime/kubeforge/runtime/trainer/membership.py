@@ -6,7 +6,9 @@
                ──ACK STOP───────▶ leave notice: shrink past every left generator at the top
                ──ACK READY !ok──▶ starting (engine loading): the step being collected is not stalled
                ──ACK SYNC───────▶ answered: alive (a silent one joins again); the push in flight hears of it
+               ──ACK READY ok "alive"▶ a beat: heard (every message of a generator is)
  failed push ──▶ members silent; still silent after ``answer_within`` at the top: dropped (shrink)
+ no beat for ``peer_silence`` ──▶ left out: its prompts to the live members, weight-sync epoch without it
 ```
 
 Neighbours: ``trainer.loop`` owns one on rank 0, hands every control message here (:meth:`Membership.drain`) and
@@ -24,6 +26,14 @@ Invariants:
   forms over the rest, and the leavers' work is re-issued. If the notice is lost (SIGKILL before it went out), a
   failed push finds it: every member that does not answer that SYNC (ACK or NACK) within ``answer_within`` and is at
   the top is dropped the same way; one that answers later, or says READY, joins again.
+- Heartbeats (docs/recovery.md): a member that beats (``generator.join.AliveBeats``) and then is silent for
+  ``peer_silence`` seconds is *left out*, wherever its index: it stays a member (indexes stay contiguous) but takes
+  no work and is not in the weight-sync group (the live members are renumbered in it: ``Sync.rank_base``); the
+  current policy is pushed to the live members and its outstanding work goes to them at once. Its READY (a
+  restart) brings it back like any restart. At least one member is never left out (with none alive, the step's
+  stall timer and deadline rule). Silence is judged only over what was heard: a hand-off first hears every control
+  message waiting (:meth:`Membership.hear_waiting`), as a push does before it stops waiting for an ACK, so a train
+  step or a bounded send longer than ``peer_silence`` does not make the live generators look silent.
 - At least one member stays; members are always the indexes ``0..members-1`` (StatefulSet ordinals are contiguous).
 - A sharded (FSDP) model's push needs every rank's gathers: after a change of membership it waits for the next step
   boundary, and the work sent meanwhile is skipped by the generator and re-issued by the stall timer.
@@ -35,7 +45,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from kubeforge.runtime import transport, types, wire
-from kubeforge.runtime.trainer import buffer
+from kubeforge.runtime.trainer import buffer, liveness
 
 
 class Deadlines(Protocol):
@@ -45,6 +55,8 @@ class Deadlines(Protocol):
     def answer_within(self) -> float: ...
     @property
     def start_deadline(self) -> float: ...
+    @property
+    def peer_silence(self) -> float: ...
 
 
 class Versioned(Protocol):
@@ -55,8 +67,9 @@ class Versioned(Protocol):
 
 
 class Reformer(Protocol):
-    def reform(self, *, members: int | None = None) -> int:
-        """Abandon the current weight-sync epoch; the next push forms a new one. Returns the new epoch."""
+    def reform(self, *, members: int | None = None, left_out: frozenset[int] = frozenset()) -> int:
+        """Abandon the current weight-sync epoch; the next push forms a new one over the members not ``left_out``.
+        Returns the new epoch."""
 
 
 class Unexpected(Protocol):
@@ -91,13 +104,22 @@ class Membership:
         self.silent: set[int] = set()         # members yet to answer the SYNC of a failed push
         self.silent_version = 0
         self.silent_since = 0.0
-        self._deferred: list[wire.Message] = []      # control messages a push read past (READY, leave)
+        # control messages read ahead of their handling (a push read past them, a judgment of silence heard them
+        # first), each with whether it went to the push in flight already (an ACK of its SYNC)
+        self._deferred: list[tuple[wire.Message, bool]] = []
         self.starting: dict[int, float] = {}  # generator -> its first "starting" beat (until its READY)
         self.start_beat_at = 0.0              # the last "starting" beat within its start deadline
         if hasattr(pusher, "on_other"):
-            pusher.on_other = self._deferred.append
+            pusher.on_other = self._read_by_push
         self.outstanding: dict[int, list[wire.Work]] = {}   # work handed to each generator
         self.epochs = 0                       # weight-sync re-formations
+        self.out: set[int] = set()            # members left out for silence (no beat for peer_silence)
+        self.liveness = liveness.Liveness(after=lambda: self.s.peer_silence)
+        self.left_out_at: dict[int, float] = {}   # when each was left out (wall clock; the recovery figures)
+        if hasattr(pusher, "gone"):           # a push stops waiting for the ACK of a generator gone silent
+            pusher.gone = self.liveness.silent
+        if hasattr(pusher, "send_within"):    # ... and for a SYNC notice no longer than the silence that leaves out
+            pusher.send_within = lambda: min(30.0, self.s.peer_silence) if self.s.peer_silence > 0 else 30.0
 
     # ------------------------------------------------------------ what the loop tells it
 
@@ -125,29 +147,50 @@ class Membership:
     def push_failed(self, exc: BaseException) -> None:
         """A push failed (a generator died mid-sync): abandon the epoch; the members that do not answer its SYNC
         are silent from now."""
-        self.epochs = self.pusher.reform(members=self.members)
+        self.epochs = self.pusher.reform(members=self.members, left_out=frozenset(self.out))
         if not self.silent:     # members still silent since an earlier failed push keep their clock
-            self.silent = set(range(self.members)) - self.left
+            self.silent = set(self.live()) - self.left
             self.silent_version, self.silent_since = self.learner.policy_version, time.monotonic()
         print(f"trainer-0: weight sync v{self.learner.policy_version} failed ({exc}); weight-sync epoch "
               f"{self.epochs} forms when the generators are back", flush=True)
 
     # ------------------------------------------------------------ control messages
 
+    def _read_by_push(self, msg: wire.Message) -> None:
+        """A control message a push read past: heard now (the push asks who is silent), handled at the next drain."""
+        self.liveness.heard(msg)
+        self._deferred.append((msg, False))
+
+    def hear_waiting(self) -> None:
+        """Every control message waiting is heard now and handled at the next drain (an ACK of the push in flight
+        goes to it at once: the push joins before that drain). Silence is judged only after this: a generator
+        whose beats waited unread (the trainer trained, or a send to a dead peer ran out its bound, for longer than
+        the silence) is alive."""
+        while (msg := self.control.recv(timeout=0)) is not None:
+            self.liveness.heard(msg)
+            handed = isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.SYNC
+            if handed:
+                getattr(self.pusher, "acked", lambda m: None)(msg)
+            self._deferred.append((msg, handed))
+
     def drain(self) -> None:
-        """Every control message waiting (those a push read past first)."""
+        """Every control message waiting (those read ahead first)."""
         while self._deferred:
-            self.on_control(self._deferred.pop(0))
+            read, handed = self._deferred.pop(0)
+            self.on_control(read, to_push=not handed)
         while (msg := self.control.recv(timeout=0)) is not None:
             self.on_control(msg)
 
-    def on_control(self, msg: wire.Message) -> None:
+    def on_control(self, msg: wire.Message, *, to_push: bool = True) -> None:
+        """One control message; ``to_push``: an ACK of a SYNC also goes to the push in flight (False: it went)."""
+        self.liveness.heard(msg)
         if isinstance(msg, wire.Ready) and msg.role == "generator":
             g = msg.index
             self.starting.pop(g, None)
-            back = g in self.ready_seen or g in self.left or g in self.dropped
+            back = g in self.ready_seen or g in self.left or g in self.dropped or g in self.out
             self.left.discard(g)
             self.dropped.discard(g)
+            self.out.discard(g)
             if back and 0 <= g < self.members:
                 self._rejoin(g)
             elif g >= self.members:
@@ -160,7 +203,8 @@ class Membership:
             self._leave(msg.index)
         elif isinstance(msg, wire.Ack) and msg.role == "generator" and msg.of == wire.Kind.SYNC:
             self._answered(msg)
-            getattr(self.pusher, "acked", lambda m: None)(msg)   # an ACK of the push in flight
+            if to_push:
+                getattr(self.pusher, "acked", lambda m: None)(msg)   # an ACK of the push in flight
         elif not isinstance(msg, (wire.Ready, wire.Ack)):
             self.observer.unexpected(kind=type(msg).__name__)
 
@@ -200,7 +244,7 @@ class Membership:
         if grown == self.members:
             return
         before, self.members = self.members, grown
-        self.epochs = self.pusher.reform(members=self.members)
+        self.epochs = self.pusher.reform(members=self.members, left_out=frozenset(self.out))
         if not getattr(self.learner, "sharded", False):
             self.push(step=self.learner.step)
         print(f"trainer-0: generators {before} -> {self.members} (joined); weight-sync epoch {self.epochs}",
@@ -214,12 +258,55 @@ class Membership:
         self.left.add(g)
         self._shrink(gone=self.left, why="left")
 
+    def quiet(self, g: int) -> bool:
+        """Generator ``g`` has been silent for the peer-silence deadline (it is left out at the next check), once
+        what waits in the control inbox is heard."""
+        self.hear_waiting()
+        return bool(self.liveness.silent([g]))
+
+    def live(self) -> list[int]:
+        """The members taking work now: every member but those left out for silence (all of them when every one
+        is: work then waits for whichever comes back)."""
+        return [g for g in range(self.members) if g not in self.out] or list(range(self.members))
+
+    def pushed(self) -> None:
+        """A push reached every generator in the group: none of them is silent since an earlier failed push."""
+        self.silent.clear()
+
     def check_silent(self) -> None:
-        """After a failed push: top members that did not answer its SYNC within ``answer_within`` are gone (their
-        leave notice, if any, was lost)."""
+        """Members silent for ``peer_silence`` are left out (their beats stopped). After a failed push: top members
+        that did not answer its SYNC within ``answer_within`` are gone (their leave notice, if any, was lost)."""
+        self._check_beats()
         if self.silent and time.monotonic() - self.silent_since > self.s.answer_within:
             gone, self.silent = set(self.silent), set()
             self.dropped |= self._shrink(gone=gone, why=f"silent {self.s.answer_within:.0f}s after a failed sync")
+
+    def _check_beats(self) -> None:
+        """Leave out the members whose beats stopped (at least one stays in)."""
+        judged = [g for g in self.live() if g not in self.left and g not in self.starting]
+        silent = sorted(self.liveness.silent(judged))
+        while silent and len(self.live()) - len(silent) < 1:
+            silent.pop()                 # none alive: keep one in; the stall timer and the deadline rule
+        if not silent:
+            return
+        quiet = {g: self.liveness.quiet_for(g) for g in silent}
+        self.out |= set(silent)
+        self.silent -= set(silent)
+        now = time.time()
+        self.left_out_at.update({g: now for g in silent})
+        self.epochs = self.pusher.reform(members=self.members, left_out=frozenset(self.out))
+        if not getattr(self.learner, "sharded", False):
+            # the push in flight when it went silent failed for everyone: the live ones get the current policy
+            # before its work, or they would skip work of a version beyond their lag
+            self.push(step=self.learner.step)
+        live = self.live()
+        pending = [w for g in silent for w in self.outstanding.pop(g, []) if w.step >= self.rollouts.next_step]
+        for i, w in enumerate(pending):
+            self.send_work(live[i % len(live)], self.work(w.step, w.prompts))
+        print(f"trainer-0: generator-{'/'.join(map(str, silent))} silent "
+              f"{'/'.join(f'{q:.1f}' for q in quiet.values())}s (peerSilenceSeconds {self.s.peer_silence:g}): left "
+              f"out; weight-sync epoch {self.epochs} over generators {live}, "
+              f"{sum(len(w.prompts) for w in pending)} prompts re-routed", flush=True)
 
     def _shrink(self, *, gone: set[int], why: str) -> set[int]:
         """Drop the members at the top that are in ``gone`` (at least one stays): a smaller epoch, the current
@@ -232,13 +319,15 @@ class Membership:
         leavers = set(range(top, self.members))
         before, self.members = self.members, top
         self.silent -= leavers
-        self.epochs = self.pusher.reform(members=self.members)
+        self.out -= leavers
+        self.epochs = self.pusher.reform(members=self.members, left_out=frozenset(self.out))
         pending = [w for g in sorted(leavers) for w in self.outstanding.pop(g, [])
                    if w.step >= self.rollouts.next_step]
         if not getattr(self.learner, "sharded", False):
             self.push(step=self.learner.step)
+        live = self.live() or [0]
         for i, w in enumerate(pending):
-            self.send_work(i % self.members, self.work(w.step, w.prompts))
+            self.send_work(live[i % len(live)], self.work(w.step, w.prompts))
         print(f"trainer-0: generators {before} -> {self.members} (generator-{'/'.join(map(str, sorted(leavers)))} "
               f"{why}); weight-sync epoch {self.epochs}, {sum(len(w.prompts) for w in pending)} prompts re-issued",
               flush=True)
@@ -246,7 +335,7 @@ class Membership:
 
     def _rejoin(self, g: int) -> None:
         """Generator ``g`` restarted: new weight-sync epoch, current policy to everyone, its work again."""
-        self.epochs = self.pusher.reform(members=self.members)
+        self.epochs = self.pusher.reform(members=self.members, left_out=frozenset(self.out))
         if not getattr(self.learner, "sharded", False):
             # a sharded (FSDP) model's push needs every rank's gathers: it waits for the next step boundary, and
             # the work below is skipped by the generator until then and re-issued by the stall timer

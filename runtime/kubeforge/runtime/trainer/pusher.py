@@ -69,6 +69,7 @@ class Pusher:
                  on_other: Callable[[wire.Message], Any] = lambda m: None, trainer_epoch: int = 0) -> None:
         self.generators = generators
         self.members = generators.peers            # generators in the weight-sync group now (elastic)
+        self.targets = list(range(self.members))   # ... less those left out for silence; rank order in the group
         self.tensor_parallel_size = max(1, (world_size - 1) // max(1, generators.peers))
         self.control = control
         self.sender = sender
@@ -77,17 +78,23 @@ class Pusher:
                                            timeout_s=timeout_s, trainer_epoch=trainer_epoch)
         self.fenced_by_generator: dict[int, int] = {}   # refused pushes each generator reported (its highest)
         self.on_other = on_other
+        # the generators among those given that trainer 0 hears nothing from (``trainer.liveness``): a push stops
+        # waiting for their ACKs at once (``trainer.membership`` sets it)
+        self.gone: Callable[[Iterable[int]], set[int]] = lambda generators: set()
+        self.send_within: Callable[[], float] = lambda: ACK_TIMEOUT_SECONDS   # a SYNC notice's bound (ditto)
         self._flight: weightsync.InFlight | None = None
         self._acked: list[wire.Ack] = []
 
-    def reform(self, *, members: int | None = None) -> int:
-        """Abandon the weight-sync epoch (a generator left, came back or joined); the next push forms the next one,
-        over ``members`` generators when given."""
+    def reform(self, *, members: int | None = None, left_out: frozenset[int] = frozenset()) -> int:
+        """Abandon the weight-sync epoch (a generator left, came back, joined or went silent); the next push forms
+        the next one, over ``members`` generators when given, less those ``left_out`` (the rest take their ranks in
+        index order: each SYNC names its receiver's ``rank_base``)."""
         self.finish_quietly()
         if members is not None:
             self.members = members
-            self.notice["world_size"] = weightsync.world_size(generators=members,
-                                                              tensor_parallel_size=self.tensor_parallel_size)
+        self.targets = [g for g in range(self.members) if g not in left_out] or [0]
+        self.notice["world_size"] = weightsync.world_size(generators=len(self.targets),
+                                                          tensor_parallel_size=self.tensor_parallel_size)
         return self.sender.reset(world_size=int(self.notice["world_size"]))
 
     def push(self, *, version: int, step: int) -> types.SyncResult:
@@ -99,9 +106,14 @@ class Pusher:
     def start(self, *, version: int, step: int) -> None:
         """SYNC notices, snapshot, broadcast in the background (see the module docstring)."""
         self.finish_quietly()
-        sync = wire.Sync(version=version, step=step, epoch=self.sender.epoch, **self.notice)
-        for g in range(self.members):   # bounded: a generator gone without a word fails the push, not the trainer
-            self.generators.send(sync, to=g, timeout=ACK_TIMEOUT_SECONDS)
+        silent = self.gone(self.targets)
+        if silent:       # left out at the next check: this push would only wait for them
+            raise weightsync.WeightSyncError(f"weight sync v{version}: generators {sorted(silent)} silent")
+        for rank, g in enumerate(self.targets):   # bounded: a generator gone without a word fails the push
+            sync = wire.Sync(version=version, step=step, epoch=self.sender.epoch, **self.notice,
+                             rank_base=weightsync.rank_base(generator_index=rank,
+                                                            tensor_parallel_size=self.tensor_parallel_size))
+            self.generators.send(sync, to=g, timeout=self.send_within())
         self._acked = []
         self._flight = self.sender.start(self.tensors(), version=version)
 
@@ -137,7 +149,7 @@ class Pusher:
             pass
 
     def _acks(self, version: int, *, early: Sequence[wire.Ack] = ()) -> list[types.SyncResult]:
-        want = set(range(self.members))
+        want = set(self.targets)
         got: list[types.SyncResult] = []
 
         failed: list[str] = []
@@ -154,15 +166,27 @@ class Pusher:
             if parsed is not None:
                 got.append(parsed)
 
-        for ack in early:
-            take(ack)
-        deadline = time.monotonic() + ACK_TIMEOUT_SECONDS
-        while want and time.monotonic() < deadline:
-            msg = self.control.recv(timeout=0.5)
+        def read(timeout: float) -> bool:
+            msg = self.control.recv(timeout=timeout)
             if isinstance(msg, wire.Ack) and msg.of == wire.Kind.SYNC and msg.version == version:
                 take(msg)
             elif msg is not None:
                 self.on_other(msg)
+            return msg is not None
+
+        for ack in early:
+            take(ack)
+        deadline = time.monotonic() + ACK_TIMEOUT_SECONDS
+        while want and time.monotonic() < deadline:
+            # what waits is read before silence is judged: after a train step longer than the silence, the
+            # ACKs and beats that came meanwhile are in the inbox, unheard, and a live generator is not silent
+            while want and time.monotonic() < deadline and read(0.0):
+                pass
+            silent = self.gone(want)
+            if silent:               # their beats stopped: no ACK is coming
+                failed.append(f"generators {sorted(silent)} silent")
+                break
+            read(0.5)
         if failed:
             raise weightsync.WeightSyncError(f"weight sync v{version}: loading failed on {'; '.join(failed)}")
         return got if not want else []

@@ -21,6 +21,7 @@ push keeps rank 0's memory at one bucket), as is every push by a pusher without 
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -32,7 +33,7 @@ class WeightPusher(Protocol):
         """Announce SYNC to every generator, broadcast the weights, wait for every ACK; raises
         ``weightsync.WeightSyncError`` (or any RuntimeError) when the group broke."""
 
-    def reform(self, *, members: int | None = None) -> int:
+    def reform(self, *, members: int | None = None, left_out: frozenset[int] = frozenset()) -> int:
         """Abandon the current weight-sync epoch; the next push forms a new one (over ``members`` generators when
         given). Returns the new epoch."""
 
@@ -52,6 +53,7 @@ class Membership(Protocol):
     def drain(self) -> None: ...
     def check_silent(self) -> None: ...
     def push_failed(self, exc: BaseException) -> None: ...
+    def pushed(self) -> None: ...
 
 
 class Pushes:
@@ -63,6 +65,7 @@ class Pushes:
         self.pusher = pusher
         self.membership = membership
         self.beat = beat
+        self.weights_at: float | None = None    # wall clock of the last whole push that reached every generator
 
     def push_overlapped(self, *, step: int) -> types.SyncResult | None:
         """Rank 0: finish the push still in flight (started after the previous due step; its figures go in this
@@ -91,6 +94,8 @@ class Pushes:
         assert self.membership is not None
         try:
             result: types.SyncResult | None = getattr(self.pusher, "finish")()
+            if result is not None:
+                self.membership.pushed()
             return result
         except RuntimeError as exc:
             self.membership.push_failed(exc)
@@ -109,7 +114,10 @@ class Pushes:
         self.membership.check_silent()    # so does a member silent since the last failed push
         self.beat("sync")
         try:
-            return self.pusher.push(version=self.learner.policy_version, step=step)
+            result = self.pusher.push(version=self.learner.policy_version, step=step)
+            self.weights_at = time.time()   # after a resume or a change of membership: the recovery's weights part
+            self.membership.pushed()
+            return result
         except RuntimeError as exc:
             self.membership.push_failed(exc)
             return None

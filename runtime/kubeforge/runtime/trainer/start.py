@@ -36,6 +36,7 @@ def settings(cfg: config.RoleConfig) -> loop.Settings:
         checkpoint_dir=cfg.checkpoint_dir, checkpoint_keep=spec.checkpoint.keep,
         deadline=float(spec.failure_policy.progress_deadline_seconds),
         reissue_after=max(1.0, spec.failure_policy.progress_deadline_seconds / 4),
+        peer_silence=float(spec.failure_policy.peer_silence_seconds),
         start_deadline=float(spec.failure_policy.start_deadline_seconds()),
         colocated=spec.schedule.mode == rljob.ScheduleMode.COLOCATED,
         refill_rounds=spec.algorithm.refill_rounds(),

@@ -22,14 +22,14 @@ from kubeforge.runtime.wire.frame import (HEADER, MAGIC, MAX_BATCH_COMPLETIONS, 
                                           MAX_FRAME_BYTES, MAX_INT, MAX_NAME_CHARS, MAX_PORT, MAX_PROMPTS,
                                           MAX_TEXT_CHARS, MAX_TOKENS, MAX_VERIFIERS, REASON_FOREIGN, REASON_MALFORMED,
                                           REASON_VERSION, REASONS, SCHEMA_VERSION, UNEXPECTED, WireError)
-from kubeforge.runtime.wire.messages import (ENV_OPS, KIND_OF, Ack, Batch, EnvAnswer, EnvCall, EnvReply, Hello, Kind,
-                                             Message, Ready, Rollout, Scored, Stop, Sync, Work, kind_of)
+from kubeforge.runtime.wire.messages import (ALIVE, ENV_OPS, KIND_OF, Ack, Batch, EnvAnswer, EnvCall, EnvReply,
+                                             Hello, Kind, Message, Ready, Rollout, Scored, Stop, Sync, Work, kind_of)
 from kubeforge.runtime.wire.rollouts import BATCH_BYTES, BATCH_HEAD
 
 __all__ = [
     "BATCH_BYTES", "BATCH_HEAD", "HEADER", "KIND_OF", "MAGIC", "MAX_BATCH_COMPLETIONS", "MAX_BATCH_GROUPS",
     "MAX_COMPLETIONS", "MAX_FRAME_BYTES", "MAX_INT", "MAX_NAME_CHARS", "MAX_PORT", "MAX_PROMPTS", "MAX_TEXT_CHARS",
     "MAX_TOKENS", "MAX_VERIFIERS", "REASONS", "REASON_FOREIGN", "REASON_MALFORMED", "REASON_VERSION",
-    "SCHEMA_VERSION", "UNEXPECTED", "ENV_OPS", "Ack", "Batch", "EnvAnswer", "EnvCall", "EnvReply", "Hello", "Kind", "Message", "Ready", "Rollout", "Scored", "Stop",
+    "SCHEMA_VERSION", "UNEXPECTED", "ALIVE", "ENV_OPS", "Ack", "Batch", "EnvAnswer", "EnvCall", "EnvReply", "Hello", "Kind", "Message", "Ready", "Rollout", "Scored", "Stop",
     "Sync", "Work", "WireError", "decode", "encode", "kind_of", "pack",
 ]

@@ -72,6 +72,10 @@ class Ack:
     detail: str = ""
 
 
+# An Ack of kind READY, ok, with this detail: a generator's "I am alive" beat to trainer 0 (``generator.join``).
+ALIVE = "alive"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Stop:
     """Orderly shutdown of the peer."""
@@ -118,6 +122,8 @@ class Sync:
     timeout_s: int = 120
     epoch: int = 0          # the weight-sync group's epoch: a new one each time the membership re-forms
     trainer_epoch: int = 0  # the sender's trainer epoch: generators refuse an older one (docs/fencing.md)
+    rank_base: int = 0      # the receiving generator's first rank in this epoch's group; 0: from its index (a
+                            # generator found silent is left out of the group, so the live ones are renumbered)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

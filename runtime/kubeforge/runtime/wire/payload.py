@@ -161,7 +161,7 @@ def _sync_in(r: Reader) -> messages.Sync:
                       host=r.text("host", frame.MAX_NAME_CHARS), port=r.integer("port", 1, frame.MAX_PORT),
                       world_size=r.integer("world_size", 1, 1 << 20), backend=backend,
                       timeout_s=r.integer("timeout_s", 1, 86400), epoch=r.integer("epoch"),
-                      trainer_epoch=r.integer("trainer_epoch"))
+                      trainer_epoch=r.integer("trainer_epoch"), rank_base=r.integer("rank_base", 0, 1 << 20))
     r.done()
     return m
 
