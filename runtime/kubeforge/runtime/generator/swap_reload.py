@@ -37,7 +37,8 @@ Invariants:
   leaves the engine serving the old weights whole.
 - Memory (bounded): one model-format copy of the weights (allocated on the first sync, reused by every later one:
   no page faults after it; once a layout's plan is learned, only the tensors that are not views of the receive
-  buffers keep it), plus, between a sync's build and its swap, the new packed kernels beside the old ones.
+  buffers keep it), plus, between a sync's build and its swap, the new packed kernels beside the old ones (the
+  swap hands the old ones to the next build, which frees them before it packs: freeing is no part of the pause).
 - Supported layers: unquantized linear and embedding methods (the ones vLLM packs on CPU) and modules whose tensors
   the forward reads as they are (norms). Anything else (quantized layers, LoRA-wrapped layers) raises
   :class:`Unsupported` at construction; the caller then uses vLLM's in-place reload.
@@ -101,6 +102,7 @@ class ShadowModel:
         self._aliased: list[tuple[torch.Tensor, tuple[int, int]]] = []   # shadow tensors viewing the buffers
         self._alias_buffers: list[torch.Tensor] = []
         self.replayed = False                                  # last build followed a learned plan
+        self._retired: list[Any] = []                          # what the last swap replaced (old kernels)
         self._layerwise()
 
     # ------------------------------------------------------------ construction
@@ -231,6 +233,7 @@ class ShadowModel:
         one place of the buffers are views of it (the loaders' copies onto them are no-ops), and when the loaders
         only routed bytes, later builds of that layout skip them and build each layer once its last tensor landed."""
         start = time.perf_counter()
+        self._retired.clear()           # the kernels the last swap replaced: freed here, off the pause
         with torch.no_grad():           # grad mode is per thread: this runs in the receiver's thread
             for shadow, name, tensor in self.slots:   # processing emptied the packed weights: put ours back
                 where: dict[str, Any] = shadow._parameters if name in shadow._parameters else shadow._buffers
@@ -371,7 +374,8 @@ class ShadowModel:
         with torch.no_grad():
             for live_tensor, new in copies:
                 live_tensor.copy_(new)
-        for module, name, value in attrs:
+        for module, name, value in attrs:   # the old kernels are freed by the next build, not in the pause
+            self._retired.append(module.__dict__.get(name))
             module.__dict__[name] = value
         self.built = False
         self._plan = ([], [])
