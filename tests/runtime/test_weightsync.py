@@ -295,6 +295,65 @@ def test_the_shadow_builds_each_layer_as_soon_as_its_tensors_are_loaded(
     assert got["shared"], "the tied lm_head packed the embedding's weight again"
 
 
+@pytest.mark.vllm
+def test_later_syncs_of_a_layout_land_in_the_shadow_and_serve_what_an_in_place_reload_serves(
+        weight_sync: object, tiny_engine: object, tiny_model_dir: pathlib.Path) -> None:
+    """The first sync of a layout records the loaders' copies: the shadow tensors that are identity copies of the
+    receive buffers become views of them (no copy of their own), and later syncs of that layout hand the loaders
+    only the other tensors (here the fused QKV, whose pieces lie between their biases, and the padded embedding),
+    building each aliased layer once its last tensor has landed. What such a sync serves, full or as a delta, is
+    bit for bit what vLLM's in-place reload of the same weights serves, and equals the trainer's model."""
+    sender = weight_sync.sender  # type: ignore[attr-defined]
+    bucket_bytes, delta = sender.bucket_bytes, sender.delta
+    sender.bucket_bytes, sender.delta = 64 << 20, True   # one bucket: a fused layer's pieces lie back to back
+
+    def sync(model: transformers.PreTrainedModel, version: int, *, swap: bool = True) -> weightsync.SyncStats:
+        flight = sender.start(_named(model), version=version)
+        got = tiny_engine.receive_weights(swap=swap)  # type: ignore[attr-defined]
+        flight.result(60)
+        return got  # type: ignore[no-any-return]
+
+    try:
+        first, second = trainer_model(tiny_model_dir, noise_seed=13), trainer_model(tiny_model_dir, noise_seed=14)
+        assert sync(first, 30).swapped
+        learned = tiny_engine.llm.collective_rpc(_shadow_state)[0]  # type: ignore[attr-defined]
+        assert not learned["replayed"] and 0 < learned["routed"] < learned["entries"], learned
+        assert learned["aliased"] > 0 and learned["in_buffers"], learned
+        got = sync(second, 31)
+        state = tiny_engine.llm.collective_rpc(_shadow_state)[0]  # type: ignore[attr-defined]
+        assert got.swapped and state["replayed"] and state["routed"] == learned["routed"], state
+        swapped = engine_greedy(tiny_engine)
+        sync(second, 32, swap=False)                       # the same weights, through vLLM's in-place reload
+        assert engine_greedy(tiny_engine) == swapped
+        third = trainer_model(tiny_model_dir, noise_seed=14)
+        with torch.no_grad():                              # a few elements change: the next sync is a delta
+            third.model.layers[1].mlp.down_proj.weight[:3] += 0.25
+            third.model.norm.weight[:5] -= 0.5
+        same, worst = engine_vs_hf(tiny_engine, third)
+        assert not (same and worst < ATOL), "the change must show in what the engine serves"
+        got = sync(third, 33)
+        assert got.delta and got.swapped and tiny_engine.llm.collective_rpc(  # type: ignore[attr-defined]
+            _shadow_state)[0]["replayed"]
+        swapped = engine_greedy(tiny_engine)
+        same, worst = engine_vs_hf(tiny_engine, third)
+        assert same and worst < ATOL, f"tokens equal={same}, logprob diff {worst}"
+        sync(third, 34, swap=False)
+        assert engine_greedy(tiny_engine) == swapped
+    finally:
+        sender.bucket_bytes, sender.delta = bucket_bytes, delta
+
+
+def _shadow_state(worker: object) -> dict[str, object]:
+    """The extension's shadow after its last build: whether it followed a plan, how many received tensors the
+    plan routes past the loaders, how many shadow tensors view the receive buffers (and that they do)."""
+    shadow, receiver = worker._kf_shadow, worker._kf_receiver  # type: ignore[attr-defined]
+    plan = shadow.aliases
+    storages = {b.untyped_storage().data_ptr() for b in receiver.buffers.buffers}
+    return {"replayed": shadow.replayed, "routed": len(plan.routed) if plan else 0, "entries": len(plan.key[0]) if plan
+            else 0, "aliased": len(shadow._aliased),
+            "in_buffers": all(t.untyped_storage().data_ptr() in storages for t, _ in shadow._aliased)}
+
+
 # ---------------------------------------------------------------- gloo only (no engine)
 
 

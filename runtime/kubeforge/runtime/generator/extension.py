@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from kubeforge.runtime import weightsync
-from kubeforge.runtime.generator import swap_reload
+from kubeforge.runtime.generator import aliases, swap_reload
 from kubeforge.runtime.models import adapter
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class WeightSyncExtension:
                 self._kf_swap = False
                 return None
         try:
-            self._kf_shadow.build(staged.tensors())
+            self._kf_shadow.build(staged.tensors(), layout=aliases.layout(staged))
         except swap_reload.Unsupported as e:
             log.warning("weight sync: swap reload not supported for this model (%s); reloading in place", e)
             self._kf_swap, self._kf_shadow = False, None

@@ -26,28 +26,38 @@ and a layer is built the moment its tensors are whole, so only the last bucket's
 done. Layers whose count never completes (vocabulary padding) are built after the load. Shadows of the very same
 tensors with the same method (a tied lm_head and the embedding) are twins: one kernel, built once, serves both.
 
+Received in place (``aliases``): given the sync's layout (``build(..., layout=)``), the first build of a layout
+records the loaders' copies; shadow tensors that are identity copies of one place of the receive buffers become views
+of it, and later builds of that layout hand the loaders only the tensors not routed that way (none for a Llama) and
+build each layer made of views as soon as its last tensor has landed: no copy and no Python per tensor.
+
 Invariants:
 - Nothing on the serving model changes before :meth:`swap`, which runs on the engine's thread between batches; a
   sync that fails to load (unknown names, wrong shapes, non-float dtypes, missing tensors) raises before the swap and
   leaves the engine serving the old weights whole.
 - Memory (bounded): one model-format copy of the weights (allocated on the first sync, reused by every later one:
-  no page faults after it), plus, between a sync's build and its swap, the new packed kernels beside the old ones.
+  no page faults after it; once a layout's plan is learned, only the tensors that are not views of the receive
+  buffers keep it), plus, between a sync's build and its swap, the new packed kernels beside the old ones (the
+  swap hands the old ones to the next build, which frees them before it packs: freeing is no part of the pause).
 - Supported layers: unquantized linear and embedding methods (the ones vLLM packs on CPU) and modules whose tensors
   the forward reads as they are (norms). Anything else (quantized layers, LoRA-wrapped layers) raises
   :class:`Unsupported` at construction; the caller then uses vLLM's in-place reload.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import time
 from collections.abc import Iterator
 from types import MethodType
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from kubeforge.runtime import weightsync
+from kubeforge.runtime.generator import aliases
 
 SUPPORTED_METHODS = ("UnquantizedLinearMethod", "UnquantizedEmbeddingMethod")
 _MODULE_DICTS = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set")
@@ -88,6 +98,11 @@ class ShadowModel:
         self._set_by: dict[int, dict[str, Any]] = {}           # id(shadow) -> attributes its processing set
         self._counting = False
         self.late_layers: list[str] = []                       # last build: layers built after the whole load
+        self.aliases: aliases.Plan | None = None               # learned from a build of the current layout
+        self._aliased: list[tuple[torch.Tensor, tuple[int, int]]] = []   # shadow tensors viewing the buffers
+        self._alias_buffers: list[torch.Tensor] = []
+        self.replayed = False                                  # last build followed a learned plan
+        self._retired: list[Any] = []                          # what the last swap replaced (old kernels)
         self._layerwise()
 
     # ------------------------------------------------------------ construction
@@ -176,7 +191,8 @@ class ShadowModel:
             if self._loaded[key] >= self._need[key]:
                 for owner in self._owners[key]:
                     if self._whole(owner):
-                        self._process(owner)
+                        with _disable_current_modes():   # a recording build: the packing is not recorded
+                            self._process(owner)
             return out
 
         return counted
@@ -206,12 +222,18 @@ class ShadowModel:
 
     # ------------------------------------------------------------ build (background) and swap (between batches)
 
-    def build(self, weights: Iterator[tuple[str, torch.Tensor]]) -> float:
+    def build(self, weights: Iterator[tuple[str, torch.Tensor]], *, layout: aliases.Layout | None = None) -> float:
         """Load ``weights`` (HF names, checkpoint format) into the shadow and build every layer's kernels from it,
         each layer as soon as its tensors are loaded (``weights`` may still be arriving: layers build while later
         ones are on the wire); returns the seconds it took. :class:`LoadError` when the weights do not fit (the
-        serving model untouched)."""
+        serving model untouched).
+
+        ``layout``: where ``weights`` lie in the receive buffers (they are views of them). The first build of a
+        layout records the loaders' copies (:mod:`aliases`); from then on, the shadow tensors that are byte for byte
+        one place of the buffers are views of it (the loaders' copies onto them are no-ops), and when the loaders
+        only routed bytes, later builds of that layout skip them and build each layer once its last tensor landed."""
         start = time.perf_counter()
+        self._retired.clear()           # the kernels the last swap replaced: freed here, off the pause
         with torch.no_grad():           # grad mode is per thread: this runs in the receiver's thread
             for shadow, name, tensor in self.slots:   # processing emptied the packed weights: put ours back
                 where: dict[str, Any] = shadow._parameters if name in shadow._parameters else shadow._buffers
@@ -221,34 +243,105 @@ class ShadowModel:
             before = [dict(shadow.__dict__) for _, shadow in self.pairs]
             self.built = False
             self._loaded, self._done, self._set_by = {}, set(), {}
-            seen: list[str] = []
-            tensors = {name: id(t) for name, t in self.root.named_parameters()}
-            self._counting = True
-            try:
-                loaded = _call(self.root, "load_weights", _checked(weights, seen))
-            except (LoadError, weightsync.WeightSyncError):   # a misfit we named, or the wire broke under the build
-                raise
-            except Exception as e:      # noqa: BLE001 - vLLM's loaders raise KeyError/AssertionError/ValueError
-                at = f" at {seen[-1]!r}" if seen else ""
-                raise LoadError(f"the weights do not fit the model{at}: {type(e).__name__}: {e}") from e
-            finally:
-                self._counting = False
-            if loaded is not None:
-                missing = sorted({n for n, _ in self.root.named_parameters()} - set(loaded))
-                if missing:
-                    raise LoadError(f"the sync lacks {len(missing)} of the model's weights: {', '.join(missing[:5])}"
-                                    + (" ..." if len(missing) > 5 else ""))
-                nothing = [n for n in loaded if tensors.get(n) in self._need and not self._loaded.get(tensors[n])]
-                if nothing:     # its loaders wrote elsewhere: a kernel built from this shadow would be stale
-                    raise Unsupported(f"the loaders of {nothing[0]} copied nothing into the shadow")
-            late = [shadow for shadow in self.processed if id(shadow) not in self._done]
-            for shadow in late:     # layers whose loads never reached their count (e.g. padding): built now
-                if id(shadow) not in self._done:
-                    self._process(shadow)
-            self.late_layers = [type(shadow).__name__ for shadow in late]
+            plan = self.aliases if layout is not None and self.aliases is not None and (
+                self.aliases.key == layout.key) else None
+            if plan is None:
+                self._unalias()
+            self.replayed = plan is not None
+            if plan is not None:
+                self._replay(weights, plan)
+            else:
+                self._load(weights, layout)
+            self._keep_aliases()
         self._plan = self._swap_plan(before)
         self.built = True
         return time.perf_counter() - start
+
+    def _load(self, weights: Iterator[tuple[str, torch.Tensor]], layout: aliases.Layout | None) -> None:
+        """Load through the model's loaders, each layer built once whole; with ``layout``, recorded, and the shadow's
+        tensors that turn out to be identity copies of the buffers become views of them (:mod:`aliases`)."""
+        own = list(self._tensors.values())
+        recorder = aliases.Recorder(targets=own, buffers=layout.buffers) if layout is not None else None
+        layers = [(shadow, [t for t in shadow._parameters.values() if t is not None]) for shadow in self.processed]
+        where = {id(t): int(t.data_ptr()) for t in own}
+        with recorder if recorder is not None else contextlib.nullcontext():
+            self._loaders(weights, check=True)
+        self._build_late()
+        if recorder is not None and layout is not None:
+            rebound = {id(t) for t in own if int(t.data_ptr()) != where[id(t)]}   # processing replaced its memory
+            self.aliases = aliases.learn(key=layout.key, recorder=recorder, places=layout.places, layers=layers,
+                                         rebound=rebound)
+            self._alias(layout.buffers)
+
+    def _replay(self, weights: Iterator[tuple[str, torch.Tensor]], plan: aliases.Plan) -> None:
+        """A build that follows a learned plan: the routed tensors land in the shadow's own memory (its views of the
+        buffers), so only the others go through the loaders; a layer made of aliases only is built once the last
+        of its tensors has landed (``weights`` waits for each bucket and applies a delta)."""
+        def rest() -> Iterator[tuple[str, torch.Tensor]]:
+            for i, item in enumerate(weights):
+                for shadow in plan.ready.get(i, ()):
+                    if id(shadow) not in self._done:
+                        self._process(shadow)
+                if i not in plan.routed:
+                    yield item
+
+        feed = rest()
+        first = next(feed, None)
+        if first is not None:   # the plan was learned from a build of this very layout: its checks passed there
+            self._loaders(itertools.chain([first], feed), check=False)
+        self._build_late()
+
+    def _loaders(self, weights: Iterator[tuple[str, torch.Tensor]], *, check: bool) -> None:
+        """The model's ``load_weights`` over ``weights``, counted (each layer built once whole); ``check``: refuse a
+        sync that lacks weights or whose loaders wrote elsewhere."""
+        seen: list[str] = []
+        tensors = {name: id(t) for name, t in self.root.named_parameters()}
+        self._counting = True
+        try:
+            loaded = _call(self.root, "load_weights", _checked(weights, seen))
+        except (LoadError, weightsync.WeightSyncError):   # a misfit we named, or the wire broke under the build
+            raise
+        except Exception as e:      # noqa: BLE001 - vLLM's loaders raise KeyError/AssertionError/ValueError
+            at = f" at {seen[-1]!r}" if seen else ""
+            raise LoadError(f"the weights do not fit the model{at}: {type(e).__name__}: {e}") from e
+        finally:
+            self._counting = False
+        if loaded is not None and check:
+            missing = sorted({n for n, _ in self.root.named_parameters()} - set(loaded))
+            if missing:
+                raise LoadError(f"the sync lacks {len(missing)} of the model's weights: {', '.join(missing[:5])}"
+                                + (" ..." if len(missing) > 5 else ""))
+            nothing = [n for n in loaded if tensors.get(n) in self._need and not self._loaded.get(tensors[n])]
+            if nothing:     # its loaders wrote elsewhere: a kernel built from this shadow would be stale
+                raise Unsupported(f"the loaders of {nothing[0]} copied nothing into the shadow")
+
+    def _build_late(self) -> None:
+        """Build the layers not built yet (loads that never reached their count, e.g. padding rows)."""
+        late = [shadow for shadow in self.processed if id(shadow) not in self._done]
+        for shadow in late:
+            if id(shadow) not in self._done:
+                self._process(shadow)
+        self.late_layers = [type(shadow).__name__ for shadow in late]
+
+    def _alias(self, buffers: list[torch.Tensor]) -> None:
+        """Point every aliasable shadow tensor at its place in the buffers (its own memory is freed)."""
+        assert self.aliases is not None
+        by_id = {id(t): t for t in self._tensors.values()}
+        self._aliased = [(by_id[tid], place) for tid, place in self.aliases.views.items()]
+        self._alias_buffers = buffers
+        for tensor, place in self._aliased:
+            aliases.alias(tensor, buffers, place)
+
+    def _keep_aliases(self) -> None:
+        """After a build: if the processing replaced an aliased tensor's memory, learn again next time."""
+        if any(not aliases.is_alias(t, self._alias_buffers, place) for t, place in self._aliased):
+            self._unalias()
+
+    def _unalias(self) -> None:
+        """Give every aliased shadow tensor memory of its own again (a new layout, or an alias lost)."""
+        for tensor, _ in self._aliased:
+            tensor.data = tensor.data.clone()
+        self._aliased, self._alias_buffers, self.aliases = [], [], None
 
     def _swap_plan(self, before: list[dict[str, Any]]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]],
                                                                  list[tuple[torch.nn.Module, str, Any]]]:
@@ -281,7 +374,8 @@ class ShadowModel:
         with torch.no_grad():
             for live_tensor, new in copies:
                 live_tensor.copy_(new)
-        for module, name, value in attrs:
+        for module, name, value in attrs:   # the old kernels are freed by the next build, not in the pause
+            self._retired.append(module.__dict__.get(name))
             module.__dict__[name] = value
         self.built = False
         self._plan = ([], [])

@@ -55,6 +55,15 @@ class Staged:
     applier: deltas.Applier | None = dataclasses.field(default=None, repr=False, compare=False)
     full_bytes: int = 0
 
+    @property
+    def full(self) -> list[torch.Tensor]:
+        """The receive buffers ``tensors`` hands out views of (a delta's payload lands in ``buffers`` instead)."""
+        return self.applier.full if self.applier is not None else self.buffers
+
+    def places(self) -> list[tuple[int, int, int]]:
+        """Each tensor's (bucket, byte offset, bytes) in ``full``, in the order ``tensors`` hands them out."""
+        return [(int(e["bucket"]), int(e["offset"]), _tensor_bytes(e)) for e in self.entries]
+
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, view into the receive buffers, whole: a delta is applied first): valid until the receiver's
         next sync. While the sync is still arriving (inside ``prepare``), each bucket's tensors come once that bucket
@@ -347,4 +356,8 @@ class _BucketStream:
 
 
 def _full_bytes(entries: list[dict[str, Any]]) -> int:
-    return sum(math.prod(e["shape"]) * protocol.DTYPES[e["dtype"]].itemsize for e in entries)
+    return sum(_tensor_bytes(e) for e in entries)
+
+
+def _tensor_bytes(e: dict[str, Any]) -> int:
+    return int(math.prod(e["shape"])) * protocol.DTYPES[e["dtype"]].itemsize
