@@ -93,6 +93,10 @@ class StepRecord(StepMetrics):
     weight_sync_bytes: int | None = None
     dropped_stale: int = 0
     dropped_total: int = 0
+    infra_masked_rollouts: int = Field(0, description="Rollout groups kept out of training since the previous "
+                                       "step's record because a pod they depended on was lost (an episode's "
+                                       "environment server: env_lost), not scored and sampled again; trainer rank "
+                                       "0's share.")
     policy_lag: dict[str, int] = Field(default_factory=dict, description="Groups trained by their policy lag.")
     # partial rollouts (spec.algorithm.partialRollouts): tokens by policy version (trainer rank 0's share)
     token_lag_mean: float | None = Field(None, description="Mean policy lag of the completion tokens trained on.")
@@ -192,12 +196,12 @@ class ProgressReport(rljob.Progress):
 
     def encode(self) -> str:
         """The annotation's value: compact camelCase JSON; ``evalAccuracy``, ``lastExport`` and the episode fields
-        only once known, the fencing fields only when not 0."""
+        only once known, the fencing fields and ``infraMaskedRollouts`` only when not 0."""
         doc = self.model_dump(mode="json", by_alias=True)
         for key in ("evalAccuracy", "lastExport", "episodeTurnsMean", "toolCalls"):
             if doc.get(key) is None:
                 doc.pop(key, None)
-        for key in ("trainerEpoch", "fencedCheckpoints", "fencedPushes", "time"):   # 0: unfenced, none, unknown
+        for key in ("trainerEpoch", "fencedCheckpoints", "fencedPushes", "time", "infraMaskedRollouts"):   # 0: none
             if doc.get(key) == 0:
                 doc.pop(key, None)
         if doc.get("weightsAt") is None:

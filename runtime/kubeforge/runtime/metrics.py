@@ -85,7 +85,7 @@ class Metrics:
                                    "context, masked out of the loss).")
         self.env_failures = Family(self._raw(prom.Counter, "env_failures_total", "Episodes ended by their "
                                              "environment's failure, by kind: env_error, env_timeout, env_garbage, "
-                                             "env_flood, env_lost.", ("kind",)), self._base)
+                                             "env_flood.", ("kind",)), self._base)
         # the agents endpoint (spec.environment type Verifiers; generator: agents.endpoint.server)
         self.endpoint_requests = Family(self._raw(prom.Counter, "endpoint_requests_total", "HTTP requests to the "
                                                   "agents endpoint, by outcome: answered, refused, disconnected "
@@ -138,6 +138,11 @@ class Metrics:
                                                  "by reason: stale (policy lag), malformed, foreign, version, "
                                                  "unauthenticated.",
                                                  ("reason",)), self._base)
+        self.infra_masked_rollouts = Family(self._raw(prom.Counter, "infra_masked_rollouts_total", "Rollout "
+                                                      "groups kept out of training because a pod they depended on "
+                                                      "was lost, by reason: env_lost (an episode's environment "
+                                                      "server died, went silent or forgot it); sampled again, never "
+                                                      "scored 0 and trained on (trainer).", ("reason",)), self._base)
         # verifier
         self.verifier_score = Family(self._raw(prom.Histogram, "verifier_score", "Score of each completion by each "
                                                "verifier.", ("verifier",), buckets=_UNIT), self._base)

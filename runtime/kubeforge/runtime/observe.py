@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from kubeforge.api import progress
 from kubeforge.runtime import metrics as metrics_mod
-from kubeforge.runtime import types, wire
+from kubeforge.runtime import infra, types, wire
 
 
 class Base:
@@ -162,4 +162,6 @@ class TrainerObserver(Base):
         m.rollouts_received.inc(record.groups)
 
     def dropped(self, *, reason: str) -> None:
-        self.m.rollouts_dropped.labels(reason=reason).inc()
+        """A group the buffer dropped; one lost to infrastructure is counted apart (``infra``)."""
+        family = self.m.infra_masked_rollouts if reason in infra.ENDS else self.m.rollouts_dropped
+        family.labels(reason=reason).inc()

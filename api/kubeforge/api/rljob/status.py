@@ -63,6 +63,10 @@ class Progress(Model):
                                              "(spec.environment; trainer rank 0's share).")
     tool_calls: int | None = Field(None, description="Tool calls of the last step's episodes (spec.environment; "
                                    "trainer rank 0's share).")
+    infra_masked_rollouts: int = Field(0, description="Rollout groups kept out of training while the last step was "
+                                       "collected because a pod they depended on was lost (an episode's environment "
+                                       "server died, went silent or forgot it: env_lost), sampled again instead of "
+                                       "trained on with reward 0 (trainer rank 0's share; docs/agents.md).")
     last_export: ExportInfo | None = Field(None, description="The last export served on request (set the "
                                            "annotation kubeforge.dev/export-request on the RLJob to a new id to "
                                            "ask for one); it stays once set.")

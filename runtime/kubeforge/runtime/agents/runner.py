@@ -10,7 +10,9 @@
 
 An episode ends when its environment says done (``stop``), after ``maxTurns`` policy turns (``max_turns``), when the
 next turn would pass ``maxTokensPerEpisode`` or the model's context (``max_tokens``), or when its environment fails
-(``host.FAILURES``: counted by kind in ``stats``; the other episodes go on). With ``toolFormat: Native``
+(``host.FAILURES``: counted by kind in ``stats``; the other episodes go on). An episode lost with its environment's
+server (``env_lost``, ``infra.ENDS``) is counted apart (``stats.lost``): a pod was lost, the policy did nothing wrong,
+and its group is kept out of training downstream (``infra``). With ``toolFormat: Native``
 (``native``) the tools are rendered by the model's template, each turn is read in its tool-call format before the
 environment steps (a turn whose markup does not parse counts as a tool error) and the answers go back as ``tool``
 messages; the sampled ids are the same either way. Neighbours: ``generator.start`` builds
@@ -25,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from kubeforge.api import rljob
-from kubeforge.runtime import types
+from kubeforge.runtime import infra, types
 from kubeforge.runtime.agents import chat, episode, native
 from kubeforge.runtime.agents.hosts import host as host_mod
 from kubeforge.runtime.agents.envs import registry
@@ -46,7 +48,8 @@ class TurnEngine(Protocol):
 class Stats:
     """What the runner saw since the metrics last drained it."""
 
-    failures: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    failures: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # the environment's
+    lost: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # infrastructure (infra)
     step_seconds: list[float] = dataclasses.field(default_factory=list)
     episodes: list[types.EpisodeStats] = dataclasses.field(default_factory=list)
     masked_tokens: int = 0
@@ -54,6 +57,7 @@ class Stats:
     def drain(self) -> Stats:
         out = dataclasses.replace(self)
         self.failures, self.step_seconds, self.episodes, self.masked_tokens = collections.Counter(), [], [], 0
+        self.lost = collections.Counter()
         return out
 
 
@@ -182,4 +186,4 @@ class EpisodeSampler:
 
     def _fail(self, ep: episode.Episode, kind: str) -> None:
         ep.finish(kind)
-        self.stats.failures[kind] += 1
+        (self.stats.lost if kind in infra.ENDS else self.stats.failures)[kind] += 1

@@ -13,7 +13,9 @@ Definitions (what each figure means, so bench/ and tests compare like with like)
   each update; ``grpo/mismatch``); ``logprob_mismatch_max_ratio``: the largest token ratio of the run.
 - ``episode_turns_mean``: mean over the steps of the per-step mean policy turns per episode (null without
   ``spec.environment``); ``tool_calls_total`` / ``tool_errors_total``: tool calls (and failed ones) of every episode
-  trained on; ``env_masked_tokens``: environment tokens kept in context but masked out of the loss.
+  trained on; ``env_masked_tokens``: environment tokens kept in context but masked out of the loss;
+  ``infra_masked_rollouts``: rollout groups kept out of training because a pod they depended on was lost (an
+  episode's environment server: ``env_lost``), summed over the steps' records (trainer rank 0's share).
 - ``mfu``: median over the steps of each step's model FLOPs utilisation (its matmul FLOP/s over the GEMM peak
   measured in the trainer's process: ``learner/utilisation``); ``flops_per_second`` and ``peak_flops_per_second``:
   the medians of the two (null when no step reports them).
@@ -97,6 +99,7 @@ def summarize(records: Iterable[progress.StepRecord], *, wall_seconds: float, me
         "tool_calls_total": sum(r.tool_calls for r in recs),
         "tool_errors_total": sum(r.tool_errors for r in recs),
         "env_masked_tokens": sum(r.env_masked_tokens for r in recs),
+        "infra_masked_rollouts": sum(r.infra_masked_rollouts for r in recs),
         "eval_accuracy_before": next((r.eval_accuracy_base for r in recs if r.eval_accuracy_base is not None), None),
         "eval_accuracy_after": next((r.eval_accuracy for r in reversed(recs) if r.eval_accuracy is not None), None),
         "metrics_path": metrics_path,

@@ -9,7 +9,9 @@ Invariants:
 - A group is dropped, never trained on, when ``policy_version - group.policy_version > max_policy_lag`` (stale),
   checked on ``add`` and again on ``take`` (the policy may have moved on while it waited).
 - Every drop is counted by reason (``drops``): stale, late (its step was already trained), duplicate (same step and
-  prompt already buffered), overflow (buffer full), malformed (no rewards, or counts that disagree).
+  prompt already buffered), overflow (buffer full), malformed (no rewards, or counts that disagree), and an
+  infrastructure loss (``infra.ENDS``: an episode's environment server was lost): never trained on, whatever its
+  rewards say; also counted in ``masked`` until the step's record takes it (:meth:`RolloutBuffer.drain_masked`).
 - A dropped group's prompt is queued for re-issue iff its step is still to be trained and the buffer holds no other
   group for that (step, prompt): so a step never waits forever, and no prompt is trained twice in a step.
 - At most ``capacity`` groups are held (rank 0 bounds outstanding work to ``maxPolicyLag + 1`` steps, so overflow
@@ -21,14 +23,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from kubeforge.runtime import types
+from kubeforge.runtime import infra, types
 
 STALE = "stale"
 LATE = "late"
 DUPLICATE = "duplicate"
 OVERFLOW = "overflow"
 MALFORMED = "malformed"
-REASONS = (STALE, LATE, DUPLICATE, OVERFLOW, MALFORMED)
+REASONS = (STALE, LATE, DUPLICATE, OVERFLOW, MALFORMED, *infra.ENDS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,6 +57,7 @@ class RolloutBuffer:
         self.capacity = capacity
         self.next_step = 0                      # the first step not yet trained
         self.drops: collections.Counter[str] = collections.Counter()
+        self.masked = 0                         # groups kept out for an infrastructure loss, since drain_masked
         self.lag_counts: collections.Counter[int] = collections.Counter()
         self._by_step: dict[int, dict[int, types.RolloutGroup]] = {}
         self._reissue: list[Reissue] = []
@@ -137,14 +140,24 @@ class RolloutBuffer:
             return LATE
         if group.prompt.index in self._by_step.get(group.step, {}):
             return DUPLICATE
+        lost = infra.reason(group)
+        if lost is not None:
+            return lost
         if policy_version - group.policy_version > self.max_policy_lag:
             return STALE
         if self._size >= self.capacity:
             return OVERFLOW
         return None
 
+    def drain_masked(self) -> int:
+        """Groups kept out for an infrastructure loss since the last call (the step record's figure)."""
+        out, self.masked = self.masked, 0
+        return out
+
     def _drop(self, group: types.RolloutGroup, reason: str) -> None:
         self.drops[reason] += 1
+        if reason in infra.ENDS:
+            self.masked += 1
         still_needed = group.step >= self.next_step
         held = group.prompt.index in self._by_step.get(group.step, {})
         queued = any(r.step == group.step and r.prompt.index == group.prompt.index for r in self._reissue)

@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kubeforge.api import progress
-from kubeforge.runtime import transport, types, wire
+from kubeforge.runtime import infra, transport, types, wire
 from kubeforge.runtime.learner import base, dynamic_sampling
 from kubeforge.runtime.trainer import accuracy, buffer, dispatch, export_requests, membership, pushes, record, report
 from kubeforge.runtime.trainer import saves
@@ -316,9 +316,9 @@ class Loop:
 
     def _screened_out(self, group: types.RolloutGroup) -> bool:
         """Dynamic sampling: True when ``group`` has no signal and is dropped here, a new prompt sent in its place.
-        Groups the buffer refuses anyway (malformed, late, duplicate) are left to it."""
+        Groups the buffer refuses anyway (malformed, late, duplicate, lost to infrastructure) are left to it."""
         if (self.resampler is None or group.step < self.buffer.next_step or group.rewards is None
-                or len(group.rewards) != len(group.completions)
+                or len(group.rewards) != len(group.completions) or infra.reason(group) is not None
                 or self.buffer.holds(step=group.step, index=group.prompt.index)):
             return False
         decision = self.resampler.screen(group)

@@ -2,7 +2,7 @@
 
 Role: ``trainer.loop.Loop`` makes one per trained step on every rank (:func:`of`); rank 0 reports it, after
 ``trainer.accuracy`` and ``trainer.export_requests`` add their fields. Neighbours: the learner's step returns the
-first part (``progress.StepMetrics``); ``trainer.buffer`` counts the drops, ``learner.staleness`` the tokens' lag,
+first part (``progress.StepMetrics``); ``trainer.buffer`` counts the drops (and the groups kept out for an infrastructure loss), ``learner.staleness`` the tokens' lag,
 ``trainer.episode_figures`` the episodes.
 
 Invariant: every value enters by name (keywords, and ``TypedDict``s whose keys mypy checks against the record's
@@ -29,6 +29,7 @@ def of(metrics: progress.StepMetrics, groups: Sequence[types.RolloutGroup], *, r
         step=learned.step, time=at, step_seconds=train_seconds, wait_seconds=wait_seconds,
         weight_sync_seconds=sync.seconds if sync else None, weight_sync_bytes=sync.bytes if sync else None,
         dropped_stale=rollouts.drops.get(buffer.STALE, 0), dropped_total=sum(rollouts.drops.values()),
+        infra_masked_rollouts=rollouts.drain_masked(),
         policy_lag={str(k): v for k, v in sorted(rollouts.lag_counts.items())},
         **staleness.lag_figures(groups, policy_version=trained_version, max_policy_lag=max_policy_lag),
         **episode_figures.figures(groups))

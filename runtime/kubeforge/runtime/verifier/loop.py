@@ -12,7 +12,10 @@ the sender towards the trainer ranks; ``verifier.start`` wires the real parts.
 
 Invariants: malformed frames never reach this loop (the transport refuses and counts them); a message of a kind
 the verifier does not expect is counted and skipped; a group whose scoring raises is counted and skipped (its
-prompt is re-issued by the trainer's buffer rules), so one bad group never stops the role. STOP ends the loop;
+prompt is re-issued by the trainer's buffer rules), so one bad group never stops the role. A group with an episode
+lost to infrastructure (``infra.reason``: its environment server died or went silent) is not scored: it goes on with
+placeholder rewards (``infra.unscored``), its scores are not observed, and the trainer keeps it out of training. STOP
+ends the loop;
 so does ``should_stop`` (SIGTERM), even while a send to a dead trainer blocks.
 """
 from __future__ import annotations
@@ -21,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from kubeforge.runtime import transport, types, wire
+from kubeforge.runtime import infra, transport, types, wire
 
 POLL_SECONDS = 0.2
 SEND_RETRY_SECONDS = 1.0
@@ -56,13 +59,16 @@ def run(*, inbox: transport.Receiver, trainers: transport.Sender,
             if not isinstance(msg, wire.Rollout):
                 observer.unexpected(kind=type(msg).__name__)
                 continue
-            started = time.monotonic()
-            try:
-                scored = score(msg.group)
-            except Exception as exc:  # a verifier bug on one group must not take the role down
-                observer.failed(error=exc)
-                continue
-            observer.scored(group=scored, seconds=time.monotonic() - started)
+            if infra.reason(msg.group) is not None:      # a pod was lost, not the policy's doing: no score
+                scored = infra.unscored(msg.group)
+            else:
+                started = time.monotonic()
+                try:
+                    scored = score(msg.group)
+                except Exception as exc:  # a verifier bug on one group must not take the role down
+                    observer.failed(error=exc)
+                    continue
+                observer.scored(group=scored, seconds=time.monotonic() - started)
             out.setdefault(scored.prompt.index % trainers.peers, []).append(wire.Scored(group=scored))
         for to, msgs in out.items():
             for frame in wire.pack(msgs):

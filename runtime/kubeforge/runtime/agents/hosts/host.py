@@ -25,11 +25,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from kubeforge.runtime import types
+from kubeforge.runtime import infra, types
 from kubeforge.runtime.agents import protocol
 
 ERROR, TIMEOUT, GARBAGE, FLOOD = "env_error", "env_timeout", "env_garbage", "env_flood"
-LOST = "env_lost"    # the environment's server went silent or away (``remote_host``): its episodes end, counted
+LOST = infra.ENV_LOST    # the environment's server went silent or away (``remote_host``): its episodes end; an
+                         # infrastructure loss, not the environment's failure: their groups are not trained on (infra)
 FAILURES = (ERROR, TIMEOUT, GARBAGE, FLOOD, LOST)
 DETAIL_CHARS = 300
 
