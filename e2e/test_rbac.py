@@ -125,7 +125,8 @@ def test_namespaced_mode_grants_nothing_in_other_namespaces(kueue_cluster: lifec
     attached jobs' key Secrets by name only), are refused."""
     rel, (existing, _, other) = namespaced
     jobs = [(v, g, r, other) for v, g, r, s in access.flat() if s is access.Scope.JOBS]
-    answers = allowed(kueue_cluster, rel.account, [*jobs, ("list", "", "secrets", existing), ("list", "", "pods", None)])
+    answers = allowed(kueue_cluster, rel.account,
+                      [*jobs, ("list", "", "secrets", existing), ("list", "", "pods", None)])
     assert not [c for c, ok in answers.items() if ok], [c for c, ok in answers.items() if ok]
 
 
