@@ -1,12 +1,15 @@
 """GeneratorPools on the REAL kube-apiserver (kwok tier; docs/generator-pool.md): the operator renders a pool's
-engines, a job naming the pool renders no generators and dials the pool's, the admission refusals come from the
-API server with the launcher's words, and deleting a pool in use waits for its jobs (the finalizer).
+engines, a job naming the pool renders no generators and dials the pool's at its own port block, the pool's keys
+Secret and jobs ConfigMap follow the jobs that attach and go (ports kept, freed, never shared), the admission
+refusals come from the API server with the launcher's words, and deleting a pool in use waits for its jobs (the
+finalizer).
 
 The operator runs on the host with its self-registered webhook (as ``e2e/test_operator.py`` and
 ``e2e/test_webhook_admission.py``); kwok's nodes run no containers, so what is checked is the objects and the
 API server's answers, not a serving engine (the pool's runtime sharing is not built yet)."""
 from __future__ import annotations
 
+import base64
 import json
 import pathlib
 import uuid
@@ -96,7 +99,7 @@ def test_a_pool_and_a_job_on_it(env: harness.K, ns: str) -> None:
     trainer = k.get("statefulset", "job-a-trainer", "-n", ns)
     env_vars = {e["name"]: e.get("value") for e in trainer["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env_vars["KUBEFORGE_PEERS_GENERATOR"] == \
-        f"shared-pool-0.shared-pool.{ns}.svc:29500,shared-pool-1.shared-pool.{ns}.svc:29500"
+        f"shared-pool-0.shared-pool.{ns}.svc:29510,shared-pool-1.shared-pool.{ns}.svc:29510", "its own port block"
     assert k.get("podgroup.scheduling.x-k8s.io", "job-a", "-n", ns)["spec"]["minMember"] == 2
     job = wait("job-a Running", lambda: (j := k.get("rljob", "job-a", "-n", ns)).get("status", {}).get(
         "phase") == "Running" and j)
@@ -109,6 +112,61 @@ def test_a_pool_and_a_job_on_it(env: harness.K, ns: str) -> None:
     wait("the job dials 3 engines", lambda: "shared-pool-2." in {e["name"]: e.get("value") for e in k.get(
         "statefulset", "job-a-trainer", "-n", ns)["spec"]["template"]["spec"]["containers"][0]["env"]}[
         "KUBEFORGE_PEERS_GENERATOR"])
+
+
+def served(k: harness.K, ns: str) -> dict[str, Any]:
+    """What the pool's engines would read: ``{job: (port bases, key)}`` from its jobs ConfigMap and keys Secret."""
+    jobs = json.loads(k.get("configmap", "shared-pool-jobs", "-n", ns)["data"]["jobs.json"])["jobs"]
+    keys = json.loads(base64.b64decode(k.get("secret", "shared-pool-keys", "-n", ns)["data"]["keys.json"]))
+    return {e["name"]: (e["portBases"], keys.get(e["name"])) for e in jobs}
+
+
+def own_key(k: harness.K, ns: str, job: str) -> str:
+    return base64.b64decode(k.get("secret", f"{job}-key", "-n", ns)["data"]["key"]).decode()
+
+
+def peers_port(k: harness.K, ns: str, job: str) -> int:
+    sts = k.get("statefulset", f"{job}-trainer", "-n", ns)
+    peers = {e["name"]: e.get("value") for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}[
+        "KUBEFORGE_PEERS_GENERATOR"]
+    return int(peers.split(",")[0].rsplit(":", 1)[1])
+
+
+def test_attached_jobs_get_their_ports_keys_and_a_place_in_the_jobs_file(env: harness.K, ns: str) -> None:
+    k = env
+    k.apply(pool(ns))
+    k.apply(pool_job(ns, "job-a"))
+    k.apply(pool_job(ns, "job-b"))
+    st = wait("job-a and job-b served", lambda: len(served(k, ns)) == 2 and pool_status(k, ns))
+    assert st["jobPorts"] == [{"name": "job-a", "portBase": 29510}, {"name": "job-b", "portBase": 29520}]
+    got = served(k, ns)
+    assert got == {"job-a": ([29510, 29510], own_key(k, ns, "job-a")),
+                   "job-b": ([29520, 29520], own_key(k, ns, "job-b"))}, "each engine serves each job at its block"
+    assert got["job-a"][1] != got["job-b"][1]
+    data = k.get("configmap", "shared-pool-jobs", "-n", ns)["data"]
+    assert {"job-job-a.yaml", "job-job-b.yaml"} <= set(data)
+    wait("job-b dials its block", lambda: peers_port(k, ns, "job-b") == 29520)
+    assert peers_port(k, ns, "job-a") == 29510
+    for job in ("job-a", "job-b"):     # a job's pods get their own key, never the pool's Secret
+        tmpl = json.dumps(k.get("statefulset", f"{job}-trainer", "-n", ns)["spec"]["template"])
+        assert "shared-pool-keys" not in tmpl and f"{job}-key" in tmpl
+    sources = [next(iter(s.values()))["name"] for s in next(
+        v for v in k.get("statefulset", "shared-pool", "-n", ns)["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == "kubeforge-config")["projected"]["sources"]]
+    assert sources == ["shared-pool-config", "shared-pool-jobs", "shared-pool-keys"]
+    template = k.get("statefulset", "shared-pool", "-n", ns)["spec"]["template"]
+
+    # job-a goes: its block and key leave the files, job-b keeps its block; job-c takes the block job-a freed
+    k.run("delete", "rljob", "job-a", "-n", ns, "--wait=false")
+    wait("job-a gone from the files", lambda: set(served(k, ns)) == {"job-b"})
+    assert pool_status(k, ns)["jobPorts"] == [{"name": "job-b", "portBase": 29520}]
+    k.apply(pool_job(ns, "job-c"))
+    wait("job-c served", lambda: set(served(k, ns)) == {"job-b", "job-c"})
+    assert served(k, ns) == {"job-b": ([29520, 29520], own_key(k, ns, "job-b")),
+                             "job-c": ([29510, 29510], own_key(k, ns, "job-c"))}
+    wait("job-c dials the freed block", lambda: peers_port(k, ns, "job-c") == 29510)
+    assert k.get("statefulset", "shared-pool", "-n", ns)["spec"]["template"] == template, \
+        "attaching and leaving change the files, not the engines' pods"
 
 
 def test_the_api_server_refuses_what_kubeforge_validate_refuses(env: harness.K, ns: str,

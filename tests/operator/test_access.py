@@ -113,7 +113,8 @@ RECIPES: dict[str, Callable[[apply.Cluster], None]] = {
     "list_pods_at": lambda c: c.list_pods_at("ns", "tiny", not_older_than=5),
     "get": lambda c: [c.get(queueing.API_VERSION, "Workload", "ns", "tiny"),
                       c.get(contract.API_VERSION, contract.POOL_KIND, "ns", "shared"),
-                      c.get("apps/v1", "StatefulSet", "ns", "shared-pool")],
+                      c.get("apps/v1", "StatefulSet", "ns", "shared-pool"),
+                      c.get("v1", "Secret", "ns", "tiny-key")],        # an attached job's key (poolreconcile)
     "list_rljobs": lambda c: c.list_rljobs("ns"),
     "patch_object": lambda c: c.patch_object(pool_body(), {"metadata": {"finalizers": []}}),
     "list_of_job": lambda c: c.list_of_job(queueing.API_VERSION, "Workload", "ns", "tiny"),
@@ -121,7 +122,8 @@ RECIPES: dict[str, Callable[[apply.Cluster], None]] = {
     "patch_object_status": lambda c: [c.patch_object_status(workload.workload(opbuilders.job("tiny"), CTX), {}),
                                       c.patch_object_status(pool_body(), {})],
     "apply": lambda c: [c.apply(o) for o in rendered_children()],
-    "delete": lambda c: [c.delete(o) for o in [*rendered_children(), lease()]],
+    # the pool's keys Secret is applied, never deleted (it goes with its pool by owner reference)
+    "delete": lambda c: [c.delete(o) for o in [*rendered_children(), lease()] if o["kind"] != "Secret"],
     "get_node": lambda c: c.get_node("n1"),
     "force_delete_pod": lambda c: c.force_delete_pod("ns", "tiny-trainer-0", "u"),
     "patch_status": lambda c: c.patch_status("ns", "tiny", {}),

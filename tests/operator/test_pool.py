@@ -8,6 +8,7 @@
   jobs before the finalizer comes off."""
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import json
@@ -77,8 +78,8 @@ def test_its_roles_dial_the_pools_engines_and_the_engines_may_reach_them() -> No
 
 def test_the_pool_renders_engines_with_lora_as_its_spec_says() -> None:
     pool = load.parse_pool(pool_doc(maxAdapters=6, maxLoraRank=12, maxModelLen=512))
-    cm, svc, netpol, sts = pool_render.render(pool, pool_render.PoolContext(namespace="ns", uid="p-1",
-                                                                            attached=("job-a", "job-b")))
+    cm, _jobs, _keys, svc, netpol, sts = pool_render.render(pool, pool_render.PoolContext(
+        namespace="ns", uid="p-1", attached=("job-a", "job-b")))
     engine = json.loads(cm["data"][names.POOL_ENGINE_FILE])
     assert engine == {"enable_lora": True, "max_loras": 6, "max_lora_rank": 16, "dtype": "float32",
                       "tensor_parallel_size": 1, "gpu_memory_utilization": 0.85, "enforce_eager": False,
@@ -224,6 +225,8 @@ def pass_of(fake: FakeCluster) -> reconcile.Outcome:
 def test_a_pool_pass_holds_it_renders_it_and_writes_its_status() -> None:
     fake = FakeCluster(pool_doc(), [attached("job-b"), attached("job-a")])
     fake.objects[("StatefulSet", "shared-pool")] = {"status": {"readyReplicas": 2}}
+    for job in ("job-a", "job-b"):      # their keys are there (a job's own pass makes it)
+        fake.objects[("Secret", f"{job}-key")] = {"data": {"key": base64.b64encode(b"ab" * 32).decode()}}
     out = pass_of(fake)
     assert not out.gone and out.requeue_after is None
     assert fake.pool is not None and fake.pool["metadata"]["finalizers"] == [names.POOL_FINALIZER]
@@ -255,7 +258,7 @@ def test_a_deleted_pool_waits_for_its_jobs_then_lets_go() -> None:
 def test_a_jobs_pass_reads_its_pools_engines() -> None:
     doc = load.dump(pool_job())
     doc["metadata"].update(uid="u-1", generation=1, creationTimestamp="2026-11-22T12:00:00Z")
-    fake = FakeCluster(pool_doc(replicas=3))
+    fake = FakeCluster(with_port(pool_doc(replicas=3)))
     job_fake = JobFake(doc, fake)
     reconcile.reconcile(job_fake, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache(),  # type: ignore[arg-type]
                         clock=lambda: opbuilders.T0)
@@ -275,11 +278,17 @@ def test_a_job_whose_pool_does_not_exist_gets_no_pods_until_it_does() -> None:
                         clock=lambda: opbuilders.T0)
     assert job_fake.objects[("StatefulSet", "tiny-trainer")]["spec"]["replicas"] == 0
     assert ("PodGroup", "tiny") not in job_fake.objects and "PoolNotFound" in job_fake.events
-    pools.pool = pool_doc()
+    pools.pool = with_port(pool_doc())
     reconcile.reconcile(job_fake, ("ns", "tiny"), image="img", cache=cache,  # type: ignore[arg-type]
                         clock=lambda: opbuilders.T0)
     assert job_fake.objects[("StatefulSet", "tiny-trainer")]["spec"]["replicas"] == 1
     assert ("PodGroup", "tiny") in job_fake.objects
+
+
+def with_port(doc: dict[str, Any], job: str = "tiny", port_base: int = 29510) -> dict[str, Any]:
+    """A pool body whose status gives ``job`` a port block (a pool pass does: ``poolports``)."""
+    doc["status"] = {"jobPorts": [{"name": job, "portBase": port_base}]}
+    return doc
 
 
 class JobFake(test_reconcile.FakeCluster):

@@ -83,7 +83,7 @@ CASES = {
     # the pool's engines, the pool's pods may reach its pods
     "tiny-pool": (lambda: opbuilders.job("tiny", spec__model__lora={"rank": 8},
                                          spec__generatorPool={"name": "shared"}),
-                  dataclasses.replace(CTX, pool_engines=2)),
+                  dataclasses.replace(CTX, pool_engines=2, pool_port_base=29510)),
 }
 
 #: GeneratorPools rendered by ``render.pool`` (their own golden files, ``pool-<case>.yaml``).
@@ -101,6 +101,13 @@ POOL_CASES = {
              "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
              "volumeMounts": [{"name": "models", "mountPath": "/models"}], "priorityClassName": "high"},
             dataclasses.replace(POOL_CTX, image_pull_secrets=("default-pull",))),
+    # two attached jobs served (docs/generator-pool.md): the jobs file and manifests, the keys Secret (fixed keys)
+    "members": ({"model": {"builtin": "tiny"}, "replicas": 2, "maxAdapters": 2, "maxLoraRank": 8},
+                dataclasses.replace(POOL_CTX, attached=("job-a", "job-b"), members=tuple(
+                    pool_render.Member(job=opbuilders.job("tiny", metadata__name=n, spec__model__lora={"rank": 8},
+                                                          spec__generatorPool={"name": "members"}),
+                                       port_base=b, key_hex=k * 32)
+                    for n, b, k in (("job-a", 29510, "aa"), ("job-b", 29530, "bb"))))),
 }
 
 

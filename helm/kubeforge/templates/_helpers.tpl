@@ -55,7 +55,9 @@ Least privilege for what it does (every write is a server-side apply or merge PA
   job's namespace for the job's account) or progress off the pod (docs/install.md, "RBAC").
   delete: the forced delete (grace period 0, UID precondition) of a job's pod whose node was not Ready for
   nodeLossGraceSeconds (docs/node-loss.md); the operator deletes no other pod.
-- secrets: create only (the job's key Secret, never read back).
+- secrets: create (the job's key Secret, never read back by the job's pass); get, by name, of the key Secret of
+  each job attached to a GeneratorPool, and patch (server-side apply) of the pool's keys Secret <pool>-pool-keys,
+  which only the pool's engines mount (docs/generator-pool.md). Never list or watch: no Secret is read but those.
 - events: one per transition (core/v1 Events: the operator's and kopf's).
 - podgroups of each supported gang backend (Coscheduling, Volcano, KAI).
 */}}
@@ -81,7 +83,7 @@ Least privilege for what it does (every write is a server-side apply or merge PA
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["create"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

@@ -81,6 +81,8 @@ def network_policy(job: str) -> str:
 # ---- a GeneratorPool's children (its StatefulSet and Service: ``contract.pool_service``) ----
 POOL_CONFIG_FILE = "pool.yaml"           # the pool's manifest, as the engines read it
 POOL_ENGINE_FILE = "engine.json"         # the vLLM arguments the spec decides (``generatorpool.engine_args``)
+POOL_JOBS_FILE = "jobs.json"             # the attached jobs (``generator.pool.attach``): ``<pool>-pool-jobs``
+POOL_KEYS_FILE = "keys.json"             # the attached jobs' keys ({job: 64 hex}): the Secret ``<pool>-pool-keys``
 #: The finalizer on every GeneratorPool: a deleted pool waits until no RLJob names it (docs/generator-pool.md).
 POOL_FINALIZER = "kubeforge.dev/pool-in-use"
 
@@ -88,3 +90,19 @@ POOL_FINALIZER = "kubeforge.dev/pool-in-use"
 def pool_config_map(pool: str) -> str:
     """The ConfigMap holding a pool's manifest and engine arguments."""
     return f"{contract.pool_service(pool)}-config"
+
+
+def pool_jobs_config_map(pool: str) -> str:
+    """The ConfigMap listing a pool's attached jobs (``POOL_JOBS_FILE``) and holding their manifests."""
+    return f"{contract.pool_service(pool)}-jobs"
+
+
+def pool_keys_secret(pool: str) -> str:
+    """The Secret holding the keys of a pool's attached jobs (``POOL_KEYS_FILE``), mounted by its engines only."""
+    return f"{contract.pool_service(pool)}-keys"
+
+
+def pool_job_manifest(job: str) -> str:
+    """The file (a key of ``pool_jobs_config_map``) holding attached job ``job``'s manifest: the prefix keeps it
+    apart from the other files of the engines' config folder, whatever the job is called."""
+    return f"job-{job}.yaml"

@@ -4,6 +4,8 @@ Role: the "status" step of a pool pass (``poolreconcile`` observes and writes). 
 conditions' merge, shared with RLJobs). Invariants:
 - ``readyEngines`` counts ready pods of the pool's StatefulSet; ``attachedJobs`` every RLJob of the namespace whose
   ``spec.generatorPool.name`` is the pool, a job being deleted included (it may still sample until it is gone);
+- ``jobPorts`` is the port block of each attached job (``poolports.assign``), the record the next pass keeps them
+  by and the one a job's pass reads its own from;
 - ``residentAdapters`` and ``utilisation`` are the engines' to report: carried over, never invented here;
 - the finalizer ``names.POOL_FINALIZER`` is on every pool that is not being deleted, and comes off a deleted pool
   only once no job is attached (docs/generator-pool.md: deleting a pool in use waits).
@@ -29,11 +31,13 @@ RELEASED = "Released"                 # deleted and no job attached: the finaliz
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PoolFacts:
-    """What a pool pass observed: engines ready, the attached jobs (sorted), whether the pool is being deleted."""
+    """What a pool pass observed: engines ready, the attached jobs (sorted), whether the pool is being deleted, and
+    the port block of each attached job that has one (``poolports.assign``; sorted by job)."""
 
     ready_engines: int
     attached: tuple[str, ...]
     deleting: bool
+    ports: tuple[tuple[str, int], ...] = ()
 
 
 def attached_jobs(pool: str, jobs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
@@ -59,6 +63,7 @@ def compute(pool: generatorpool.GeneratorPool, facts: PoolFacts, *, generation: 
             before.conditions, conds, generation=generation, now=now),
         replicas=want, ready_engines=facts.ready_engines, ready=f"{facts.ready_engines}/{want}",
         attached_jobs=list(facts.attached), attached=len(facts.attached),
+        job_ports=[generatorpool.PoolJobPort(name=j, port_base=b) for j, b in facts.ports],
         resident_adapters=before.resident_adapters, utilisation=before.utilisation)
 
 

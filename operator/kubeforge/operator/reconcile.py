@@ -26,7 +26,7 @@ from typing import Any
 
 from kubeforge.api import contract, failures, load, rljob
 from kubeforge.operator import (apply, exports, fencing, gangauto, lifecycle, metrics, names, nodeloss, observed,
-                                queueing, reasons, render, status, timefmt, watchcache)
+                                poolports, queueing, reasons, render, status, timefmt, watchcache)
 from kubeforge.operator.render import context, gang, meta, secret
 from kubeforge.operator.render import workload as workload_render
 
@@ -374,16 +374,16 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
             pacer.forget(key)
         return Outcome(gone=True, phase=job.status.phase if job.status else None)
     choice = _gang_choice(cluster, job, coscheduling_scheduler=coscheduling_scheduler)
-    engines = _pool_engines(cluster, job, namespace)
-    held = engines is None and plan.active   # its GeneratorPool does not exist: no pods until it does
-    if held and job.spec.generator_pool is not None:
+    pool_raw, engines, port_base = _pool_engines(cluster, job, namespace)
+    held = engines is None and plan.active   # no GeneratorPool, or no port block on it yet: no pods until then
+    if held and job.spec.generator_pool is not None and pool_raw is None:
         cluster.post_event(raw, type="Warning", reason=reasons.POOL_NOT_FOUND, now=timefmt.fmt(now),
                            message=f"GeneratorPool {job.spec.generator_pool.name!r} does not exist in namespace "
                            f"{namespace}: the job's pods wait for it")
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
                                 trainer_epoch=plan.trainer_epoch,
                                 active=plan.active and not held, gang_active=plan.gang_active and not held,
-                                pool_engines=engines or 0, image=image,
+                                pool_engines=engines or 0, pool_port_base=port_base, image=image,
                                 surplus_active=plan.surplus_active, surplus_present=plan.surplus_present,
                                 admission=queueing.admission_key(queue.wl, queue.flavors, grown=grown)
                                 if queue is not None and gate is not None and gate.admitted else "",
@@ -442,15 +442,24 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
                    fenced=fencing.gained(job.status.fenced_writes if job.status else None, new.fenced_writes))
 
 
-def _pool_engines(cluster: apply.Cluster, job: rljob.RLJob, namespace: str) -> int | None:
-    """The engines of the GeneratorPool ``job`` names (its ``spec.replicas``; 0 for a job with generators of its
-    own; None: the pool does not exist, and the job gets no pods until it does: ``reasons.POOL_NOT_FOUND``). A
-    pool's creation or replica change reaches its jobs by a pass the pool's events ask for (``handlers``)."""
+def _pool_engines(cluster: apply.Cluster, job: rljob.RLJob,
+                  namespace: str) -> tuple[meta.Obj | None, int | None, int]:
+    """The GeneratorPool ``job`` names (its body; None: it does not exist), its engines (its ``spec.replicas``; 0
+    for a job with generators of its own; None: the job gets no pods yet) and the port base the engines serve the
+    job at (``poolports``: the pool's ``status.jobPorts``). A job gets no pods while its pool does not exist
+    (``reasons.POOL_NOT_FOUND``) or has given it no port block yet (its pass, on the job's creation, gives one; the
+    status write that records it asks for this job's pass: ``handlers``). A pool's creation, replica change or new
+    port block reaches its jobs by a pass the pool's events ask for."""
     ref = job.spec.generator_pool
     if ref is None:
-        return 0
+        return None, 0, contract.DEFAULT_PORT_BASE
     raw = cluster.get(contract.API_VERSION, contract.POOL_KIND, namespace, ref.name)
-    return None if raw is None else int((raw.get("spec") or {}).get("replicas") or 0)
+    if raw is None:
+        return None, None, contract.DEFAULT_PORT_BASE
+    base = poolports.port_base_of(raw, job.metadata.name)
+    if base is None:
+        return raw, None, contract.DEFAULT_PORT_BASE
+    return raw, int((raw.get("spec") or {}).get("replicas") or 0), base
 
 
 def _min(a: float | None, b: float | None) -> float | None:

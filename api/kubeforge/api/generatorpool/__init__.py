@@ -18,7 +18,7 @@ from kubeforge.api.generatorpool.spec import (
     PoolMeta,
     PoolModelSpec,
 )
-from kubeforge.api.generatorpool.status import GeneratorPoolStatus
+from kubeforge.api.generatorpool.status import GeneratorPoolStatus, PoolJobPort
 
 __all__ = [
     "GeneratorPool",
@@ -30,6 +30,7 @@ __all__ = [
     "NAME_RULES",
     "PoolEngines",
     "PoolMeta",
+    "PoolJobPort",
     "PoolModelSpec",
     "engine_args",
 ]

@@ -1,6 +1,8 @@
 """The observed state of a GeneratorPool (``status``), written by the operator only.
 
 ``readyEngines`` and ``attachedJobs`` come from the cluster (the pool's StatefulSet, the RLJobs naming the pool);
+``jobPorts`` is the operator's own record of the port block it gave each attached job (``poolports``: kept across
+passes, freed when the job goes);
 ``residentAdapters`` and ``utilisation`` are the engines' to report (the runtime's sharing, docs/generator-pool.md):
 unset until an engine reports them.
 """
@@ -10,6 +12,16 @@ import pydantic
 from pydantic import Field
 
 from kubeforge.api import rljob
+
+
+class PoolJobPort(rljob.Model):
+    """The port block an attached job is served at on every engine of the pool."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    name: str = Field(description="The attached RLJob's name.")
+    port_base: int = Field(description="First port of the job's block on every engine (its data port is this plus "
+                                       "1); the job's roles list the engines at this port base.")
 
 
 class GeneratorPoolStatus(rljob.Model):
@@ -27,6 +39,10 @@ class GeneratorPoolStatus(rljob.Model):
     attached_jobs: list[str] = Field(default_factory=list, description="Names of the RLJobs (in the pool's "
                                      "namespace) whose spec.generatorPool names this pool, sorted.")
     attached: int = Field(0, description="How many RLJobs are attached (printer column).")
+    job_ports: list[PoolJobPort] = Field(
+        default_factory=list, description="The port block of each attached job, by name (assigned by the operator, "
+                                          "stable while the job is attached).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     resident_adapters: int | None = Field(None, description="Adapters resident in the engines now (reported by "
                                           "the engines).")
     utilisation: float | None = Field(None, description="Share of the last minute the engines spent generating, "

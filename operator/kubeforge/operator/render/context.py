@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kubeforge.api import contract
 from kubeforge.operator import names
 
 
@@ -37,6 +38,8 @@ class RenderContext:
         ``rolePods.imagePullSecrets``); a role's own list wins.
     pool_engines: for a job on a GeneratorPool (``spec.generatorPool``), the pool's engines (its
         ``spec.replicas``; 0 while the pool does not exist): the generators its roles dial.
+    pool_port_base: for a job on a GeneratorPool, the port base every engine serves it at (``poolports``: the pool's
+        ``status.jobPorts``); ``contract.DEFAULT_PORT_BASE`` otherwise.
     """
 
     namespace: str
@@ -53,3 +56,4 @@ class RenderContext:
     coscheduling_scheduler: str = ""
     image_pull_secrets: tuple[str, ...] = ()
     pool_engines: int = 0
+    pool_port_base: int = contract.DEFAULT_PORT_BASE

@@ -1,7 +1,8 @@
 """The env contract of a role's container (``kubeforge.api.roleenv.render``), as Kubernetes env entries.
 
 Role: tells each process who it is (role, index, attempt; a trainer its epoch), who its peers are (stable DNS names behind the
-job's headless Service, all at ``contract.DEFAULT_PORT_BASE``) and how big each role is. The same variables the local
+job's headless Service, all at ``contract.DEFAULT_PORT_BASE``; a GeneratorPool's engines at the job's own port block
+there) and how big each role is. The same variables the local
 launcher sets for a plain process. Invariant: peers and world sizes come from the spec alone, so every pod of an
 attempt sees the same world (a replica change starts a new attempt; see ``lifecycle``).
 """
@@ -12,13 +13,15 @@ from kubeforge.operator import names
 from kubeforge.operator.render import context, meta
 
 
-def peers(job: rljob.RLJob, role: str, namespace: str, *, pool_engines: int = 0) -> list[roleenv.Peer]:
+def peers(job: rljob.RLJob, role: str, namespace: str, *, pool_engines: int = 0,
+          pool_port_base: int = contract.DEFAULT_PORT_BASE) -> list[roleenv.Peer]:
     """Every replica of ``role`` by index, at its stable DNS name and the pods' one port base; a job on a
-    GeneratorPool's generators are the pool's ``pool_engines`` engines (``contract.pool_peer_host``)."""
+    GeneratorPool's generators are the pool's ``pool_engines`` engines (``contract.pool_peer_host``) at the port
+    base the pool serves the job at (``pool_port_base``: its block on every engine, ``poolports``)."""
     pool = job.spec.generator_pool
     if role == "generator" and pool is not None:
         return [roleenv.Peer(host=contract.pool_peer_host(pool.name, i, namespace),
-                             port_base=contract.DEFAULT_PORT_BASE) for i in range(pool_engines)]
+                             port_base=pool_port_base) for i in range(pool_engines)]
     n = getattr(job.spec.roles, role).replicas
     held = job.spec.roles.generator.gang_held()     # generators beyond it are the surplus StatefulSet's pods
     return [roleenv.Peer(host=names.peer_host(job.metadata.name, role, i, namespace, gang_held=held),
@@ -42,7 +45,8 @@ def role_env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list
         port_base=contract.DEFAULT_PORT_BASE, bind_host="0.0.0.0", attempt=ctx.attempt,
         report=roleenv.REPORT_POD_ANNOTATION,
         job_key=roleenv.SecretRef(contract.job_key_secret(job.metadata.name), contract.JOB_KEY_SECRET_KEY),
-        peers={other: peers(job, other, ctx.namespace, pool_engines=ctx.pool_engines) for other in contract.ROLES},
+        peers={other: peers(job, other, ctx.namespace, pool_engines=ctx.pool_engines,
+                            pool_port_base=ctx.pool_port_base) for other in contract.ROLES},
         # the pod's own label (statefulset.py), so env and label agree for the pod's whole life (docs/fencing.md)
         trainer_epoch=roleenv.FieldRef(f"metadata.labels['{contract.LABEL_TRAINER_EPOCH}']")
         if role == "trainer" else None)

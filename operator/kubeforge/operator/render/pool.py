@@ -1,5 +1,5 @@
-"""Pure renderer of a GeneratorPool: (pool, PoolContext) → its ConfigMap, headless Service, NetworkPolicy and
-StatefulSet of engines.
+"""Pure renderer of a GeneratorPool: (pool, PoolContext) → its ConfigMaps, keys Secret, headless Service,
+NetworkPolicy and StatefulSet of engines.
 
 Role: the "render" step for the pool kind (``poolreconcile`` applies the result; ``render`` is the RLJob's). The
 engines are generator pods (``kubeforge role generator`` with ``contract.ENV_POOL`` set) whose vLLM arguments come
@@ -9,36 +9,66 @@ stable names behind the Service (``contract.pool_peer_host``). The NetworkPolicy
 jobs (``PoolContext.attached``) and the pool's own reach the engines' ports; ``metrics`` stays open to scrapers and
 probes (as a job's: ``render.network``).
 
+What the engines serve (``PoolContext.members``: the attached jobs that have a key and a port block) is two files
+the runtime reads (``generator.pool.attach``): the jobs file in the ConfigMap ``<pool>-pool-jobs`` (each job's name,
+namespace, slot, port base on every engine, trainer and verifier pods, and its manifest beside it) and the keys file
+in the Secret ``<pool>-pool-keys`` (``{job: 64 hex}``). Both are projected with the pool's config into one folder
+(``names.CONFIG_DIR``) as whole objects, never ``subPath``, so the kubelet refreshes the files in place when a job
+attaches or goes (docs/generator-pool.md: an engine re-reads them; the pod template does not change).
+
 Invariants: every child is named from the pool's name (``contract.pool_service``), labelled ``contract.LABEL_POOL``
 (never ``LABEL_JOB``: no job's watch routes a pool's pods) and owned by the GeneratorPool (deleting it collects
 them); the pod template shares the roles' security, probes and ports (``render.security``, ``render.service``);
-Parallel pod management and ``OnDelete`` updates as the roles' StatefulSets; the same inputs render the same bytes.
+Parallel pod management and ``OnDelete`` updates as the roles' StatefulSets; the same inputs render the same bytes;
+a job's key goes into the pool's keys Secret only (no job's pod mounts it: a job's pods see their own
+``<job>-key`` alone); the pod template depends on no member, so attaching a job restarts no engine.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 
 import yaml
 
 from kubeforge.api import contract, generatorpool, load, rljob
-from kubeforge.operator import names
-from kubeforge.operator.render import env, meta, pods, security, service
+from kubeforge.operator import names, poolports
+from kubeforge.operator.render import config, env, meta, pods, security, service
 
 ROLE = "generator"
 #: How long an engine may take to start before its startupProbe fails it: a job's default start allowance.
 START_SECONDS = rljob.FailurePolicySpec().start_deadline_seconds()
 
 
+#: Mode of the engines' config folder: read by the runtime's UID through the pod's ``fsGroup``, by no one else.
+CONFIG_MODE = 0o440
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Member:
+    """An attached job the engines serve: the job (its manifest goes into the jobs file), its port base
+    (``poolports``) and its key (the hex of its Secret ``<job>-key``; kept out of ``repr``)."""
+
+    job: rljob.RLJob
+    port_base: int
+    key_hex: str = dataclasses.field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.job.metadata.name
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PoolContext:
     """What a pool's render depends on besides its spec: its namespace and UID (owner references), the operator's
-    runtime image and default imagePullSecrets (as ``context.RenderContext`` for jobs), and the RLJobs attached to
-    it (names, sorted: ``poolstatus.attached_jobs``), whose pods its NetworkPolicy admits."""
+    runtime image and default imagePullSecrets (as ``context.RenderContext`` for jobs), the RLJobs attached to it
+    (names, sorted: ``poolstatus.attached_jobs``), whose pods its NetworkPolicy admits, and the ``members`` among
+    them the engines serve (sorted by name; a job without its key or a port block yet is attached, not a member)."""
 
     namespace: str
     uid: str
     attached: tuple[str, ...] = ()
+    members: tuple[Member, ...] = ()
     image: str = names.DEFAULT_RUNTIME_IMAGE
     image_pull_secrets: tuple[str, ...] = ()
 
@@ -63,6 +93,33 @@ def config_map(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
             "metadata": metadata(pool, ctx, name=names.pool_config_map(pool.metadata.name)),
             "data": {names.POOL_CONFIG_FILE: yaml.safe_dump(doc, sort_keys=True),
                      names.POOL_ENGINE_FILE: json.dumps(generatorpool.engine_args(pool.spec), sort_keys=True)}}
+
+
+def jobs_entry(pool: generatorpool.GeneratorPool, ctx: PoolContext, m: Member) -> dict[str, object]:
+    """One job of the jobs file (``generator.pool.attach``): where every engine serves it and where its roles are."""
+    job = m.job
+    return {"name": m.name, "namespace": ctx.namespace, "slot": poolports.slot(m.port_base),
+            "manifest": f"{names.CONFIG_DIR}/{names.pool_job_manifest(m.name)}",
+            "portBases": [m.port_base] * pool.spec.replicas,
+            "peers": {role: [p.render() for p in env.peers(job, role, ctx.namespace)] for role in ("trainer", "verifier")}}
+
+
+def jobs_config_map(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
+    """``<pool>-pool-jobs``: the jobs file and each member's manifest (as its own roles read it: ``config``)."""
+    data = {names.POOL_JOBS_FILE: json.dumps({"jobs": [jobs_entry(pool, ctx, m) for m in ctx.members]},
+                                             indent=1, sort_keys=True)}
+    data.update({names.pool_job_manifest(m.name): config.manifest_yaml(m.job) for m in ctx.members})
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(pool, ctx, name=names.pool_jobs_config_map(pool.metadata.name)), "data": data}
+
+
+def keys_secret(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
+    """``<pool>-pool-keys``: the members' keys (``data``, not ``stringData``: what the API server stores is what
+    was applied, so a replayed apply changes nothing)."""
+    keys = json.dumps({m.name: m.key_hex for m in ctx.members}, sort_keys=True)
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": metadata(pool, ctx, name=names.pool_keys_secret(pool.metadata.name)),
+            "data": {names.POOL_KEYS_FILE: base64.b64encode(keys.encode()).decode()}}
 
 
 def headless_service(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
@@ -90,6 +147,8 @@ def network_policy(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.
 def _env(pool: generatorpool.GeneratorPool) -> list[meta.Obj]:
     own = {contract.ENV_ROLE: ROLE, contract.ENV_POOL: pool.metadata.name,
            contract.ENV_CONFIG: f"{names.CONFIG_DIR}/{names.POOL_CONFIG_FILE}",
+           contract.ENV_POOL_JOBS: f"{names.CONFIG_DIR}/{names.POOL_JOBS_FILE}",
+           contract.ENV_POOL_KEYS: f"{names.CONFIG_DIR}/{names.POOL_KEYS_FILE}",
            contract.ENV_PORT_BASE: str(contract.DEFAULT_PORT_BASE), contract.ENV_BIND_HOST: "0.0.0.0"}
     out: list[meta.Obj] = [{"name": k, "value": v} for k, v in own.items()]
     out += [{"name": contract.ENV_INDEX,
@@ -125,6 +184,15 @@ def container(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
     return c
 
 
+def config_volume(pool: generatorpool.GeneratorPool) -> meta.Obj:
+    """The engines' config folder: the pool's config, its jobs file and manifests, its keys, projected whole."""
+    name = pool.metadata.name
+    return {"name": names.CONFIG_VOLUME, "projected": {"defaultMode": CONFIG_MODE, "sources": [
+        {"configMap": {"name": names.pool_config_map(name)}},
+        {"configMap": {"name": names.pool_jobs_config_map(name)}},
+        {"secret": {"name": names.pool_keys_secret(name)}}]}}
+
+
 def pod_template(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
     spec = pool.spec
     shm = pods.shm_gib(spec, tensor_parallel=spec.tensor_parallel_size)
@@ -133,8 +201,7 @@ def pod_template(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Ob
         "securityContext": security.pod_security_context(),
         "restartPolicy": "Always",
         "containers": [container(pool, ctx)],
-        "volumes": [{"name": names.CONFIG_VOLUME, "configMap": {"name": names.pool_config_map(pool.metadata.name)}},
-                    *security.writable_volumes(), *[dict(v) for v in spec.volumes]],
+        "volumes": [config_volume(pool), *security.writable_volumes(), *[dict(v) for v in spec.volumes]],
     }
     if shm:
         pod["containers"][0]["volumeMounts"].append(dict(pods.SHM_MOUNT))
@@ -162,5 +229,7 @@ def statefulset(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj
 
 
 def render(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> tuple[meta.Obj, ...]:
-    """Every child of ``pool``, what the engines need (config, Service, NetworkPolicy) before the StatefulSet."""
-    return config_map(pool, ctx), headless_service(pool, ctx), network_policy(pool, ctx), statefulset(pool, ctx)
+    """Every child of ``pool``, what the engines need (config, jobs, keys, Service, NetworkPolicy) before the
+    StatefulSet."""
+    return (config_map(pool, ctx), jobs_config_map(pool, ctx), keys_secret(pool, ctx), headless_service(pool, ctx),
+            network_policy(pool, ctx), statefulset(pool, ctx))
