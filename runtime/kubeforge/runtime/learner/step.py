@@ -184,6 +184,7 @@ class Trainer:
                    sampling: dynamic_sampling.StepCounts | None = None) -> progress.StepMetrics:
         """One optimizer step on this rank's ``groups`` (possibly none), averaged with every other rank.
         ``sampling``: dynamic sampling's counts of this rank's step (every rank passes them, or none does)."""
+        self.meter.refresh()      # before the clock: a peak probed too low is probed again (utilisation.Meter)
         clock = _Clock()
         whole, acc, denominator = self._gradients(groups, clock=clock)
         local = [*acc, float(whole.rewards.sum()), float(whole.rows), float(whole.zero_signal_groups),
@@ -207,6 +208,7 @@ class Trainer:
         tok = max(g[1], 1.0)
         seconds = clock.totals()
         use = utilisation.figures(step_flops=g[14], peak_flops_per_second=g[15], seconds=seconds["total"])
+        self.meter.settle(mfu=use["mfu"])
         return progress.StepMetrics(
             step=self.step, policy_version=self.policy_version, loss=g[0] / denominator, kl=g[4] / tok,
             clip_fraction=g[2] / tok, ratio_mean=g[3] / tok, entropy=g[5] / tok, grad_norm=grad_norm,

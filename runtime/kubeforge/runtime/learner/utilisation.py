@@ -29,7 +29,9 @@ class Meter:
         self.training = flops.Training(base_trained=lora is None, lora_rank=lora.rank if lora else 0,
                                        lora_targets=tuple(lora.target_modules) if lora else ())
         self.work = flops.Work()
+        self.device, self.dtype = device, dtype
         self.peak = peak.gemm_flops_per_second(device=device, dtype=dtype)
+        self._peak_low = False      # the last step ran faster than the peak: probe again before the next (settle)
         for module in modules:
             decoder: torch.nn.Module = module.get_decoder()  # type: ignore[operator]
             decoder.register_forward_pre_hook(self._record, with_kwargs=True)
@@ -48,6 +50,18 @@ class Meter:
     def head(self, *, positions: int, backward: bool) -> None:
         """The LM head ran over ``positions`` (and will run its backward when ``backward``)."""
         self.work.head(positions=positions, backward=backward)
+
+    def settle(self, *, mfu: float | None) -> None:
+        """After a step: an ``mfu`` above 1 means the peak was probed while something else held the cores (in
+        Colocated mode the trainer is built while the engine starts beside it); :meth:`refresh` probes again."""
+        self._peak_low = mfu is not None and mfu > 1.0
+
+    def refresh(self) -> None:
+        """Before a step, outside its clock: probe the peak again if the last step showed it too low (the best
+        probe is kept, so a busy moment never lowers it)."""
+        if self._peak_low:
+            self.peak = peak.remeasure(device=self.device, dtype=self.dtype)
+            self._peak_low = False
 
     def take(self) -> float:
         """This rank's FLOPs since the last call."""
