@@ -184,9 +184,7 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     granted = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge")["rules"])
     assert all("*" not in verbs for verbs in granted.values()) and ("*", "*") not in granted
     assert not any(r == "nodes" for _, r in granted), "nothing beyond what the operator touches"
-    # the job key Secret is created once; a pool pass reads attached jobs' keys by name and applies the pool's
-    # keys Secret (docs/generator-pool.md); nothing lists or watches Secrets
-    assert granted[("", "secrets")] == {"get", "create", "patch"}
+    assert granted[("", "secrets")] == {"create"}, "the job key Secret is created once, never read back"
     write = {"get", "list", "watch", "create", "patch", "delete"}
     assert granted[("kubeforge.dev", "rljobs")] >= {"get", "list", "watch", "patch"}
     assert granted[("kubeforge.dev", "rljobs/status")] >= {"patch"}
@@ -380,7 +378,7 @@ def test_cluster_wide_rbac_can_i(kube_cluster: Any, namespaces: list[str]) -> No
             return k("auth", "can-i", *args, f"--as={account}").stdout.strip() == "yes"
 
         for ns in (job_ns, "kube-system"):     # a jobs' namespace and one of the cluster's own
-            for verb in ("list", "watch", "update", "delete"):     # get by name: a pool's attached jobs' keys
+            for verb in ("get", "list", "watch"):
                 assert not can(verb, "secrets", "-n", ns), (verb, ns)
             for verb in ("create", "update"):     # delete: a pod lost with its node (docs/node-loss.md)
                 assert not can(verb, "pods", "-n", ns), (verb, ns)
