@@ -6,6 +6,7 @@ cluster-up`` builds kubectl); without them these tests skip and say so.
 """
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
 import pathlib
@@ -210,6 +211,29 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
                          ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"}}
     (container,) = one(objs, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]["containers"]
     assert "--node-loss-grace-seconds=60" in container["args"]
+
+
+def test_the_pool_master_key_is_made_once_and_mounted_into_the_operator_only() -> None:
+    """docs/generator-pool.md, "keys, derived": 32 random bytes in a Secret of the release namespace, kept across
+    upgrades (lookup) and by an uninstall, mounted where the operator's flag reads it; or a Secret of the user's."""
+    main = pytest.importorskip("kubeforge.operator.main")
+    objs = render()
+    secret = one(objs, "Secret", f"{RELEASE}-kubeforge-pool-master-key")
+    assert len(base64.b64decode(secret["data"]["key"])) == 32
+    assert secret["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    pod = one(objs, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    key_file = pathlib.PurePosixPath(main.parse_args(container["args"][1:]).pool_master_key_file)
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(key_file.parent)]
+    assert mount["readOnly"] is True and key_file.name == "key"
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert vol["secret"]["secretName"] == secret["metadata"]["name"]
+    assert one(render(), "Secret", secret["metadata"]["name"])["data"]["key"] != \
+        secret["data"]["key"], "drawn at random where no release exists yet to look up"
+    mine = render("poolMasterKey.existingSecret=my-key")
+    assert not [o for o in mine if o["kind"] == "Secret" and "pool-master-key" in o["metadata"]["name"]]
+    pod = one(mine, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]
+    assert [v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == mount["name"]] == ["my-key"]
 
 
 def test_the_admission_webhook_is_wired() -> None:
