@@ -6,6 +6,7 @@ cluster-up`` builds kubectl); without them these tests skip and say so.
 """
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
 import pathlib
@@ -184,9 +185,7 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
     granted = rules_by_resource(one(objs, "ClusterRole", f"{RELEASE}-kubeforge")["rules"])
     assert all("*" not in verbs for verbs in granted.values()) and ("*", "*") not in granted
     assert not any(r == "nodes" for _, r in granted), "nothing beyond what the operator touches"
-    # the job key Secret is created once; a pool pass reads attached jobs' keys by name and applies the pool's
-    # keys Secret (docs/generator-pool.md); nothing lists or watches Secrets
-    assert granted[("", "secrets")] == {"get", "create", "patch"}
+    assert granted[("", "secrets")] == {"create"}, "the job key Secret is created once, never read back"
     write = {"get", "list", "watch", "create", "patch", "delete"}
     assert granted[("kubeforge.dev", "rljobs")] >= {"get", "list", "watch", "patch"}
     assert granted[("kubeforge.dev", "rljobs/status")] >= {"patch"}
@@ -212,6 +211,29 @@ def test_rbac_is_least_privilege_and_covers_the_operator() -> None:
                          ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"}}
     (container,) = one(objs, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]["containers"]
     assert "--node-loss-grace-seconds=60" in container["args"]
+
+
+def test_the_pool_master_key_is_made_once_and_mounted_into_the_operator_only() -> None:
+    """docs/generator-pool.md, "keys, derived": 32 random bytes in a Secret of the release namespace, kept across
+    upgrades (lookup) and by an uninstall, mounted where the operator's flag reads it; or a Secret of the user's."""
+    main = pytest.importorskip("kubeforge.operator.main")
+    objs = render()
+    secret = one(objs, "Secret", f"{RELEASE}-kubeforge-pool-master-key")
+    assert len(base64.b64decode(secret["data"]["key"])) == 32
+    assert secret["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    pod = one(objs, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    key_file = pathlib.PurePosixPath(main.parse_args(container["args"][1:]).pool_master_key_file)
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(key_file.parent)]
+    assert mount["readOnly"] is True and key_file.name == "key"
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert vol["secret"]["secretName"] == secret["metadata"]["name"]
+    assert one(render(), "Secret", secret["metadata"]["name"])["data"]["key"] != \
+        secret["data"]["key"], "drawn at random where no release exists yet to look up"
+    mine = render("poolMasterKey.existingSecret=my-key")
+    assert not [o for o in mine if o["kind"] == "Secret" and "pool-master-key" in o["metadata"]["name"]]
+    pod = one(mine, "Deployment", f"{RELEASE}-kubeforge")["spec"]["template"]["spec"]
+    assert [v["secret"]["secretName"] for v in pod["volumes"] if v["name"] == mount["name"]] == ["my-key"]
 
 
 def test_the_admission_webhook_is_wired() -> None:
@@ -380,7 +402,7 @@ def test_cluster_wide_rbac_can_i(kube_cluster: Any, namespaces: list[str]) -> No
             return k("auth", "can-i", *args, f"--as={account}").stdout.strip() == "yes"
 
         for ns in (job_ns, "kube-system"):     # a jobs' namespace and one of the cluster's own
-            for verb in ("list", "watch", "update", "delete"):     # get by name: a pool's attached jobs' keys
+            for verb in ("get", "list", "watch"):
                 assert not can(verb, "secrets", "-n", ns), (verb, ns)
             for verb in ("create", "update"):     # delete: a pod lost with its node (docs/node-loss.md)
                 assert not can(verb, "pods", "-n", ns), (verb, ns)

@@ -1,6 +1,7 @@
 """GeneratorPools on the REAL kube-apiserver (kwok tier; docs/generator-pool.md): the operator renders a pool's
-engines, a job naming the pool renders no generators and dials the pool's at its own port block, the pool's keys
-Secret and jobs ConfigMap follow the jobs that attach and go (ports kept, freed, never shared), the admission
+engines, a job naming the pool renders no generators and dials the pool's at its own port block, the pool's jobs
+ConfigMap follows the jobs that attach, go, are suspended and resume (ports kept, freed, never shared), every key is
+the one derived from the operator's master key (the pool's in its key Secret, each job's in its own), the admission
 refusals come from the API server with the launcher's words, and deleting a pool in use waits for its jobs (the
 finalizer).
 
@@ -21,7 +22,7 @@ import yaml
 
 from kfcluster import harness, lifecycle, testing
 from kfcluster.harness import wait
-from kubeforge.api import load, rljob
+from kubeforge.api import load, poolkeys, rljob
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 ROOT = harness.ROOT
@@ -30,13 +31,17 @@ FINALIZER = "kubeforge.dev/pool-in-use"
 
 
 @pytest.fixture(scope="module")
-def env(kube_cluster: lifecycle.Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.K]:
-    k = harness.K(kubectl=kube_cluster.kubectl.binary, kubeconfig=kube_cluster.kubeconfig)
-    k.ensure_crd()
+def operator(kube_cluster: lifecycle.Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.Operator]:
     op = harness.Operator(kubeconfig=kube_cluster.kubeconfig, extra=("--all-namespaces", *COSCHEDULING),
-                          log_path=tmp_path_factory.mktemp("operator") / "operator.log").start()
-    yield k
+                          log_path=tmp_path_factory.mktemp("operator") / "operator.log")
+    harness.K(kubectl=kube_cluster.kubectl.binary, kubeconfig=kube_cluster.kubeconfig).ensure_crd()
+    yield op.start()
     op.stop()
+
+
+@pytest.fixture(scope="module")
+def env(kube_cluster: lifecycle.Cluster, operator: harness.Operator) -> harness.K:
+    return harness.K(kubectl=kube_cluster.kubectl.binary, kubeconfig=kube_cluster.kubeconfig)
 
 
 @pytest.fixture
@@ -115,14 +120,23 @@ def test_a_pool_and_a_job_on_it(env: harness.K, ns: str) -> None:
 
 
 def served(k: harness.K, ns: str) -> dict[str, Any]:
-    """What the pool's engines would read: ``{job: (port bases, key)}`` from its jobs ConfigMap and keys Secret."""
+    """What the pool's engines would read: ``{job: (port bases, uid)}`` from its jobs ConfigMap."""
     jobs = json.loads(k.get("configmap", "shared-pool-jobs", "-n", ns)["data"]["jobs.json"])["jobs"]
-    keys = json.loads(base64.b64decode(k.get("secret", "shared-pool-keys", "-n", ns)["data"]["keys.json"]))
-    return {e["name"]: (e["portBases"], keys.get(e["name"])) for e in jobs}
+    return {e["name"]: (e["portBases"], e["uid"]) for e in jobs}
 
 
-def own_key(k: harness.K, ns: str, job: str) -> str:
-    return base64.b64decode(k.get("secret", f"{job}-key", "-n", ns)["data"]["key"]).decode()
+def uid(k: harness.K, kind: str, ns: str, name: str) -> str:
+    return str(k.get(kind, name, "-n", ns)["metadata"]["uid"])
+
+
+def secret_text(k: harness.K, ns: str, name: str, key: str) -> str:
+    return base64.b64decode(k.get("secret", name, "-n", ns)["data"][key]).decode()
+
+
+def key_ref(k: harness.K, ns: str, job: str) -> str:
+    """The Secret a job's trainer pods get their key from."""
+    env_vars = k.get("statefulset", f"{job}-trainer", "-n", ns)["spec"]["template"]["spec"]["containers"][0]["env"]
+    return str(next(e for e in env_vars if e["name"] == "KUBEFORGE_JOB_KEY")["valueFrom"]["secretKeyRef"]["name"])
 
 
 def peers_port(k: harness.K, ns: str, job: str) -> int:
@@ -132,41 +146,59 @@ def peers_port(k: harness.K, ns: str, job: str) -> int:
     return int(peers.split(",")[0].rsplit(":", 1)[1])
 
 
-def test_attached_jobs_get_their_ports_keys_and_a_place_in_the_jobs_file(env: harness.K, ns: str) -> None:
+def test_attached_jobs_get_their_ports_keys_and_a_place_in_the_jobs_file(env: harness.K, ns: str,
+                                                                          operator: harness.Operator) -> None:
     k = env
     k.apply(pool(ns))
     k.apply(pool_job(ns, "job-a"))
     k.apply(pool_job(ns, "job-b"))
     st = wait("job-a and job-b served", lambda: len(served(k, ns)) == 2 and pool_status(k, ns))
     assert st["jobPorts"] == [{"name": "job-a", "portBase": 29510}, {"name": "job-b", "portBase": 29520}]
-    got = served(k, ns)
-    assert got == {"job-a": ([29510, 29510], own_key(k, ns, "job-a")),
-                   "job-b": ([29520, 29520], own_key(k, ns, "job-b"))}, "each engine serves each job at its block"
-    assert got["job-a"][1] != got["job-b"][1]
+    assert served(k, ns) == {"job-a": ([29510, 29510], uid(k, "rljob", ns, "job-a")),
+                             "job-b": ([29520, 29520], uid(k, "rljob", ns, "job-b"))}, \
+        "each engine serves each job at its block, knowing whose key to derive"
     data = k.get("configmap", "shared-pool-jobs", "-n", ns)["data"]
     assert {"job-job-a.yaml", "job-job-b.yaml"} <= set(data)
     wait("job-b dials its block", lambda: peers_port(k, ns, "job-b") == 29520)
     assert peers_port(k, ns, "job-a") == 29510
-    for job in ("job-a", "job-b"):     # a job's pods get their own key, never the pool's Secret
-        tmpl = json.dumps(k.get("statefulset", f"{job}-trainer", "-n", ns)["spec"]["template"])
-        assert "shared-pool-keys" not in tmpl and f"{job}-key" in tmpl
+
+    # every key is the one derived from the operator's master key: the pool's in the Secret its engines mount,
+    # each job's in the Secret its own pods get theirs from, equal to what an engine derives from the jobs file
+    master = operator.pool_master_key_file().read_bytes()
+    pool_key = poolkeys.pool_key(master, namespace=ns, pool="shared", uid=uid(k, "generatorpool", ns, "shared"))
     sources = [next(iter(s.values()))["name"] for s in next(
         v for v in k.get("statefulset", "shared-pool", "-n", ns)["spec"]["template"]["spec"]["volumes"]
         if v["name"] == "kubeforge-config")["projected"]["sources"]]
-    assert sources == ["shared-pool-config", "shared-pool-jobs", "shared-pool-keys"]
+    key_secret = f"shared-pool-key-{poolkeys.key_id(pool_key)}"
+    assert sources == ["shared-pool-config", "shared-pool-jobs", key_secret]
+    assert secret_text(k, ns, key_secret, "pool.key") == pool_key.hex()
+    for job in ("job-a", "job-b"):
+        key = poolkeys.job_key(pool_key, namespace=ns, job=job, uid=served(k, ns)[job][1])
+        ref = wait(f"{job}'s key Secret", lambda: key_ref(k, ns, job) != f"{job}-key" and key_ref(k, ns, job))
+        assert ref == f"{job}-key-{poolkeys.key_id(key)}" and secret_text(k, ns, ref, "key") == key.hex()
+        tmpl = json.dumps(k.get("statefulset", f"{job}-trainer", "-n", ns)["spec"]["template"])
+        assert key_secret not in tmpl, "a job's pods never see the pool's key"
     template = k.get("statefulset", "shared-pool", "-n", ns)["spec"]["template"]
 
-    # job-a goes: its block and key leave the files, job-b keeps its block; job-c takes the block job-a freed
+    # job-a goes: its block leaves the files, job-b keeps its block; job-c takes the block job-a freed
     k.run("delete", "rljob", "job-a", "-n", ns, "--wait=false")
     wait("job-a gone from the files", lambda: set(served(k, ns)) == {"job-b"})
     assert pool_status(k, ns)["jobPorts"] == [{"name": "job-b", "portBase": 29520}]
     k.apply(pool_job(ns, "job-c"))
     wait("job-c served", lambda: set(served(k, ns)) == {"job-b", "job-c"})
-    assert served(k, ns) == {"job-b": ([29520, 29520], own_key(k, ns, "job-b")),
-                             "job-c": ([29510, 29510], own_key(k, ns, "job-c"))}
+    assert {j: v[0] for j, v in served(k, ns).items()} == {"job-b": [29520, 29520], "job-c": [29510, 29510]}
     wait("job-c dials the freed block", lambda: peers_port(k, ns, "job-c") == 29510)
+
+    # job-b suspended (as Kueue's eviction does, through its Suspended condition): out of the jobs file, so the
+    # engines release its share and adapter slot; its block kept; resumed, served again at the same block
+    k.run("patch", "rljob", "job-b", "-n", ns, "--type=merge", "-p", '{"spec": {"suspend": true}}')
+    wait("job-b out of the jobs file", lambda: set(served(k, ns)) == {"job-c"})
+    st = pool_status(k, ns)
+    assert st["attachedJobs"] == ["job-b", "job-c"] and {"name": "job-b", "portBase": 29520} in st["jobPorts"]
+    k.run("patch", "rljob", "job-b", "-n", ns, "--type=merge", "-p", '{"spec": {"suspend": false}}')
+    wait("job-b served again", lambda: served(k, ns).get("job-b", ([],))[0] == [29520, 29520])
     assert k.get("statefulset", "shared-pool", "-n", ns)["spec"]["template"] == template, \
-        "attaching and leaving change the files, not the engines' pods"
+        "attaching, leaving and suspending change the files, not the engines' pods"
 
 
 def test_the_api_server_refuses_what_kubeforge_validate_refuses(env: harness.K, ns: str,

@@ -121,12 +121,10 @@ def test_namespaced_mode_grants_every_need(kueue_cluster: lifecycle.Cluster,
 
 def test_namespaced_mode_grants_nothing_in_other_namespaces(kueue_cluster: lifecycle.Cluster,
                                                             namespaced: tuple[installed.Release, list[str]]) -> None:
-    """The check can fail: the jobs' rules asked in an unwatched namespace, and a listing of Secrets (a pool pass gets
-    attached jobs' key Secrets by name only), are refused."""
+    """The check can fail: the jobs' rules asked in an unwatched namespace, and a read of Secrets, are refused."""
     rel, (existing, _, other) = namespaced
     jobs = [(v, g, r, other) for v, g, r, s in access.flat() if s is access.Scope.JOBS]
-    answers = allowed(kueue_cluster, rel.account,
-                      [*jobs, ("list", "", "secrets", existing), ("list", "", "pods", None)])
+    answers = allowed(kueue_cluster, rel.account, [*jobs, ("get", "", "secrets", existing), ("list", "", "pods", None)])
     assert not [c for c, ok in answers.items() if ok], [c for c, ok in answers.items() if ok]
 
 
@@ -149,7 +147,7 @@ def test_cluster_wide_mode_grants_every_need(kueue_cluster: lifecycle.Cluster, c
     denied = sorted(c for c, ok in answers.items() if not ok)
     assert not denied, f"the chart (cluster-wide mode) lacks: {denied}"
     assert can_i(kueue_cluster, rel.account, "watch", "pods", "--all-namespaces")
-    assert not can_i(kueue_cluster, rel.account, "list", "secrets", "-n", "kube-system")
+    assert not can_i(kueue_cluster, rel.account, "get", "secrets", "-n", "kube-system")
     print("RBAC-CLUSTER-WIDE " + json.dumps({"checks": len(answers), "denied": len(denied)}))
 
 

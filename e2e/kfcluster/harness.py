@@ -42,6 +42,8 @@ class Operator:
         cmd = [sys.executable, "-m", "kubeforge.operator", "--kubeconfig", self.kubeconfig,
                "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
                "--runtime-image", "kubeforge/runtime:test", *(self.extra or ("--all-namespaces",))]
+        if not any(a.startswith("--pool-master-key-file") for a in cmd):    # as the chart mounts one
+            cmd.append(f"--pool-master-key-file={self.pool_master_key_file()}")
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **self.env})
         deadline = time.monotonic() + timeout_s
@@ -56,6 +58,15 @@ class Operator:
                 pass
             time.sleep(0.3)
         raise TimeoutError(f"operator not healthy after {timeout_s}s; log: {self.log_path}")
+
+    def pool_master_key_file(self) -> pathlib.Path:
+        """The operator's pool master key (docs/generator-pool.md, "Keys"): drawn once beside its log, so a
+        restarted operator (same log path) keeps its pools' keys."""
+        path = self.log_path.parent / "pool-master.key"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.write_bytes(os.urandom(32))
+        return path
 
     def kill(self) -> None:
         """SIGKILL: no graceful shutdown, as a crashed or evicted operator."""

@@ -8,7 +8,6 @@
   jobs before the finalizer comes off."""
 from __future__ import annotations
 
-import base64
 import copy
 import dataclasses
 import json
@@ -27,6 +26,8 @@ from kubeforge.operator.render import pool as pool_render
 from kubeforge.operator.render.gang import base
 
 CTX = context.RenderContext(namespace="ns", uid="u-1", image="img", pool_engines=2)
+#: The operator's pool master key in these tests (the chart mounts one: ``--pool-master-key-file``).
+MASTER = bytes(range(32))
 
 
 def pool_job(**overrides: Any) -> rljob.RLJob:
@@ -78,7 +79,7 @@ def test_its_roles_dial_the_pools_engines_and_the_engines_may_reach_them() -> No
 
 def test_the_pool_renders_engines_with_lora_as_its_spec_says() -> None:
     pool = load.parse_pool(pool_doc(maxAdapters=6, maxLoraRank=12, maxModelLen=512))
-    cm, _jobs, _keys, svc, netpol, sts = pool_render.render(pool, pool_render.PoolContext(
+    cm, _jobs, svc, netpol, sts = pool_render.render(pool, pool_render.PoolContext(
         namespace="ns", uid="p-1", attached=("job-a", "job-b")))
     engine = json.loads(cm["data"][names.POOL_ENGINE_FILE])
     assert engine == {"enable_lora": True, "max_loras": 6, "max_lora_rank": 16, "dtype": "float32",
@@ -192,9 +193,13 @@ class FakeCluster:
         self.status: dict[str, Any] | None = None
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        assert kind != "Secret", "the operator reads no Secret (its RBAC on Secrets is create)"
         if kind == contract.POOL_KIND:
             return copy.deepcopy(self.pool) if self.pool and name == self.pool["metadata"]["name"] else None
         return copy.deepcopy(self.objects.get((kind, name)))
+
+    def create_if_absent(self, obj: dict[str, Any]) -> bool:
+        return self.objects.setdefault((obj["kind"], obj["metadata"]["name"]), obj) is obj
 
     def list_rljobs(self, namespace: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self.jobs)
@@ -217,16 +222,14 @@ def attached(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {"generatorPool": {"name": "shared"}}}
 
 
-def pass_of(fake: FakeCluster) -> reconcile.Outcome:
+def pass_of(fake: FakeCluster, *, master: bytes | None = MASTER) -> reconcile.Outcome:
     return poolreconcile.reconcile_pool(fake, poolreconcile.key("ns", "shared"), image="img",  # type: ignore[arg-type]
-                                        cache=reconcile.ApplyCache(), clock=lambda: opbuilders.T0)
+                                        cache=reconcile.ApplyCache(), master=master, clock=lambda: opbuilders.T0)
 
 
 def test_a_pool_pass_holds_it_renders_it_and_writes_its_status() -> None:
     fake = FakeCluster(pool_doc(), [attached("job-b"), attached("job-a")])
     fake.objects[("StatefulSet", "shared-pool")] = {"status": {"readyReplicas": 2}}
-    for job in ("job-a", "job-b"):      # their keys are there (a job's own pass makes it)
-        fake.objects[("Secret", f"{job}-key")] = {"data": {"key": base64.b64encode(b"ab" * 32).decode()}}
     out = pass_of(fake)
     assert not out.gone and out.requeue_after is None
     assert fake.pool is not None and fake.pool["metadata"]["finalizers"] == [names.POOL_FINALIZER]
@@ -261,7 +264,7 @@ def test_a_jobs_pass_reads_its_pools_engines() -> None:
     fake = FakeCluster(with_port(pool_doc(replicas=3)))
     job_fake = JobFake(doc, fake)
     reconcile.reconcile(job_fake, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache(),  # type: ignore[arg-type]
-                        clock=lambda: opbuilders.T0)
+                        clock=lambda: opbuilders.T0, pool_master=MASTER)
     trainer = job_fake.objects[("StatefulSet", "tiny-trainer")]
     env = {e["name"]: e.get("value") for e in trainer["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env[contract.env_replicas("generator")] == "3"
@@ -275,12 +278,12 @@ def test_a_job_whose_pool_does_not_exist_gets_no_pods_until_it_does() -> None:
     job_fake = JobFake(doc, pools)
     cache = reconcile.ApplyCache()
     reconcile.reconcile(job_fake, ("ns", "tiny"), image="img", cache=cache,  # type: ignore[arg-type]
-                        clock=lambda: opbuilders.T0)
+                        clock=lambda: opbuilders.T0, pool_master=MASTER)
     assert job_fake.objects[("StatefulSet", "tiny-trainer")]["spec"]["replicas"] == 0
     assert ("PodGroup", "tiny") not in job_fake.objects and "PoolNotFound" in job_fake.events
     pools.pool = with_port(pool_doc())
     reconcile.reconcile(job_fake, ("ns", "tiny"), image="img", cache=cache,  # type: ignore[arg-type]
-                        clock=lambda: opbuilders.T0)
+                        clock=lambda: opbuilders.T0, pool_master=MASTER)
     assert job_fake.objects[("StatefulSet", "tiny-trainer")]["spec"]["replicas"] == 1
     assert ("PodGroup", "tiny") in job_fake.objects
 

@@ -80,14 +80,14 @@ CASES = {
     "tiny-surplus-kai": (lambda: opbuilders.job("tiny", spec__gang__backend="KAI",
                                                 spec__roles__generator={"replicas": 3, "minReplicas": 2}), CTX),
     # a LoRA job on a GeneratorPool of 2 engines (docs/generator-pool.md): no generators of its own, its roles dial
-    # the pool's engines, the pool's pods may reach its pods
+    # the pool's engines, the pool's pods may reach its pods; its key Secret named by its derived key's fingerprint
     "tiny-pool": (lambda: opbuilders.job("tiny", spec__model__lora={"rank": 8},
                                          spec__generatorPool={"name": "shared"}),
-                  dataclasses.replace(CTX, pool_engines=2, pool_port_base=29510)),
+                  dataclasses.replace(CTX, pool_engines=2, pool_port_base=29510, key_secret="tiny-key-0123456789")),
 }
 
 #: GeneratorPools rendered by ``render.pool`` (their own golden files, ``pool-<case>.yaml``).
-POOL_CTX = pool_render.PoolContext(namespace="ns", uid=CTX.uid, image=CTX.image)
+POOL_CTX = pool_render.PoolContext(namespace="ns", uid=CTX.uid, image=CTX.image, key_id="0123456789")
 POOL_CASES = {
     "shared": ({"model": {"builtin": "smollm2-135m-instruct"}, "replicas": 1, "maxAdapters": 8, "maxLoraRank": 16},
                POOL_CTX),
@@ -101,13 +101,13 @@ POOL_CASES = {
              "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
              "volumeMounts": [{"name": "models", "mountPath": "/models"}], "priorityClassName": "high"},
             dataclasses.replace(POOL_CTX, image_pull_secrets=("default-pull",))),
-    # two attached jobs served (docs/generator-pool.md): the jobs file and manifests, the keys Secret (fixed keys)
+    # two attached jobs served (docs/generator-pool.md): the jobs file (their identities) and manifests
     "members": ({"model": {"builtin": "tiny"}, "replicas": 2, "maxAdapters": 2, "maxLoraRank": 8},
                 dataclasses.replace(POOL_CTX, attached=("job-a", "job-b"), members=tuple(
                     pool_render.Member(job=opbuilders.job("tiny", metadata__name=n, spec__model__lora={"rank": 8},
                                                           spec__generatorPool={"name": "members"}),
-                                       port_base=b, key_hex=k * 32)
-                    for n, b, k in (("job-a", 29510, "aa"), ("job-b", 29530, "bb"))))),
+                                       uid=u, port_base=b)
+                    for n, b, u in (("job-a", 29510, "uid-a"), ("job-b", 29530, "uid-b"))))),
 }
 
 

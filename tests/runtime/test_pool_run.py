@@ -21,7 +21,7 @@ import pytest
 import yaml
 import zmq
 
-from kubeforge.api import contract
+from kubeforge.api import contract, poolkeys
 from kubeforge.runtime import transport, types, wire
 from kubeforge.runtime.launcher import summary
 
@@ -98,7 +98,9 @@ def test_a_pool_serves_two_lora_jobs_to_the_end_each_with_its_own_adapter(tmp_pa
     try:
         _wait(lambda: all(_steps(run_dir, j) for j in JOBS), timeout=1500, proc=proc)
         jobs = json.loads((run_dir / "jobs.json").read_text())["jobs"]
-        keys = {k: bytes.fromhex(v) for k, v in json.loads((run_dir / "keys.json").read_text()).items()}
+        pool_key = bytes.fromhex((run_dir / "pool.key").read_text())     # each job's key derived as the engines do
+        keys = {j["name"]: poolkeys.job_key(pool_key, namespace=j["namespace"], job=j["name"], uid=j["uid"])
+                for j in jobs}
         a_port = next(j["portBases"][0] for j in jobs if j["name"] == JOBS[0]) + contract.PORT_DATA
         engine_env = json.loads((run_dir / "pool.json").read_text())     # the run's pool manifest
         assert engine_env["metadata"]["name"] == "shared"

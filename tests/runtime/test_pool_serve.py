@@ -7,7 +7,7 @@ import collections
 import itertools
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pytest
@@ -222,3 +222,86 @@ def test_a_job_whose_verifiers_take_nothing_costs_only_itself() -> None:
         t.join(10)
         stuck.close()
     assert out and out[0].jobs["a"].undelivered >= 2 and out[0].jobs["b"].undelivered == 0
+
+
+class FakeRoster:
+    """The jobs file as a test drives it: ``change`` is handed to the next poll; ``jobs`` opens a job's channel."""
+
+    def __init__(self, jobs: dict[str, Job]) -> None:
+        self.jobs = jobs
+        self.pending: list[serve.Change] = []
+        self.closed: list[str] = []
+        self.lock = threading.Lock()
+
+    def change(self, *, went: tuple[str, ...] = (), came: tuple[str, ...] = ()) -> None:
+        with self.lock:
+            self.pending.append(serve.Change(went=went, came=came))
+
+    def poll(self) -> serve.Change | None:
+        with self.lock:
+            return self.pending.pop(0) if self.pending else None
+
+    def close(self, ch: serve.Channel) -> None:
+        self.closed.append(ch.name)
+
+    def open(self, name: str) -> serve.Channel | None:
+        return self.jobs[name].channel
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if cond():
+            return
+        threading.Event().wait(0.05)
+    raise AssertionError("timed out")
+
+
+def test_jobs_that_go_are_dropped_and_closed_and_jobs_that_come_are_served() -> None:
+    """The set changes under a running loop (the jobs file re-read): a job that went loses its queued work and its
+    adapter (unloaded from the engine) and its channel is closed; one that came is served from the next turn; a
+    job that comes back (a suspended job resumed) is a new attachment: READY again, sampled with the base model
+    until its trainer pushes again."""
+    eng = FakeEngine()
+    slots = adapters.Slots(capacity=2, backend=eng)
+    a, b, c = (Job(n, engine=eng, weight=4) for n in "abc")
+    roster = FakeRoster({"a": a, "b": b, "c": c})
+    stop, out, obs = threading.Event(), [], Observer()
+    t = threading.Thread(target=lambda: out.append(serve.serve(
+        index=0, channels=[a.channel, b.channel], slots=slots, observer=obs, should_stop=stop.is_set,
+        roster=roster)), daemon=True)
+    t.start()
+    try:
+        for j in (a, b):
+            assert isinstance(j.control(), wire.Ready)
+            j.sync(1)
+            assert isinstance(j.control(), wire.Ack)
+        a.work(1)
+        b.work(1)
+        a.rollouts(2)
+        b.rollouts(2)
+        a_id = slots.current["a"].lora_id
+        assert a_id in eng.loaded
+        roster.change(went=("a",))
+        wait_for(lambda: roster.closed == ["a"])
+        assert "a" not in slots.current and a_id not in eng.loaded, "a's adapter unloaded: its slot is free"
+        a.work(2)                                  # a frame on a socket no longer served: nothing comes of it
+        b.work(2)
+        assert {g.policy_version for g in b.rollouts(2)} == {1}
+        assert a.verifier_in.recv(timeout=0.3) is None
+        roster.change(came=("c",))
+        c.trainer.send(wire.Work(step=1, policy_version=0, prompts=(types.Prompt(index=0, text="p", answer=""),)))
+        assert isinstance(c.control(), wire.Ready)
+        assert len(c.rollouts(1)) == 1
+        # a resumes: a new channel for it (a fresh attachment), its trainer connects again
+        a2 = Job("a", engine=eng, weight=4)
+        roster.jobs["a"] = a2
+        roster.change(came=("a",))
+        assert isinstance(a2.control(), wire.Ready)
+        a2.work(3)
+        assert {g.policy_version for g in a2.rollouts(2)} == {0}, "nothing pushed since it came back"
+    finally:
+        stop.set()
+        t.join(10)
+    ledger = out[0]
+    assert ledger.jobs["a"].detached == 1 and ledger.jobs["b"].detached == 0
+    assert ledger.jobs["a"].completions == 8 and ledger.jobs["c"].completions == 2

@@ -61,8 +61,8 @@ def test_layout_points_every_job_at_the_engines_and_the_engines_at_every_job(tmp
     assert [s.name for s in specs] == ["pool-0"]
     env = specs[0].env
     assert env[contract.ENV_POOL] == "shared" and env[contract.ENV_ROLE] == "generator"
-    assert stat.S_IMODE(os.stat(env[contract.ENV_POOL_KEYS]).st_mode) == 0o600
-    attached = attach.read(jobs_path=env[contract.ENV_POOL_JOBS], keys_path=env[contract.ENV_POOL_KEYS],
+    assert stat.S_IMODE(os.stat(env[contract.ENV_POOL_KEY]).st_mode) == 0o600
+    attached = attach.read(jobs_path=env[contract.ENV_POOL_JOBS], key_path=env[contract.ENV_POOL_KEY],
                            pool="shared", index=0)
     assert [a.name for a in attached] == ["pool-job-a", "pool-job-b"]
     assert [a.weight for a in attached] == [64, 64]                     # promptsPerStep x groupSize
@@ -82,17 +82,26 @@ def test_layout_points_every_job_at_the_engines_and_the_engines_at_every_job(tmp
     assert runs[0].key != runs[1].key
 
 
-def test_attach_refuses_a_job_without_a_key(tmp_path: pathlib.Path) -> None:
+def test_attach_refuses_a_job_without_an_identity_and_a_pool_without_a_key(tmp_path: pathlib.Path) -> None:
     (_, pool), jobs = poolrun.prepare(FILES, steps=None)
     specs, _ = poolrun._layout(pool, jobs, tmp_path)
-    keys = pathlib.Path(specs[0].env[contract.ENV_POOL_KEYS])
-    keys.write_text(json.dumps({"pool-job-a": "00" * 32}))
+    jobs_path = pathlib.Path(specs[0].env[contract.ENV_POOL_JOBS])
+    key_path = specs[0].env[contract.ENV_POOL_KEY]
+    doc = json.loads(jobs_path.read_text())
+    del doc["jobs"][1]["uid"]
+    jobs_path.write_text(json.dumps(doc))
     with pytest.raises(attach.AttachError) as exc:
-        attach.read(jobs_path=specs[0].env[contract.ENV_POOL_JOBS], keys_path=str(keys), pool="shared", index=0)
-    assert exc.value.problems == [f"{keys}: pool-job-b: Required value: the job's key, at least 32 hex characters "
-                                  "(a pool serves no job unauthenticated)"]
+        attach.read(jobs_path=str(jobs_path), key_path=key_path, pool="shared", index=0)
+    assert exc.value.problems == [f"{jobs_path}: jobs[1]: Required value: namespace and uid, the job's identity its "
+                                  "key is derived from"]
+    pathlib.Path(key_path).write_text("00" * 8)
+    with pytest.raises(attach.AttachError) as exc:
+        attach.read(jobs_path=str(jobs_path), key_path=key_path, pool="shared", index=0)
+    assert exc.value.problems == [f"{key_path}: Invalid value: the pool's key, at least 32 hex characters (a pool "
+                                  "serves no job unauthenticated)"]
+    pathlib.Path(key_path).write_text("00" * 32)
     with pytest.raises(attach.AttachError, match="must name GeneratorPool 'other'"):
-        attach.read(jobs_path=specs[0].env[contract.ENV_POOL_JOBS], keys_path=str(keys), pool="other", index=0)
+        attach.read(jobs_path=str(jobs_path), key_path=key_path, pool="other", index=0)
 
 
 def test_the_pool_summary_adds_up_the_engines_ledgers(tmp_path: pathlib.Path) -> None:

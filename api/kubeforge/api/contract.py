@@ -50,7 +50,7 @@ ENV_LOCAL_RANK = "KUBEFORGE_LOCAL_RANK"      # a trainer pod with N ranks: which
 ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the trainer reports progress on its pod
 ENV_POOL = "KUBEFORGE_POOL"                  # a GeneratorPool's engine: the pool's name (its config is the pool's)
 ENV_POOL_JOBS = "KUBEFORGE_POOL_JOBS"        # a pool engine: path of its attached jobs (JSON: generator.pool.attach)
-ENV_POOL_KEYS = "KUBEFORGE_POOL_KEYS"        # a pool engine: path of the attached jobs' keys (JSON {job: 64 hex})
+ENV_POOL_KEY = "KUBEFORGE_POOL_KEY"          # a pool engine: path of the pool's key (64 hex; ``poolkeys``)
 ENV_CPUS = "KUBEFORGE_CPUS"                  # CPU ids ("0,2-3") the process pins itself to and sizes its threads by
 
 

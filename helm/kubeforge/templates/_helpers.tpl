@@ -36,6 +36,11 @@ app.kubernetes.io/part-of: kubeforge
 {{- end -}}
 {{- end -}}
 
+{{- /* The Secret holding the pool master key the operator mounts: the chart's own, or poolMasterKey.existingSecret. */}}
+{{- define "kubeforge.poolMasterKeySecret" -}}
+{{- default (printf "%s-pool-master-key" (include "kubeforge.fullname" .)) .Values.poolMasterKey.existingSecret -}}
+{{- end -}}
+
 {{- define "kubeforge.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
@@ -55,9 +60,7 @@ Least privilege for what it does (every write is a server-side apply or merge PA
   job's namespace for the job's account) or progress off the pod (docs/install.md, "RBAC").
   delete: the forced delete (grace period 0, UID precondition) of a job's pod whose node was not Ready for
   nodeLossGraceSeconds (docs/node-loss.md); the operator deletes no other pod.
-- secrets: create (the job's key Secret, never read back by the job's pass); get, by name, of the key Secret of
-  each job attached to a GeneratorPool, and patch (server-side apply) of the pool's keys Secret <pool>-pool-keys,
-  which only the pool's engines mount (docs/generator-pool.md). Never list or watch: no Secret is read but those.
+- secrets: create only (the job's key Secret, never read back).
 - events: one per transition (core/v1 Events: the operator's and kopf's).
 - podgroups of each supported gang backend (Coscheduling, Volcano, KAI).
 */}}
@@ -83,7 +86,7 @@ Least privilege for what it does (every write is a server-side apply or merge PA
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["create"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

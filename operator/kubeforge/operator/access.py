@@ -73,10 +73,7 @@ NEEDS: tuple[Need, ...] = (
     _need("scheduling.x-k8s.io", "podgroups", CHILD, Scope.JOBS, "Coscheduling's PodGroup"),
     _need("scheduling.volcano.sh", "podgroups", CHILD, Scope.JOBS, "Volcano's PodGroup"),
     _need("scheduling.run.ai", "podgroups", CHILD, Scope.JOBS, "KAI's PodGroup"),
-    _need("", "secrets", "get create patch", Scope.JOBS,
-          "the job key Secret: created once when absent, never read back by the job's pass; a pool pass reads the "
-          "key Secret of each job attached to it by name (get: never list or watch) and applies the pool's keys "
-          "Secret <pool>-pool-keys (poolreconcile; docs/generator-pool.md)"),
+    _need("", "secrets", "create", Scope.JOBS, "the job key Secret: created once when absent, never read back"),
     _need("", "pods", "get list watch patch delete", Scope.JOBS,
           "kopf watches them, a pass lists them; patch: the export request copied onto trainer 0; delete: the "
           "forced delete of a pod lost with its node; get and patch are also what the per-job Role grants (RBAC "

@@ -17,8 +17,8 @@ from typing import Any
 import kopf
 
 from kubeforge.api import contract
-from kubeforge.operator import (admission, apply, kubeconfig, metrics, observed, poolreconcile, router as router_mod,
-                                watchcache)
+from kubeforge.operator import (admission, apply, kubeconfig, metrics, observed, poolreconcile, poolstatus,
+                                router as router_mod, watchcache)
 from kubeforge.operator import webhook as webhook_mod
 
 ANNOTATION_PREFIX = "kopf.kubeforge.dev"
@@ -61,6 +61,7 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
     are fed from the same events. With ``pool_router``, GeneratorPools are reconciled too."""
     reg = kopf.OperatorRegistry()
     present = {contract.LABEL_JOB: kopf.PRESENT}
+    pool_suspended: dict[tuple[str, str], bool] = {}    # a job on a pool: suspended when its last event came
 
     @kopf.on.startup(registry=reg)
     def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -105,8 +106,17 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
         namespace, name = kw["namespace"], kw["name"]
         raw = kw["event"].get("object") or {}
         pool = ((raw.get("spec") or {}).get("generatorPool") or {}).get("name")
-        if pool and pool_router is not None and kw["event"].get("type") in (None, "ADDED", "DELETED"):
-            pool_router.request(poolreconcile.key(namespace, pool), trigger="rljob")
+        if pool and pool_router is not None:
+            # its pool's pass on its creation and deletion, and when it is suspended or resumes (the engines serve
+            # no suspended job: poolstatus.suspended); the last state seen is soft (a restart asks once per job)
+            held = poolstatus.suspended(raw)
+            changed = pool_suspended.get((namespace, name)) != held
+            if kw["event"].get("type") == "DELETED":
+                pool_suspended.pop((namespace, name), None)
+            else:
+                pool_suspended[(namespace, name)] = held
+            if changed or kw["event"].get("type") in (None, "ADDED", "DELETED"):
+                pool_router.request(poolreconcile.key(namespace, pool), trigger="rljob")
         if kw["event"].get("type") == "DELETED":
             router.forget((namespace, name))
             for cache in (jobs, pods):

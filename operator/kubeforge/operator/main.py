@@ -6,6 +6,9 @@
 
 Namespace scoping: ``--namespace`` (repeatable) watches those namespaces only; ``--all-namespaces`` (the default
 when none is named) watches the whole cluster. Logs are JSON lines (``--log-format text`` for humans).
+``--pool-master-key-file`` (or ``$KUBEFORGE_POOL_MASTER_KEY_FILE``): the key the keys of GeneratorPools and their jobs
+are derived from (``kubeforge.api.poolkeys``; the chart mounts it from a Secret of the release's namespace); a
+file given but unreadable or short stops the operator at start; without one, pools are not rendered.
 ``--leader-elect``: several replicas, one active (``leader``: a Lease in ``--leader-namespace``); a standby serves
 /metrics, a plain /healthz and (in-cluster) the admission webhook until it holds the Lease, then starts kopf.
 
@@ -31,7 +34,7 @@ from typing import Any
 
 import kopf
 
-from kubeforge.api import contract
+from kubeforge.api import contract, poolkeys
 from kubeforge.operator import apply, handlers, leader, memory, metrics, names, reconcile, router as router_mod
 from kubeforge.operator import admission, nodeloss, poolreconcile, watchcache
 from kubeforge.operator import webhook
@@ -63,6 +66,7 @@ class Options:
     leader_namespace: str | None = None
     leader_lease_s: int = 6
     leader_renew_s: float = 2.0
+    pool_master_key_file: str | None = None
 
 
 STOP_GRACE_S = 15.0
@@ -94,6 +98,10 @@ def parse_args(argv: Sequence[str]) -> Options:
     p.add_argument("--node-loss-grace-seconds", type=float, default=nodeloss.GRACE_S,
                    help=f"Seconds a node may be not Ready before the job's pods on it are failed (NodeLost) and "
                    f"force-deleted, {nodeloss.GRACE_MIN_S:.0f}-{nodeloss.GRACE_MAX_S:.0f} (docs/node-loss.md).")
+    p.add_argument("--pool-master-key-file", default=os.environ.get("KUBEFORGE_POOL_MASTER_KEY_FILE") or None,
+                   metavar="PATH", help="File holding the pool master key (at least 32 bytes): the keys of "
+                   "GeneratorPools and of the jobs attached to them are derived from it (docs/generator-pool.md); "
+                   "without it no pool is rendered (default: $KUBEFORGE_POOL_MASTER_KEY_FILE).")
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument("-v", "--verbose", action="store_true")
     w = p.add_argument_group("admission webhook (docs/security.md)")
@@ -126,7 +134,17 @@ def parse_args(argv: Sequence[str]) -> Options:
                    webhook_host=a.webhook_host, webhook_cert_dir=a.webhook_cert_dir,
                    leader_elect=a.leader_elect, leader_lease=a.leader_lease,
                    leader_namespace=a.leader_namespace or os.environ.get("POD_NAMESPACE"),
-                   leader_lease_s=a.leader_lease_seconds, leader_renew_s=a.leader_renew_seconds)
+                   leader_lease_s=a.leader_lease_seconds, leader_renew_s=a.leader_renew_seconds,
+                   pool_master_key_file=a.pool_master_key_file)
+
+
+def pool_master(opts: Options) -> bytes | None:
+    """The pool master key the options name (None: none named; ``poolkeys.MasterKeyError``: named but unusable)."""
+    if not opts.pool_master_key_file:
+        logging.getLogger("kubeforge.operator").warning(
+            "no --pool-master-key-file: GeneratorPools are not rendered and jobs on them get no pods")
+        return None
+    return poolkeys.read_master(opts.pool_master_key_file)
 
 
 def runtime_image(opts: Options) -> admission.RuntimeImage:
@@ -148,19 +166,20 @@ def build(opts: Options) -> tuple[router_mod.Router, kopf.OperatorRegistry, appl
     appliers = concurrent.futures.ThreadPoolExecutor(max_workers=opts.workers * 2, thread_name_prefix="apply")
     jobs, pods = watchcache.JobCache(), watchcache.PodCache()
     pacer = reconcile.StatusPacer(interval=opts.status_interval)
+    master = pool_master(opts)
 
     def work(key: tuple[str, str], failures: list[Any]) -> reconcile.Outcome:
         return reconcile.reconcile(cluster, key, image=opts.runtime_image, cache=cache, pool=appliers,
                                    seen_failures=failures, jobs=jobs, pods=pods, pacer=pacer,
                                    node_loss_grace=nodeloss.clamp_grace(opts.node_loss_grace_seconds),
                                    coscheduling_scheduler=opts.coscheduling_scheduler,
-                                   image_pull_secrets=opts.image_pull_secrets)
+                                   image_pull_secrets=opts.image_pull_secrets, pool_master=master)
 
     router = router_mod.Router(work, invalidate=cache.forget, workers=opts.workers)
 
     def pool_work(key: tuple[str, str], _failures: list[Any]) -> reconcile.Outcome:
         return poolreconcile.reconcile_pool(cluster, key, image=opts.runtime_image, cache=cache, pool=appliers,
-                                            image_pull_secrets=opts.image_pull_secrets)
+                                            image_pull_secrets=opts.image_pull_secrets, master=master)
 
     pool_router = router_mod.Router(pool_work, invalidate=cache.forget, workers=max(1, opts.workers // 4))
     router.companions.append(pool_router)
@@ -240,6 +259,11 @@ def standby(opts: Options, term: threading.Event) -> leader.Elector | None:
 def main(argv: Sequence[str] | None = None) -> int:
     memory.limit_arenas()                # before any thread starts (memory.py)
     opts = parse_args(argv or [])
+    try:                   # an unusable key file stops the operator here, before it takes the Lease
+        if opts.pool_master_key_file:
+            poolkeys.read_master(opts.pool_master_key_file)
+    except poolkeys.MasterKeyError as exc:
+        raise SystemExit(f"kubeforge operator: --pool-master-key-file: {exc}") from exc
     fmt = kopf.LogFormat.JSON if opts.log_format == "json" else kopf.LogFormat.FULL
     kopf.configure(verbose=opts.verbose, log_format=fmt)
     logging.getLogger("kubeforge").setLevel(logging.DEBUG if opts.verbose else logging.INFO)

@@ -82,7 +82,7 @@ def network_policy(job: str) -> str:
 POOL_CONFIG_FILE = "pool.yaml"           # the pool's manifest, as the engines read it
 POOL_ENGINE_FILE = "engine.json"         # the vLLM arguments the spec decides (``generatorpool.engine_args``)
 POOL_JOBS_FILE = "jobs.json"             # the attached jobs (``generator.pool.attach``): ``<pool>-pool-jobs``
-POOL_KEYS_FILE = "keys.json"             # the attached jobs' keys ({job: 64 hex}): the Secret ``<pool>-pool-keys``
+POOL_KEY_FILE = "pool.key"              # the pool's key (64 hex; ``kubeforge.api.poolkeys``): ``pool_key_secret``
 #: The finalizer on every GeneratorPool: a deleted pool waits until no RLJob names it (docs/generator-pool.md).
 POOL_FINALIZER = "kubeforge.dev/pool-in-use"
 
@@ -97,9 +97,16 @@ def pool_jobs_config_map(pool: str) -> str:
     return f"{contract.pool_service(pool)}-jobs"
 
 
-def pool_keys_secret(pool: str) -> str:
-    """The Secret holding the keys of a pool's attached jobs (``POOL_KEYS_FILE``), mounted by its engines only."""
-    return f"{contract.pool_service(pool)}-keys"
+def pool_key_secret(pool: str, key_id: str) -> str:
+    """The Secret holding a pool's key (``POOL_KEY_FILE``), mounted by its engines only; named by the key's
+    fingerprint (``poolkeys.key_id``), so that a Secret of that name holds that key and no other."""
+    return f"{contract.pool_service(pool)}-key-{key_id}"
+
+
+def pool_job_key_secret(job: str, key_id: str) -> str:
+    """The key Secret of a job attached to a GeneratorPool: ``<job>-key-<key id>``, its derived key's fingerprint
+    in the name (docs/generator-pool.md, "Keys": why not ``<job>-key``)."""
+    return f"{contract.job_key_secret(job)}-{key_id}"
 
 
 def pool_job_manifest(job: str) -> str:

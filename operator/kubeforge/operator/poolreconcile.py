@@ -2,9 +2,10 @@
 changed).
 
 Observe: the pool's engines ready, the RLJobs naming it (attached), the port block of each (``poolports``: kept from
-the pool's ``status.jobPorts``), and for each attached job with a block its key (GET of its Secret ``<job>-key``, by
-name: the engines serve a job only with its own key). A job whose key is not there yet (its own first pass creates
-it) is attached but not yet served; the pass looks again after ``KEY_WAIT_S``.
+the pool's ``status.jobPorts``), and which of them the engines serve (a block, not suspended: ``poolstatus``). Keys:
+the pass derives the pool's key from the operator's master key (``kubeforge.api.poolkeys``; the master is a file,
+never an API object) and creates the Secret holding it when absent; the engines derive each served job's key from
+it and the jobs file. It reads no Secret (the operator's RBAC on Secrets is ``create``).
 
 Role: the pool kind's ``reconcile`` (a second ``router.Router`` calls it from worker threads; ``handlers`` routes the
 pool's events, its StatefulSet's and the attached jobs' creations and deletions to it). Neighbours: ``apply`` (the
@@ -16,13 +17,12 @@ a job may share a name) in the router or the metrics keyed by it.
 
 Invariants: a deleted pool is never re-rendered (its children go with it by owner reference, once the finalizer
 comes off); the finalizer comes off only when no RLJob of the namespace names the pool (``poolstatus.finalizers``),
-so a deleted pool keeps serving its jobs until the last one is gone; a pass trusts no in-memory state; a job's key
-is written into the pool's keys Secret only (never logged, never into the status or a ConfigMap).
+so a deleted pool keeps serving its jobs until the last one is gone; a pass trusts no in-memory state (the cache
+only skips re-creating a key Secret this process created); a key is written into a Secret only (never logged,
+never into the status or a ConfigMap).
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import concurrent.futures
 import dataclasses
 import datetime as dt
@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kubeforge.api import contract, generatorpool, load, roleenv
+from kubeforge.api import contract, generatorpool, load, poolkeys
 from kubeforge.operator import apply, poolports, poolstatus, reconcile
 from kubeforge.operator.render import pool as pool_render
 
@@ -39,8 +39,6 @@ Key = tuple[str, str]
 PREFIX = f"{contract.POOL_PLURAL}/"
 #: How soon a deleted pool that still has attached jobs is looked at again besides the jobs' deletion events.
 DRAIN_POLL_S = 30.0
-#: How soon a pass looks again when an attached job's key Secret is not there yet (its own pass creates it).
-KEY_WAIT_S = 5.0
 
 
 def key(namespace: str, name: str) -> Key:
@@ -64,51 +62,39 @@ def _parse(raw: apply.Obj) -> generatorpool.GeneratorPool | None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Observed:
-    """A pass's observation: the status facts, the members the engines serve, and whether an attached job with a
-    port block has no usable key yet (``KEY_WAIT_S``)."""
+    """A pass's observation: the status facts and the members the engines serve."""
 
     facts: poolstatus.PoolFacts
     members: tuple[pool_render.Member, ...] = ()
-    keys_missing: bool = False
 
 
-def observe(cluster: apply.Cluster, raw: apply.Obj, namespace: str, name: str) -> Observed:
+def observe(cluster: apply.Cluster, raw: apply.Obj, namespace: str, name: str, *,
+            keyed: bool = True) -> Observed:
     """The pool's engines ready (its StatefulSet's status), the jobs naming it and their port blocks, whether it is
-    being deleted; a live pool's members too (their keys read)."""
+    being deleted; a live pool's members too."""
     sts = cluster.get("apps/v1", "StatefulSet", namespace, contract.pool_service(name))
     ready = int(((sts or {}).get("status") or {}).get("readyReplicas") or 0)
     bodies = cluster.list_rljobs(namespace)
     attached = poolstatus.attached_jobs(name, bodies)
     ports = poolports.assign(poolports.previous(raw.get("status")), attached)
     facts = poolstatus.PoolFacts(ready_engines=ready, attached=attached,
-                                 deleting=bool(raw["metadata"].get("deletionTimestamp")), ports=tuple(ports.items()))
+                                 deleting=bool(raw["metadata"].get("deletionTimestamp")), ports=tuple(ports.items()),
+                                 keyed=keyed)
     if facts.deleting:
         return Observed(facts=facts)
-    keys = {job: key_hex(cluster.get("v1", "Secret", namespace, contract.job_key_secret(job))) for job in ports}
-    members = pool_members(name, bodies, ports, keys)
-    return Observed(facts=facts, members=members, keys_missing=any(v is None for v in keys.values()))
+    return Observed(facts=facts, members=pool_members(name, bodies, ports))
 
 
-def key_hex(secret: Mapping[str, Any] | None) -> str | None:
-    """The job key a job's Secret holds, as hex (None: absent or not a key of ``roleenv.JOB_KEY_MIN_BYTES``)."""
-    raw = ((secret or {}).get("data") or {}).get(contract.JOB_KEY_SECRET_KEY)
-    try:
-        text = base64.b64decode(raw, validate=True).decode() if isinstance(raw, str) else ""
-        key = bytes.fromhex(text)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return None
-    return key.hex() if len(key) >= roleenv.JOB_KEY_MIN_BYTES else None
-
-
-def pool_members(pool: str, bodies: Sequence[Mapping[str, Any]], ports: Mapping[str, int],
-                 keys: Mapping[str, str | None]) -> tuple[pool_render.Member, ...]:
-    """The attached jobs the engines serve: each with a port block and a key, parsed, training an adapter (an
-    engine refuses a jobs file with any other: one such job must not stop the pool serving the rest)."""
+def pool_members(pool: str, bodies: Sequence[Mapping[str, Any]],
+                 ports: Mapping[str, int]) -> tuple[pool_render.Member, ...]:
+    """The attached jobs the engines serve: each with a port block, not suspended (``poolstatus.suspended``: a
+    suspended job keeps its block and leaves the jobs file, so the engines release its share and adapter slot),
+    parsed, training an adapter (an engine refuses a jobs file with any other: one such job must not stop the pool
+    serving the rest)."""
     out = []
     for body in sorted(bodies, key=lambda b: str(b["metadata"]["name"])):
         job_name = str(body["metadata"]["name"])
-        key = keys.get(job_name)
-        if job_name not in ports or key is None:
+        if job_name not in ports or poolstatus.suspended(body):
             continue
         try:
             job = load.parse({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
@@ -119,14 +105,17 @@ def pool_members(pool: str, bodies: Sequence[Mapping[str, Any]], ports: Mapping[
             log.error("GeneratorPool %s: attached RLJob %s trains no adapter (spec.model.lora), not served", pool,
                       job_name)
             continue
-        out.append(pool_render.Member(job=job, port_base=ports[job_name], key_hex=key))
+        out.append(pool_render.Member(job=job, uid=str(body["metadata"].get("uid") or ""),
+                                      port_base=ports[job_name]))
     return tuple(out)
 
 
 def reconcile_pool(cluster: apply.Cluster, k: Key, *, image: str, cache: reconcile.ApplyCache,
                    pool: concurrent.futures.Executor | None = None, image_pull_secrets: tuple[str, ...] = (),
+                   master: bytes | None = None,
                    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> reconcile.Outcome:
-    """Bring the children, finalizer and status of the pool ``k`` (``key``) in line with its spec."""
+    """Bring the children, finalizer and status of the pool ``k`` (``key``) in line with its spec; ``master`` is
+    the operator's pool master key (without it the engines are not rendered: condition ``NoMasterKey``)."""
     namespace, name = name_of(k)
     raw = cluster.get(contract.API_VERSION, contract.POOL_KIND, namespace, name)
     if raw is None:
@@ -135,7 +124,7 @@ def reconcile_pool(cluster: apply.Cluster, k: Key, *, image: str, cache: reconci
     parsed = _parse(raw)
     if parsed is None:
         return reconcile.Outcome()
-    seen = observe(cluster, raw, namespace, name)
+    seen = observe(cluster, raw, namespace, name, keyed=master is not None)
     facts = seen.facts
     wanted = poolstatus.finalizers(raw["metadata"].get("finalizers") or [], facts)
     if wanted is not None:
@@ -146,14 +135,22 @@ def reconcile_pool(cluster: apply.Cluster, k: Key, *, image: str, cache: reconci
             log.info("GeneratorPool %s/%s released: no RLJob names it", namespace, name)
             cache.forget(k)
             return reconcile.Outcome(gone=True)
-    if not facts.deleting:
-        ctx = pool_render.PoolContext(namespace=namespace, uid=raw["metadata"]["uid"], image=image,
+    if not facts.deleting and master is not None:
+        uid = str(raw["metadata"]["uid"])
+        pool_key = poolkeys.pool_key(master, namespace=namespace, pool=name, uid=uid)
+        ctx = pool_render.PoolContext(namespace=namespace, uid=uid, key_id=poolkeys.key_id(pool_key), image=image,
                                       image_pull_secrets=image_pull_secrets, attached=facts.attached,
                                       members=seen.members)
+        secret = pool_render.key_secret(parsed, ctx, key_hex=pool_key.hex())
+        if not cache.has_key_secret(k, secret["metadata"]["name"]):     # before the engines that mount it
+            cluster.create_if_absent(secret)
+            cache.key_secret_made(k, secret["metadata"]["name"])
         reconcile.apply_all(cluster, k, pool_render.render(parsed, ctx), cache=cache, pool=pool)
+    elif not facts.deleting:
+        log.error("GeneratorPool %s/%s: the operator has no pool master key (--pool-master-key-file): not rendered",
+                  namespace, name)
     new = poolstatus.compute(parsed, facts, generation=raw["metadata"].get("generation"), now=clock())
     doc = new.model_dump(mode="json", by_alias=True)
     if parsed.status is None or doc != parsed.status.model_dump(mode="json", by_alias=True):
         cluster.patch_object_status(raw, {"status": doc})
-    return reconcile.Outcome(requeue_after=DRAIN_POLL_S if facts.deleting and facts.attached else
-                             KEY_WAIT_S if seen.keys_missing else None)
+    return reconcile.Outcome(requeue_after=DRAIN_POLL_S if facts.deleting and facts.attached else None)

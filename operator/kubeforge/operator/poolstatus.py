@@ -5,7 +5,8 @@ conditions' merge, shared with RLJobs). Invariants:
 - ``readyEngines`` counts ready pods of the pool's StatefulSet; ``attachedJobs`` every RLJob of the namespace whose
   ``spec.generatorPool.name`` is the pool, a job being deleted included (it may still sample until it is gone);
 - ``jobPorts`` is the port block of each attached job (``poolports.assign``), the record the next pass keeps them
-  by and the one a job's pass reads its own from;
+  by and the one a job's pass reads its own from; a suspended job (:func:`suspended`) keeps its block, but the
+  engines do not serve it (it leaves the jobs file: its share and adapter slot are released) until it resumes;
 - ``residentAdapters`` and ``utilisation`` are the engines' to report: carried over, never invented here;
 - the finalizer ``names.POOL_FINALIZER`` is on every pool that is not being deleted, and comes off a deleted pool
   only once no job is attached (docs/generator-pool.md: deleting a pool in use waits).
@@ -17,14 +18,15 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kubeforge.api import generatorpool
-from kubeforge.operator import names, status
+from kubeforge.api import contract, generatorpool
+from kubeforge.operator import names, reasons, status
 
 # ---- the pool's condition types and reasons ----
 READY = "Ready"                       # every engine is ready
 TERMINATING = "Terminating"           # the pool is being deleted (True: it waits for its attached jobs)
 ENGINES_READY = "EnginesReady"
 ENGINES_NOT_READY = "EnginesNotReady"
+NO_MASTER_KEY = "NoMasterKey"         # the operator has no pool master key: the engines are not rendered
 WAITING_FOR_JOBS = "WaitingForJobs"   # deleted, but RLJobs still name it: the finalizer holds it
 RELEASED = "Released"                 # deleted and no job attached: the finalizer comes off
 
@@ -38,12 +40,28 @@ class PoolFacts:
     attached: tuple[str, ...]
     deleting: bool
     ports: tuple[tuple[str, int], ...] = ()
+    keyed: bool = True       # the operator holds a pool master key (else nothing is rendered: ``NO_MASTER_KEY``)
 
 
 def attached_jobs(pool: str, jobs: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
     """Names of the RLJob bodies (one namespace's) whose ``spec.generatorPool.name`` is ``pool``, sorted."""
     return tuple(sorted({str(j["metadata"]["name"]) for j in jobs
                          if ((j.get("spec") or {}).get("generatorPool") or {}).get("name") == pool}))
+
+
+def suspended(job: Mapping[str, Any]) -> bool:
+    """Whether an attached job (its raw body) holds no pods now by its spec or Kueue's word, so the engines do not
+    serve it: ``spec.suspend`` is true, or its ``Suspended`` condition is True (written by its own pass: Kueue has
+    not admitted it or evicted it), or it is a Kueue workload whose pass has not said yet (not admitted as far as
+    anything shows)."""
+    if (job.get("spec") or {}).get("suspend") is True:
+        return True
+    conds = ((job.get("status") or {}).get("conditions")) or []
+    said = next((c.get("status") for c in conds if isinstance(c, Mapping) and c.get("type") == reasons.SUSPENDED),
+                None)
+    if said is not None:
+        return bool(said == "True")
+    return bool(((job.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_KUEUE_QUEUE))
 
 
 def compute(pool: generatorpool.GeneratorPool, facts: PoolFacts, *, generation: int | None,
@@ -53,6 +71,9 @@ def compute(pool: generatorpool.GeneratorPool, facts: PoolFacts, *, generation: 
     want = pool.spec.replicas
     ready = (True, ENGINES_READY, f"all {want} engines are ready") if facts.ready_engines >= want else \
         (False, ENGINES_NOT_READY, f"{facts.ready_engines}/{want} engines ready")
+    if not facts.keyed:
+        ready = (False, NO_MASTER_KEY, "the operator has no pool master key (--pool-master-key-file; the chart "
+                 "mounts one): the engines are not rendered and the attached jobs get no pods")
     conds: dict[str, status.Cond] = {READY: ready}
     if facts.deleting:
         conds[TERMINATING] = (True, WAITING_FOR_JOBS, "deleted; waiting for the RLJobs that name it to go: "

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubeforge.api import contract, failures, load, rljob
+from kubeforge.api import contract, failures, load, poolkeys, rljob
 from kubeforge.operator import (apply, exports, fencing, gangauto, lifecycle, metrics, names, nodeloss, observed,
                                 poolports, queueing, reasons, render, status, timefmt, watchcache)
 from kubeforge.operator.render import context, gang, meta, secret
@@ -55,7 +55,7 @@ class ApplyCache:
         self._max_age = max_age
         self._lock = threading.Lock()
         self._seen: dict[Key, dict[tuple[str, str, str, str], tuple[str, float]]] = {}
-        self._keyed: set[Key] = set()   # jobs whose key Secret this process has made sure of
+        self._keyed: set[tuple[Key, str]] = set()   # (job or pool, Secret) key Secrets this process made sure of
         self._done: dict[Key, tuple[Any, float]] = {}   # job -> (render key, when) of its last complete apply
 
     @staticmethod
@@ -80,7 +80,7 @@ class ApplyCache:
     def forget(self, job: Key) -> None:
         with self._lock:
             self._seen.pop(job, None)
-            self._keyed.discard(job)
+            self._keyed = {k for k in self._keyed if k[0] != job}
             self._done.pop(job, None)
 
     def unchanged(self, job: Key, render_key: Any) -> bool:
@@ -95,13 +95,13 @@ class ApplyCache:
         with self._lock:
             self._done[job] = (render_key, time.monotonic())
 
-    def has_key_secret(self, job: Key) -> bool:
+    def has_key_secret(self, job: Key, name: str) -> bool:
         with self._lock:
-            return job in self._keyed
+            return (job, name) in self._keyed
 
-    def key_secret_made(self, job: Key) -> None:
+    def key_secret_made(self, job: Key, name: str) -> None:
         with self._lock:
-            self._keyed.add(job)
+            self._keyed.add((job, name))
 
 
 class StatusPacer:
@@ -340,11 +340,13 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
               clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
               jobs: watchcache.JobCache | None = None, pods: watchcache.PodCache | None = None,
               pacer: StatusPacer | None = None, node_loss_grace: float = nodeloss.GRACE_S,
-              coscheduling_scheduler: str = "", image_pull_secrets: tuple[str, ...] = ()) -> Outcome:
+              coscheduling_scheduler: str = "", image_pull_secrets: tuple[str, ...] = (),
+              pool_master: bytes | None = None) -> Outcome:
     """Bring the children and the status of RLJob ``key`` (namespace, name) in line with its spec. With the watch
     caches (``jobs``, ``pods``) the pass reads the RLJob and its pods from them instead of GET and LIST; with a
     ``pacer``, status writes of detail only are paced per job. ``coscheduling_scheduler`` and
-    ``image_pull_secrets`` are the operator's settings (``RenderContext``)."""
+    ``image_pull_secrets`` are the operator's settings (``RenderContext``); ``pool_master`` its pool master key
+    (``poolkeys``: a job on a GeneratorPool gets its key derived from it; without it such a job gets no pods)."""
     namespace, name = key
     raw = _read_job(cluster, key, jobs)
     if raw is None or raw["metadata"].get("deletionTimestamp"):
@@ -375,11 +377,17 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         return Outcome(gone=True, phase=job.status.phase if job.status else None)
     choice = _gang_choice(cluster, job, coscheduling_scheduler=coscheduling_scheduler)
     pool_raw, engines, port_base = _pool_engines(cluster, job, namespace)
-    held = engines is None and plan.active   # no GeneratorPool, or no port block on it yet: no pods until then
+    job_key = _job_key(job, raw, pool_raw, namespace=namespace, master=pool_master)
+    if job.spec.generator_pool is not None and job_key is None:
+        engines = None
+    held = engines is None and plan.active   # no GeneratorPool, no port block or no key on it yet: no pods until then
     if held and job.spec.generator_pool is not None and pool_raw is None:
         cluster.post_event(raw, type="Warning", reason=reasons.POOL_NOT_FOUND, now=timefmt.fmt(now),
                            message=f"GeneratorPool {job.spec.generator_pool.name!r} does not exist in namespace "
                            f"{namespace}: the job's pods wait for it")
+    elif held and pool_raw is not None and job_key is None:
+        log.error("%s/%s: the operator has no pool master key (--pool-master-key-file): a job on GeneratorPool %r "
+                  "gets no pods", namespace, name, pool_raw["metadata"]["name"])
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
                                 trainer_epoch=plan.trainer_epoch,
                                 active=plan.active and not held, gang_active=plan.gang_active and not held,
@@ -389,14 +397,21 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
                                 if queue is not None and gate is not None and gate.admitted else "",
                                 gang_backend=choice.backend if choice is not None else "",
                                 coscheduling_scheduler=coscheduling_scheduler,
-                                image_pull_secrets=image_pull_secrets)
+                                image_pull_secrets=image_pull_secrets,
+                                key_secret=names.pool_job_key_secret(name, poolkeys.key_id(job_key))
+                                if job_key is not None else "")
     if queue is not None:
         _sync_workload(cluster, key, job, ctx, queue, plan, obs, cache=cache, now=now)
     shape = queueing.admitted_job(job, queue.wl, queue.flavors, grown=grown) \
         if ctx.admission and queue is not None else job
-    if not cache.has_key_secret(key):   # the job key: drawn once, created only when absent (render/secret.py)
-        cluster.create_if_absent(secret.job_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
-        cache.key_secret_made(key)
+    # the job key, created only when absent (render/secret.py): drawn once for a job with generators of its own,
+    # derived from its pool's key for a job on a GeneratorPool (under a name its fingerprint is part of), not made
+    # at all while such a job has no pool to derive it from
+    wanted_secret = ctx.key_secret or contract.job_key_secret(name)
+    if (job.spec.generator_pool is None or job_key is not None) and not cache.has_key_secret(key, wanted_secret):
+        cluster.create_if_absent(secret.job_key_secret(
+            job, ctx, key_hex=job_key.hex() if job_key is not None else secrets.token_hex(32)))
+        cache.key_secret_made(key, wanted_secret)
     # The children are a function of the spec (its generation), the job's identity and the context alone (the
     # renderers read no status), so a pass whose render key matches the last complete apply skips both steps.
     generation = raw["metadata"].get("generation")
@@ -460,6 +475,18 @@ def _pool_engines(cluster: apply.Cluster, job: rljob.RLJob,
     if base is None:
         return raw, None, contract.DEFAULT_PORT_BASE
     return raw, int((raw.get("spec") or {}).get("replicas") or 0), base
+
+
+def _job_key(job: rljob.RLJob, raw: meta.Obj, pool_raw: meta.Obj | None, *, namespace: str,
+             master: bytes | None) -> bytes | None:
+    """The key of a job on a GeneratorPool, derived from its pool's (``poolkeys``); None for a job with generators
+    of its own, or while its pool does not exist or the operator has no master key."""
+    if job.spec.generator_pool is None or pool_raw is None or master is None:
+        return None
+    pool_key = poolkeys.pool_key(master, namespace=namespace, pool=pool_raw["metadata"]["name"],
+                                 uid=str(pool_raw["metadata"].get("uid") or ""))
+    return poolkeys.job_key(pool_key, namespace=namespace, job=job.metadata.name,
+                            uid=str(raw["metadata"].get("uid") or ""))
 
 
 def _min(a: float | None, b: float | None) -> float | None:

@@ -40,6 +40,8 @@ class RenderContext:
         ``spec.replicas``; 0 while the pool does not exist): the generators its roles dial.
     pool_port_base: for a job on a GeneratorPool, the port base every engine serves it at (``poolports``: the pool's
         ``status.jobPorts``); ``contract.DEFAULT_PORT_BASE`` otherwise.
+    key_secret: for a job on a GeneratorPool, the name of its key Secret (``names.pool_job_key_secret``: its
+        derived key's fingerprint in the name); "" for ``contract.job_key_secret`` (a job with generators of its own).
     """
 
     namespace: str
@@ -57,3 +59,4 @@ class RenderContext:
     image_pull_secrets: tuple[str, ...] = ()
     pool_engines: int = 0
     pool_port_base: int = contract.DEFAULT_PORT_BASE
+    key_secret: str = ""

@@ -44,7 +44,8 @@ def role_env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list
         namespace=roleenv.FieldRef("metadata.namespace"), pod_name=roleenv.FieldRef("metadata.name"),
         port_base=contract.DEFAULT_PORT_BASE, bind_host="0.0.0.0", attempt=ctx.attempt,
         report=roleenv.REPORT_POD_ANNOTATION,
-        job_key=roleenv.SecretRef(contract.job_key_secret(job.metadata.name), contract.JOB_KEY_SECRET_KEY),
+        job_key=roleenv.SecretRef(ctx.key_secret or contract.job_key_secret(job.metadata.name),
+                                  contract.JOB_KEY_SECRET_KEY),
         peers={other: peers(job, other, ctx.namespace, pool_engines=ctx.pool_engines,
                             pool_port_base=ctx.pool_port_base) for other in contract.ROLES},
         # the pod's own label (statefulset.py), so env and label agree for the pod's whole life (docs/fencing.md)

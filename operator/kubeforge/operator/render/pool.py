@@ -1,4 +1,4 @@
-"""Pure renderer of a GeneratorPool: (pool, PoolContext) → its ConfigMaps, keys Secret, headless Service,
+"""Pure renderer of a GeneratorPool: (pool, PoolContext) → its ConfigMaps, key Secret, headless Service,
 NetworkPolicy and StatefulSet of engines.
 
 Role: the "render" step for the pool kind (``poolreconcile`` applies the result; ``render`` is the RLJob's). The
@@ -9,23 +9,24 @@ stable names behind the Service (``contract.pool_peer_host``). The NetworkPolicy
 jobs (``PoolContext.attached``) and the pool's own reach the engines' ports; ``metrics`` stays open to scrapers and
 probes (as a job's: ``render.network``).
 
-What the engines serve (``PoolContext.members``: the attached jobs that have a key and a port block) is two files
-the runtime reads (``generator.pool.attach``): the jobs file in the ConfigMap ``<pool>-pool-jobs`` (each job's name,
-namespace, slot, port base on every engine, trainer and verifier pods, and its manifest beside it) and the keys file
-in the Secret ``<pool>-pool-keys`` (``{job: 64 hex}``). Both are projected with the pool's config into one folder
-(``names.CONFIG_DIR``) as whole objects, never ``subPath``, so the kubelet refreshes the files in place when a job
-attaches or goes (docs/generator-pool.md: an engine re-reads them; the pod template does not change).
+What the engines serve (``PoolContext.members``: the attached jobs that have a port block and are not suspended) is
+the jobs file in the ConfigMap ``<pool>-pool-jobs`` (each job's name, namespace, UID, slot, port base on every
+engine, trainer and verifier pods, and its manifest beside it), which the runtime reads (``generator.pool.attach``),
+and the pool's key in the Secret ``<pool>-pool-key-<key id>`` (:func:`key_secret`: created once by the pool's pass,
+never applied nor read back), from which an engine derives each listed job's key (``kubeforge.api.poolkeys``). Both
+are projected with the pool's config into one folder (``names.CONFIG_DIR``) as whole objects, never ``subPath``, so
+the kubelet refreshes the jobs file in place when a job attaches or goes (docs/generator-pool.md: an engine re-reads
+it; the pod template does not change).
 
 Invariants: every child is named from the pool's name (``contract.pool_service``), labelled ``contract.LABEL_POOL``
 (never ``LABEL_JOB``: no job's watch routes a pool's pods) and owned by the GeneratorPool (deleting it collects
 them); the pod template shares the roles' security, probes and ports (``render.security``, ``render.service``);
 Parallel pod management and ``OnDelete`` updates as the roles' StatefulSets; the same inputs render the same bytes;
-a job's key goes into the pool's keys Secret only (no job's pod mounts it: a job's pods see their own
-``<job>-key`` alone); the pod template depends on no member, so attaching a job restarts no engine.
+no key is rendered but into a Secret (the pool's key: only the pool's engines mount it; a job's pods see their own
+key Secret alone); the pod template depends on no member, so attaching a job restarts no engine.
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 
@@ -46,12 +47,12 @@ CONFIG_MODE = 0o440
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Member:
-    """An attached job the engines serve: the job (its manifest goes into the jobs file), its port base
-    (``poolports``) and its key (the hex of its Secret ``<job>-key``; kept out of ``repr``)."""
+    """An attached job the engines serve: the job (its manifest goes into the jobs file), its UID (an engine derives
+    the job's key from it) and its port base (``poolports``)."""
 
     job: rljob.RLJob
+    uid: str
     port_base: int
-    key_hex: str = dataclasses.field(repr=False)
 
     @property
     def name(self) -> str:
@@ -63,10 +64,13 @@ class PoolContext:
     """What a pool's render depends on besides its spec: its namespace and UID (owner references), the operator's
     runtime image and default imagePullSecrets (as ``context.RenderContext`` for jobs), the RLJobs attached to it
     (names, sorted: ``poolstatus.attached_jobs``), whose pods its NetworkPolicy admits, and the ``members`` among
-    them the engines serve (sorted by name; a job without its key or a port block yet is attached, not a member)."""
+    them the engines serve (sorted by name; a job without a port block yet, or suspended, is attached, not a
+    member); ``key_id``: the fingerprint of the pool's key (``poolkeys.key_id``), which names the Secret holding it
+    (``names.pool_key_secret``)."""
 
     namespace: str
     uid: str
+    key_id: str = ""
     attached: tuple[str, ...] = ()
     members: tuple[Member, ...] = ()
     image: str = names.DEFAULT_RUNTIME_IMAGE
@@ -98,7 +102,7 @@ def config_map(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
 def jobs_entry(pool: generatorpool.GeneratorPool, ctx: PoolContext, m: Member) -> dict[str, object]:
     """One job of the jobs file (``generator.pool.attach``): where every engine serves it and where its roles are."""
     job = m.job
-    return {"name": m.name, "namespace": ctx.namespace, "slot": poolports.slot(m.port_base),
+    return {"name": m.name, "namespace": ctx.namespace, "uid": m.uid, "slot": poolports.slot(m.port_base),
             "manifest": f"{names.CONFIG_DIR}/{names.pool_job_manifest(m.name)}",
             "portBases": [m.port_base] * pool.spec.replicas,
             "peers": {role: [p.render() for p in env.peers(job, role, ctx.namespace)] for role in ("trainer", "verifier")}}
@@ -113,13 +117,12 @@ def jobs_config_map(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta
             "metadata": metadata(pool, ctx, name=names.pool_jobs_config_map(pool.metadata.name)), "data": data}
 
 
-def keys_secret(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
-    """``<pool>-pool-keys``: the members' keys (``data``, not ``stringData``: what the API server stores is what
-    was applied, so a replayed apply changes nothing)."""
-    keys = json.dumps({m.name: m.key_hex for m in ctx.members}, sort_keys=True)
+def key_secret(pool: generatorpool.GeneratorPool, ctx: PoolContext, *, key_hex: str) -> meta.Obj:
+    """``<pool>-pool-key-<key id>``: the pool's key, from which its engines derive each attached job's; created when
+    absent (``apply.Cluster.create_if_absent``), never applied: the operator holds ``create`` on Secrets only."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": metadata(pool, ctx, name=names.pool_keys_secret(pool.metadata.name)),
-            "data": {names.POOL_KEYS_FILE: base64.b64encode(keys.encode()).decode()}}
+            "metadata": metadata(pool, ctx, name=names.pool_key_secret(pool.metadata.name, ctx.key_id)),
+            "stringData": {names.POOL_KEY_FILE: key_hex}}
 
 
 def headless_service(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
@@ -148,7 +151,7 @@ def _env(pool: generatorpool.GeneratorPool) -> list[meta.Obj]:
     own = {contract.ENV_ROLE: ROLE, contract.ENV_POOL: pool.metadata.name,
            contract.ENV_CONFIG: f"{names.CONFIG_DIR}/{names.POOL_CONFIG_FILE}",
            contract.ENV_POOL_JOBS: f"{names.CONFIG_DIR}/{names.POOL_JOBS_FILE}",
-           contract.ENV_POOL_KEYS: f"{names.CONFIG_DIR}/{names.POOL_KEYS_FILE}",
+           contract.ENV_POOL_KEY: f"{names.CONFIG_DIR}/{names.POOL_KEY_FILE}",
            contract.ENV_PORT_BASE: str(contract.DEFAULT_PORT_BASE), contract.ENV_BIND_HOST: "0.0.0.0"}
     out: list[meta.Obj] = [{"name": k, "value": v} for k, v in own.items()]
     out += [{"name": contract.ENV_INDEX,
@@ -184,13 +187,13 @@ def container(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
     return c
 
 
-def config_volume(pool: generatorpool.GeneratorPool) -> meta.Obj:
-    """The engines' config folder: the pool's config, its jobs file and manifests, its keys, projected whole."""
+def config_volume(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
+    """The engines' config folder: the pool's config, its jobs file and manifests, its key, projected whole."""
     name = pool.metadata.name
     return {"name": names.CONFIG_VOLUME, "projected": {"defaultMode": CONFIG_MODE, "sources": [
         {"configMap": {"name": names.pool_config_map(name)}},
         {"configMap": {"name": names.pool_jobs_config_map(name)}},
-        {"secret": {"name": names.pool_keys_secret(name)}}]}}
+        {"secret": {"name": names.pool_key_secret(name, ctx.key_id)}}]}}
 
 
 def pod_template(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
@@ -201,7 +204,7 @@ def pod_template(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Ob
         "securityContext": security.pod_security_context(),
         "restartPolicy": "Always",
         "containers": [container(pool, ctx)],
-        "volumes": [config_volume(pool), *security.writable_volumes(), *[dict(v) for v in spec.volumes]],
+        "volumes": [config_volume(pool, ctx), *security.writable_volumes(), *[dict(v) for v in spec.volumes]],
     }
     if shm:
         pod["containers"][0]["volumeMounts"].append(dict(pods.SHM_MOUNT))
@@ -229,7 +232,7 @@ def statefulset(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj
 
 
 def render(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> tuple[meta.Obj, ...]:
-    """Every child of ``pool``, what the engines need (config, jobs, keys, Service, NetworkPolicy) before the
-    StatefulSet."""
-    return (config_map(pool, ctx), jobs_config_map(pool, ctx), keys_secret(pool, ctx), headless_service(pool, ctx),
+    """Every child of ``pool`` the operator applies, what the engines need (config, jobs, Service, NetworkPolicy)
+    before the StatefulSet (the key Secret is created apart: :func:`key_secret`)."""
+    return (config_map(pool, ctx), jobs_config_map(pool, ctx), headless_service(pool, ctx),
             network_policy(pool, ctx), statefulset(pool, ctx))

@@ -3,7 +3,8 @@ verifiers as local processes; one summary JSON line per job, then the pool's sum
 
 ```
  check (pool + jobs together, then each job's local rules, then what a pool serves locally) ──▶ run dir
-   <root>/pool.json, jobs.json, keys.json (0600) ──▶ <root>/<job>/ per job (the single-job run dir layout)
+   <root>/pool.json, jobs.json, pool.key (0600) ──▶ <root>/<job>/ per job (the single-job run dir layout)
+ keys: a master per run ──▶ the pool's key ──▶ each job's (kubeforge.api.poolkeys, as the operator derives them)
  ports: per engine a block of its own + a block per job (the job's KUBEFORGE_PEERS_GENERATOR lists these), per
         job's trainer/verifier process a block; fixed for the whole run (a job's restart reuses them)
  start the engines, then every job's processes ──▶ watch:
@@ -14,7 +15,7 @@ verifiers as local processes; one summary JSON line per job, then the pool's sum
 ```
 
 Neighbours: ``launcher.main`` (a single job: ``process_specs``, ``finish``, the restart policy) whose pieces this
-reuses; ``generator.pool.attach`` is the format of the engines' jobs and keys files; ``kubeforge.cli`` sends a pool
+reuses; ``generator.pool.attach`` is the format of the engines' jobs and key files; ``kubeforge.cli`` sends a pool
 and its jobs here once ``kubeforge validate`` would pass them.
 
 Invariants: stdout carries only the summary lines (the pool's last: a contract); invalid input exits 2 before any
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kubeforge.api import contract, generatorpool, load, rljob, roleenv, validate_pool
+from kubeforge.api import contract, generatorpool, load, poolkeys, rljob, roleenv, validate_pool
 from kubeforge.runtime.launcher import main, ports, progressbar, rundir, supervisor
 
 ENGINE = "pool"    # the engines' process names: pool-<i>
@@ -174,12 +175,17 @@ def _layout(pool: generatorpool.GeneratorPool, jobs: list[tuple[str, rljob.RLJob
     engine_bases = [next(bases) for _ in range(engines)]
     runs: list[JobRun] = []
     entries: list[dict[str, Any]] = []
+    namespace = pool.metadata.namespace or "default"
+    pool_key = poolkeys.pool_key(secrets.token_bytes(32), namespace=namespace, pool=pool.metadata.name,
+                                 uid=secrets.token_hex(16))
     for (file, job), count in zip(jobs, per_job):
+        uid = secrets.token_hex(16)
         at = [next(bases) for _ in range(engines)]
         own = [next(bases) for _ in range(count)]     # in contract.ROLES order, as main.process_specs hands them out
         run = rundir.create(job_name=job.metadata.name, explicit=str(root / job.metadata.name))
         run.manifest.write_text(json.dumps(load.dump(job), indent=1))
-        jr = JobRun(file=file, job=job, run=run, key=secrets.token_bytes(32), bases=own,
+        jr = JobRun(file=file, job=job, run=run, bases=own,
+                    key=poolkeys.job_key(pool_key, namespace=namespace, job=job.metadata.name, uid=uid),
                     engines=[roleenv.Peer(host="127.0.0.1", port_base=b) for b in at],
                     tally=main.Tally(log=run.root / main.FAILURES),
                     bar=progressbar.Progress(metrics=run.metrics, total=job.spec.algorithm.steps, enabled=False))
@@ -187,12 +193,13 @@ def _layout(pool: generatorpool.GeneratorPool, jobs: list[tuple[str, rljob.RLJob
         handed = iter(own)
         peers = {r: [f"127.0.0.1:{next(handed)}" for _ in range(getattr(job.spec.roles, r).replicas)]
                  for r in contract.ROLES if r != "generator"}
-        entries.append({"name": job.metadata.name, "manifest": str(run.manifest), "portBases": at,
+        entries.append({"name": job.metadata.name, "namespace": namespace, "uid": uid,
+                        "manifest": str(run.manifest), "portBases": at,
                         "peers": {"trainer": peers["trainer"], "verifier": peers["verifier"]}})
     from kubeforge.runtime.generator.pool import attach   # the engines' file format (plain JSON, no vLLM)
 
     attach.write(root / "jobs.json", entries)
-    attach.write_keys(root / "keys.json", {jr.name: jr.key for jr in runs})
+    attach.write_key(root / "pool.key", pool_key)
     manifest = root / "pool.json"
     manifest.write_text(json.dumps(load.dump(pool), indent=1))
     specs = []
@@ -200,7 +207,7 @@ def _layout(pool: generatorpool.GeneratorPool, jobs: list[tuple[str, rljob.RLJob
         env = {**_inherited(), contract.ENV_ROLE: "generator", contract.ENV_POOL: pool.metadata.name,
                contract.ENV_CONFIG: str(manifest), contract.ENV_INDEX: str(i), contract.ENV_PORT_BASE: str(base),
                contract.ENV_BIND_HOST: "127.0.0.1", contract.ENV_RUN_DIR: str(root),
-               contract.ENV_POOL_JOBS: str(root / "jobs.json"), contract.ENV_POOL_KEYS: str(root / "keys.json"),
+               contract.ENV_POOL_JOBS: str(root / "jobs.json"), contract.ENV_POOL_KEY: str(root / "pool.key"),
                "PYTHONUNBUFFERED": "1"}
         specs.append(supervisor.ProcSpec(name=f"{ENGINE}-{i}", role="generator",
                                          argv=[sys.executable, "-m", "kubeforge.cli", "role", "generator"], env=env,

@@ -9,6 +9,8 @@
       SYNC ─▶ generator.loop.sync (forged / fenced refused, ACK) with the job's own loader
                ─▶ slots.publish(job, version, path)                       (the job's next adapter)
       STOP ─▶ passed on to the job's verifiers; the job detached (its queue and adapter slot released)
+ roster.poll() (the jobs file changed) ─▶ jobs that went: queue and adapter dropped, sockets closed
+                                       ─▶ jobs that came: sockets opened, served from the next turn
 ```
 
 Neighbours: ``generator.pool.start`` wires the sockets, the vLLM engine and the per-job loaders; ``fairshare`` and
@@ -23,6 +25,9 @@ Invariants:
   others at most a bounded wait: one weight-sync wait (that job's ``spec.weightSync.timeoutSeconds``) for a push
   its trainer abandons, ``ROLLOUT_SEND_SECONDS`` for a batch its verifiers have no room for (the batch is dropped
   and counted; its trainer re-issues the work, as for a generator that lost it).
+- The set of jobs changes without a restart (``Roster``: the engine's jobs file re-read): a job that went is dropped
+  between two batches (its queued work, its adapter unloaded, its sockets closed) and costs the others nothing; a
+  job that came is served from the next turn, and its trainer finds it as it finds a generator that started.
 - READY goes to a job's trainer 0 when its connection's HELLO arrives (the trainer waits for it before any WORK),
   and again for every new connection of trainer 0 (a restarted trainer), so a restarted trainer finds the pool as
   it would find a generator that restarted.
@@ -74,6 +79,28 @@ class Channel:
     trainer_hellos: int = 0
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Change:
+    """How the set of attached jobs changed (by name): ``went`` are no longer served, ``came`` are to be opened (a
+    job whose record changed, e.g. a new key or port, is in both: closed first, then opened)."""
+
+    went: tuple[str, ...] = ()
+    came: tuple[str, ...] = ()
+
+
+class Roster(Protocol):
+    """Where the attached jobs come from while the engine runs (``generator.pool.start``: the jobs file)."""
+
+    def poll(self) -> Change | None:
+        """What changed since the last poll (None: nothing, or not time to look yet)."""
+
+    def close(self, ch: Channel) -> None:
+        """``ch``'s job went: close its sockets and loader (its queue and adapter are already dropped)."""
+
+    def open(self, name: str) -> Channel | None:
+        """Open the channel of job ``name`` that came (None: it could not be; the roster offers it again later)."""
+
+
 @dataclasses.dataclass
 class JobLedger:
     """What the engine did for one job (the pool's summary and series)."""
@@ -87,6 +114,7 @@ class JobLedger:
     syncs: int = 0
     versions: list[int] = dataclasses.field(default_factory=list)   # adapter versions its groups were sampled with
     stopped: bool = False
+    detached: int = 0                 # times it left the jobs file (deleted, suspended) while the engine ran
 
 
 @dataclasses.dataclass
@@ -122,14 +150,19 @@ class _Queued:
 def serve(*, index: int, channels: Sequence[Channel], slots: adapters.Slots, observer: Observer,
           should_stop: Callable[[], bool], ledger: Ledger | None = None,
           beat: Callable[[str], None] = lambda activity: None, clock: Callable[[], float] = time.monotonic,
-          poll: float = POLL_SECONDS) -> Ledger:
-    """Serve every channel until ``should_stop`` (a pool outlives its jobs: a stopped job's channel stays quiet)."""
+          poll: float = POLL_SECONDS, roster: Roster | None = None) -> Ledger:
+    """Serve every channel until ``should_stop`` (a pool outlives its jobs: a stopped job's channel stays quiet);
+    with a ``roster``, the jobs that come and go while it runs too."""
     ledger = ledger if ledger is not None else Ledger()
     sched: fairshare.Scheduler[_Queued] = fairshare.Scheduler()
+    channels = list(channels)
     for ch in channels:
         ledger.job(ch.name)
     while not should_stop():
         beat("idle")
+        change = roster.poll() if roster is not None else None
+        if change is not None and roster is not None:
+            regroup(channels, change, roster=roster, sched=sched, slots=slots, ledger=ledger)
         got = False
         for ch in channels:
             got = _drain(ch, index=index, sched=sched, slots=slots, observer=observer, ledger=ledger,
@@ -146,6 +179,28 @@ def serve(*, index: int, channels: Sequence[Channel], slots: adapters.Slots, obs
         if not ch.stopped:       # still attached: its trainer re-issues this engine's work (best effort)
             _leave(ch, index=index)
     return ledger
+
+
+def regroup(channels: list[Channel], change: Change, *, roster: Roster, sched: fairshare.Scheduler[Any],
+            slots: adapters.Slots, ledger: Ledger) -> None:
+    """Apply ``change`` to ``channels`` (in place): the jobs that went are detached (queue, adapter) and closed
+    before those that came are opened, so a port block a job left can be taken by one that came at once."""
+    for name in change.went:
+        ch = next((c for c in channels if c.name == name), None)
+        if ch is None:
+            continue
+        sched.remove(name)
+        slots.drop(name)
+        channels.remove(ch)
+        ledger.job(name).detached += 1
+        roster.close(ch)
+    for name in change.came:
+        if any(c.name == name for c in channels):
+            continue
+        opened = roster.open(name)
+        if opened is not None:
+            channels.append(opened)
+            ledger.job(name)
 
 
 def _trainer_hellos(ch: Channel) -> int:
@@ -262,5 +317,6 @@ def summary(ledger: Ledger, slots: adapters.Slots) -> dict[str, Any]:
                      "queue_wait_seconds": round(j.queue_wait_seconds, 3), "skipped": j.skipped, "syncs": j.syncs,
                      "undelivered": j.undelivered,
                      "adapter_versions": j.versions, "adapter_loads": st.loads, "adapter_swaps": st.swaps,
-                     "adapter_swap_seconds": round(st.swap_seconds, 4), "stopped": j.stopped}
+                     "adapter_swap_seconds": round(st.swap_seconds, 4), "stopped": j.stopped,
+                     "detached": j.detached}
     return out

@@ -2,12 +2,18 @@
 then the vLLM engine with LoRA for ``maxAdapters`` adapters, then ``generator.pool.serve``.
 
 ```
- env (KUBEFORGE_CONFIG: the pool's manifest; KUBEFORGE_POOL_JOBS / _KEYS: attach.read) ──▶ metrics server
+ env (KUBEFORGE_CONFIG: the pool's manifest; KUBEFORGE_POOL_JOBS / _KEY: attach.Watch) ──▶ metrics server
    per job: bind its inbox at its own port (CURVE with its key, a ZAP domain of its own)
    vLLM engine (generatorpool.engine_args) ──▶ ready
-   per job: control sender to its trainer 0, sender to its verifiers (its keys) ──▶ serve.serve until SIGTERM
+   serve.serve until SIGTERM, with a JobsRoster: per job that came, a control sender to its trainer 0 and a sender
+   to its verifiers (its keys), its loader and sampler; per job that went, those closed
  ──▶ <run dir>/pool-<index>.json: serve.summary (what the local launcher reports as the pool's summary)
 ```
+
+The jobs file is re-read while the engine runs (``attach.Watch``: its content polled every
+``attach.WATCH_SECONDS``; the kubelet swaps the projected folder when the operator changes the ConfigMap): jobs
+that came are opened, jobs that went closed and their adapters unloaded (``serve.regroup``), with no restart. A file
+that does not read well keeps the last good set, is logged and counted (``jobs_file_unread`` in the summary).
 
 Why one socket per job (not one socket whose CURVE server tells jobs apart by their public keys): a job's roles
 already speak CURVE with the job's own key pair as client *and* server key (``transport.CurveKeys``), so a job's
@@ -25,7 +31,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from kubeforge.api import contract, generatorpool, load, rljob
 from kubeforge.runtime import metrics, models, observe, startup, transport
@@ -51,7 +57,65 @@ def _fail(pool: str, problems: list[str]) -> int:
     return startup.EXIT_CONFIG
 
 
-def _read(env: Mapping[str, str]) -> tuple[generatorpool.GeneratorPool, list[attach.Attached], int]:
+class JobsRoster:
+    """``serve.Roster`` over the jobs file (``attach.Watch``): the jobs it lists now (``wanted``), each opened by
+    ``opener`` (sockets with its own key, loader, sampler) and closed by ``closer``. A job whose record changed
+    (a new key, port or peers) is closed and opened again; one that could not be opened is offered again after
+    ``watch.interval``."""
+
+    def __init__(self, *, watch: attach.Watch, wanted: list[attach.Attached],
+                 opener: Callable[[attach.Attached], serve.Channel], closer: Callable[[serve.Channel], None],
+                 say: Callable[[str], None] = lambda line: None) -> None:
+        self.watch = watch
+        self.wanted = {a.name: a for a in wanted}
+        self.serving: dict[str, attach.Attached] = {}
+        self.channels: dict[str, serve.Channel] = {}
+        self._opener, self._closer, self._say = opener, closer, say
+        self._bad = watch.bad
+        self._retry_at: float | None = 0.0      # the first poll opens the jobs listed at start
+
+    def poll(self) -> serve.Change | None:
+        got = self.watch.poll()
+        if self.watch.bad != self._bad:
+            self._bad = self.watch.bad
+            self._say(f"jobs file not applied, the last good set is kept: {self.watch.last_error}")
+        if got is not None:
+            self.wanted = {a.name: a for a in got}
+        elif self._retry_at is None or self.watch.clock() < self._retry_at:
+            return None
+        self._retry_at = None
+        went = tuple(sorted(n for n, a in self.serving.items() if self.wanted.get(n) != a))
+        came = tuple(sorted(n for n, a in self.wanted.items() if self.serving.get(n) != a))
+        return serve.Change(went=went, came=came) if went or came else None
+
+    def close(self, ch: serve.Channel) -> None:
+        self.serving.pop(ch.name, None)
+        self.channels.pop(ch.name, None)
+        self._closer(ch)
+        self._say(f"job {ch.name} went: its sockets closed, its adapter unloaded")
+
+    def open(self, name: str) -> serve.Channel | None:
+        a = self.wanted.get(name)
+        if a is None:
+            return None
+        try:
+            ch = self._opener(a)
+        except (transport.TransportError, OSError) as exc:     # e.g. its port still held: offered again later
+            self._say(f"job {name} not served yet: {exc}")
+            self._retry_at = self.watch.clock() + self.watch.interval
+            return None
+        self.serving[name], self.channels[name] = a, ch
+        self._say(f"job {name} served at port base {a.port_base}")
+        return ch
+
+    def close_all(self) -> None:
+        for ch in list(self.channels.values()):
+            self.serving.pop(ch.name, None)
+            self.channels.pop(ch.name, None)
+            self._closer(ch)
+
+
+def _read(env: Mapping[str, str]) -> tuple[generatorpool.GeneratorPool, attach.Watch, list[attach.Attached], int]:
     name = env.get(contract.ENV_POOL, "")
     path = env.get(contract.ENV_CONFIG, "")
     try:
@@ -64,18 +128,19 @@ def _read(env: Mapping[str, str]) -> tuple[generatorpool.GeneratorPool, list[att
         raise attach.AttachError([f"{contract.ENV_POOL}: Invalid value: {name!r}: the manifest is GeneratorPool "
                                   f"{pool.metadata.name!r}"])
     index = int(env.get(contract.ENV_INDEX) or 0)
-    missing = [k for k in (contract.ENV_POOL_JOBS, contract.ENV_POOL_KEYS) if not env.get(k)]
+    missing = [k for k in (contract.ENV_POOL_JOBS, contract.ENV_POOL_KEY) if not env.get(k)]
     if missing:
-        raise attach.AttachError([f"{k}: Required value: a pool engine needs its attached jobs' file" for k in missing])
-    jobs = attach.read(jobs_path=env[contract.ENV_POOL_JOBS], keys_path=env[contract.ENV_POOL_KEYS], pool=name,
-                       index=index)
-    return pool, jobs, index
+        raise attach.AttachError([f"{k}: Required value: a pool engine needs its attached jobs' file and the "
+                                  "pool's key" for k in missing])
+    watch = attach.Watch(jobs_path=env[contract.ENV_POOL_JOBS], key_path=env[contract.ENV_POOL_KEY], pool=name,
+                         index=index, interval=attach.WATCH_SECONDS)
+    return pool, watch, watch.first(), index
 
 
 def run(environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     try:
-        pool, jobs, index = _read(env)
+        pool, watch, jobs, index = _read(env)
     except (attach.AttachError, ValueError) as exc:
         return _fail(env.get(contract.ENV_POOL, "?"), getattr(exc, "problems", [str(exc)]))
     port_base = int(env.get(contract.ENV_PORT_BASE) or contract.DEFAULT_PORT_BASE)
@@ -90,22 +155,30 @@ def run(environ: Mapping[str, str] | None = None) -> int:
     print(f"pool-{pool.metadata.name}-{index}: pid {os.getpid()} metrics on {bind_host}:{server.port} serving "
           f"{', '.join(a.name for a in jobs)}", flush=True)
     try:
-        return _main(pool, jobs, index=index, bind_host=bind_host, m=m, server=server, stop=stop,
+        return _main(pool, watch, jobs, index=index, bind_host=bind_host, m=m, server=server, stop=stop,
                      deadline=deadline, start_deadline=start_deadline,
                      run_dir=env.get(contract.ENV_RUN_DIR) or None)
     finally:
         server.stop()
 
 
-def _main(pool: generatorpool.GeneratorPool, jobs: list[attach.Attached], *, index: int, bind_host: str,
-          m: metrics.Metrics, server: metrics.MetricsServer, stop: startup.StopFlag, deadline: float,
+def _main(pool: generatorpool.GeneratorPool, watch: attach.Watch, jobs: list[attach.Attached], *, index: int,
+          bind_host: str, m: metrics.Metrics, server: metrics.MetricsServer, stop: startup.StopFlag, deadline: float,
           start_deadline: float, run_dir: str | None) -> int:
     from kubeforge.runtime.generator import engine as engine_mod     # vLLM: this process only
     from kubeforge.runtime.generator.pool import engine as pool_engine
 
-    keys = {a.name: transport.CurveKeys.from_job_key(a.key, domain=f"{transport.ZAP_DOMAIN}/{a.name}") for a in jobs}
-    inboxes = {a.name: transport.open_receiver(transport.tcp_address(bind_host, a.port_base + contract.PORT_DATA),
-                                               auth=keys[a.name], on_drop=m.drop_hook()) for a in jobs}
+    tag = f"pool-{pool.metadata.name}-{index}"
+
+    def keys(a: attach.Attached) -> transport.CurveKeys:
+        return transport.CurveKeys.from_job_key(a.key, domain=f"{transport.ZAP_DOMAIN}/{a.name}")
+
+    def bind(a: attach.Attached) -> transport.Receiver:
+        return transport.open_receiver(transport.tcp_address(bind_host, a.port_base + contract.PORT_DATA),
+                                       auth=keys(a), on_drop=m.drop_hook())
+
+    # the jobs listed at start are bound before the engine starts (their trainers may connect meanwhile)
+    prebound = {a.name: (a, bind(a)) for a in jobs}
     spec = pool.spec
     role = rljob.GeneratorRole(tensor_parallel_size=spec.tensor_parallel_size, kv_cache_gib=spec.kv_cache_gib,
                                gpu_memory_utilization=spec.gpu_memory_utilization,
@@ -114,52 +187,72 @@ def _main(pool: generatorpool.GeneratorPool, jobs: list[attach.Attached], *, ind
     llm = engine_mod.Engine(model_dir=models.resolve(model), dtype=str(getattr(model.dtype, "value", model.dtype)),
                             role=role, seed=index,
                             engine_args={**generatorpool.engine_args(spec), "max_cpu_loras": spec.max_adapters})
-    print(f"pool-{pool.metadata.name}-{index}: vLLM engine up in {llm.start_seconds:.1f}s "
-          f"(maxAdapters {spec.max_adapters})", flush=True)
+    print(f"{tag}: vLLM engine up in {llm.start_seconds:.1f}s (maxAdapters {spec.max_adapters})", flush=True)
     server.set_ready(True)
     observer = PoolObserver(m)
     root = pathlib.Path(tempfile.mkdtemp(prefix="kubeforge-pool-"))
-    channels: list[serve.Channel] = []
-    loaders: list[pool_engine.JobWeights] = []
+    loaders: dict[str, pool_engine.JobWeights] = {}
+    folders = iter(range(1 << 30))
     slots = adapters.Slots(capacity=spec.max_adapters, backend=pool_engine.VllmAdapters(llm),
                            on_swap=observer.swapped)
     ledger = serve.Ledger()
-    try:
-        for slot, a in enumerate(jobs):
-            trainer0 = a.trainers[0]
-            control = transport.open_sender(
-                [transport.tcp_address(trainer0.host, trainer0.port(contract.PORT_CONTROL))], role="generator",
-                index=index, auth=keys[a.name], ready_timeout=start_deadline, send_timeout=deadline)
-            verifiers = transport.open_sender(
-                [transport.tcp_address(p.host, p.port(contract.PORT_DATA)) for p in a.verifiers], role="generator",
-                index=index, auth=keys[a.name], ready_timeout=start_deadline, send_timeout=deadline)
-            loader = pool_engine.JobWeights(llm, a, folder=root / f"job-{slot}", index=index,
-                                            tensor_parallel_size=spec.tensor_parallel_size)
-            loaders.append(loader)
-            channels.append(serve.Channel(
-                name=a.name, weight=a.weight, group_size=a.spec.algorithm.group_size, inbox=inboxes[a.name],
-                verifiers=verifiers, control=control, weights=loader,
-                sampler=pool_engine.JobSampler(llm, a, index=index),
-                trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)),
-                max_policy_lag=a.spec.algorithm.max_policy_lag))
-        serve.serve(index=index, channels=channels, slots=slots, observer=observer, should_stop=stop.is_set,
-                    ledger=ledger, beat=server.heartbeat)
-    finally:
-        result = {"pool": pool.metadata.name, "engine": index, "max_adapters": spec.max_adapters,
-                  "jobs": serve.summary(ledger, slots)}
-        print(f"pool-{pool.metadata.name}-{index}: {json.dumps(result)}", flush=True)
-        if run_dir:
-            (pathlib.Path(run_dir) / f"pool-{index}.json").write_text(json.dumps(result, indent=1))
-        for ch in channels:
-            ch.verifiers.close()
-            ch.control.close()
-        for inbox in inboxes.values():
+
+    def opener(a: attach.Attached) -> serve.Channel:
+        was, inbox = prebound.pop(a.name, (None, None))
+        if inbox is not None and was != a:       # its record changed before it was first served
             inbox.close()
-        for loader in loaders:
+            inbox = None
+        inbox = inbox or bind(a)
+        trainer0 = a.trainers[0]
+        opened: list[transport.Sender] = []
+        try:
+            opened.append(transport.open_sender(
+                [transport.tcp_address(trainer0.host, trainer0.port(contract.PORT_CONTROL))], role="generator",
+                index=index, auth=keys(a), ready_timeout=start_deadline, send_timeout=deadline))
+            opened.append(transport.open_sender(
+                [transport.tcp_address(p.host, p.port(contract.PORT_DATA)) for p in a.verifiers], role="generator",
+                index=index, auth=keys(a), ready_timeout=start_deadline, send_timeout=deadline))
+        except BaseException:
+            for s in opened:
+                s.close()
+            inbox.close()
+            raise
+        control, verifiers = opened
+        loader = pool_engine.JobWeights(llm, a, folder=root / f"job-{next(folders)}", index=index,
+                                        tensor_parallel_size=spec.tensor_parallel_size)
+        loaders[a.name] = loader
+        return serve.Channel(
+            name=a.name, weight=a.weight, group_size=a.spec.algorithm.group_size, inbox=inbox,
+            verifiers=verifiers, control=control, weights=loader,
+            sampler=pool_engine.JobSampler(llm, a, index=index),
+            trainer_weights=(trainer0.host, trainer0.port(contract.PORT_WEIGHTS)),
+            max_policy_lag=a.spec.algorithm.max_policy_lag)
+
+    def closer(ch: serve.Channel) -> None:
+        ch.verifiers.close()
+        ch.control.close()
+        ch.inbox.close()
+        loader = loaders.pop(ch.name, None)
+        if loader is not None:
             try:
                 loader.close()
-            except Exception:  # noqa: BLE001 - shutting down: the engine goes next anyway
-                pass
+            except Exception as exc:  # noqa: BLE001 - the job is gone: its loader's trouble is logged, not raised
+                print(f"{tag}: closing job {ch.name}'s loader: {exc!r}", file=sys.stderr, flush=True)
+
+    roster = JobsRoster(watch=watch, wanted=jobs, opener=opener, closer=closer,
+                        say=lambda line: print(f"{tag}: {line}", flush=True))
+    try:
+        serve.serve(index=index, channels=[], slots=slots, observer=observer, should_stop=stop.is_set,
+                    ledger=ledger, beat=server.heartbeat, roster=roster)
+    finally:
+        result = {"pool": pool.metadata.name, "engine": index, "max_adapters": spec.max_adapters,
+                  "jobs": serve.summary(ledger, slots), "jobs_file_unread": watch.bad}
+        print(f"{tag}: {json.dumps(result)}", flush=True)
+        if run_dir:
+            (pathlib.Path(run_dir) / f"pool-{index}.json").write_text(json.dumps(result, indent=1))
+        roster.close_all()
+        for _, inbox in prebound.values():
+            inbox.close()
         llm.close()
         shutil.rmtree(root, ignore_errors=True)
     return 0
