@@ -23,9 +23,14 @@ Invariants:
   others at most a bounded wait: one weight-sync wait (that job's ``spec.weightSync.timeoutSeconds``) for a push
   its trainer abandons, ``ROLLOUT_SEND_SECONDS`` for a batch its verifiers have no room for (the batch is dropped
   and counted; its trainer re-issues the work, as for a generator that lost it).
-- READY goes to a job's trainer 0 when its connection's HELLO arrives (the trainer waits for it before any WORK),
-  and again for every new connection of trainer 0 (a restarted trainer), so a restarted trainer finds the pool as
-  it would find a generator that restarted.
+- READY goes to every job's trainer 0 when the loop starts (as a generator's start says READY), else when its
+  connection's HELLO arrives (the trainer waits for it before any WORK), and again for every new connection of
+  trainer 0 (a restarted trainer), so a restarted trainer finds the pool as it would find a generator that
+  restarted.
+- An engine that restarts (lost, replaced) is a generator that restarted to every attached job (docs/recovery.md):
+  its READY at start makes each job's trainer 0 push its current adapter and re-issue this engine's work
+  (``trainer.membership``), and until that push is loaded a job's WORK of a newer version than the engine holds
+  for it is skipped (``generator.join.Joining``, per job), never sampled with the base model or an older adapter.
 """
 from __future__ import annotations
 
@@ -36,12 +41,13 @@ from typing import Any, Protocol
 
 from kubeforge.runtime import transport, types, wire
 from kubeforge.runtime.generator import fence as push_fence
-from kubeforge.runtime.generator import loop
+from kubeforge.runtime.generator import join, loop
 from kubeforge.runtime.generator.pool import adapters, fairshare
 
 POLL_SECONDS = 0.02
 DRAIN_LIMIT = 64          # messages taken from one job's inbox per turn (so one busy job cannot starve the turn)
 ROLLOUT_SEND_SECONDS = 10.0   # how long the engine waits for room towards one job's verifiers (then drops the batch)
+ANNOUNCE_SECONDS = 10.0       # the bound on the READY sent at the start (else the trainer's HELLO gets it)
 
 
 class JobSampler(Protocol):
@@ -72,6 +78,8 @@ class Channel:
     version: int = 0
     stopped: bool = False
     trainer_hellos: int = 0
+    announced: bool = False           # READY went out at the loop's start (its first HELLO needs none)
+    joining: join.Joining = dataclasses.field(default_factory=join.Joining)   # holds the trainer's adapter yet?
 
 
 @dataclasses.dataclass
@@ -128,6 +136,7 @@ def serve(*, index: int, channels: Sequence[Channel], slots: adapters.Slots, obs
     sched: fairshare.Scheduler[_Queued] = fairshare.Scheduler()
     for ch in channels:
         ledger.job(ch.name)
+        _announce(ch, index=index)
     while not should_stop():
         beat("idle")
         got = False
@@ -148,6 +157,18 @@ def serve(*, index: int, channels: Sequence[Channel], slots: adapters.Slots, obs
     return ledger
 
 
+def _announce(ch: Channel, *, index: int) -> None:
+    """READY to the job's trainer 0 at the start, as a generator's start says it: to a trainer that ran with this
+    engine before (the engine restarted) it asks for the current adapter at once. Best effort: a trainer not
+    reached in time gets its READY with its first HELLO."""
+    try:
+        ch.control.send(wire.Ready(role="generator", index=index, policy_version=ch.version),
+                        timeout=ANNOUNCE_SECONDS)
+        ch.announced = True
+    except transport.TransportError:
+        pass
+
+
 def _trainer_hellos(ch: Channel) -> int:
     return sum(1 for h in ch.inbox.hellos if h.role == "trainer" and h.index == 0)
 
@@ -160,13 +181,15 @@ def _drain(ch: Channel, *, index: int, sched: fairshare.Scheduler[_Queued], slot
         msg = ch.inbox.recv(timeout=0)
         hellos = _trainer_hellos(ch)
         if hellos > ch.trainer_hellos:        # trainer 0 connected (or restarted): it waits for this engine's READY
-            if ch.trainer_hellos:             # a new trainer: as to a restarted generator, it pushes its policy anew
+            again = ch.trainer_hellos > 0
+            if again:                         # a new trainer: as to a restarted generator, it pushes its policy anew
                 sched.remove(ch.name)
                 slots.drop(ch.name)
-                ch.version, ch.stopped = 0, False
+                ch.version, ch.stopped, ch.joining = 0, False, join.Joining()
             sched.add_job(ch.name, weight=ch.weight)
             ch.trainer_hellos = hellos
-            ch.control.send(wire.Ready(role="generator", index=index, policy_version=ch.version))
+            if again or not ch.announced:
+                ch.control.send(wire.Ready(role="generator", index=index, policy_version=ch.version))
         if msg is None:
             return got
         got = True
@@ -174,7 +197,8 @@ def _drain(ch: Channel, *, index: int, sched: fairshare.Scheduler[_Queued], slot
             _stop(ch, msg, sched=sched, slots=slots, ledger=ledger)
             return got
         if isinstance(msg, wire.Work):
-            if ch.max_policy_lag is not None and msg.policy_version - ch.version > ch.max_policy_lag:
+            if not ch.joining.admit(msg, version=ch.version) or (
+                    ch.max_policy_lag is not None and msg.policy_version - ch.version > ch.max_policy_lag):
                 observer.skipped(work=msg, version=ch.version)
                 ledger.job(ch.name).skipped += 1
                 continue
@@ -196,6 +220,7 @@ def _sync(ch: Channel, msg: wire.Sync, *, index: int, slots: adapters.Slots, obs
                            fence=ch.fence)
     if ch.weights.path:
         slots.publish(ch.name, version=ch.version, path=ch.weights.path)
+        ch.joining.loaded(version=ch.version)
         ledger.job(ch.name).syncs += 1
 
 
