@@ -43,6 +43,15 @@ def _on_policy(path: pathlib.Path, tmp: pathlib.Path) -> str:
     return str(out)
 
 
+def _run_examples(tmp_path: pathlib.Path, *, run_dir: pathlib.Path, steps: int) -> subprocess.Popen[str]:
+    """``kubeforge run`` of the example pool and its jobs, on policy (``_on_policy``), from this checkout."""
+    files = [FILES[0], *(_on_policy(pathlib.Path(f), tmp_path) for f in FILES[1:])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in ("api", "operator", "runtime"))}
+    return subprocess.Popen([sys.executable, "-m", "kubeforge.cli", "run", *files, "--run-dir", str(run_dir),
+                             "--steps", str(steps)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
 def _wait(pred: Any, *, timeout: float, proc: subprocess.Popen[str]) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -89,11 +98,7 @@ def _intrude(port: int, *, server: transport.CurveKeys, holder: transport.CurveK
 @pytest.mark.timeout(3000)
 def test_a_pool_serves_two_lora_jobs_to_the_end_each_with_its_own_adapter(tmp_path: pathlib.Path) -> None:
     run_dir = tmp_path / "run"
-    files = [FILES[0], *(_on_policy(pathlib.Path(f), tmp_path) for f in FILES[1:])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in ("api", "operator", "runtime"))}
-    proc = subprocess.Popen([sys.executable, "-m", "kubeforge.cli", "run", *files, "--run-dir", str(run_dir),
-                             "--steps", str(STEPS)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = _run_examples(tmp_path, run_dir=run_dir, steps=STEPS)
     intruder = None
     try:
         _wait(lambda: all(_steps(run_dir, j) for j in JOBS), timeout=1500, proc=proc)
@@ -144,3 +149,45 @@ def _engine_metrics_port(run_dir: pathlib.Path) -> int:
     found = re.search(r"metrics on [\d.]+:(\d+)", log.read_text())
     assert found, f"no metrics port in {log}"
     return int(found.group(1))
+
+
+RESTART_STEPS = 4
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(3000)
+def test_a_lost_engine_restarts_and_both_jobs_go_on_with_no_step_lost_or_repeated(tmp_path: pathlib.Path) -> None:
+    """The pool's engine SIGKILLed (its whole process group: no leave notice, no ledger) once both jobs trained a
+    step: the launcher restarts it in place, each job's trainer pushes its current adapter to it (its READY) and
+    re-issues its work; both jobs end with steps 1..N once each, on policy, at LoRA's exactness."""
+    run_dir = tmp_path / "run"
+    proc = _run_examples(tmp_path, run_dir=run_dir, steps=RESTART_STEPS)
+    try:
+        _wait(lambda: all(_steps(run_dir, j) for j in JOBS), timeout=1500, proc=proc)
+        found = re.search(r"pool-shared-0: pid (\d+)", (run_dir / "logs" / "pool-0.log").read_text())
+        assert found, "no engine pid in its log"
+        at_kill = {j: len(_steps(run_dir, j)) for j in JOBS}
+        os.killpg(int(found.group(1)), signal.SIGKILL)
+        out, err = proc.communicate(timeout=1400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, err[-4000:]
+    assert "pool engine pool-0 ended (killed by SIGKILL); restart 1/3" in err, err[-4000:]
+    pool = json.loads(out.strip().splitlines()[-1])
+    assert pool["succeeded"] and pool["engine_restarts"] == {"pool-0": 1}
+    for job in JOBS:
+        records = summary.read_records(run_dir / job / "metrics.jsonl")
+        assert [r.step for r in records] == list(range(1, RESTART_STEPS + 1))    # none lost, none repeated
+        assert all(r.completions == 64 for r in records)
+        assert all(int(lag) == 0 for r in records for lag in r.policy_lag)
+        worst = max(r.logprob_mismatch_max_ratio or 1.0 for r in records)
+        assert worst < 1.02, (job, [r.logprob_mismatch_max_ratio for r in records])
+        if at_kill[job] < RESTART_STEPS:      # still running at the kill: served again by the new engine
+            assert "generator-0 restarted" in (run_dir / job / "logs" / "trainer-0.log").read_text()
+            # the new engine's ledger: it never sampled this job with the base model or an older adapter than the
+            # trainer held at the kill (its first groups are the re-pushed adapter's)
+            served = pool["jobs"][job]
+            assert served["completions"] > 0 and min(served["adapter_versions"]) >= at_kill[job], served

@@ -161,6 +161,32 @@ def test_each_job_is_sampled_with_its_own_newest_adapter_and_answered_alone(pool
     assert sorted(obs.synced_versions) == [1, 1, 2] and obs.sync_errors == []
 
 
+def test_an_engine_says_ready_at_its_start_and_samples_nothing_for_a_job_before_its_push(pool) -> None:  # type: ignore[no-untyped-def]
+    """A restarted engine to a trainer that ran with its previous incarnation (docs/recovery.md): its READY goes out
+    at the loop's start (the trainer pushes its current adapter at once), once; WORK of the trainer's newer version
+    is skipped until that push is loaded (no lag bound here: without the rule it would be sampled with the base
+    model), then sampled with the pushed adapter."""
+    eng, slots, (a, b), stop, obs, out = pool
+    ready = a.control()
+    assert isinstance(ready, wire.Ready) and ready.policy_version == 0
+    prompts = (types.Prompt(index=0, text="p", answer=""),)
+    a.trainer.send(wire.Work(step=4, policy_version=3, prompts=prompts))   # the trainer is at v3
+    assert a.verifier_in.recv(timeout=0.5) is None and eng.calls == []
+    a.sync(3)
+    ack = a.control()
+    assert isinstance(ack, wire.Ack) and ack.of == wire.Kind.SYNC and ack.version == 3
+    a.trainer.send(wire.Work(step=4, policy_version=3, prompts=prompts))   # re-issued behind the push
+    (group,) = a.rollouts(1)
+    assert group.policy_version == 3 and int(group.completions[0].token_ids[0]) == slots.current["a"].lora_id
+    assert a.control(timeout=0.3) is None      # one READY: the HELLO that came with the WORK asked for none more
+    stop.set()
+    for _ in itertools.repeat(None, 100):
+        if out:
+            break
+        threading.Event().wait(0.1)
+    assert out[0].jobs["a"].skipped == 1
+
+
 def test_a_sync_naming_another_trainers_store_is_refused(pool) -> None:  # type: ignore[no-untyped-def]
     eng, slots, (a, b), stop, obs, _ = pool
     a.control()

@@ -7,13 +7,14 @@ import json
 import os
 import pathlib
 import stat
+import sys
 
 import pytest
 import yaml
 
 from kubeforge.api import contract, load, roleenv
 from kubeforge.runtime.generator.pool import attach
-from kubeforge.runtime.launcher import main, poolrun
+from kubeforge.runtime.launcher import main, poolrun, supervisor
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 POOL = ROOT / "examples" / "pool"
@@ -115,3 +116,33 @@ def test_the_pool_summary_adds_up_the_engines_ledgers(tmp_path: pathlib.Path) ->
     assert out["pool"] == "shared" and out["succeeded"] is False and out["completions"] == 96
     assert out["jobs"]["pool-job-a"]["engine_share"] == 0.75 and out["jobs"]["pool-job-b"]["engine_share"] == 0.25
     assert out["jobs"]["pool-job-a"]["adapter_versions"] == [0, 1, 2]
+
+
+def test_a_lost_engine_is_restarted_with_the_running_jobs_at_most_engine_restarts_times(
+        tmp_path: pathlib.Path) -> None:
+    (_, pool), jobs = poolrun.prepare(FILES, steps=None)
+    specs, runs = poolrun._layout(pool, jobs, tmp_path)
+    engine = supervisor.ProcSpec(name="pool-0", role="generator", argv=[sys.executable, "-c", "raise SystemExit(3)"],
+                                 env=dict(os.environ), log=tmp_path / "logs" / "pool-0.log")
+    group = supervisor.Group([engine])
+    group.start()
+    dog = supervisor.Watchdog(group)
+    runs[1].status = 0                                  # job b ended: its trainer would never answer a READY
+    restarts: dict[str, int] = {}
+    pids = []
+    for n in range(1, poolrun.ENGINE_RESTARTS + 1):
+        group.procs["pool-0"].wait()
+        pids.append(group.procs["pool-0"].pid)
+        dead = group.poll()
+        assert [e.code for e in dead] == [3]
+        assert poolrun._restart_engines(group, dog, dead, runs, root=tmp_path, restarts=restarts)
+        assert restarts == {"pool-0": n} and group.procs["pool-0"].pid not in pids    # started again in place
+        attached = attach.read(jobs_path=str(tmp_path / "jobs.json"), key_path=str(tmp_path / "pool.key"),
+                               pool="shared", index=0)
+        assert [a.name for a in attached] == ["pool-job-a"] and attached[0].key == runs[0].key
+        assert stat.S_IMODE(os.stat(tmp_path / "pool.key").st_mode) == 0o600
+    group.procs["pool-0"].wait()
+    assert not poolrun._restart_engines(group, dog, group.poll(), runs, root=tmp_path, restarts=restarts)
+    assert runs[0].status == 1 and "pool engine pool-0 ended (exit code 3) after 3 restarts" in runs[0].message
+    assert runs[1].status == 0                          # an ended job keeps its verdict
+    group.stop(grace=1.0)

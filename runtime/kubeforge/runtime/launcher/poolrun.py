@@ -10,7 +10,10 @@ verifiers as local processes; one summary JSON line per job, then the pool's sum
  start the engines, then every job's processes ──▶ watch:
      a job's exits ──▶ supervisor.judge with ITS failurePolicy (restart in place / a new attempt of that job alone /
                        succeeded / failed): a job's failure costs only that job
-     an engine's exit ──▶ every job still running fails (engine-loss reload: docs/generator-pool.md, "Left")
+     an engine's exit ──▶ restarted in place (same ports, the jobs file rewritten to the jobs still running), at
+                       most ENGINE_RESTARTS times per engine; its jobs' trainers push their current adapters to it
+                       again (its READY: ``trainer.membership``'s restart path) and re-issue its work; beyond the
+                       bound every job still running fails
  every job done ──▶ SIGTERM the engines (each writes <root>/pool-<i>.json) ──▶ summaries
 ```
 
@@ -19,7 +22,11 @@ reuses; ``generator.pool.attach`` is the format of the engines' jobs and key fil
 and its jobs here once ``kubeforge validate`` would pass them.
 
 Invariants: stdout carries only the summary lines (the pool's last: a contract); invalid input exits 2 before any
-process starts; Ctrl-C stops every process and exits 130; the exit status is 0 only when every job succeeded.
+process starts; Ctrl-C stops every process and exits 130; the exit status is 0 only when every job succeeded. An
+engine restart loses no step and repeats none in any job: its trainers keep running (no job restarts for it), the
+restarted engine samples nothing for a job before that job's adapter push (``generator.join.Joining``), and each
+trainer's buffer drops the duplicates of re-issued work. The engines' ledgers (``pool-<i>.json``) are the last
+incarnation's: an engine killed without a word writes none.
 """
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ from kubeforge.api import contract, generatorpool, load, poolkeys, rljob, roleen
 from kubeforge.runtime.launcher import main, ports, progressbar, rundir, supervisor
 
 ENGINE = "pool"    # the engines' process names: pool-<i>
+ENGINE_RESTARTS = 3    # restarts of one engine per run before its jobs fail (a job's own maxRestarts defaults to 3)
 
 
 def _err(text: str) -> None:
@@ -107,6 +115,7 @@ class JobRun:
     engines: list[roleenv.Peer]          # the job's generators: the pool's engines at the job's port bases
     tally: main.Tally
     bar: progressbar.Progress
+    entry: dict[str, Any]                # its record in the engines' jobs file (``attach.write``)
     attempt: int = 0
     group: supervisor.Group | None = None
     dog: supervisor.Watchdog | None = None
@@ -184,22 +193,22 @@ def _layout(pool: generatorpool.GeneratorPool, jobs: list[tuple[str, rljob.RLJob
         own = [next(bases) for _ in range(count)]     # in contract.ROLES order, as main.process_specs hands them out
         run = rundir.create(job_name=job.metadata.name, explicit=str(root / job.metadata.name))
         run.manifest.write_text(json.dumps(load.dump(job), indent=1))
+        handed = iter(own)
+        peers = {r: [f"127.0.0.1:{next(handed)}" for _ in range(getattr(job.spec.roles, r).replicas)]
+                 for r in contract.ROLES if r != "generator"}
         jr = JobRun(file=file, job=job, run=run, bases=own,
                     key=poolkeys.job_key(pool_key, namespace=namespace, job=job.metadata.name, uid=uid),
                     engines=[roleenv.Peer(host="127.0.0.1", port_base=b) for b in at],
                     tally=main.Tally(log=run.root / main.FAILURES),
-                    bar=progressbar.Progress(metrics=run.metrics, total=job.spec.algorithm.steps, enabled=False))
+                    bar=progressbar.Progress(metrics=run.metrics, total=job.spec.algorithm.steps, enabled=False),
+                    entry={"name": job.metadata.name, "namespace": namespace, "uid": uid,
+                           "manifest": str(run.manifest), "portBases": at,
+                           "peers": {"trainer": peers["trainer"], "verifier": peers["verifier"]}})
         runs.append(jr)
-        handed = iter(own)
-        peers = {r: [f"127.0.0.1:{next(handed)}" for _ in range(getattr(job.spec.roles, r).replicas)]
-                 for r in contract.ROLES if r != "generator"}
-        entries.append({"name": job.metadata.name, "namespace": namespace, "uid": uid,
-                        "manifest": str(run.manifest), "portBases": at,
-                        "peers": {"trainer": peers["trainer"], "verifier": peers["verifier"]}})
     from kubeforge.runtime.generator.pool import attach   # the engines' file format (plain JSON, no vLLM)
 
-    attach.write(root / "jobs.json", entries)
     attach.write_key(root / "pool.key", pool_key)
+    write_attached(root, runs)
     manifest = root / "pool.json"
     manifest.write_text(json.dumps(load.dump(pool), indent=1))
     specs = []
@@ -215,6 +224,18 @@ def _layout(pool: generatorpool.GeneratorPool, jobs: list[tuple[str, rljob.RLJob
     return specs, runs
 
 
+def write_attached(root: pathlib.Path, runs: list[JobRun]) -> None:
+    """The engines' jobs file (``generator.pool.attach``) of ``runs``, replaced whole (a reader never sees half a
+    file; the engines derive each listed job's key from the pool's key file, written once). A restarted engine is
+    given only the jobs still running: it announces itself to each listed job's trainer 0, and the trainer of a job
+    that ended would never answer."""
+    from kubeforge.runtime.generator.pool import attach   # the engines' file format (plain JSON, no vLLM)
+
+    jobs = root / ".jobs.json.tmp"
+    attach.write(jobs, [jr.entry for jr in runs])
+    jobs.replace(root / "jobs.json")
+
+
 def _inherited() -> dict[str, str]:
     """The launcher's environment, as every role process gets it (``main.process_specs``), less a job key: an
     engine has none of its own."""
@@ -228,24 +249,40 @@ def _resolve(jobs: list[tuple[str, rljob.RLJob]], resolve_model: Callable[[rljob
         resolve_model(job)
 
 
-def supervise(pool_group: supervisor.Group, runs: list[JobRun]) -> None:
-    """Watch the engines and every job until every job is done."""
+def supervise(pool_group: supervisor.Group, runs: list[JobRun], *, root: pathlib.Path,
+              restarts: dict[str, int]) -> None:
+    """Watch the engines and every job until every job is done; a lost engine is restarted in place (counted in
+    ``restarts`` by engine), at most ``ENGINE_RESTARTS`` times each."""
     dog = supervisor.Watchdog(pool_group)
     while any(jr.status is None for jr in runs):
         dog.check()
         dead = pool_group.poll()
-        if dead:
-            e = dead[0]
-            why = "unhealthy (no progress)" if dog.unhealthy(dead) else supervisor.describe(e.code)
-            for jr in runs:
-                if jr.status is None:
-                    jr.fail(f"pool engine {e.name} ended ({why}); a lost engine is not reloaded yet "
-                            f"(docs/generator-pool.md)")
+        if dead and not _restart_engines(pool_group, dog, dead, runs, root=root, restarts=restarts):
             return
         for jr in runs:
             if jr.status is None:
                 jr.step()
         time.sleep(main.POLL_SECONDS)
+
+
+def _restart_engines(pool_group: supervisor.Group, dog: supervisor.Watchdog, dead: list[supervisor.Exit],
+                     runs: list[JobRun], *, root: pathlib.Path, restarts: dict[str, int]) -> bool:
+    """Restart the engines in ``dead`` with the jobs still running; False (every such job failed) once one of them
+    has used up its restarts."""
+    running = [jr for jr in runs if jr.status is None]
+    for e in dead:
+        why = "unhealthy (no progress)" if dog.unhealthy([e]) else supervisor.describe(e.code)
+        if restarts.get(e.name, 0) >= ENGINE_RESTARTS:
+            for jr in running:
+                jr.fail(f"pool engine {e.name} ended ({why}) after {ENGINE_RESTARTS} restarts")
+            return False
+        restarts[e.name] = restarts.get(e.name, 0) + 1
+        _err(f"pool engine {e.name} ended ({why}); restart {restarts[e.name]}/{ENGINE_RESTARTS}: the trainers of "
+             f"{', '.join(jr.name for jr in running)} push their adapters to it again")
+    write_attached(root, running)
+    pool_group.restart([e.name for e in dead])
+    dog.forget([e.name for e in dead])
+    return True
 
 
 def run(*, files: list[str], run_dir: str | None = None, steps: int | None = None,
@@ -260,6 +297,7 @@ def run(*, files: list[str], run_dir: str | None = None, steps: int | None = Non
     root = rundir.create(job_name=pool.metadata.name, explicit=run_dir).root
     specs, runs = _layout(pool, jobs, root)
     engines = supervisor.Group(specs)
+    restarts: dict[str, int] = {}
     old = {s: signal.signal(s, main._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         _err(f"run directory {root} (pool {pool.metadata.name}: {pool.spec.replicas} engine(s); jobs "
@@ -268,7 +306,7 @@ def run(*, files: list[str], run_dir: str | None = None, steps: int | None = Non
         engines.start()
         for jr in runs:
             jr.start()
-        supervise(engines, runs)
+        supervise(engines, runs, root=root, restarts=restarts)
     except main.Interrupted as exc:
         with main._shielded():
             for jr in runs:
@@ -290,16 +328,16 @@ def run(*, files: list[str], run_dir: str | None = None, steps: int | None = Non
                              tally=jr.tally, status=jr.status if jr.status is not None else 1)
         results.append({"job": jr.name, **result})
         print(json.dumps(results[-1]), flush=True)
-    summary = pool_summary(pool, root=root, results=results, wall_seconds=time.time() - start)
+    summary = pool_summary(pool, root=root, results=results, wall_seconds=time.time() - start, restarts=restarts)
     (root / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary), flush=True)
     return 0 if all(jr.status == 0 for jr in runs) else 1
 
 
 def pool_summary(pool: generatorpool.GeneratorPool, *, root: pathlib.Path, results: list[dict[str, Any]],
-                 wall_seconds: float) -> dict[str, Any]:
-    """The pool's summary (the last line): its engines' ledgers (``generator.pool.serve.summary``) and each job's
-    outcome beside them."""
+                 wall_seconds: float, restarts: dict[str, int] | None = None) -> dict[str, Any]:
+    """The pool's summary (the last line): its engines' ledgers (``generator.pool.serve.summary``: each engine's last
+    incarnation) and each job's outcome beside them; ``engine_restarts`` by engine."""
     engines: list[dict[str, Any]] = []
     for i in range(pool.spec.replicas):
         path = root / f"pool-{i}.json"
@@ -319,4 +357,6 @@ def pool_summary(pool: generatorpool.GeneratorPool, *, root: pathlib.Path, resul
     return {"pool": pool.metadata.name, "engines": pool.spec.replicas, "max_adapters": pool.spec.max_adapters,
             "succeeded": all(bool(r.get("succeeded")) for r in results), "wall_seconds": round(wall_seconds, 1),
             "completions": sum(j["completions"] for j in jobs.values()), "jobs": jobs, "engine_ledgers": engines,
+            "engine_restarts": {f"{ENGINE}-{i}": (restarts or {}).get(f"{ENGINE}-{i}", 0)
+                                for i in range(pool.spec.replicas)},
             "run_dir": str(root)}

@@ -28,9 +28,15 @@ Invariants:
 - The set of jobs changes without a restart (``Roster``: the engine's jobs file re-read): a job that went is dropped
   between two batches (its queued work, its adapter unloaded, its sockets closed) and costs the others nothing; a
   job that came is served from the next turn, and its trainer finds it as it finds a generator that started.
-- READY goes to a job's trainer 0 when its connection's HELLO arrives (the trainer waits for it before any WORK),
-  and again for every new connection of trainer 0 (a restarted trainer), so a restarted trainer finds the pool as
-  it would find a generator that restarted.
+- READY goes to every job's trainer 0 when its channel opens (the loop's start, or the roster opening it; as a
+  generator's start says READY), else when its
+  connection's HELLO arrives (the trainer waits for it before any WORK), and again for every new connection of
+  trainer 0 (a restarted trainer), so a restarted trainer finds the pool as it would find a generator that
+  restarted.
+- An engine that restarts (lost, replaced) is a generator that restarted to every attached job (docs/recovery.md):
+  its READY at start makes each job's trainer 0 push its current adapter and re-issue this engine's work
+  (``trainer.membership``), and until that push is loaded a job's WORK of a newer version than the engine holds
+  for it is skipped (``generator.join.Joining``, per job), never sampled with the base model or an older adapter.
 """
 from __future__ import annotations
 
@@ -41,12 +47,14 @@ from typing import Any, Protocol
 
 from kubeforge.runtime import transport, types, wire
 from kubeforge.runtime.generator import fence as push_fence
-from kubeforge.runtime.generator import loop
+from kubeforge.runtime.generator import join, loop
 from kubeforge.runtime.generator.pool import adapters, fairshare
 
 POLL_SECONDS = 0.02
 DRAIN_LIMIT = 64          # messages taken from one job's inbox per turn (so one busy job cannot starve the turn)
 ROLLOUT_SEND_SECONDS = 10.0   # how long the engine waits for room towards one job's verifiers (then drops the batch)
+ANNOUNCE_SECONDS = 10.0       # the bound on the READY sent at the start (else the trainer's HELLO gets it)
+LATE_ANNOUNCE_SECONDS = 1.0   # the same for a job that attaches while the engine runs (it holds the others)
 
 
 class JobSampler(Protocol):
@@ -77,6 +85,8 @@ class Channel:
     version: int = 0
     stopped: bool = False
     trainer_hellos: int = 0
+    announced: bool = False           # READY went out at the loop's start (its first HELLO needs none)
+    joining: join.Joining = dataclasses.field(default_factory=join.Joining)   # holds the trainer's adapter yet?
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,11 +168,17 @@ def serve(*, index: int, channels: Sequence[Channel], slots: adapters.Slots, obs
     channels = list(channels)
     for ch in channels:
         ledger.job(ch.name)
+        _announce(ch, index=index)
+    first = True
     while not should_stop():
         beat("idle")
         change = roster.poll() if roster is not None else None
         if change is not None and roster is not None:
-            regroup(channels, change, roster=roster, sched=sched, slots=slots, ledger=ledger)
+            for ch in regroup(channels, change, roster=roster, sched=sched, slots=slots, ledger=ledger):
+                # the first turn's jobs may be a restarted engine's (their trainers are up and waiting); later
+                # ones are new jobs whose trainers may not be up yet, so they hold the others no more than a second
+                _announce(ch, index=index, timeout=ANNOUNCE_SECONDS if first else LATE_ANNOUNCE_SECONDS)
+        first = False
         got = False
         for ch in channels:
             got = _drain(ch, index=index, sched=sched, slots=slots, observer=observer, ledger=ledger,
@@ -182,9 +198,11 @@ def serve(*, index: int, channels: Sequence[Channel], slots: adapters.Slots, obs
 
 
 def regroup(channels: list[Channel], change: Change, *, roster: Roster, sched: fairshare.Scheduler[Any],
-            slots: adapters.Slots, ledger: Ledger) -> None:
+            slots: adapters.Slots, ledger: Ledger) -> list[Channel]:
     """Apply ``change`` to ``channels`` (in place): the jobs that went are detached (queue, adapter) and closed
-    before those that came are opened, so a port block a job left can be taken by one that came at once."""
+    before those that came are opened, so a port block a job left can be taken by one that came at once. Returns
+    the channels opened."""
+    opened_now: list[Channel] = []
     for name in change.went:
         ch = next((c for c in channels if c.name == name), None)
         if ch is None:
@@ -201,6 +219,20 @@ def regroup(channels: list[Channel], change: Change, *, roster: Roster, sched: f
         if opened is not None:
             channels.append(opened)
             ledger.job(name)
+            opened_now.append(opened)
+    return opened_now
+
+
+def _announce(ch: Channel, *, index: int, timeout: float = ANNOUNCE_SECONDS) -> None:
+    """READY to the job's trainer 0 when its channel opens, as a generator's start says it: to a trainer that ran
+    with this engine before (the engine restarted) it asks for the current adapter at once. Best effort: a trainer
+    not reached within ``timeout`` gets its READY with its first HELLO."""
+    try:
+        ch.control.send(wire.Ready(role="generator", index=index, policy_version=ch.version),
+                        timeout=timeout)
+        ch.announced = True
+    except transport.TransportError:
+        pass
 
 
 def _trainer_hellos(ch: Channel) -> int:
@@ -215,13 +247,15 @@ def _drain(ch: Channel, *, index: int, sched: fairshare.Scheduler[_Queued], slot
         msg = ch.inbox.recv(timeout=0)
         hellos = _trainer_hellos(ch)
         if hellos > ch.trainer_hellos:        # trainer 0 connected (or restarted): it waits for this engine's READY
-            if ch.trainer_hellos:             # a new trainer: as to a restarted generator, it pushes its policy anew
+            again = ch.trainer_hellos > 0
+            if again:                         # a new trainer: as to a restarted generator, it pushes its policy anew
                 sched.remove(ch.name)
                 slots.drop(ch.name)
-                ch.version, ch.stopped = 0, False
+                ch.version, ch.stopped, ch.joining = 0, False, join.Joining()
             sched.add_job(ch.name, weight=ch.weight)
             ch.trainer_hellos = hellos
-            ch.control.send(wire.Ready(role="generator", index=index, policy_version=ch.version))
+            if again or not ch.announced:
+                ch.control.send(wire.Ready(role="generator", index=index, policy_version=ch.version))
         if msg is None:
             return got
         got = True
@@ -229,7 +263,8 @@ def _drain(ch: Channel, *, index: int, sched: fairshare.Scheduler[_Queued], slot
             _stop(ch, msg, sched=sched, slots=slots, ledger=ledger)
             return got
         if isinstance(msg, wire.Work):
-            if ch.max_policy_lag is not None and msg.policy_version - ch.version > ch.max_policy_lag:
+            if not ch.joining.admit(msg, version=ch.version) or (
+                    ch.max_policy_lag is not None and msg.policy_version - ch.version > ch.max_policy_lag):
                 observer.skipped(work=msg, version=ch.version)
                 ledger.job(ch.name).skipped += 1
                 continue
@@ -251,6 +286,7 @@ def _sync(ch: Channel, msg: wire.Sync, *, index: int, slots: adapters.Slots, obs
                            fence=ch.fence)
     if ch.weights.path:
         slots.publish(ch.name, version=ch.version, path=ch.weights.path)
+        ch.joining.loaded(version=ch.version)
         ledger.job(ch.name).syncs += 1
 
 
