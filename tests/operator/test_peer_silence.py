@@ -221,6 +221,14 @@ def test_a_pass_fails_the_silent_generator_and_its_dead_nodes_pods_before_the_no
     restarts = st["restarts"]
     reconcile.reconcile(fake, key, image="img", cache=cache, clock=lambda: at(17))
     assert fake.job["status"]["restarts"] == restarts
+    # the generator's pod listed again, terminating (the new attempt drains it): it is still on the silent node,
+    # force-deleted again without counting, whatever trainer 0 says
+    fake.pods = gang(report=silent_report(silent={}))
+    fake.pods[1]["metadata"]["deletionTimestamp"] = timefmt.fmt(at(17))
+    reconcile.reconcile(fake, key, image="img", cache=cache, clock=lambda: at(18))
+    assert fake.job["status"]["restarts"] == restarts and fake.force_deleted[-2:] == [
+        ("tiny-generator-0", "u-generator"), ("tiny-verifier-0", "u-verifier")]
+    assert "has not answered since" in fake.events[-1][1], fake.events[-1]
     # the node speaks again: its avoidance is lifted
     fake.nodes["n1"], fake.leases["n1"] = node("n1", heartbeat=90.0), lease(90.0)
     reconcile.reconcile(fake, key, image="img", cache=cache, clock=lambda: at(91))

@@ -192,3 +192,9 @@ def message(verdict: nodeloss.Verdict, node: str, peer_silence: float) -> str:
     return (f"node {node} does not answer and trainer 0 has not heard its generator for {peer_silence:g}s or more "
             f"(spec.failurePolicy.peerSilenceSeconds): force-deleting the job's pods on it "
             f"({', '.join(verdict.pods_on(node))}) so they are re-created on a node that works")
+
+
+def left_message(verdict: nodeloss.Verdict, node: str) -> str:
+    """The event's message for pods still on a node found lost in an earlier pass (its kubelet silent since)."""
+    return (f"node {node} has not answered since the job's pods on it were failed: force-deleting the ones still "
+            f"there ({', '.join(verdict.pods_on(node))})")

@@ -426,11 +426,11 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     for ev in status.transitions(job.status, new, plan):
         cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
     # after the status write that records the failures as handled: a pass that dies in between acts on them again
-    heard = {p.pod for p in silence.lost}
+    heard, still = {p.pod for p in silence.lost}, {p.pod for p in left}
     for node in lost.nodes:
-        text = peersilence.message(lost, node, job.spec.failure_policy.peer_silence_seconds) \
-            if any(p.node == node and p.pod in heard for p in lost.lost) else \
-            nodeloss.message(lost, node, node_loss_grace)
+        on = {p.pod for p in lost.lost if p.node == node}
+        text = peersilence.message(lost, node, job.spec.failure_policy.peer_silence_seconds) if on & heard else \
+            peersilence.left_message(lost, node) if on <= still else nodeloss.message(lost, node, node_loss_grace)
         log.warning("%s/%s: %s", namespace, name, text)
         cluster.post_event(raw, type="Warning", reason=reasons.NODE_LOST, now=timefmt.fmt(now), message=text)
     held_pods = _held_trainers(cluster, key, lost, trainer_epoch=plan.trainer_epoch) | \
