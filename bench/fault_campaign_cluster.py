@@ -195,8 +195,13 @@ def execute(*, run: run_real.Run, campaign: Campaign, kinds: list[str], job: dic
     node_down = False
     status: dict[str, Any] = {}
     while time.monotonic() - t0 < deadline_s:
-        status = run.get_job().get("status") or {}
-        pods = run.get_pods()
+        try:
+            status = run.get_job().get("status") or {}
+            pods = run.get_pods()
+        except RuntimeError as exc:     # an API server starved on a loaded machine: look again (within the deadline)
+            log(f"reading the job failed, looking again: {str(exc)[:300]}")
+            time.sleep(2.0)
+            continue
         for p in pods:
             run.seen[p["metadata"]["uid"]] = p
         run.follow_new_containers(pods)
