@@ -2,6 +2,7 @@
 
     python bench/fault_campaign.py examples/tiny.yaml --kills 20 [--seed 0] [--run-dir DIR] [--deadline S]
     python bench/fault_campaign.py --cluster --kills 10 --node-losses 2 --partitions 2 [--partition-seconds 30]
+        [--long-partitions 1 [--long-partition-seconds S]] [--env-kills 2]
 
 ``--cluster`` runs the campaign over two real nodes instead (bench/fault_campaign_cluster.py: pod kills, node losses,
 network partitions of kf-real-1; the tiny RLJob), with the same JSON fields.
@@ -110,6 +111,13 @@ def main() -> int:
     ap.add_argument("--node-losses", type=int, default=0, help="cluster mode: how many of the faults are node losses")
     ap.add_argument("--partitions", type=int, default=0, help="cluster mode: how many are network partitions")
     ap.add_argument("--partition-seconds", type=float, default=30.0, help="cluster mode: each partition's length")
+    ap.add_argument("--long-partitions", type=int, default=0,
+                    help="cluster mode: how many are partitions longer than the node-loss grace (fencing)")
+    ap.add_argument("--long-partition-seconds", type=float, default=None,
+                    help="cluster mode: each long partition's length (default: the node controller's grace + the "
+                    "operator's node-loss grace + 20 s)")
+    ap.add_argument("--env-kills", type=int, default=0,
+                    help="cluster mode: how many are environment-server kills (the multi-turn job is run)")
     args = ap.parse_args()
     if args.cluster:
         import fault_campaign_cluster
@@ -117,7 +125,9 @@ def main() -> int:
         return int(fault_campaign_cluster.main(
             faults=args.kills, node_losses=args.node_losses, partitions=args.partitions,
             partition_s=args.partition_seconds, seed=args.seed, run_dir=args.run_dir,
-            deadline_s=3600.0 if args.deadline == 300 else float(args.deadline)))
+            deadline_s=3600.0 if args.deadline == 300 else float(args.deadline),
+            long_partitions=args.long_partitions, long_partition_s=args.long_partition_seconds,
+            env_kills=args.env_kills))
     if not args.file:
         ap.error("the RLJob file is required in local mode")
     rng = random.Random(args.seed)

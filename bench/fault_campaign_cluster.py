@@ -17,7 +17,14 @@ recovery: from the end of its delivery, a partition's from the heal, to a step b
 - ``node_loss``: SIGKILL to kf-real-1's kubelet, kube-proxy, containerd, shims and every process of its pods; the
   operator fails the lost pods (``NodeLost``) after the node lifecycle controller's grace and its own, and
   force-deletes them; after recovery the node rejoins (``extra-node.sh 1 up``) before the next fault;
-- ``partition``: every packet between kf-real-1 and the rest dropped for ``--partition-seconds`` (no process killed).
+- ``partition``: every packet between kf-real-1 and the rest dropped for ``--partition-seconds`` (no process killed);
+- ``long_partition``: the same for longer than the node lifecycle controller's grace plus the operator's node-loss
+  grace (``--long-partition-seconds``, by default both plus 20 s): the operator force-deletes the node's pods while
+  their containers still run, and when the partition heals the old ones (a trainer among them) come back beside
+  their replacements: fencing refuses their writes (``fencedWrites``);
+- ``env_kill``: SIGKILL to the role process of a random environment server (a verifier pod of the multi-turn job,
+  ``examples/tiny-multiturn.yaml``, which the campaign runs when any is asked) while the job trains: its episodes
+  in flight end ``env_lost`` and are re-sampled, never trained with reward 0 (``infraMaskedRollouts``).
 
 Steps are sized from the faults (``STEPS_PER_FAULT`` each: the steps trained between faults and those retrained
 from a checkpoint), and when the job still ends (or the deadline comes) before every fault was delivered, the JSON
@@ -48,29 +55,39 @@ NODE = 1
 EXTRA_NODE = realnode.SCRIPTS_DIR / "extra-node.sh"
 STEPS_PER_FAULT = 8             # steps a fault may use: 1-2 between two faults, up to 4 retrained from a checkpoint
 NODE_LOSS_GRACE_S = 10          # the operator's --node-loss-grace-seconds
-KINDS = ("pod_kill", "node_loss", "partition")
+BASE_KINDS = ("pod_kill", "node_loss", "partition")    # always in the JSON's by-kind fields; the others when asked
+KINDS = (*BASE_KINDS, "long_partition", "env_kill")
+MULTITURN = realjob.ROOT / "examples" / "tiny-multiturn.yaml"   # the environment servers are its verifiers
+LONG_PARTITION_MARGIN_S = 20.0  # a long partition outlasts the node controller's grace + the node-loss grace by this
 
 
 def log(text: str) -> None:
     print(f"fault_campaign {time.strftime('%H:%M:%S')}: {text}", file=sys.stderr, flush=True)
 
 
-def plan(*, faults: int, node_losses: int, partitions: int, rng: random.Random) -> list[str]:
-    """The kinds of the faults to deliver, in order: node losses and partitions as asked, pod kills for the rest."""
-    if node_losses + partitions > faults:
-        raise ValueError(f"{node_losses} node losses + {partitions} partitions > {faults} faults")
-    kills = faults - node_losses - partitions
-    kinds = ["node_loss"] * node_losses + ["partition"] * partitions + ["pod_kill"] * kills
+def plan(*, faults: int, node_losses: int, partitions: int, rng: random.Random, long_partitions: int = 0,
+         env_kills: int = 0) -> list[str]:
+    """The kinds of the faults to deliver, in order: node losses, partitions, long partitions and environment-server
+    kills as asked, pod kills for the rest."""
+    asked = node_losses + partitions + long_partitions + env_kills
+    if asked > faults:
+        raise ValueError(f"{node_losses} node losses + {partitions} partitions + {long_partitions} long partitions + "
+                         f"{env_kills} environment-server kills > {faults} faults")
+    kills = faults - asked
+    kinds = (["node_loss"] * node_losses + ["partition"] * partitions + ["long_partition"] * long_partitions
+             + ["env_kill"] * env_kills + ["pod_kill"] * kills)
     rng.shuffle(kinds)
     return kinds
 
 
-def manifest(*, faults: int) -> dict[str, Any]:
+def manifest(*, faults: int, episodes: bool = False) -> dict[str, Any]:
     """The tiny RLJob with its trainer preferably apart from its generator (so a node fault hits a role and the job
-    still fits on node 0 alone), steps sized from the faults, and a failure policy fit for the campaign."""
+    still fits on node 0 alone), steps sized from the faults, and a failure policy fit for the campaign;
+    ``episodes``: the multi-turn job (``examples/tiny-multiturn.yaml``: its verifiers are the environment servers)."""
     import run_nodes  # (also points the pods at this checkout's sources in a worktree)
 
-    doc: dict[str, Any] = run_nodes.node_loss_manifest(max(40, STEPS_PER_FAULT * faults + 10))
+    steps = max(40, STEPS_PER_FAULT * faults + 10)
+    doc: dict[str, Any] = run_nodes.node_loss_manifest(steps, base=realjob.load_tiny(MULTITURN) if episodes else None)
     doc["spec"]["failurePolicy"] = {"maxRestarts": 3 * faults + 2,
                                     "rules": [{"action": "RestartRole", "roles": ["generator", "verifier"]}]}
     return doc
@@ -95,15 +112,17 @@ def recovered(fault: Fault, *, step: int, phase: str | None, on_node: list[str])
     A partition, or a node loss that hit no pod: a step beyond (after the heal)."""
     if step <= fault.step:
         return False
-    if fault.kind == "pod_kill" or (fault.kind == "node_loss" and fault.detail.get("pods")):
+    if fault.kind in ("pod_kill", "env_kill") or (fault.kind in ("node_loss", "long_partition")
+                                                  and fault.detail.get("pods")):
         return fault.left_running and phase == "Running" and not (fault.kind == "node_loss" and on_node)
     return True
 
 
 class Campaign:
     def __init__(self, *, run: run_real.Run, cluster: lifecycle.Cluster, rng: random.Random,
-                 partition_s: float) -> None:
+                 partition_s: float, long_partition_s: float = 0.0) -> None:
         self.run, self.cluster, self.rng, self.partition_s = run, cluster, rng, partition_s
+        self.long_partition_s = long_partition_s
         self.node = realnode.node_name(NODE)
 
     def script(self, action: str) -> str:
@@ -118,9 +137,10 @@ class Campaign:
                       and not p["metadata"].get("deletionTimestamp"))
 
     def deliver(self, kind: str, pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-        if kind == "pod_kill":
+        if kind in ("pod_kill", "env_kill"):
             live = [p for p in pods if not p["metadata"].get("deletionTimestamp") and any(
-                "running" in (cs.get("state") or {}) for cs in p.get("status", {}).get("containerStatuses") or [])]
+                "running" in (cs.get("state") or {}) for cs in p.get("status", {}).get("containerStatuses") or [])
+                and (kind == "pod_kill" or p["metadata"]["labels"].get(run_real.LABEL_ROLE) == "verifier")]
             if not live:
                 return None
             pod = self.rng.choice(sorted(live, key=lambda p: p["metadata"]["name"]))
@@ -135,10 +155,15 @@ class Campaign:
         if kind == "node_loss":
             self.script("lose")
             return {"node": self.node, "pods": hit}
+        seconds = self.long_partition_s if kind == "long_partition" else self.partition_s
+        t0 = time.monotonic()
         self.script("partition")
-        time.sleep(self.partition_s)
+        time.sleep(seconds)
         self.script("heal")
-        return {"node": self.node, "pods": hit, "seconds": self.partition_s}
+        detail: dict[str, Any] = {"node": self.node, "pods": hit, "seconds": seconds}
+        if kind == "long_partition":     # its recovery (the replacements on node 0) runs during it: counted from its start
+            detail["_t0"] = t0
+        return detail
 
     def node_back(self) -> None:
         self.script("up")
@@ -170,8 +195,13 @@ def execute(*, run: run_real.Run, campaign: Campaign, kinds: list[str], job: dic
     node_down = False
     status: dict[str, Any] = {}
     while time.monotonic() - t0 < deadline_s:
-        status = run.get_job().get("status") or {}
-        pods = run.get_pods()
+        try:
+            status = run.get_job().get("status") or {}
+            pods = run.get_pods()
+        except RuntimeError as exc:     # an API server starved on a loaded machine: look again (within the deadline)
+            log(f"reading the job failed, looking again: {str(exc)[:300]}")
+            time.sleep(2.0)
+            continue
         for p in pods:
             run.seen[p["metadata"]["uid"]] = p
         run.follow_new_containers(pods)
@@ -203,7 +233,8 @@ def execute(*, run: run_real.Run, campaign: Campaign, kinds: list[str], job: dic
                 break
             if detail is None:
                 continue
-            faults.append(Fault(kind=kind, step=step, at=time.monotonic(), detail=detail))
+            at = float(detail.pop("_t0", time.monotonic()))
+            faults.append(Fault(kind=kind, step=step, at=at, detail=detail))
             pending, node_down = faults[-1], kind == "node_loss"
             log(f"fault {len(faults)}/{len(kinds)}: {kind} at step {step}: {detail}")
         time.sleep(0.5)
@@ -232,6 +263,9 @@ def summarize(*, faults: list[Fault], kinds: list[str], reason: str | None, stat
         records_all = [r for r in records_all if r["step"] <= keep] + recs
         line = line[:keep] + seen
     total = sum(len(run_real.step_sequence(t)[1]) for t in trainer_logs)
+    masked = sum(int(d.get("infra_masked_rollouts") or 0) for t in trainer_logs for d in run_real.json_lines(t)
+                 if isinstance(d.get("step"), int) and "done" not in d)
+    fenced = status.get("fencedWrites") or {}
     versions = [r.get("policy_version") for r in records_all]
     recovery = [f.recovery_s for f in faults if f.recovery_s is not None]
     q = statistics.quantiles(recovery, n=20) if len(recovery) >= 2 else recovery * 19
@@ -239,7 +273,7 @@ def summarize(*, faults: list[Fault], kinds: list[str], reason: str | None, stat
     return {
         "mode": "cluster",
         "faultsRequested": len(kinds), "faultsDelivered": len(faults), "faultsNotDeliveredReason": reason,
-        "faults_by_kind": {k: sum(1 for f in faults if f.kind == k) for k in KINDS},
+        "faults_by_kind": {k: sum(1 for f in faults if f.kind == k) for k in KINDS if k in BASE_KINDS or k in kinds},
         "kills": len(faults),
         "kills_by_role": {r: sum(1 for f in faults if f.kind == "pod_kill" and f.detail.get("role") == r)
                           for r in ("generator", "verifier", "trainer")},
@@ -254,10 +288,16 @@ def summarize(*, faults: list[Fault], kinds: list[str], reason: str | None, stat
         "restarts_by_role": {r: (roles.get(r) or {}).get("restarts", 0) for r in ("generator", "verifier", "trainer")},
         "recovery_seconds_p50": round(statistics.median(recovery), 2) if recovery else None,
         "recovery_seconds_p95": round(q[18], 2) if recovery else None,
-        "recovery_seconds_by_kind": {k: [f.recovery_s for f in faults if f.kind == k] for k in KINDS},
+        "recovery_seconds_by_kind": {k: [f.recovery_s for f in faults if f.kind == k] for k in KINDS
+                                     if k in BASE_KINDS or k in kinds},
         "node_faults_hit": [{"kind": f.kind, "step": f.step, "pods": f.detail.get("pods")} for f in faults
                             if f.kind != "pod_kill"],
         "lastFailure": status.get("lastFailure"),
+        # the RLJob's fencing counts (cumulative in its status) and the rollouts masked for infrastructure, summed
+        # over every step record of every trainer container of the run (a retrained step's masking happened too)
+        "fencedWrites": {k: int(fenced.get(k) or 0) for k in ("checkpoints", "pushes", "reports")},
+        "fencedWritesTotal": sum(int(fenced.get(k) or 0) for k in ("checkpoints", "pushes", "reports")),
+        "infraMaskedRollouts": masked,
         "succeeded": status.get("phase") == "Succeeded",
         "failure_policy": policy,
         "wall_seconds": round(time.time() - started, 1),
@@ -266,9 +306,11 @@ def summarize(*, faults: list[Fault], kinds: list[str], reason: str | None, stat
 
 
 def main(*, faults: int, node_losses: int, partitions: int, partition_s: float, seed: int, run_dir: str | None,
-         deadline_s: float) -> int:
+         deadline_s: float, long_partitions: int = 0, long_partition_s: float | None = None,
+         env_kills: int = 0) -> int:
     rng = random.Random(seed)
-    kinds = plan(faults=faults, node_losses=node_losses, partitions=partitions, rng=rng)
+    kinds = plan(faults=faults, node_losses=node_losses, partitions=partitions, rng=rng,
+                 long_partitions=long_partitions, env_kills=env_kills)
     started = time.time()
     import run_nodes
 
@@ -276,7 +318,10 @@ def main(*, faults: int, node_losses: int, partitions: int, partition_s: float, 
     work = pathlib.Path(run_dir or tempfile.mkdtemp(prefix="fault-campaign-cluster-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o755)
-    doc = manifest(faults=faults)
+    doc = manifest(faults=faults, episodes=env_kills > 0)
+    monitor = realnode.node_monitor(cluster.workdir)
+    long_s = long_partition_s if long_partition_s is not None else \
+        monitor["node-monitor-grace-period"] + NODE_LOSS_GRACE_S + LONG_PARTITION_MARGIN_S
     steps = int(doc["spec"]["algorithm"]["steps"])
     k = cluster.kubectl
     harness.K(kubectl=k.binary, kubeconfig=k.kubeconfig).ensure_crd()
@@ -289,11 +334,11 @@ def main(*, faults: int, node_losses: int, partitions: int, partition_s: float, 
                           extra=("--namespace", ns, "--node-loss-grace-seconds", str(NODE_LOSS_GRACE_S)))
     op.start()
     run = run_real.Run(k=k, namespace=ns, name="tiny", workdir=work, kill_after_step=None, timeout_s=deadline_s)
-    log(f"plan: {kinds}; {steps} steps; namespace {ns}; node monitor {realnode.node_monitor(cluster.workdir)}")
+    log(f"plan: {kinds}; {steps} steps; namespace {ns}; node monitor {monitor}; long partitions {long_s:.0f}s")
     try:
         job = realjob.manifest(name="tiny", namespace=ns, checkpoint_dir=checkpoints, base=doc)
         done, reason, status = execute(run=run, campaign=Campaign(run=run, cluster=cluster, rng=rng,
-                                                                  partition_s=partition_s),
+                                                                  partition_s=partition_s, long_partition_s=long_s),
                                        kinds=kinds, job=job, deadline_s=deadline_s)
     finally:
         try:        # never let a hung heal skip the rest of the clean-up (it once left the whole cluster running)
@@ -311,5 +356,6 @@ def main(*, faults: int, node_losses: int, partitions: int, partition_s: float, 
                        policy=doc["spec"]["failurePolicy"], started=started, run_dir=work)
     result["load_average"] = common.load_average()
     print(json.dumps(result), flush=True)
+    result["long_partition_seconds"] = long_s if long_partitions else None
     ok = result["succeeded"] and not result["lost_steps"] and not result["repeated_steps"]
     return 0 if ok and result["policy_version_monotonic"] and reason is None else 1

@@ -48,11 +48,11 @@ def placement_manifest(*, same_node: bool, steps: int) -> dict[str, Any]:
     return doc
 
 
-def node_loss_manifest(steps: int) -> dict[str, Any]:
-    """The tiny RLJob for node faults (the node-loss test, ``bench/fault_campaign.py --cluster``): the trainer
-    preferably apart from the generator (mode Preferred: after a node is lost both fit on node 0), the verifier
-    preferably beside the generator, ``steps`` steps."""
-    doc = realjob.load_tiny()
+def node_loss_manifest(steps: int, *, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The tiny RLJob (or ``base``) for node faults (the node-loss test, ``bench/fault_campaign.py --cluster``): the
+    trainer preferably apart from the generator (mode Preferred: after a node is lost both fit on node 0), the
+    verifier preferably beside the generator, ``steps`` steps."""
+    doc = base if base is not None else realjob.load_tiny()
     doc["spec"]["algorithm"]["steps"] = steps
     roles = doc["spec"]["roles"]
     roles.setdefault("trainer", {})["affinity"] = {"apartFrom": ["generator"], "mode": "Preferred"}

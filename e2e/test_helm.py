@@ -264,9 +264,13 @@ def test_the_admission_webhook_is_wired() -> None:
 
 def test_namespaced_mode_uses_roles() -> None:
     objs = render(*NAMESPACED)
+    # besides the watched namespaces, one Role reads the kubelets' Leases in kube-node-lease (docs/recovery.md)
     roles = [o for o in objs if o["kind"] == "Role"]
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    assert sorted(b["metadata"]["namespace"] for b in objs if b["kind"] == "RoleBinding") == ["team-a", "team-b"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["kube-node-lease", "team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in objs if b["kind"] == "RoleBinding") == \
+        ["kube-node-lease", "team-a", "team-b"]
+    (leases,) = [r for r in roles if r["metadata"]["namespace"] == "kube-node-lease"]
+    assert leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}]
     assert sorted(o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRole") == \
         [f"{RELEASE}-kubeforge-cluster-reads"]
     for role in roles:     # a Role's rule on a cluster-scoped resource grants nothing: none may hold one
@@ -289,6 +293,8 @@ def granted_by_scope(objs: Sequence[Obj], *, jobs_namespaces: Sequence[str]) -> 
             scope = access.Scope.CLUSTER if o["metadata"]["name"].endswith("-cluster-reads") else access.Scope.JOBS
         elif o["metadata"]["namespace"] == RELEASE_NS:
             scope = access.Scope.RELEASE
+        elif o["metadata"]["namespace"] == "kube-node-lease":
+            scope = access.Scope.NODE_LEASES
         else:
             per_ns.setdefault(o["metadata"]["namespace"], set()).update(flat)
             scope = access.Scope.JOBS

@@ -65,6 +65,8 @@ def checks_of(rel: installed.Release, *, jobs_namespaces: list[str] | None) -> l
             out.append((verb, group, resource, None))
         elif scope is access.Scope.RELEASE:
             out.append((verb, group, resource, rel.namespace))
+        elif scope is access.Scope.NODE_LEASES:
+            out.append((verb, group, resource, "kube-node-lease"))
         else:
             where: list[str | None] = list(jobs_namespaces) if jobs_namespaces else [None]
             out += [(verb, group, resource, ns) for ns in where]

@@ -85,3 +85,39 @@ def _fault(kind: str, *, pods: list[str] | None = None, left: bool = False) -> f
 ])
 def test_recovered(fault: fc.Fault, step: int, phase: str, on_node: list[str], want: bool) -> None:
     assert fc.recovered(fault, step=step, phase=phase, on_node=on_node) is want
+
+
+def test_plan_has_the_long_partitions_and_environment_server_kills_asked() -> None:
+    kinds = fc.plan(faults=6, node_losses=1, partitions=1, long_partitions=1, env_kills=2, rng=random.Random(0))
+    assert sorted(kinds) == sorted(["node_loss", "partition", "long_partition", "env_kill", "env_kill", "pod_kill"])
+    with pytest.raises(ValueError):
+        fc.plan(faults=2, node_losses=0, partitions=0, long_partitions=2, env_kills=1, rng=random.Random(0))
+
+
+def test_summary_sums_fenced_writes_and_infra_masked_rollouts_over_the_run() -> None:
+    """``infraMaskedRollouts`` sums every step record of every trainer container (a retrained step's masking
+    happened too); ``fencedWrites`` is the RLJob's cumulative status."""
+    first = "\n".join(json.dumps({"step": s, "mean_reward": 0.5, "policy_version": s, "infra_masked_rollouts": m})
+                      for s, m in [(1, 0), (2, 3), (3, 1)]) + "\n"
+    second = _log([3, 4], resumed=2).replace('"policy_version": 4}', '"policy_version": 4, "infra_masked_rollouts": 2}')
+    faults = [fc.Fault(kind="env_kill", step=2, at=0.0, detail={"role": "verifier"}, recovery_s=5.0),
+              fc.Fault(kind="long_partition", step=3, at=0.0, detail={"pods": ["tiny-trainer-0"]}, recovery_s=80.0)]
+    got = fc.summarize(faults=faults, kinds=["env_kill", "long_partition"], reason=None, trainer_logs=[first, second],
+                       status={"phase": "Succeeded", "fencedWrites": {"checkpoints": 1, "pushes": 2, "reports": 0}},
+                       steps=4, policy={}, started=0.0, run_dir=pathlib.Path("/x"))
+    assert got["infraMaskedRollouts"] == 6
+    assert got["fencedWrites"] == {"checkpoints": 1, "pushes": 2, "reports": 0} and got["fencedWritesTotal"] == 3
+    assert got["faults_by_kind"] == {"pod_kill": 0, "node_loss": 0, "partition": 0, "long_partition": 1,
+                                     "env_kill": 1}
+    assert (got["lost_steps"], got["repeated_steps"]) == (0, 0)
+
+
+@pytest.mark.parametrize(("fault", "step", "phase", "want"), [
+    (_fault("env_kill"), 6, "Running", False),                     # the phase must leave Running and come back
+    (_fault("env_kill", left=True), 6, "Running", True),
+    (_fault("long_partition", pods=["tiny-generator-0"]), 6, "Running", False),
+    (_fault("long_partition", pods=["tiny-generator-0"], left=True), 6, "Running", True),
+    (_fault("long_partition", pods=[]), 6, "Running", True),
+])
+def test_recovered_new_kinds(fault: fc.Fault, step: int, phase: str, want: bool) -> None:
+    assert fc.recovered(fault, step=step, phase=phase, on_node=[]) is want

@@ -123,6 +123,7 @@ RECIPES: dict[str, Callable[[apply.Cluster], None]] = {
     "apply": lambda c: [c.apply(o) for o in rendered_children()],
     "delete": lambda c: [c.delete(o) for o in [*rendered_children(), lease()]],
     "get_node": lambda c: c.get_node("n1"),
+    "get_node_lease": lambda c: c.get_node_lease("n1"),
     "force_delete_pod": lambda c: c.force_delete_pod("ns", "tiny-trainer-0", "u"),
     "patch_status": lambda c: c.patch_status("ns", "tiny", {}),
     "patch_pod": lambda c: c.patch_pod("ns", "tiny-trainer-0", {}),

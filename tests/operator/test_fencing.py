@@ -117,6 +117,9 @@ class Cluster:
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self.pods)
 
+    def get_node_lease(self, name: str) -> dict[str, Any] | None:
+        return None      # no Lease readable: only the Ready condition speaks for a node
+
     def get_node(self, name: str) -> dict[str, Any] | None:
         return self.nodes.get(name)
 

@@ -23,6 +23,9 @@ class FakeCluster:
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return []
 
+    def get_node_lease(self, name: str) -> dict[str, Any] | None:
+        return None      # no Lease readable: only the Ready condition speaks for a node
+
     def get_node(self, name: str) -> dict[str, Any] | None:
         return {"metadata": {"name": name}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 

@@ -270,6 +270,20 @@ class Reformer:
         self.took.append((msg.index, msg.version))
 
 
+def heard_membership(ctl: transport.Receiver, pusher: Reformer, *, generators: int,
+                     now: list[float]) -> membership.Membership:
+    """Trainer 0's real membership of ``generators`` over the in-process transport, its ear on the clock ``now``
+    (a 2 s silence)."""
+    peers: Any = Peers(generators)
+    m = membership.Membership(
+        settings=Deadlines(), generators=peers, control=ctl, pusher=pusher, learner=Learner(),
+        rollouts=buffer.RolloutBuffer(max_policy_lag=1, capacity=8), observer=Observer(),
+        generator_address=lambda i: None, push=lambda **kw: None, send_work=lambda g, w: None,
+        work=lambda step, prompts: work(step, 3))
+    m.liveness = liveness.Liveness(after=lambda: 2.0, clock=lambda: now[0])
+    return m
+
+
 def test_a_hand_off_hears_the_beats_waiting_before_it_judges_a_generator_quiet() -> None:
     """A train step (or a send to a dead peer running out its bound) longer than the silence: generator 1's beat
     and ACK wait unread, generator 0 said nothing. Generator 1 is not quiet (a hand-off to it goes out), generator 0
@@ -278,14 +292,8 @@ def test_a_hand_off_hears_the_beats_waiting_before_it_judges_a_generator_quiet()
     ctl = transport.open_receiver(f"mem://ctl-{name}")
     gen1 = transport.open_sender([f"mem://ctl-{name}"], role="generator", index=1)
     pusher = Reformer()
-    peers: Any = Peers(2)
-    m = membership.Membership(
-        settings=Deadlines(), generators=peers, control=ctl, pusher=pusher, learner=Learner(),
-        rollouts=buffer.RolloutBuffer(max_policy_lag=1, capacity=8), observer=Observer(),
-        generator_address=lambda i: None, push=lambda **kw: None, send_work=lambda g, w: None,
-        work=lambda step, prompts: work(step, 3))
     now = [100.0]
-    m.liveness = liveness.Liveness(after=lambda: 2.0, clock=lambda: now[0])
+    m = heard_membership(ctl, pusher, generators=2, now=now)
     try:
         for i in range(2):
             m.on_control(alive(i))
@@ -305,3 +313,52 @@ def test_a_hand_off_hears_the_beats_waiting_before_it_judges_a_generator_quiet()
 def test_a_sync_carries_its_receivers_rank_on_the_wire() -> None:
     decoded = wire.decode(wire.encode(dataclasses.replace(sync(3), rank_base=5)))
     assert isinstance(decoded, wire.Sync) and decoded.rank_base == 5
+
+
+def test_trainer_0_reports_its_silent_generators_with_when_each_was_last_heard() -> None:
+    """What the operator acts on (docs/recovery.md): the members silent for the peer silence, the one kept in when
+    none answers too, each with the wall clock it was last heard; a starting or left member is not silent."""
+    name = uuid.uuid4().hex
+    ctl = transport.open_receiver(f"mem://ctl-{name}")
+    now = [100.0]
+    m = heard_membership(ctl, Reformer(), generators=3, now=now)
+    try:
+        for i in range(3):
+            m.on_control(alive(i))
+        now[0] = 101.0
+        m.on_control(alive(2))
+        now[0] = 102.5
+        assert m.liveness.since([0, 1, 2], wall=lambda: 1000.0) == {0: 997.5, 1: 997.5}
+        m.starting[1] = now[0]                  # generator 1 is loading its engine again: not silent
+        assert m.silent_now().keys() == {0}
+        now[0] = 103.5
+        assert m.silent_now().keys() == {0, 2}, "every silent member, whether or not one is kept in"
+    finally:
+        ctl.close()
+
+
+def test_the_pod_reporter_patches_a_change_of_silence_at_once_and_carries_it_on_every_step() -> None:
+    from kubeforge.api import contract, progress
+    from kubeforge.runtime.trainer import report
+
+    class Pod:
+        def __init__(self) -> None:
+            self.patches: list[progress.ProgressReport | None] = []
+
+        def annotations(self) -> dict[str, str]:
+            return {}
+
+        def patch_annotations(self, annotations: Any) -> None:
+            self.patches.append(progress.ProgressReport.decode(annotations[contract.ANNOTATION_PROGRESS]))
+
+    pod = Pod()
+    r = report.PodAnnotationReporter(pod="tiny-trainer-0", namespace="ns", api=pod)
+    r.silent({0: 5.0})                          # before any step: no report to carry it
+    assert pod.patches == []
+    r.step(progress.StepRecord(step=6, trainer_epoch=2))
+    r.silent({0: 5.0})                          # no change: no patch
+    r.silent({0: 5.0, 1: 7.0})
+    r.step(progress.StepRecord(step=7, trainer_epoch=2))
+    r.silent({})
+    got = [(p.step, p.trainer_epoch, p.silent_generators) for p in pod.patches if p is not None]
+    assert got == [(6, 2, {0: 5.0}), (6, 2, {0: 5.0, 1: 7.0}), (7, 2, {0: 5.0, 1: 7.0}), (7, 2, {})]

@@ -165,7 +165,8 @@ class StepRecord(StepMetrics):
 
 
 #: ProgressReport fields that are not ``status.progress``: the operator reads them, the status does not hold them.
-REPORT_ONLY = {"done", "trainer_epoch", "fenced_checkpoints", "fenced_pushes", "time", "weights_at"}
+REPORT_ONLY = {"done", "trainer_epoch", "fenced_checkpoints", "fenced_pushes", "time", "weights_at",
+               "silent_generators"}
 
 
 class ProgressReport(rljob.Progress):
@@ -180,6 +181,10 @@ class ProgressReport(rljob.Progress):
     fenced_pushes: int = Field(0, description="StepRecord.fenced_pushes of the reported step.")
     time: float = Field(0.0, description="StepRecord.time of the reported step (0: unknown).")
     weights_at: float | None = Field(None, description="StepRecord.weights_at of the reported step.")
+    silent_generators: dict[int, float] = Field(
+        default_factory=dict, description="Generators trainer rank 0 has heard nothing from for "
+        "peerSilenceSeconds after they beat (docs/recovery.md): index -> wall clock when last heard. The operator "
+        "fails such a generator's pod without waiting for the node controller (operator/peersilence.py).")
 
     @classmethod
     def of_step(cls, record: StepRecord, *, done: bool,
@@ -206,6 +211,8 @@ class ProgressReport(rljob.Progress):
                 doc.pop(key, None)
         if doc.get("weightsAt") is None:
             doc.pop("weightsAt", None)
+        if not doc.get("silentGenerators"):
+            doc.pop("silentGenerators", None)
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod

@@ -15,7 +15,9 @@ Scopes (how the chart grants an entry):
 - ``CLUSTER``: a cluster-scoped resource (nodes, Kueue's flavors and priority classes, CRDs, namespaces): a
   ClusterRole in both modes (a namespaced Role cannot grant it: the API server ignores such a rule);
 - ``JOBS``: namespaced, in each watched namespace (one Role each) or, in cluster-wide mode, everywhere (ClusterRole);
-- ``RELEASE``: the release namespace only (leader election's Lease; only when leader election is on).
+- ``RELEASE``: the release namespace only (leader election's Lease; only when leader election is on);
+- ``NODE_LEASES``: the namespace ``kube-node-lease`` only (the kubelets' heartbeats, read: docs/recovery.md), a
+  Role there in both modes.
 ``SELF_REGISTERED`` is what the operator needs only when run outside the chart (it then manages its own webhook
 configuration): the chart grants none of it.
 """
@@ -30,6 +32,7 @@ class Scope(enum.Enum):
     CLUSTER = "cluster"
     JOBS = "jobs"
     RELEASE = "release"
+    NODE_LEASES = "node-leases"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -91,6 +94,8 @@ NEEDS: tuple[Need, ...] = (
     _need("apiextensions.k8s.io", "customresourcedefinitions", "list watch", Scope.CLUSTER,
           "kopf's scanning of CRDs (it watches a resource once the cluster serves it: Kueue's workloads)"),
     # leader election (main.standby, leader.Elector)
+    _need("coordination.k8s.io", "leases", "get", Scope.NODE_LEASES,
+          "the kubelet's Lease of a silent generator's node: has it answered since (peersilence)"),
     _need("coordination.k8s.io", "leases", "get create update delete", Scope.RELEASE,
           "the leader's Lease: read, created, renewed by PUT with the read resourceVersion, deleted on stop"),
 )

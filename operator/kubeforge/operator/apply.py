@@ -57,6 +57,10 @@ def verb_resource(method: str, path: str, content_type: str = "application/json"
     return verb, resource
 
 
+#: The namespace of the kubelets' Leases (their heartbeats: docs/recovery.md).
+NODE_LEASES = "kube-node-lease"
+
+
 class ApiError(RuntimeError):
     """A non-2xx answer from the API server."""
 
@@ -267,6 +271,11 @@ class Cluster:
     def get_node(self, name: str) -> Obj | None:
         """A Node (None: absent); read only for the nodes of a job's pods that are not ready (``nodeloss``)."""
         return self.request("GET", f"/api/v1/nodes/{name}")
+
+    def get_node_lease(self, name: str) -> Obj | None:
+        """A node's kubelet Lease in ``kube-node-lease`` (None: absent); read only for the node of a generator trainer
+        0 reports silent, or of the last NodeLost failure (``peersilence``)."""
+        return self.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASES}/leases/{name}")
 
     def force_delete_pod(self, namespace: str, name: str, uid: str) -> None:
         """Delete a pod at once (grace period 0: the API server forgets it without its kubelet's word), only if it

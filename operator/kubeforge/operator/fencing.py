@@ -67,12 +67,19 @@ def gained(before: rljob.FencedWrites | None, after: rljob.FencedWrites) -> dict
     return {k: v for k, v in out.items() if v > 0}
 
 
+def generation_observed(statefulset: dict[str, Any] | None) -> bool:
+    """The StatefulSet controller has seen the StatefulSet's latest spec (a pod it creates now comes from the
+    latest template); with no StatefulSet nothing can re-create the pod."""
+    if statefulset is None:
+        return True
+    md, st = statefulset.get("metadata") or {}, statefulset.get("status") or {}
+    return int(st.get("observedGeneration") or 0) >= int(md.get("generation") or 0) > 0
+
+
 def template_observed(statefulset: dict[str, Any] | None, *, trainer_epoch: int) -> bool:
     """The StatefulSet controller has seen the trainer template labelled ``trainer_epoch`` (so a pod it creates
     now carries it); with no StatefulSet nothing can re-create the pod, so there is nothing to wait for."""
     if statefulset is None:
         return True
-    md, st = statefulset.get("metadata") or {}, statefulset.get("status") or {}
     labels = (((statefulset.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
-    return (labels.get(contract.LABEL_TRAINER_EPOCH) == str(trainer_epoch)
-            and int(st.get("observedGeneration") or 0) >= int(md.get("generation") or 0) > 0)
+    return labels.get(contract.LABEL_TRAINER_EPOCH) == str(trainer_epoch) and generation_observed(statefulset)

@@ -26,7 +26,7 @@ from typing import Any
 
 from kubeforge.api import contract, failures, load, poolkeys, rljob
 from kubeforge.operator import (apply, exports, fencing, gangauto, lifecycle, metrics, names, nodeloss, observed,
-                                poolports, queueing, reasons, render, status, timefmt, watchcache)
+                                peersilence, poolports, queueing, reasons, render, status, timefmt, watchcache)
 from kubeforge.operator.render import context, gang, meta, secret
 from kubeforge.operator.render import workload as workload_render
 
@@ -362,6 +362,11 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     now = clock()
     obs = observed.observe_facts(_read_pods(cluster, key, pods), seen_failures)
     lost = _node_loss(cluster, obs, now=now, grace=node_loss_grace)
+    silence = _peer_silence(cluster, job, obs, now=now, known=lost)
+    avoid = _avoided(cluster, job, nodeloss.Verdict(lost=lost.lost + silence.lost))
+    left = peersilence.left_on(avoid, obs.pods, taken={p.pod for p in (*lost.lost, *silence.lost)}, now=now)
+    lost = nodeloss.Verdict(lost=lost.lost + silence.lost + left,
+                            requeue_after=_min(lost.requeue_after, silence.requeue_after))
     if lost.lost:     # each lost pod is a failure of its role (reason NodeLost): the failure policy acts on it
         obs = dataclasses.replace(obs, seen_failures=obs.seen_failures + tuple(p.failure for p in lost.lost))
     queue = _read_queue(cluster, job, namespace) if queueing.queue_name(job) is not None else None
@@ -389,7 +394,7 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         log.error("%s/%s: the operator has no pool master key (--pool-master-key-file): a job on GeneratorPool %r "
                   "gets no pods", namespace, name, pool_raw["metadata"]["name"])
     ctx = context.RenderContext(namespace=namespace, uid=raw["metadata"]["uid"], attempt=plan.attempt,
-                                trainer_epoch=plan.trainer_epoch,
+                                trainer_epoch=plan.trainer_epoch, avoid_nodes=avoid,
                                 active=plan.active and not held, gang_active=plan.gang_active and not held,
                                 pool_engines=engines or 0, pool_port_base=port_base, image=image,
                                 surplus_active=plan.surplus_active, surplus_present=plan.surplus_present,
@@ -436,11 +441,15 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     for ev in status.transitions(job.status, new, plan):
         cluster.post_event(raw, type=ev.type, reason=ev.reason, message=ev.message, now=timefmt.fmt(now))
     # after the status write that records the failures as handled: a pass that dies in between acts on them again
+    heard, still = {p.pod for p in silence.lost}, {p.pod for p in left}
     for node in lost.nodes:
-        log.warning("%s/%s: %s", namespace, name, nodeloss.message(lost, node, node_loss_grace))
-        cluster.post_event(raw, type="Warning", reason=reasons.NODE_LOST, now=timefmt.fmt(now),
-                           message=nodeloss.message(lost, node, node_loss_grace))
-    held_pods = _held_trainers(cluster, key, lost, trainer_epoch=plan.trainer_epoch)
+        on = {p.pod for p in lost.lost if p.node == node}
+        text = peersilence.message(lost, node, job.spec.failure_policy.peer_silence_seconds) if on & heard else \
+            peersilence.left_message(lost, node) if on <= still else nodeloss.message(lost, node, node_loss_grace)
+        log.warning("%s/%s: %s", namespace, name, text)
+        cluster.post_event(raw, type="Warning", reason=reasons.NODE_LOST, now=timefmt.fmt(now), message=text)
+    held_pods = _held_trainers(cluster, key, lost, trainer_epoch=plan.trainer_epoch) | \
+        _held_replacements(cluster, key, silence)
     for p in lost.lost:
         if p.pod not in held_pods:
             cluster.force_delete_pod(namespace, p.pod, p.uid)
@@ -503,6 +512,57 @@ def _held_trainers(cluster: apply.Cluster, key: Key, lost: nodeloss.Verdict, *,
         return set()
     sts = cluster.get("apps/v1", "StatefulSet", key[0], contract.child_name(key[1], "trainer"))
     return set() if fencing.template_observed(sts, trainer_epoch=trainer_epoch) else trainers
+
+
+def _held_replacements(cluster: apply.Cluster, key: Key, silence: nodeloss.Verdict) -> set[str]:
+    """Pods lost by silence not to force-delete yet: their StatefulSet has not observed its latest template (the one
+    that keeps replacements off the node that does not answer: ``peersilence.avoided``)."""
+    held: set[str] = set()
+    for sts_name in sorted({p.pod.rsplit("-", 1)[0] for p in silence.lost}):
+        sts = cluster.get("apps/v1", "StatefulSet", key[0], sts_name)
+        if not fencing.generation_observed(sts):
+            held |= {p.pod for p in silence.lost if p.pod.rsplit("-", 1)[0] == sts_name}
+    return held
+
+
+def _lease(cluster: apply.Cluster, node: str) -> peersilence.Kubelet | None:
+    """The node's kubelet Lease, when the operator may read it (None: absent or refused: docs/recovery.md)."""
+    try:
+        return peersilence.kubelet(cluster.get_node_lease(node))
+    except apply.ApiError as exc:
+        if exc.status in (401, 403):
+            return None
+        raise
+
+
+def _peer_silence(cluster: apply.Cluster, job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime,
+                  known: nodeloss.Verdict) -> nodeloss.Verdict:
+    """The job's pods lost by the silence trainer 0 reports (``peersilence``): reads the Node and the Lease of each
+    silent generator's node, nothing when none is silent; pods ``known`` lost already are not judged again."""
+    rank0 = names.pod(job.metadata.name, "trainer", 0)     # of any attempt: the pods it names started before
+    report = next((fencing.screen(p)[0] for p in obs.pods if p.name == rank0 and p.progress is not None), None)
+    taken = {p.pod for p in known.lost}
+    silent = [s for s in peersilence.silent_pods(report, obs.pods) if s.pod.name not in taken]
+    if not silent:
+        return nodeloss.Verdict()
+    names_ = sorted({s.pod.node or "" for s in silent})
+    nodes = {n: nodeloss.node_facts(cluster.get_node(n), n) for n in names_}
+    leases = {n: _lease(cluster, n) for n in names_}
+    return peersilence.judge(silent, [p for p in obs.pods if p.name not in taken], nodes, leases, now=now,
+                             peer_silence=float(job.spec.failure_policy.peer_silence_seconds))
+
+
+def _avoided(cluster: apply.Cluster, job: rljob.RLJob, lost: nodeloss.Verdict) -> tuple[str, ...]:
+    """Nodes the job's new pods keep off (``peersilence.avoided``): those lost in this pass (so the template that
+    keeps off them is the one the forced deletes wait for), and the last failure's node while it has not answered
+    since (its Node and Lease read only then)."""
+    out = {p.node for p in lost.lost if p.failure.reason == nodeloss.REASON}
+    last = job.status.last_failure if job.status else None
+    if last is not None and last.reason == nodeloss.REASON and last.node and last.node not in out:
+        raw = cluster.get_node(last.node)
+        facts = nodeloss.node_facts(raw, last.node) if raw is not None else None
+        out |= set(peersilence.avoided(last, facts, _lease(cluster, last.node)))
+    return tuple(sorted(out))
 
 
 def _node_loss(cluster: apply.Cluster, obs: observed.Observed, *, now: dt.datetime, grace: float) -> nodeloss.Verdict:

@@ -38,6 +38,8 @@ class RenderContext:
         ``rolePods.imagePullSecrets``); a role's own list wins.
     pool_engines: for a job on a GeneratorPool (``spec.generatorPool``), the pool's engines (its
         ``spec.replicas``; 0 while the pool does not exist): the generators its roles dial.
+    avoid_nodes: nodes the job's new pods must keep off (``peersilence.avoided``: a node that stopped answering,
+        until it answers again); rendered as required node anti-affinity. Running pods are not rolled (``OnDelete``).
     pool_port_base: for a job on a GeneratorPool, the port base every engine serves it at (``poolports``: the pool's
         ``status.jobPorts``); ``contract.DEFAULT_PORT_BASE`` otherwise.
     key_secret: for a job on a GeneratorPool, the name of its key Secret (``names.pool_job_key_secret``: its
@@ -60,3 +62,4 @@ class RenderContext:
     pool_engines: int = 0
     pool_port_base: int = contract.DEFAULT_PORT_BASE
     key_secret: str = ""
+    avoid_nodes: tuple[str, ...] = ()

@@ -80,11 +80,20 @@ def role_affinity(job: rljob.RLJob, role: str) -> meta.Obj | None:
     return out or None
 
 
-def pod_placement(job: rljob.RLJob, role: str) -> meta.Obj:
-    """The placement fields of ``role``'s pod spec (only the ones that are set)."""
+def keep_off(nodes: tuple[str, ...]) -> meta.Obj:
+    """Required node affinity that keeps a pod off ``nodes`` (by hostname: a node's name label)."""
+    return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": HOSTNAME_KEY, "operator": "NotIn", "values": sorted(nodes)}]}]}}
+
+
+def pod_placement(job: rljob.RLJob, role: str, *, avoid: tuple[str, ...] = ()) -> meta.Obj:
+    """The placement fields of ``role``'s pod spec (only the ones that are set); ``avoid``: nodes to keep off
+    (``RenderContext.avoid_nodes``)."""
     spec = getattr(job.spec.roles, role)
     out: meta.Obj = {}
     aff = role_affinity(job, role)
+    if avoid:
+        aff = {**(aff or {}), "nodeAffinity": keep_off(avoid)}
     if aff:
         out["affinity"] = aff
     if spec.node_selector:

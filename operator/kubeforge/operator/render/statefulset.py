@@ -113,7 +113,7 @@ def pod_template(job: rljob.RLJob, ctx: context.RenderContext, gang: base.GangPa
         "volumes": [{"name": names.CONFIG_VOLUME, "configMap": {"name": names.config_map(job.metadata.name)}},
                     *security.writable_volumes(), *checkpoint.pod_volumes(job, role),
                     *[dict(v) for v in spec.volumes]],
-        **placement.pod_placement(job, role),
+        **placement.pod_placement(job, role, avoid=ctx.avoid_nodes),
     }
     if shm_gib(spec):
         pod["volumes"].append(pods.shm_volume(shm_gib(spec)))

@@ -46,6 +46,12 @@ class Liveness:
         now = self.clock()
         return {g for g in candidates if g in self.beating and now - self.last.get(g, now) > after}
 
+    def since(self, candidates: Iterable[int], *, wall: Callable[[], float] = time.time) -> dict[int, float]:
+        """The :meth:`silent` candidates, each with the wall clock when it was last heard (what trainer 0 reports
+        to the operator: docs/recovery.md)."""
+        now, at = self.clock(), wall()
+        return {g: at - (now - self.last[g]) for g in sorted(self.silent(candidates))}
+
     def quiet_for(self, g: int) -> float:
         """Seconds since generator ``g`` was last heard (0 when never)."""
         return self.clock() - self.last[g] if g in self.last else 0.0

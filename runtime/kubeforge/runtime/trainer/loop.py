@@ -166,6 +166,7 @@ class Loop:
         self.observer = observer
         self.generators = generators
         self.rank0 = rank0
+        self._silent_told: set[int] = set()     # the silent generators last told to the reporter
         self.clock = clock
         self.beat = beat                  # heartbeat: the role's liveness (``/healthz``) follows it
         self.should_stop = should_stop    # SIGTERM: stop at the next safe point (a write in progress finishes)
@@ -301,6 +302,7 @@ class Loop:
             if self.membership is not None:
                 self.membership.drain()
                 self.membership.check_silent()
+                self._tell_silent()
                 started = max(started, self.membership.start_beat_at)   # a generator is starting: not a stall
             self._forward_reissues()
             now = time.monotonic()
@@ -313,6 +315,15 @@ class Loop:
                 self._reissue_missing(step)
                 last_progress = now
         return self.buffer.take(step=step, policy_version=self.learner.policy_version)
+
+    def _tell_silent(self) -> None:
+        """Rank 0 tells its reporter (the operator, in a pod) when the set of silent generators changes."""
+        if self.membership is None or self.rank0 is None:
+            return
+        silent = self.membership.silent_now()
+        if set(silent) != self._silent_told:
+            self._silent_told = set(silent)
+            self.rank0.reporter.silent(silent)
 
     def _screened_out(self, group: types.RolloutGroup) -> bool:
         """Dynamic sampling: True when ``group`` has no signal and is dropped here, a new prompt sent in its place.

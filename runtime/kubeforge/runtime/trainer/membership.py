@@ -273,6 +273,13 @@ class Membership:
         """A push reached every generator in the group: none of them is silent since an earlier failed push."""
         self.silent.clear()
 
+    def silent_now(self) -> dict[int, float]:
+        """The members silent for ``peer_silence`` now, each with the wall clock it was last heard: those left out
+        and the one kept in when none answers (trainer 0 reports them to the operator, which may replace their
+        pods: docs/recovery.md). A member that is starting or left is not silent."""
+        judged = [g for g in range(self.members) if g not in self.left and g not in self.starting]
+        return self.liveness.since(judged)
+
     def check_silent(self) -> None:
         """Members silent for ``peer_silence`` are left out (their beats stopped). After a failed push: top members
         that did not answer its SYNC within ``answer_within`` are gone (their leave notice, if any, was lost)."""

@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import sys
+from collections.abc import Mapping
 from typing import Protocol
 
 from kubeforge.api import contract, progress, rljob
@@ -31,6 +32,10 @@ class Reporter(Protocol):
     def done(self, record: progress.StepRecord) -> None:
         """The last step finished; the job has succeeded."""
 
+    def silent(self, generators: Mapping[int, float]) -> None:
+        """The generators silent for ``peerSilenceSeconds`` now (index -> wall clock last heard), told whenever the
+        set changes (empty: none any more)."""
+
 
 class NullReporter:
     """Trainer ranks other than 0 report nothing."""
@@ -42,6 +47,9 @@ class NullReporter:
         pass
 
     def done(self, record: progress.StepRecord) -> None:
+        pass
+
+    def silent(self, generators: Mapping[int, float]) -> None:
         pass
 
 
@@ -56,6 +64,9 @@ class StdoutReporter:
 
     def done(self, record: progress.StepRecord) -> None:
         print(json.dumps({"done": True, **record.doc(only_set=True)}), flush=True)
+
+    def silent(self, generators: Mapping[int, float]) -> None:
+        print(json.dumps({"silent_generators": {str(g): round(t, 3) for g, t in generators.items()}}), flush=True)
 
 
 class JsonlReporter:
@@ -91,12 +102,18 @@ class JsonlReporter:
         if self.echo:
             print(f"done after step {record.step}", flush=True)
 
+    def silent(self, generators: Mapping[int, float]) -> None:
+        pass      # a local run's launcher sees its processes die: nothing to tell it
+
 
 class PodAnnotationReporter:
     """Patches ``contract.ANNOTATION_PROGRESS`` on this pod (in-cluster config, the pod's service account).
 
     The final ``done`` patch keeps the mean reward of the step it closes (the trainer's done record carries only
-    step and policy version), so the RLJob's ``status.progress`` still shows the last step's reward.
+    step and policy version), so the RLJob's ``status.progress`` still shows the last step's reward. The generators
+    silent now ride on every patch, and a change of them patches the last step's report again at once (the loop
+    may be stalled waiting for them: no step would carry it); before the first step of this process there is no
+    report to carry them (the operator then waits for the node controller, docs/recovery.md).
     """
 
     def __init__(self, *, pod: str, namespace: str, api: podapi.Pod | None = None) -> None:
@@ -105,6 +122,7 @@ class PodAnnotationReporter:
         self._api = api
         self._last: progress.StepRecord | None = None
         self._export: rljob.ExportInfo | None = None
+        self._silent: dict[int, float] = {}
 
     def _client(self) -> podapi.Pod:
         if self._api is None:
@@ -113,6 +131,8 @@ class PodAnnotationReporter:
 
     def _patch(self, record: progress.StepRecord, *, done: bool) -> None:
         report = progress.ProgressReport.of_step(record, done=done, last_export=self._export)
+        if self._silent:
+            report = report.model_copy(update={"silent_generators": dict(self._silent)})
         try:
             self._client().patch_annotations({contract.ANNOTATION_PROGRESS: report.encode()})
         except Exception as exc:  # progress is advisory: training goes on; the next step retries
@@ -136,6 +156,13 @@ class PodAnnotationReporter:
                                                "logprob_mismatch_kl": last.logprob_mismatch_kl})
         self._patch(record, done=True)
 
+    def silent(self, generators: Mapping[int, float]) -> None:
+        if set(generators) == set(self._silent):
+            return
+        self._silent = dict(generators)
+        if self._last is not None:
+            self._patch(self._last, done=False)
+
 
 class Tee:
     """Report to several reporters (e.g. JSONL and stdout in a pod's log)."""
@@ -154,3 +181,7 @@ class Tee:
     def done(self, record: progress.StepRecord) -> None:
         for r in self.reporters:
             r.done(record)
+
+    def silent(self, generators: Mapping[int, float]) -> None:
+        for r in self.reporters:
+            r.silent(generators)
