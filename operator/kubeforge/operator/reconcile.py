@@ -27,7 +27,7 @@ from typing import Any
 from kubeforge.api import contract, failures, load, rljob
 from kubeforge.operator import (apply, exports, fencing, gangauto, lifecycle, metrics, names, nodeloss, observed,
                                 poolports, queueing, reasons, render, status, timefmt, watchcache)
-from kubeforge.operator.render import context, gang, meta, secret
+from kubeforge.operator.render import agent, context, gang, meta, secret
 from kubeforge.operator.render import workload as workload_render
 
 log = logging.getLogger("kubeforge.operator")
@@ -396,6 +396,8 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         if ctx.admission and queue is not None else job
     if not cache.has_key_secret(key):   # the job key: drawn once, created only when absent (render/secret.py)
         cluster.create_if_absent(secret.job_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
+        if job.spec.agent is not None:   # the agent pods' key, drawn apart from the job key (render/agent.py)
+            cluster.create_if_absent(agent.agent_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
         cache.key_secret_made(key)
     # The children are a function of the spec (its generation), the job's identity and the context alone (the
     # renderers read no status), so a pass whose render key matches the last complete apply skips both steps.
