@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from kubeforge.api import agentenv, contract, roleenv
-from kubeforge.runtime import infra, types
+from kubeforge.runtime import infra, metrics, types
 from kubeforge.runtime.agents import endpoint
 from kubeforge.runtime.agents.pods import dispatch, sampler as pods_sampler, worker
 from kubeforge.runtime.agents.primeintellect import sampler as vf_sampler
@@ -86,14 +86,19 @@ def test_a_claim_waits_bounded_for_an_offer() -> None:
 
 @pytest.fixture
 def served() -> Iterator[tuple[endpoint.server.Endpoint, dispatch.Dispatch]]:
+    """An endpoint at a generator's block: its metrics server (/readyz: ready) at the block's base, the endpoint
+    at base + PORT_AGENTS, as ``agents.pods.sampler.from_engine`` binds it."""
     tok = tiny.tokenizer()
     handout = dispatch.Dispatch(episode_seconds=20, lease_seconds=60)
+    probe = metrics.serve(metrics.Metrics(role="generator", replica=0), host="127.0.0.1", port_base=0)
+    probe.set_ready()
     ep = endpoint.server.Endpoint(
         sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok), handout=handout,
-        config=endpoint.server.EndpointConfig(key=JOB_KEY, agent_key=AGENT_KEY, request_timeout=5,
-                                              max_tokens_per_call=16))
+        config=endpoint.server.EndpointConfig(port=probe.port + contract.PORT_AGENTS, key=JOB_KEY,
+                                              agent_key=AGENT_KEY, request_timeout=5, max_tokens_per_call=16))
     yield ep, handout
     ep.close()
+    probe.stop()
 
 
 def _post(ep: endpoint.server.Endpoint, path: str, token: str | None, body: dict[str, Any]) -> tuple[int, Any]:

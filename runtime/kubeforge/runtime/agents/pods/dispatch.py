@@ -24,7 +24,7 @@ import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubeforge.runtime import infra
@@ -117,11 +117,6 @@ class Dispatch:
             self._end(item, reason)
             return True
 
-    def claimed(self, episode_id: str) -> bool:
-        with self._cond:
-            item = self._items.get(episode_id)
-            return item is not None and item.claimed is not None
-
     def wait(self, episode_ids: Sequence[str]) -> dict[str, str]:
         """Block until every episode of ``episode_ids`` ended (each state has its bound: see the module
         docstring); their finish reasons. The episodes are forgotten."""
@@ -152,8 +147,3 @@ class Dispatch:
         item.ended = reason
         self.ends[reason] += 1
         self._cond.notify_all()
-
-
-def ended(reasons: Iterable[str]) -> dict[str, int]:
-    """Counts by finish reason (for a log line)."""
-    return dict(collections.Counter(reasons))

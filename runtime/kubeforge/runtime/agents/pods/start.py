@@ -41,6 +41,7 @@ def run(environ: Mapping[str, str] | None = None) -> int:
     agent = job.spec.agent
     work = worker.Worker(generators=[f"http://{g.host}:{g.port(contract.PORT_AGENTS)}"
                                      for g in parsed.generators],
+                         ready=[f"http://{g.host}:{g.port(contract.PORT_METRICS)}/readyz" for g in parsed.generators],
                          agent_key=parsed.agent_key, program=agent.program, concurrency=agent.concurrency,
                          environ=env, stop=stop)
     print(f"agent-{parsed.index}: pid {os.getpid()}, {agent.concurrency} slots, generators "

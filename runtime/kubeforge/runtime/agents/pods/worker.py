@@ -14,12 +14,16 @@ episode, with that episode's credential only.
 Invariants: the program's environment is the pod's without any ``KUBEFORGE_*`` variable (it never sees the agent
 key; the job key is not in the pod at all); every HTTP call is bounded (``HTTP_TIMEOUT`` plus the claim's long
 poll); a program is killed (its whole session) past its episode's time, when the generator says the episode
-ended, and at shutdown. A generator that is not there yet (starting) or gone is retried after ``RETRY_SECONDS``.
+ended, and at shutdown. A generator is claimed from only once its ``/readyz`` (metrics port, bound from its start)
+says ready: its endpoint binds right after, and dialling a port nobody listens on yet during vLLM's minute-long
+start could, on one machine, connect to itself and hold the port the endpoint needs. One that fails a claim is
+asked for readiness again, after ``RETRY_SECONDS``.
 Only the standard library: the pod's image needs nothing more.
 """
 from __future__ import annotations
 
 import collections
+import http.client
 import json
 import os
 import signal
@@ -44,8 +48,10 @@ class Worker:
     """``concurrency`` slots, each claiming and running one episode at a time (see the module docstring)."""
 
     def __init__(self, *, generators: Sequence[str], agent_key: bytes, program: Sequence[str], concurrency: int,
-                 environ: Mapping[str, str], stop: threading.Event) -> None:
+                 environ: Mapping[str, str], stop: threading.Event, ready: Sequence[str] | None = None) -> None:
         self.generators = list(generators)        # base URLs: http://host:port
+        self.ready_urls = list(ready) if ready is not None else [""] * len(self.generators)   # /readyz, "": none
+        self._ready = [not u for u in self.ready_urls]
         self.agent_key, self.program, self.concurrency = agent_key.hex(), list(program), concurrency
         self.environ = {k: v for k, v in environ.items() if not k.startswith(contract.ENV_PREFIX)}
         self.stop = stop
@@ -63,12 +69,19 @@ class Worker:
     def _slot(self, i: int) -> None:
         turn = i
         while not self.stop.is_set():
-            base = self.generators[turn % len(self.generators)]
+            g = turn % len(self.generators)
+            base = self.generators[g]
             turn += 1
+            if not self._ready[g]:
+                self._ready[g] = _ready(self.ready_urls[g])
+                if not self._ready[g]:
+                    self.stop.wait(RETRY_SECONDS)
+                    continue
             try:
                 claim = _post(base, "/agents/claim", self.agent_key, {"wait": CLAIM_WAIT},
                               timeout=CLAIM_WAIT + HTTP_TIMEOUT)
-            except OSError:             # not listening yet (vLLM still loading), or gone: the next one, later
+            except OSError:             # gone, or restarting: ask its readiness again, later
+                self._ready[g] = not self.ready_urls[g]
                 self.stop.wait(RETRY_SECONDS)
                 continue
             if claim.get("episode"):
@@ -123,6 +136,14 @@ class Worker:
             print(f"agent: episode {ep[:8]}: end not reported: {exc}", file=sys.stderr, flush=True)
 
 
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as resp:
+            return int(resp.status) == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
 def _feed(proc: subprocess.Popen[bytes], prompt: str) -> None:
     assert proc.stdin is not None
     try:
@@ -146,7 +167,7 @@ def _kill(proc: subprocess.Popen[bytes]) -> int:
 
 def _post(base: str, path: str, token: str, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
     """One JSON POST with a bearer token; the answer's JSON object. Raises OSError (refused, timed out, HTTP
-    error) otherwise."""
+    error, not HTTP at all) otherwise."""
     req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
                                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     try:
@@ -154,6 +175,10 @@ def _post(base: str, path: str, token: str, body: dict[str, Any], *, timeout: fl
             out = json.loads(resp.read(1 << 20))
     except urllib.error.HTTPError as exc:
         raise OSError(f"HTTP {exc.code} from {base}{path}") from None
+    except http.client.HTTPException as exc:
+        # e.g. BadStatusLine: before the generator listens, a local connect to its port may connect to itself
+        # (TCP simultaneous open on an ephemeral port) and read its own request back
+        raise OSError(f"no HTTP answer from {base}{path}: {exc!r}") from None
     except ValueError as exc:
         raise OSError(f"not JSON from {base}{path}: {exc}") from None
     if not isinstance(out, dict):
