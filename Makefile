@@ -9,7 +9,7 @@ STAMP := $(VENV)/.kubeforge-installed
 KF := $(VENV)/bin/kubeforge
 PYTEST := $(VENV)/bin/python -m pytest
 
-.PHONY: venv venv-envs venv-resolve host-deps demo test test-deps test-long unit e2e-real cluster-up cluster-down crd refdocs lint \
+.PHONY: venv venv-envs venv-agents venv-resolve host-deps demo test test-deps test-long unit e2e-real cluster-up cluster-down crd refdocs lint \
   bench clean
 
 # Host prerequisites (Debian packages: containerd, runc, CNI plugins, static busybox, iptables, ...), listed with
@@ -48,10 +48,23 @@ $(STAMP): pyproject.toml e2e/pyproject.toml images/overrides.txt
 VENV_ENVS ?= .venv-envs
 ENVS_STAMP := $(VENV_ENVS)/.kubeforge-envs-installed
 venv-envs: $(ENVS_STAMP)
+# A small venv of its own beside $(VENV): $(1) the folder, $(2) its requirements file, $(3) its stamp.
+define side-venv
+	test -x $(1)/bin/python || $(VENV)/bin/uv venv -q --python $(PY) $(1)
+	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(1)/bin/python -r $(2)
+	touch $(3)
+endef
 $(ENVS_STAMP): images/envs-requirements.txt $(STAMP)
-	test -x $(VENV_ENVS)/bin/python || $(VENV)/bin/uv venv -q --python $(PY) $(VENV_ENVS)
-	$(VENV)/bin/uv pip install -q --compile-bytecode --python $(VENV_ENVS)/bin/python -r images/envs-requirements.txt
-	touch $(ENVS_STAMP)
+	$(call side-venv,$(VENV_ENVS),images/envs-requirements.txt,$(ENVS_STAMP))
+
+# The agents' interpreter for examples/agent-calculator.yaml and tests/runtime/test_agent_framework.py: the OpenAI
+# Agents SDK in a venv of its own (it resolves beside the runtime's openai 3 but pins websockets < 17, which vLLM's
+# uvicorn[standard] holds at 17 in the main venv; docs/agents.md, "Agents in their own pods"). Idempotent like `venv`.
+VENV_AGENTS ?= .venv-agents
+AGENTS_STAMP := $(VENV_AGENTS)/.kubeforge-agents-installed
+venv-agents: $(AGENTS_STAMP)
+$(AGENTS_STAMP): images/agents-requirements.txt $(STAMP)
+	$(call side-venv,$(VENV_AGENTS),images/agents-requirements.txt,$(AGENTS_STAMP))
 
 # A dry run of the install's resolver for EXTRA (e.g. `make venv-resolve EXTRA=gpu` on a machine without a GPU):
 # prints the pinned set that `make venv EXTRA=...` would install; installs nothing (but uv into $(VENV)).
@@ -81,7 +94,7 @@ LONG_IGNORED := $(addprefix --ignore=,$(LONG_SUITES))
 TEST_COMPONENTS := control-plane kubelet kube-proxy coredns helm registry kueue kube-scheduler-stock
 BUILD_LOG ?= $(VENV)/build-cluster.log
 TESTS_LOG ?= $(VENV)/test-tests.log
-test: host-deps venv-envs
+test: host-deps venv-envs venv-agents
 	@echo "[test] lane 1: the suites under tests/ (output: $(TESTS_LOG)); lane 2: the cluster build (output: $(BUILD_LOG)), then the suites under e2e/"
 	@{ KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=15 -m "not long" tests > $(TESTS_LOG) 2>&1; echo $$? > $(TESTS_LOG).rc; } & units=$$!; \
 	trap 'pkill -TERM -P $$units; kill $$units 2>/dev/null' INT TERM; \

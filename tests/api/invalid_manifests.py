@@ -326,6 +326,19 @@ CASES: tuple[Case, ...] = (
     Case(id="environment-python-entry-point-shape", change=_set("spec.environment", {
          "type": "Python", "python": {"entryPoint": "not an entry point"}}), path="spec.environment.python",
          message=rljob.MSG_ENTRY_POINT),
+    # ---- spec.agent (the user's agent in pods of its own) and environment.type Agent need each other
+    Case(id="agent-without-environment-type", change=_set("spec.agent", {"program": ["python", "agent.py"]}),
+         path="spec", message=rljob.MSG_AGENT_TYPE),
+    Case(id="environment-agent-without-agent", change=_set("spec.environment", {"type": "Agent",
+         "reward": "Verifiers"}), path="spec", message=rljob.MSG_AGENT_TYPE),
+    Case(id="environment-agent-reward-environment", change=_all(_set("spec.environment", {"type": "Agent"}),
+         _set("spec.agent", {"program": ["python", "agent.py"]})), path="spec.environment",
+         message=rljob.MSG_ENV_AGENT_REWARD),
+    Case(id="agent-no-program", change=_all(_set("spec.environment", {"type": "Agent", "reward": "Verifiers"}),
+         _set("spec.agent", {"program": []})), path="spec.agent.program", message="should have at least 1"),
+    Case(id="agent-zero-concurrency", change=_all(_set("spec.environment", {"type": "Agent",
+         "reward": "Verifiers"}), _set("spec.agent", {"program": ["a"], "concurrency": 0})),
+         path="spec.agent.concurrency", message=GE),
 )
 
 
@@ -487,6 +500,14 @@ SEMANTIC_CASES: tuple[Case, ...] = (
     Case(id="environment-verifiers-with-evaluation", change=_all(_set("spec.environment", {"type": "Verifiers",
          "verifiers": {"environment": "my_vf_env"}}), _set("spec.evaluation", {"everySteps": 5})),
          path="spec.evaluation", message="cannot be used with spec.environment.type 'Verifiers'"),
+    Case(id="agent-with-evaluation", change=_all(_set("spec.environment", {"type": "Agent", "reward": "Verifiers"}), _set("spec.agent", {"program": ["a"]}),
+         _set("spec.evaluation", {"everySteps": 5})), path="spec.evaluation",
+         message="cannot be used with spec.environment.type 'Agent'"),
+    Case(id="agent-program-empty-argument", change=_all(_set("spec.environment", {"type": "Agent", "reward": "Verifiers"}), _set("spec.agent", {"program": ["python", ""]})),
+         path="spec.agent.program", message="non-empty strings"),
+    Case(id="agent-image-invalid", change=_all(_set("spec.environment", {"type": "Agent", "reward": "Verifiers"}),
+         _set("spec.agent", {"program": ["a"], "image": "Not An Image"})),
+         path="spec.agent.image", message="not a valid image reference"),
     # ---- spec.generatorPool (the pool itself unknown here: what only the job says)
     Case(id="pool-job-generator-min-replicas", change=_all(_set("spec.model.lora", {"rank": 8}),
          _set("spec.generatorPool", {"name": "shared"}), _set("spec.roles.generator.minReplicas", 1)),

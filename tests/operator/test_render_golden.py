@@ -84,6 +84,13 @@ CASES = {
     "tiny-pool": (lambda: opbuilders.job("tiny", spec__model__lora={"rank": 8},
                                          spec__generatorPool={"name": "shared"}),
                   dataclasses.replace(CTX, pool_engines=2, pool_port_base=29510, key_secret="tiny-key-0123456789")),
+    # the user's agent in pods of its own (docs/agents.md, "Agents in their own pods"): <job>-agent outside the
+    # gang, the agent key and not the job key, the generators' agent key and pod IP
+    "tiny-agent": (lambda: opbuilders.job(
+        "tiny", spec__environment={"type": "Agent", "reward": "Verifiers"}, spec__roles__generator={"replicas": 2},
+        spec__agent={"replicas": 3, "concurrency": 8, "program": ["python", "/agent/run.py"],
+                     "image": "registry.example/agent:1", "env": [{"name": "MODE", "value": "train"}],
+                     "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}), CTX),
 }
 
 #: GeneratorPools rendered by ``render.pool`` (their own golden files, ``pool-<case>.yaml``).

@@ -123,3 +123,44 @@ def test_only_trainers_get_the_checkpoint_volume(role: str) -> None:
     job = opbuilders.job("tiny", spec__checkpoint={"claimName": "shared"})
     pod = _sts(render.render(job, CTX), role)["spec"]["template"]["spec"]
     assert not any(v["name"] == checkpoint.VOLUME for v in pod["volumes"])
+
+
+# ---------------------------------------------------------------- agent pods (spec.agent)
+
+AGENT_JOB = dict(spec__environment={"type": "Agent", "reward": "Verifiers"},
+                 spec__agent={"replicas": 2, "program": ["python", "agent.py"]})
+
+
+def test_agent_pods_render_restricted_with_the_agent_key_only() -> None:
+    out = render.render(opbuilders.job("tiny", **AGENT_JOB), CTX)
+    sts = _sts(out, contract.AGENT)
+    pod = sts["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == [] and pod["automountServiceAccountToken"] is False
+    (c,) = pod["containers"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True and c["args"] == ["role", "agent"]
+    env = {e["name"]: e for e in c["env"]}
+    assert contract.ENV_JOB_KEY not in env
+    assert env[contract.ENV_AGENT_KEY]["valueFrom"]["secretKeyRef"]["name"] == "tiny-agent-key"
+    assert env[contract.env_peers("generator")]["value"] == "tiny-generator-0.tiny.ns.svc:29500"
+    # no gang membership, no attempt: a dead agent pod costs episodes, never a restart of the job
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert labels == {contract.LABEL_JOB: "tiny", contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
+                      contract.LABEL_ROLE: contract.AGENT}
+    gen = {e["name"]: e for e in _sts(out, "generator")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert gen[contract.ENV_POD_IP]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert gen[contract.ENV_AGENT_KEY]["valueFrom"]["secretKeyRef"]["name"] == "tiny-agent-key"
+    assert contract.ENV_AGENT_KEY not in {e["name"] for e in _sts(render.render(opbuilders.job("tiny"), CTX),
+                                                                  "generator")["spec"]["template"]["spec"][
+                                                                      "containers"][0]["env"]}
+
+
+def test_the_network_policy_admits_the_agent_pods_and_no_one_else_to_the_endpoint() -> None:
+    out = render.render(opbuilders.job("tiny", **AGENT_JOB), CTX)
+    policy = next(o for o in out.desired if o["kind"] == "NetworkPolicy")
+    agent_labels = _sts(out, contract.AGENT)["spec"]["template"]["metadata"]["labels"]
+    own, metrics_only = policy["spec"]["ingress"]
+    selector = own["from"][0]["podSelector"]["matchLabels"]
+    assert selector.items() <= agent_labels.items()          # the agent pods are the job's pods
+    endpoint_port = contract.DEFAULT_PORT_BASE + contract.PORT_AGENTS
+    assert [p["port"] for p in metrics_only["ports"]] == [contract.DEFAULT_PORT_BASE + contract.PORT_METRICS]
+    assert endpoint_port not in [p["port"] for p in metrics_only["ports"]]

@@ -28,6 +28,9 @@ POOL_SINGULAR = "generatorpool"
 POOL_SHORT_NAMES = ("gpool",)
 
 ROLES = ("generator", "verifier", "trainer")
+# The user's agent pods (spec.agent, docs/agents.md "Agents in their own pods"): not one of ROLES. They hold no
+# gang place, no world size and no attempt of their own: an agent pod that dies costs its episodes only.
+AGENT = "agent"
 
 # ---- environment variables (one contract, pods and local processes alike) ----
 ENV_PREFIX = "KUBEFORGE_"                    # every contract variable starts so; a role's own env may not
@@ -51,6 +54,10 @@ ENV_REPORT = "KUBEFORGE_REPORT"              # "pod-annotation" in pods: the tra
 ENV_POOL = "KUBEFORGE_POOL"                  # a GeneratorPool's engine: the pool's name (its config is the pool's)
 ENV_POOL_JOBS = "KUBEFORGE_POOL_JOBS"        # a pool engine: path of its attached jobs (JSON: generator.pool.attach)
 ENV_POOL_KEY = "KUBEFORGE_POOL_KEY"          # a pool engine: path of the pool's key (64 hex; ``poolkeys``)
+ENV_AGENT_KEY = "KUBEFORGE_AGENT_KEY"        # generators and agent pods of a job with spec.agent: the credential an
+                                             # agent pod claims episodes with (never the job key)
+ENV_POD_IP = "KUBEFORGE_POD_IP"              # generators of a job with spec.agent: the address the agents endpoint
+                                             # binds (downward API status.podIP; 127.0.0.1 locally)
 ENV_CPUS = "KUBEFORGE_CPUS"                  # CPU ids ("0,2-3") the process pins itself to and sizes its threads by
 
 
@@ -81,6 +88,7 @@ PORT_CONTROL = 2      # ZeroMQ: control/ack channel
 PORT_DIST = 3         # torch.distributed store of the trainers' data-parallel group (trainer 0)
 PORT_WEIGHTS = 4      # torch.distributed store of the weight-sync group (trainer 0)
 PORT_ENV = 5          # ZeroMQ: a verifier's environment server (generators' episodes step there: docs/agents.md)
+PORT_AGENTS = 6       # HTTP: a generator's agents endpoint (spec.agent): episodes handed out, model calls served
 PORTS_PER_PROCESS = 10
 
 # ---- labels and annotations (operator writes; runtime reads/writes where noted) ----
@@ -113,6 +121,12 @@ JOB_KEY_SECRET_KEY = "key"                   # the data key holding ENV_JOB_KEY 
 def job_key_secret(job: str) -> str:
     """Name of the per-job Secret holding the job key (created by the operator, owned by the RLJob)."""
     return f"{job}-key"
+
+
+def agent_key_secret(job: str) -> str:
+    """Name of the Secret holding ENV_AGENT_KEY (key ``JOB_KEY_SECRET_KEY``) of a job with spec.agent: drawn apart
+    from the job key, so an agent pod, which gets only this one, can claim episodes and nothing else."""
+    return f"{job}-agent-key"
 
 
 # ---- what kubeforge reserves inside a role's pod (a user's volumes and mounts may not collide) ----

@@ -104,14 +104,8 @@ def render(*, role: str, index: int | FieldRef, config_path: str, job_name: str,
            checkpoint_dir: str | None = None, trainer_epoch: int | FieldRef | None = None) -> dict[str, Value]:
     """The contract's variables for one process, in a fixed order; unset optional ones are left out."""
     env: dict[str, Value | None] = {
-        contract.ENV_ROLE: role,
-        contract.ENV_INDEX: index if isinstance(index, FieldRef) else str(index),
-        contract.ENV_CONFIG: config_path,
-        contract.ENV_JOB_NAME: job_name,
-        contract.ENV_NAMESPACE: namespace,
-        contract.ENV_POD_NAME: pod_name,
-        contract.ENV_PORT_BASE: str(port_base),
-        contract.ENV_BIND_HOST: bind_host,
+        **identity(role=role, index=index, config_path=config_path, job_name=job_name, namespace=namespace,
+                   pod_name=pod_name, port_base=port_base, bind_host=bind_host),
         contract.ENV_ATTEMPT: str(attempt),
         contract.ENV_TRAINER_EPOCH: str(trainer_epoch) if isinstance(trainer_epoch, int) else trainer_epoch,
         contract.ENV_REPORT: report,
@@ -123,6 +117,23 @@ def render(*, role: str, index: int | FieldRef, config_path: str, job_name: str,
     env[contract.ENV_RUN_DIR] = run_dir
     env[contract.ENV_CHECKPOINT_DIR] = checkpoint_dir
     return {k: v for k, v in env.items() if v is not None and v != ""}
+
+
+def identity(*, role: str, index: int | FieldRef, config_path: str, job_name: str,
+             namespace: str | FieldRef | None, pod_name: str | FieldRef | None, port_base: int,
+             bind_host: str) -> dict[str, Value | None]:
+    """Who a process is and where it listens: the first variables of every kubeforge process (a role's, and an
+    agent pod's: ``agentenv``)."""
+    return {
+        contract.ENV_ROLE: role,
+        contract.ENV_INDEX: index if isinstance(index, FieldRef) else str(index),
+        contract.ENV_CONFIG: config_path,
+        contract.ENV_JOB_NAME: job_name,
+        contract.ENV_NAMESPACE: namespace,
+        contract.ENV_POD_NAME: pod_name,
+        contract.ENV_PORT_BASE: str(port_base),
+        contract.ENV_BIND_HOST: bind_host,
+    }
 
 
 def read(env: Mapping[str, str]) -> tuple[RoleEnv, list[str]]:

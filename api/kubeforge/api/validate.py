@@ -377,6 +377,11 @@ def pod_problems(path: str, pods: rljob.PodSettings) -> Problems:
 def _roles(spec: rljob.RLJobSpec) -> Problems:
     for name in contract.ROLES:
         yield from pod_problems(f"spec.roles.{name}", getattr(spec.roles, name))
+    if spec.agent is not None:      # the agent pods render like the roles' (render/agent.py)
+        yield from pod_problems("spec.agent", spec.agent)
+        if any(not a for a in spec.agent.program):
+            yield (f"spec.agent.program: Invalid value: {spec.agent.program!r}: must be a non-empty list of non-empty "
+                   "strings")
 
 
 # ---------------------------------------------------------------- fields added since the admission work

@@ -40,6 +40,10 @@ def problems(spec: rljob.RLJobSpec) -> Iterator[str]:
         yield (f"spec.environment.turnTimeoutSeconds: Invalid value: {env.turn_timeout_seconds:g}: should be at "
                f"most spec.failurePolicy.progressDeadlineSeconds ({spec.failure_policy.progress_deadline_seconds}): a "
                "generator waiting that long on one step makes no progress and is restarted as hung first")
+    if env.type == rljob.EnvironmentType.AGENT.value and spec.evaluation is not None:
+        yield ("spec.evaluation: Forbidden: cannot be used with spec.environment.type 'Agent' yet (held-out "
+               "episodes run the built-in episode runner on the trainer; the agent pods sample through the "
+               "generators' endpoint)")
     if env.type == rljob.EnvironmentType.VERIFIERS.value and spec.evaluation is not None:
         # held-out episodes run the built-in episode runner over the trainer's HF model (trainer/episode_eval.py); a
         # Verifiers agent samples through the generator's endpoint, which the trainer does not have

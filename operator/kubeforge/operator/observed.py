@@ -199,4 +199,6 @@ def observe(pods: Iterable[Raw], seen_failures: Iterable[Failure] = ()) -> Obser
 
 def observe_facts(facts: Iterable[PodFacts], seen_failures: Iterable[Failure] = ()) -> Observed:
     """Observed facts from already typed pods (the watch cache's), sorted by name."""
-    return Observed(pods=tuple(sorted(facts, key=lambda p: p.name)), seen_failures=tuple(seen_failures))
+    # agent pods (spec.agent) are not the job's roles: their end costs episodes (agent_lost), never a restart
+    kept = (f for f in facts if f.role != contract.AGENT)
+    return Observed(pods=tuple(sorted(kept, key=lambda p: p.name)), seen_failures=tuple(seen_failures))

@@ -27,7 +27,7 @@ from typing import Any
 from kubeforge.api import contract, failures, load, poolkeys, rljob
 from kubeforge.operator import (apply, exports, fencing, gangauto, lifecycle, metrics, names, nodeloss, observed,
                                 peersilence, poolports, queueing, reasons, render, status, timefmt, watchcache)
-from kubeforge.operator.render import context, gang, meta, secret
+from kubeforge.operator.render import agent, context, gang, meta, secret
 from kubeforge.operator.render import workload as workload_render
 
 log = logging.getLogger("kubeforge.operator")
@@ -416,6 +416,8 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     if (job.spec.generator_pool is None or job_key is not None) and not cache.has_key_secret(key, wanted_secret):
         cluster.create_if_absent(secret.job_key_secret(
             job, ctx, key_hex=job_key.hex() if job_key is not None else secrets.token_hex(32)))
+        if job.spec.agent is not None:   # the agent pods' key, drawn apart from the job key (render/agent.py)
+            cluster.create_if_absent(agent.agent_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
         cache.key_secret_made(key, wanted_secret)
     # The children are a function of the spec (its generation), the job's identity and the context alone (the
     # renderers read no status), so a pass whose render key matches the last complete apply skips both steps.

@@ -3,8 +3,9 @@ they depended on was lost, not because of anything the policy did (issue 39 item
 
 ```
  generator: an episode's environment server dies, goes silent past its bound, or restarted and forgot the
-            episode (agents.hosts.remote_host / env_server) ─▶ the episode ends ``env_lost``; its group goes on as
-            any group (each completion's finish reason travels on the wire)
+            episode (agents.hosts.remote_host / env_server) ─▶ the episode ends ``env_lost``; its agent pod
+            (spec.agent) stops its heartbeats or never claims it (agents.pods.dispatch) ─▶ ``agent_lost``; its
+            group goes on as any group (each completion's finish reason travels on the wire)
  verifier:  reason(group) set ─▶ not scored (unscored: placeholder rewards, nothing observed)
  trainer:   buffer.add ─▶ dropped with the reason, counted apart (kubeforge_infra_masked_rollouts_total{reason},
             the step record's infra_masked_rollouts), its prompt re-issued by the buffer's usual rule
@@ -28,7 +29,8 @@ from collections.abc import Sequence
 from kubeforge.runtime import types
 
 ENV_LOST = "env_lost"     # the episode's environment server went away, silent, or forgot the episode
-ENDS = (ENV_LOST,)        # finish reasons that name an infrastructure loss (also the counter's reasons)
+AGENT_LOST = "agent_lost"  # the episode's agent pod died or went silent, or no agent pod claimed it in time
+ENDS = (ENV_LOST, AGENT_LOST)   # finish reasons that name an infrastructure loss (also the counter's reasons)
 
 
 def finish_reasons(completions: Sequence[types.Completion]) -> list[str]:

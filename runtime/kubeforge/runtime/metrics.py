@@ -141,7 +141,8 @@ class Metrics:
         self.infra_masked_rollouts = Family(self._raw(prom.Counter, "infra_masked_rollouts_total", "Rollout "
                                                       "groups kept out of training because a pod they depended on "
                                                       "was lost, by reason: env_lost (an episode's environment "
-                                                      "server died, went silent or forgot it); sampled again, never "
+                                                      "server died, went silent or forgot it), agent_lost (its "
+                                                      "agent pod died or went silent); sampled again, never "
                                                       "scored 0 and trained on (trainer).", ("reason",)), self._base)
         # verifier
         self.verifier_score = Family(self._raw(prom.Histogram, "verifier_score", "Score of each completion by each "

@@ -1,4 +1,4 @@
-"""``kubeforge role generator|verifier|trainer``: env contract → real parts (ZeroMQ, vLLM, torch) → role loop.
+"""``kubeforge role generator|verifier|trainer`` (and ``agent``: ``agents/pods/start.py``): env contract → real parts (ZeroMQ, vLLM, torch) → role loop.
 
 ```
  config.from_env (fails with one message per problem, exit 2) → Metrics + /metrics /healthz /readyz /startz server
@@ -31,6 +31,9 @@ from kubeforge.runtime.trainer import ranks
 def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of ``kubeforge role ROLE``; returns the exit status."""
     env = os.environ if environ is None else environ
+    if role == contract.AGENT:     # an agent pod's process (spec.agent): not a role, no job key, no peers of its own
+        import kubeforge.runtime.agents.pods.start
+        return kubeforge.runtime.agents.pods.start.run(env)
     if role == "generator" and env.get(contract.ENV_POOL):   # a GeneratorPool's engine: its config is the pool's
         import kubeforge.runtime.generator.pool.start
         return kubeforge.runtime.generator.pool.start.run(env)

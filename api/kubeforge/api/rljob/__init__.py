@@ -145,6 +145,7 @@ from kubeforge.api.rljob.environment import (
     EnvironmentType,
     GuessNumberEnvironment,
     MODULE_PATTERN,
+    MSG_ENV_AGENT_REWARD,
     MSG_ENV_GUESS,
     MSG_ENV_NATIVE,
     MSG_ENV_PYTHON,
@@ -153,6 +154,7 @@ from kubeforge.api.rljob.environment import (
     ToolFormat,
     VerifiersEnvironment,
 )
+from kubeforge.api.rljob.agent import AgentSpec
 from kubeforge.api.rljob.pool import (
     GeneratorPoolRef,
     MSG_POOL_IMMUTABLE,
@@ -170,6 +172,8 @@ from kubeforge.api.rljob.status import (
     RoleStatus,
 )
 from kubeforge.api.rljob.spec import (
+    MSG_AGENT_POOL,
+    MSG_AGENT_TYPE,
     MSG_EVAL_VERIFIER,
     MSG_NAME_NOT_DNS1035,
     MSG_NAME_TOO_LONG,
@@ -181,6 +185,7 @@ from kubeforge.api.rljob.spec import (
 )
 __all__ = [
     "AccessMode",
+    "AgentSpec",
     "Aggregation",
     "AlgorithmSpec",
     "ArithmeticOp",
@@ -239,6 +244,9 @@ __all__ = [
     "MSG_CLIP_HIGH",
     "MSG_ENTRY_POINT",
     "MSG_ENV_FROM_ONE_SOURCE",
+    "MSG_AGENT_POOL",
+    "MSG_AGENT_TYPE",
+    "MSG_ENV_AGENT_REWARD",
     "MSG_ENV_GUESS",
     "MSG_ENV_NATIVE",
     "MSG_ENV_ONE_SOURCE",

@@ -17,6 +17,7 @@ class EnvironmentType(str, enum.Enum):
     CODE_FEEDBACK = "CodeFeedback"
     PYTHON = "Python"
     VERIFIERS = "Verifiers"
+    AGENT = "Agent"         # the user's agent program in agent pods (spec.agent) drives each episode
 
 
 class ToolFormat(str, enum.Enum):
@@ -68,6 +69,8 @@ class GuessNumberEnvironment(Model):
 MSG_ENV_PYTHON = "python must be set when type is Python, and only then"
 MSG_ENV_VERIFIERS = "verifiers must be set when type is Verifiers, and only then"
 MSG_ENV_GUESS = "guessNumber may only be set when type is GuessNumber"
+MSG_ENV_AGENT_REWARD = ("reward must be Verifiers when type is Agent: an agent program reports no reward; "
+                        "spec.verifiers score the episode's final reply")
 MSG_ENV_NATIVE = ("toolFormat Native needs an environment whose tools are function schemas: type Calculator (the "
                   "others take Tags)")
 
@@ -82,9 +85,11 @@ class EnvironmentSpec(Model):
             cel("has(self.verifiers) == (self.type == 'Verifiers')", MSG_ENV_VERIFIERS),
             cel("!has(self.guessNumber) || self.type == 'GuessNumber'", MSG_ENV_GUESS),
             cel("!has(self.toolFormat) || self.toolFormat != 'Native' || self.type == 'Calculator'",
-                MSG_ENV_NATIVE)))
+                MSG_ENV_NATIVE),
+            cel("self.type != 'Agent' || self.reward == 'Verifiers'", MSG_ENV_AGENT_REWARD)))
 
-    type: EnvironmentType = Field(description="Calculator | GuessNumber | CodeFeedback | Python | Verifiers.")
+    type: EnvironmentType = Field(description="Calculator | GuessNumber | CodeFeedback | Python | Verifiers | Agent "
+                                  "(the user's agent program in agent pods: spec.agent).")
     max_turns: int = Field(4, ge=1, le=64, description="Policy turns per episode at most.")
     max_tokens_per_episode: int | None = Field(
         None, ge=1, le=131072, description="Tokens after the prompt per episode at most, policy and environment "
@@ -114,6 +119,8 @@ class EnvironmentSpec(Model):
             raise ValueError(MSG_ENV_GUESS)
         if self.tool_format == ToolFormat.NATIVE.value and self.type != EnvironmentType.CALCULATOR.value:
             raise ValueError(MSG_ENV_NATIVE)
+        if self.type == EnvironmentType.AGENT.value and self.reward != EnvironmentReward.VERIFIERS.value:
+            raise ValueError(MSG_ENV_AGENT_REWARD)
         return self
 
     def episode_tokens(self, max_new_tokens: int) -> int:

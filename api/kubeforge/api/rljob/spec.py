@@ -11,6 +11,7 @@ import pydantic
 from pydantic import Field
 
 from kubeforge.api import contract
+from kubeforge.api.rljob.agent import AgentSpec
 from kubeforge.api.rljob.algorithm import AlgorithmSpec, ScheduleSpec, WeightSyncSpec
 from kubeforge.api.rljob.base import NAME_PATTERN, Model, cel, schema_extra
 from kubeforge.api.rljob.checkpoint import CheckpointSpec
@@ -26,6 +27,8 @@ from kubeforge.api.rljob.verifiers import RewardSpec, VerifierSpec
 
 
 MSG_EVAL_VERIFIER = "must name one of spec.verifiers"
+MSG_AGENT_TYPE = "agent must be set when environment.type is Agent, and only then"
+MSG_AGENT_POOL = "agent cannot be used with generatorPool: the pool's engines serve no agents endpoint"
 
 
 class RLJobSpec(Model):
@@ -37,6 +40,9 @@ class RLJobSpec(Model):
                  "self.verifiers.exists(v, v.name == self.evaluation.verifier)",
                  f"evaluation.verifier: {MSG_EVAL_VERIFIER}"),
             *POOL_RULES,
+            cel("has(self.agent) == (has(self.environment) && self.environment.type == 'Agent')",
+                MSG_AGENT_TYPE),
+            cel("!has(self.agent) || !has(self.generatorPool)", MSG_AGENT_POOL),
         )
     )
 
@@ -52,6 +58,9 @@ class RLJobSpec(Model):
                                               "(metrics, the run's plot, status.progress).")
     environment: EnvironmentSpec | None = Field(None, description="Multi-turn episodes against an environment "
                                                 "(tools, feedback, games) instead of single completions.")
+    agent: AgentSpec | None = Field(None, description="The user's agent program in pods of its own, one process "
+                                    "per episode, calling the policy through the generators' endpoint with "
+                                    "per-episode credentials (environment.type Agent; docs/agents.md).")
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Trainer to generator sync.")
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec, description="How generation and training share "
                                    "the cores or GPUs: Overlapped | Colocated | Disaggregated.")
@@ -84,6 +93,15 @@ class RLJobSpec(Model):
         ev = self.evaluation
         if ev is not None and ev.verifier is not None and ev.verifier not in {v.name for v in self.verifiers}:
             raise ValueError(f"evaluation.verifier: {MSG_EVAL_VERIFIER}")
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _agent(self) -> RLJobSpec:
+        typed = self.environment is not None and self.environment.type == "Agent"
+        if (self.agent is not None) != typed:
+            raise ValueError(MSG_AGENT_TYPE)
+        if self.agent is not None and self.generator_pool is not None:
+            raise ValueError(MSG_AGENT_POOL)
         return self
 
     @pydantic.model_validator(mode="after")

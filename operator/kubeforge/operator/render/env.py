@@ -28,7 +28,8 @@ def peers(job: rljob.RLJob, role: str, namespace: str, *, pool_engines: int = 0,
                          port_base=contract.DEFAULT_PORT_BASE) for i in range(n)]
 
 
-def _entry(name: str, value: roleenv.Value) -> meta.Obj:
+def entry(name: str, value: roleenv.Value) -> meta.Obj:
+    """One contract variable as a Kubernetes EnvVar (a literal, a downward-API field or a Secret key)."""
     if isinstance(value, roleenv.FieldRef):
         return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": value.path}}}
     if isinstance(value, roleenv.SecretRef):
@@ -51,7 +52,12 @@ def role_env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list
         # the pod's own label (statefulset.py), so env and label agree for the pod's whole life (docs/fencing.md)
         trainer_epoch=roleenv.FieldRef(f"metadata.labels['{contract.LABEL_TRAINER_EPOCH}']")
         if role == "trainer" else None)
-    fixed = [_entry(name, value) for name, value in contract_env.items()]
+    fixed = [entry(name, value) for name, value in contract_env.items()]
+    if role == "generator" and job.spec.agent is not None:     # the agents endpoint (render/agent.py)
+        fixed += [entry(contract.ENV_AGENT_KEY, roleenv.SecretRef(contract.agent_key_secret(job.metadata.name),
+                                                                  contract.JOB_KEY_SECRET_KEY)),
+                  entry(contract.ENV_POD_IP, roleenv.FieldRef("status.podIP"))]
+        contract_env = {**contract_env, contract.ENV_AGENT_KEY: "", contract.ENV_POD_IP: ""}
     extra = [own_var(e) for e in getattr(job.spec.roles, role).env if e.name not in contract_env]
     return fixed + extra
 

@@ -6,8 +6,11 @@ Neighbours: ``render.statefulset`` (the roles' pods) and ``render.pool`` (the po
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kubeforge.api import rljob
-from kubeforge.operator.render import meta
+from kubeforge.operator import names
+from kubeforge.operator.render import meta, security
 
 SHM_VOLUME = "dshm"
 SHM_GIB_PER_DEVICE = 2
@@ -36,3 +39,33 @@ def shm_volume(gib: int) -> meta.Obj:
 
 
 SHM_MOUNT: meta.Obj = {"name": SHM_VOLUME, "mountPath": "/dev/shm"}
+
+
+def container_fields(spec: rljob.PodSettings) -> meta.Obj:
+    """A container's mounts (the config, the writable ``/tmp``, the pods' own), restricted security context and
+    resources (when set)."""
+    out: meta.Obj = {
+        "volumeMounts": [{"name": names.CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
+                         *security.writable_mounts(), *[dict(m) for m in spec.volume_mounts]],
+        "securityContext": security.container_security_context(),
+    }
+    res = resources(spec.resources)
+    if res:
+        out["resources"] = res
+    return out
+
+
+def scheduling(spec: rljob.PodSettings, *, default_pull: Sequence[str]) -> meta.Obj:
+    """The pod spec's node selector, tolerations, priority class and pull secrets (the pods' own list of pull
+    secrets wins over ``default_pull``, the operator's), only those that are set."""
+    out: meta.Obj = {}
+    if spec.node_selector:
+        out["nodeSelector"] = dict(sorted(spec.node_selector.items()))
+    if spec.tolerations:
+        out["tolerations"] = [dict(t) for t in spec.tolerations]
+    if spec.priority_class_name:
+        out["priorityClassName"] = spec.priority_class_name
+    pull = [s.name for s in spec.image_pull_secrets] or list(default_pull)
+    if pull:
+        out["imagePullSecrets"] = [{"name": n} for n in pull]
+    return out

@@ -177,13 +177,8 @@ def container(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Obj:
                            "failureThreshold": 3},
         "startupProbe": {"httpGet": {"path": "/startz", "port": "metrics"}, "periodSeconds": 10,
                          "timeoutSeconds": 5, "failureThreshold": -(-START_SECONDS // 10)},
-        "volumeMounts": [{"name": names.CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
-                         *security.writable_mounts(), *[dict(m) for m in spec.volume_mounts]],
-        "securityContext": security.container_security_context(),
+        **pods.container_fields(spec),
     }
-    res = pods.resources(spec.resources)
-    if res:
-        c["resources"] = res
     return c
 
 
@@ -209,15 +204,7 @@ def pod_template(pool: generatorpool.GeneratorPool, ctx: PoolContext) -> meta.Ob
     if shm:
         pod["containers"][0]["volumeMounts"].append(dict(pods.SHM_MOUNT))
         pod["volumes"].append(pods.shm_volume(shm))
-    if spec.node_selector:
-        pod["nodeSelector"] = dict(sorted(spec.node_selector.items()))
-    if spec.tolerations:
-        pod["tolerations"] = [dict(t) for t in spec.tolerations]
-    if spec.priority_class_name:
-        pod["priorityClassName"] = spec.priority_class_name
-    pull = [s.name for s in spec.image_pull_secrets] or list(ctx.image_pull_secrets)
-    if pull:
-        pod["imagePullSecrets"] = [{"name": n} for n in pull]
+    pod.update(pods.scheduling(spec, default_pull=ctx.image_pull_secrets))
     return {"metadata": {"labels": {**labels(pool), contract.LABEL_ROLE: ROLE}}, "spec": pod}
 
 

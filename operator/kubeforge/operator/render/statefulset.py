@@ -56,6 +56,21 @@ def startup_probe(job: rljob.RLJob) -> meta.Obj:
             "timeoutSeconds": 5, "failureThreshold": -(-allowance // STARTUP_PERIOD_SECONDS)}
 
 
+def probes(job: rljob.RLJob) -> meta.Obj:
+    """The readiness, startup and liveness probes of a role's container (and an agent pod's), on the metrics port."""
+    return {
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
+                           "periodSeconds": 5, "failureThreshold": 3},
+        # a start is not a hang: no liveness probe runs until /startz answers 200 (the role is ready: its model or
+        # vLLM engine is loaded, which makes no heartbeat); the start may take start_deadline_seconds()
+        "startupProbe": startup_probe(job),
+        # /healthz turns 503 once the role's heartbeat is older than spec.failurePolicy.progressDeadlineSeconds
+        # (the role decides; the probe only asks): three misses in a row restart the container.
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
+                          "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+    }
+
+
 def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> meta.Obj:
     """The role's container: the image's entrypoint with ``role <role>`` (a role's ``command`` replaces it)."""
     spec: rljob.RoleSpec = getattr(job.spec.roles, role)
@@ -67,15 +82,7 @@ def container(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> met
         "env": _env(job, ctx, role=role),
         **({"envFrom": env.env_from(spec)} if spec.env_from else {}),
         "ports": [{"name": p["name"], "containerPort": p["port"], "protocol": "TCP"} for p in service.ports()],
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"},
-                           "periodSeconds": 5, "failureThreshold": 3},
-        # a start is not a hang: no liveness probe runs until /startz answers 200 (the role is ready: its model or
-        # vLLM engine is loaded, which makes no heartbeat); the start may take start_deadline_seconds()
-        "startupProbe": startup_probe(job),
-        # /healthz turns 503 once the role's heartbeat is older than spec.failurePolicy.progressDeadlineSeconds
-        # (the role decides; the probe only asks): three misses in a row restart the container.
-        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
-                          "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+        **probes(job),
         "volumeMounts": [{"name": names.CONFIG_VOLUME, "mountPath": names.CONFIG_DIR, "readOnly": True},
                          *security.writable_mounts(), *checkpoint.mounts(job, role),
                          *[dict(m) for m in spec.volume_mounts]],

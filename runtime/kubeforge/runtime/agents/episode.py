@@ -16,7 +16,7 @@ import numpy as np
 from kubeforge.runtime import types
 
 ENDS = ("stop", "length", "max_turns", "max_tokens", "env_error", "env_timeout", "env_garbage", "env_flood",
-        "env_lost")
+        "env_lost", "agent_lost")
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -74,6 +74,10 @@ def episode_sampler(llm: object, cfg: config.RoleConfig, m: metrics.Metrics) -> 
 
         return primeintellect.sampler.from_engine(llm, spec=cfg.spec, metrics=m,
                                                   on_sampled=lambda stats: observe.episodes(m, stats))
+    if env.type == rljob.EnvironmentType.AGENT.value:   # the user's agent in agent pods drives (agents.pods)
+        from kubeforge.runtime.agents.pods import sampler as pods_sampler
+
+        return pods_sampler.from_engine(llm, cfg=cfg, metrics=m, on_sampled=lambda stats: observe.episodes(m, stats))
     host = env_host(cfg, m)
     sampler = runner.EpisodeSampler(engine=EngineTurns(llm, cfg), host=host, spec=env, algorithm=cfg.spec.algorithm,
                                     chat_template=cfg.spec.task.chat_template,

@@ -41,8 +41,9 @@ def problems(job: rljob.RLJob, environ: Mapping[str, str]) -> list[str]:
     return out
 
 
-def values(spec: rljob.RoleSpec, environ: Mapping[str, str]) -> dict[str, str]:
-    """The role's own variables for its process: literals, and ``valueFrom`` ones the launcher's environment has."""
+def values(spec: rljob.PodSettings, environ: Mapping[str, str]) -> dict[str, str]:
+    """The role's (or the agent's) own variables for its process: literals, and ``valueFrom`` ones the launcher's
+    environment has."""
     out = {}
     for e in spec.env:
         if e.value_from is None:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubeforge.api import contract, failures, load, progress, rljob, roleenv
+from kubeforge.api import agentenv, contract, failures, load, progress, rljob, roleenv
 from kubeforge.runtime import affinity, config, hardware
 from kubeforge.runtime.launcher import localenv, placement, plot, ports, progressbar, rundir, summary, supervisor
 from kubeforge.runtime.learner import fence
@@ -90,6 +90,7 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
              for r in contract.ROLES}
     if generators is not None:
         peers["generator"] = list(generators)
+    agent_key = secrets.token_bytes(32) if job.spec.agent is not None else None
     out = []
     for role in ("trainer", "verifier", "generator"):
         for i in range(counts[role]):
@@ -105,6 +106,8 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
             env.update(fixed)
             env["PYTHONUNBUFFERED"] = "1"
             env.pop(contract.ENV_CPUS, None)
+            if role == "generator" and agent_key is not None:    # the agent pods' claims (agents/pods)
+                env[contract.ENV_AGENT_KEY] = agent_key.hex()
             if role in pinned:
                 env[contract.ENV_CPUS] = affinity.render(pinned[role])
             if role in pools:       # a width the user set (their environment or the role's env) wins
@@ -113,6 +116,30 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
             out.append(supervisor.ProcSpec(
                 name=name, role=role, argv=[sys.executable, "-m", "kubeforge.cli", "role", role], env=env,
                 log=run.log(name), port_base=peers[role][i].port_base))
+    if agent_key is not None:
+        out += agent_specs(job=job, run=run, agent_key=agent_key, generators=peers["generator"])
+    return out
+
+
+def agent_specs(*, job: rljob.RLJob, run: rundir.RunDir, agent_key: bytes,
+                generators: list[roleenv.Peer]) -> list[supervisor.ProcSpec]:
+    """The agent processes of ``spec.agent`` (as its pods would be: the agent key, the generators' addresses, the
+    agent's own env; never the job key). The supervisor restarts one that exits, in place, outside the failure
+    policy (``supervisor.split_agents``): an agent pod's death costs its episodes only."""
+    agent = job.spec.agent
+    assert agent is not None
+    out = []
+    for i, base in enumerate(ports.allocate(agent.replicas, blocks=1)):
+        env = {k: v for k, v in os.environ.items() if k != contract.ENV_JOB_KEY}
+        env.update(localenv.values(agent, os.environ))
+        env.update({k: str(v) for k, v in agentenv.render(
+            index=i, config_path=str(run.manifest), job_name=job.metadata.name, generators=generators,
+            port_base=base, bind_host="127.0.0.1", agent_key=agent_key).items()})
+        env["PYTHONUNBUFFERED"] = "1"
+        name = f"{contract.AGENT}-{i}"
+        out.append(supervisor.ProcSpec(
+            name=name, role=contract.AGENT, argv=[sys.executable, "-m", "kubeforge.cli", "role", contract.AGENT],
+            env=env, log=run.log(name), port_base=base))
     return out
 
 
@@ -148,7 +175,11 @@ def _watch(group: supervisor.Group, *, job: rljob.RLJob, tally: Tally, attempt: 
     while True:
         bar.poll()
         dog.check()
-        exits = group.poll()
+        exits, agents = supervisor.split_agents(group.poll())
+        if agents:        # restarted in place, like a StatefulSet's pod: their episodes ended agent_lost
+            bar.note(f"kubeforge: {', '.join(e.name for e in agents)} exited; restarting")
+            group.restart([e.name for e in agents])
+            dog.forget([e.name for e in agents])
         verdict, decision = supervisor.judge(exits=exits, trainers=job.spec.roles.trainer.replicas,
                                              restarts=tally.restarts, policy=policy, unhealthy=dog.unhealthy(exits))
         if decision is not None:

@@ -82,6 +82,12 @@ def judge(*, exits: Sequence[Exit], trainers: int, restarts: int, policy: rljob.
     return verdict, decision
 
 
+def split_agents(exits: Sequence[Exit]) -> tuple[list[Exit], list[Exit]]:
+    """The role processes' exits (judged by the failure policy) and the agent processes' (``spec.agent``: not a
+    role; restarted in place, never judged, as their pods are by their StatefulSet)."""
+    return ([e for e in exits if e.role != contract.AGENT], [e for e in exits if e.role == contract.AGENT])
+
+
 def describe(code: int) -> str:
     """``exit code 3`` / ``killed by SIGKILL``."""
     if code < 0:

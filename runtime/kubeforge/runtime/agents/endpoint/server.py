@@ -36,7 +36,15 @@ Invariants:
   (the parse is a view over their text), and markup that does not parse is returned as content, counted.
 - Authentication: bound to loopback by default (the agent runs in the same pod). Any other bind address needs the
   job key; then every call carries ``Authorization: Bearer <api_key(key)>`` (an ``openai`` client's ``api_key``),
-  an HMAC of the job key, checked in constant time (docs/agents-endpoint.md, "Authentication").
+  an HMAC of the job key, checked in constant time (docs/agents-endpoint.md, "Authentication"), or, into episode
+  ``<id>``, that episode's own ``episode_key(key, id)``: the credential an agent pod gets with the episode, good
+  for that episode only (another open episode's: 403 ``wrong_episode``, counted).
+- Agent pods (``spec.agent``; docs/agents.md, "Agents in their own pods"): with ``EndpointConfig.agent_key`` and a
+  ``handout`` (``agents.pods.dispatch.Dispatch``) it also serves::
+
+    POST /agents/claim                      Bearer <agent key>: the next waiting episode (long poll, bounded)
+    POST /agents/episodes/<id>/heartbeat    Bearer <episode key>: the pod still runs it ({"open": false}: stop)
+    POST /agents/episodes/<id>/done         Bearer <episode key>: its program ended ({"exit_code", "timed_out"})
 """
 from __future__ import annotations
 
@@ -51,7 +59,7 @@ import re
 import secrets
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from kubeforge.runtime import metrics as metrics_mod
 from kubeforge.runtime.agents.endpoint import chat, record, request, sampler, stream
@@ -60,12 +68,32 @@ from kubeforge.runtime.agents.toolcalls import choice as tool_choice
 Refusal = request.Refusal
 ANSWERED, REFUSED, DISCONNECTED = "answered", "refused", "disconnected"     # endpoint_requests_total's outcomes
 ROUTE = re.compile(r"^(?:/episodes/(?P<episode>[A-Za-z0-9_-]{1,64}))?/v1/(?P<op>models|chat/completions)/?$")
+AGENT_ROUTE = re.compile(r"^/agents/(?:(?P<claim>claim)|episodes/(?P<episode>[A-Za-z0-9_-]{1,64})/"
+                         r"(?P<op>heartbeat|done))/?$")
+
+
+class Handout(Protocol):
+    """Where agent pods claim episodes (``agents.pods.dispatch.Dispatch``)."""
+
+    def claim(self, *, wait: float) -> Any: ...
+
+    def beat(self, episode_id: str) -> bool: ...
+
+    def touch(self, episode_id: str) -> None: ...
+
+    def done(self, episode_id: str, *, exit_code: int, timed_out: bool) -> bool: ...
 
 
 def api_key(key: bytes) -> str:
     """The bearer token a client presents when the endpoint is bound beyond loopback: derived from the job key,
     so the key itself never travels."""
     return hmac.new(key, b"kubeforge/agents-endpoint", hashlib.sha256).hexdigest()
+
+
+def episode_key(key: bytes, episode_id: str) -> str:
+    """The credential of one episode (an agent pod gets it with the episode): derived from the job key and the
+    episode's id, so it opens that episode only, and the job key never leaves the generator."""
+    return hmac.new(key, b"kubeforge/agents-episode/" + episode_id.encode(), hashlib.sha256).hexdigest()
 
 
 def is_loopback(host: str) -> bool:
@@ -83,6 +111,7 @@ class EndpointConfig:
     port: int = 0                          # 0: an ephemeral port (Endpoint.port tells which)
     model: str = "policy"                  # the name /v1/models serves and requests must name
     key: bytes | None = None               # the job key: required unless bound to loopback
+    agent_key: bytes | None = None         # agent pods' credential for /agents/claim (None: no such routes)
     max_body_bytes: int = 1 << 20
     max_tokens_per_call: int = 256
     max_episode_tokens: int = 4096         # tokens after a branch's first prompt (policy + environment)
@@ -95,6 +124,8 @@ class EndpointConfig:
         if self.key is None and not is_loopback(self.host):
             raise ValueError(f"endpoint bound to {self.host!r} without the job key: bind to 127.0.0.1 or set "
                              "KUBEFORGE_JOB_KEY (docs/agents-endpoint.md, Authentication)")
+        if self.agent_key is not None and self.key is None:
+            raise ValueError("agent pods need the job key: each episode's credential derives from it")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -107,10 +138,12 @@ class Endpoint:
     """The HTTP server, the open episodes and the counters."""
 
     def __init__(self, *, sampler: sampler.Sampler, chat: chat.ChatTemplate, config: EndpointConfig | None = None,
-                 metrics: metrics_mod.Metrics | None = None) -> None:
+                 metrics: metrics_mod.Metrics | None = None, handout: Handout | None = None) -> None:
         self.sampler, self.chat = sampler, chat
         self.config = config or EndpointConfig()
+        self.handout = handout if self.config.agent_key is not None else None
         self._episodes: dict[str, _Episode] = {}
+        self._tokens: dict[str, str] = {}      # open episodes' credentials -> their ids (to tell a wrong episode)
         self._lock = threading.Lock()
         self._in_flight = threading.BoundedSemaphore(self.config.max_in_flight)
         self.refused: collections.Counter[str] = collections.Counter()
@@ -134,6 +167,8 @@ class Endpoint:
         episode_id = secrets.token_urlsafe(16)
         with self._lock:
             self._episodes[episode_id] = _Episode(recording=record.Recording(episode_id=episode_id))
+            if self.config.key is not None:
+                self._tokens[episode_key(self.config.key, episode_id)] = episode_id
         return episode_id
 
     def base_url(self, episode_id: str, *, host: str | None = None) -> str:
@@ -143,6 +178,8 @@ class Endpoint:
         """Stop serving the episode (later calls: 404) and hand over what it recorded."""
         with self._lock:
             ep = self._episodes.pop(episode_id)
+            if self.config.key is not None:
+                self._tokens.pop(episode_key(self.config.key, episode_id), None)
         # a call still running finishes its record first (it ends within request_timeout: the sampler's bound)
         if not ep.lock.acquire(timeout=self.config.request_timeout + 5.0):
             raise TimeoutError(f"episode {episode_id!r}: a call still running after {self.config.request_timeout:g} s")
@@ -179,6 +216,8 @@ class Endpoint:
             ep = self._episodes.get(episode_id)
         if ep is None:
             raise Refusal(404, "unknown_episode", f"episode {episode_id!r} is not open (never opened, or closed)")
+        if self.handout is not None:
+            self.handout.touch(episode_id)      # a model call is as good as a heartbeat
         if not ep.lock.acquire(blocking=False):
             raise Refusal(409, "episode_busy", "another call of this episode is running: one call at a time")
         try:
@@ -397,6 +436,24 @@ def _cut_at_stop(text: str, stops: tuple[str, ...], sample: sampler.Sample) -> s
     return text[:min(cuts)] if cuts else text
 
 
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value == value:
+        raise Refusal(400, "invalid_request", f"{name}: a number", param=name)
+    return float(value)
+
+
+def _claimed(endpoint: Endpoint, claim: Any) -> dict[str, Any]:
+    """A claim's answer: the episode's path, its own credential, the served model, the task and its time."""
+    if claim is None:
+        return {"episode": None}
+    key = endpoint.config.key
+    assert key is not None
+    return {"episode": claim.episode_id, "path": f"/episodes/{claim.episode_id}/v1",
+            "api_key": episode_key(key, claim.episode_id), "model": endpoint.config.model, "task": claim.task,
+            "seconds": claim.seconds}
+
+
 def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -434,10 +491,16 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
             endpoint.count(outcome)
 
         def _route(self, *, post: bool) -> str:
-            match = ROUTE.match(self.path.split("?", 1)[0])
+            path = self.path.split("?", 1)[0]
+            agent = AGENT_ROUTE.match(path) if endpoint.handout is not None else None
+            if agent is not None:
+                if not post:
+                    raise Refusal(405, "method_not_allowed", "POST")
+                return self._agents(agent)
+            match = ROUTE.match(path)
             if match is None:
                 raise Refusal(404, "not_found", f"no route {self.path!r}")
-            self._authenticate()
+            self._authenticate(match["episode"])
             if match["op"] == "models":
                 if post:
                     raise Refusal(405, "method_not_allowed", "GET /v1/models")
@@ -453,13 +516,49 @@ def _handler(endpoint: Endpoint) -> type[http.server.BaseHTTPRequestHandler]:
             finally:
                 endpoint._in_flight.release()
 
-        def _authenticate(self) -> None:
+        def _authenticate(self, episode_id: str | None) -> None:
             key = endpoint.config.key
             if key is None:
                 return
-            given = self.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key(key)}".encode()):
-                raise Refusal(401, "unauthorized", "missing or wrong bearer token (the job's endpoint key)")
+            given = self.headers.get("Authorization", "").encode()
+            if hmac.compare_digest(given, f"Bearer {api_key(key)}".encode()):
+                return
+            if episode_id is not None and hmac.compare_digest(given, f"Bearer {episode_key(key, episode_id)}".encode()):
+                return
+            token = given.decode(errors="replace").removeprefix("Bearer ")
+            with endpoint._lock:
+                other = endpoint._tokens.get(token)
+            if other is not None:
+                raise Refusal(403, "wrong_episode", "this credential belongs to another episode")
+            raise Refusal(401, "unauthorized", "missing or wrong bearer token (the job's endpoint key, or the "
+                                               "episode's own)")
+
+        def _agents(self, match: re.Match[str]) -> str:
+            """An agent pod's claim, heartbeat or end (the module docstring's routes)."""
+            handout, cfg = endpoint.handout, endpoint.config
+            assert handout is not None and cfg.agent_key is not None and cfg.key is not None
+            given = self.headers.get("Authorization", "").encode()
+            episode_id = match["episode"]
+            want = cfg.agent_key.hex() if episode_id is None else episode_key(cfg.key, episode_id)
+            if not hmac.compare_digest(given, f"Bearer {want}".encode()):
+                if episode_id is not None:       # the claim route's wrong keys are plain 401s
+                    self._authenticate(episode_id)    # 403 wrong_episode when it is another episode's
+                raise Refusal(401, "unauthorized", "missing or wrong bearer token (the agent key, or the "
+                                                   "episode's own)")
+            body = self._body()
+            if not isinstance(body, dict):
+                raise Refusal(400, "invalid_request", "the body must be a JSON object")
+            if episode_id is None:
+                self.send(200, _claimed(endpoint, handout.claim(wait=_number(body, "wait", 0.0))))
+            elif match["op"] == "heartbeat":
+                self.send(200, {"open": handout.beat(episode_id)})
+            else:
+                code = body.get("exit_code")
+                if not isinstance(code, int) or isinstance(code, bool):
+                    raise Refusal(400, "invalid_request", "exit_code: an integer", param="exit_code")
+                self.send(200, {"open": handout.done(episode_id, exit_code=code,
+                                                     timed_out=body.get("timed_out") is True)})
+            return ANSWERED
 
         def _body(self) -> Any:
             length = self.headers.get("Content-Length")

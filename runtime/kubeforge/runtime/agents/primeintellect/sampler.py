@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from kubeforge.api import rljob
-from kubeforge.runtime import metrics as kf_metrics
+from kubeforge.runtime import infra, metrics as kf_metrics
 from kubeforge.runtime import types
 from kubeforge.runtime.agents import endpoint, episode, runner
 from kubeforge.runtime.agents.primeintellect import adapter
@@ -48,7 +48,7 @@ BOUND_REASONS = {"episode_call_limit": "max_turns", "episode_token_budget": "max
 class GroupRunner(Protocol):
     """Runs one rollout per task through the endpoint (``adapter``: a one-shot process or a long-lived one)."""
 
-    def run_group(self, ep: endpoint.server.Endpoint, tasks: Sequence[int]) -> list[adapter.Outcome]: ...
+    def run_group(self, ep: endpoint.server.Endpoint, tasks: Sequence[Any]) -> list[adapter.Outcome]: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,20 +80,22 @@ class VerifiersSampler:
     def __init__(self, *, endpoint: endpoint.server.Endpoint, environment: GroupRunner,
                  group_size: int, fallback_prompt: Callable[[types.Prompt], tuple[int, ...]],
                  on_sampled: Callable[[runner.Stats], None] | None = None,
-                 close: Callable[[], None] = lambda: None) -> None:
+                 close: Callable[[], None] = lambda: None,
+                 task_of: Callable[[types.Prompt], Any] = lambda p: p.index, label: str = "verifiers") -> None:
         self.endpoint, self.environment, self.group_size = endpoint, environment, group_size
         self.fallback_prompt = fallback_prompt    # prompt ids of a group none of whose episodes called the model
         self.on_sampled = on_sampled
         self.stats = runner.Stats()
         self.outcomes: list[adapter.Outcome] = []    # the last batch's (tests read them)
         self._close = close
+        self.task_of, self.label = task_of, label     # what a runner gets per episode; the log line's name
 
     def sample(self, prompts: Sequence[types.Prompt]) -> list[types.RolloutGroup]:
         n = self.group_size
         started = time.monotonic()
-        self.outcomes = self.environment.run_group(self.endpoint, [p.index for p in prompts for _ in range(n)])
+        self.outcomes = self.environment.run_group(self.endpoint, [self.task_of(p) for p in prompts for _ in range(n)])
         ok = sum(o.ok for o in self.outcomes)
-        print(f"verifiers: {len(self.outcomes)} rollouts in {time.monotonic() - started:.1f} s, {ok} ok, "
+        print(f"{self.label}: {len(self.outcomes)} rollouts in {time.monotonic() - started:.1f} s, {ok} ok, "
               f"endpoint {self.endpoint.stats()}", file=sys.stderr, flush=True)
         groups = [self._group(p, self.outcomes[g * n:(g + 1) * n]) for g, p in enumerate(prompts)]
         if self.on_sampled is not None:
@@ -130,10 +132,22 @@ class VerifiersSampler:
 
     def _fail(self, ep: episode.Episode, kind: str) -> None:
         ep.finish(kind)
-        self.stats.failures[kind] += 1
+        (self.stats.lost if kind in infra.ENDS else self.stats.failures)[kind] += 1
 
     def close(self) -> None:
         self._close()
+
+
+def fallback_prompt(engine: Any, spec: rljob.RLJobSpec) -> Callable[[types.Prompt], tuple[int, ...]]:
+    """The prompt ids of a group none of whose episodes called the model: the prompt as a user message."""
+    from kubeforge.runtime.agents import chat
+
+    def ids(p: types.Prompt) -> tuple[int, ...]:
+        out = chat.start_ids(engine.tokenizer, [{"role": "user", "content": p.text}],
+                             chat_template=spec.task.chat_template)
+        return tuple(int(i) for i in out)
+
+    return ids
 
 
 def environment(spec: rljob.EnvironmentSpec, *, python: pathlib.Path | None = None,
@@ -153,8 +167,6 @@ def from_engine(engine: Any, *, spec: rljob.RLJobSpec, on_sampled: Callable[[run
     """The sampler over a ``generator.engine.Engine``: the environment checked (``check``), then the endpoint on
     loopback in front of the engine, counting into ``metrics`` (the role's: the pod's /metrics serves the
     endpoint's series). ``audit`` keeps vLLM's own outputs (tests)."""
-    from kubeforge.runtime.agents import chat
-
     assert spec.environment is not None
     env = env or environment(spec.environment)
     if check:
@@ -175,11 +187,7 @@ def from_engine(engine: Any, *, spec: rljob.RLJobSpec, on_sampled: Callable[[run
         ep.close()
         vllm.close()
 
-    def fallback(p: types.Prompt) -> tuple[int, ...]:
-        ids = chat.start_ids(engine.tokenizer, [{"role": "user", "content": p.text}],
-                             chat_template=spec.task.chat_template)
-        return tuple(int(i) for i in ids)
-
-    return VerifiersSampler(endpoint=ep, environment=process, group_size=algo.group_size, fallback_prompt=fallback,
+    return VerifiersSampler(endpoint=ep, environment=process, group_size=algo.group_size,
+                            fallback_prompt=fallback_prompt(engine, spec),
                             on_sampled=on_sampled, close=close)
 
