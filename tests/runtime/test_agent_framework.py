@@ -62,6 +62,7 @@ def test_the_sdk_agent_calls_its_function_tool_through_the_endpoint() -> None:
     assert ep.refused == {}
 
 
+@pytest.mark.long      # make test-long: 4-9 min on 2 loaded cores (docs/testing.md); the agent's calls in this file
 @pytest.mark.slow
 @pytest.mark.vllm
 @needs_sdk
