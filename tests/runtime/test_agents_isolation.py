@@ -75,3 +75,22 @@ def test_the_child_environment_is_an_allow_list(monkeypatch: Any) -> None:
     env = isolation.environment({"PYTHONPATH": "/p"}, home="/h")
     assert set(env) <= {*isolation.ALLOWED, "HOME", "TMPDIR", "PYTHONNOUSERSITE", "PYTHONPATH"}
     assert env["LANG"] == "C.UTF-8" and env["HOME"] == "/h" and env["PYTHONPATH"] == "/p"
+
+
+def test_a_rule_path_gone_before_its_rule_is_left_out_not_an_error(tmp_path: Path) -> None:
+    """A ``/proc/<pid>`` listed as readable whose process exits before its rule is added (seen under load in a
+    fresh-clone make test: the code sandbox failed with FileNotFoundError) is left out: less is readable, nothing
+    fails. Run in a child: Landlock restricts the process that applies it, for good."""
+    from kubeforge.runtime import confine
+    if confine.abi() <= 0:
+        import pytest
+        pytest.skip("no Landlock in this kernel")
+    (tmp_path / "seen").write_text("x")
+    code = ("import sys; from kubeforge.runtime import confine as c; "
+            f"print(c.landlock(fs=c.FS_READ_FILE, rules=[({str(tmp_path / 'gone')!r}, c.FS_READ_FILE), "
+            f"({str(tmp_path)!r}, c.FS_READ_FILE)])); print(open({str(tmp_path / 'seen')!r}).read()); "
+            "open('/etc/hostname').read()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "PermissionError" in r.stderr, r.stderr   # the rules applied: /etc is not granted
+    abi, seen = r.stdout.split()
+    assert int(abi) > 0 and seen == "x"                                      # the granted folder is read

@@ -77,7 +77,10 @@ def landlock(*, fs: int, rules: Sequence[tuple[str, int]], net: int = 0, scope: 
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
     try:
         for path, access in rules:
-            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:     # gone since it was listed (a /proc/<pid> whose process exited): a rule
+                continue                  # left out only denies more, never grants
             try:
                 rule = _PathBeneath(access & fs, pfd)
                 if libc.syscall(SYS_ADD_RULE, fd, RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
