@@ -115,7 +115,7 @@ test-deps:
 # FSDP x LoRA and FSDP x episodes; docs/testing.md says why each is here), then the two-node module (make e2e-nodes:
 # two real nodes, NetworkPolicy, roles across nodes, a node lost mid-run and rejoined), at Kubernetes' node-monitor
 # defaults. Prints the two-node figures as one JSON line last.
-test-long: host-deps venv-envs build-cluster
+test-long: host-deps venv-envs venv-agents build-cluster
 	KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=15 -m long tests e2e
 	@$(MAKE) --no-print-directory e2e-nodes
 
