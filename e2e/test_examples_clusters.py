@@ -187,8 +187,12 @@ def test_example_runs_on_the_cluster(env: tuple[lifecycle.Cluster, harness.K], n
     applied = k.run("apply", "-f", "-", stdin=json.dumps(doc), check=False)
     assert applied.returncode == 0, f"{path.name} refused on {cluster.scheduler}: {applied.stderr.strip()}"
     st = wait_running_whole(k, ns, name)
-    pods = k.items("pods", ns, f"{LABEL_JOB}={name}")
+    every = k.items("pods", ns, f"{LABEL_JOB}={name}")
+    # the user's agent pods (spec.agent) carry the job's label but are outside the gang (docs/agents.md)
+    pods = [p for p in every if p["metadata"]["labels"].get("kubeforge.dev/role") != "agent"]
     assert len(pods) == sum(r["replicas"] for r in st["roles"].values())
+    agent = doc["spec"].get("agent")
+    assert len(every) - len(pods) == (agent.get("replicas", 1) if agent else 0), "the agent pods"
     for p in pods:
         assert p["spec"].get("nodeName", "").startswith("kwok-"), f"{p['metadata']['name']} not on a kwok node"
         assert p["status"]["phase"] == "Running"

@@ -399,7 +399,9 @@ def test_cluster_wide_rbac_can_i(kube_cluster: Any, namespaces: list[str]) -> No
                     "--show-only", "templates/rbac.yaml", "--show-only", "templates/serviceaccount.yaml")
     assert rendered.returncode == 0, rendered.stderr
     objs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
-    assert {o["kind"] for o in objs} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    # in both modes one Role (and its binding) in kube-node-lease: the kubelets' Leases, read (docs/recovery.md)
+    assert {o["kind"] for o in objs} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+    assert {o["metadata"]["namespace"] for o in objs if o["kind"] in ("Role", "RoleBinding")} == {"kube-node-lease"}
     applied = k("apply", "-f", "-", stdin=rendered.stdout)
     assert applied.returncode == 0, applied.stderr
     account = f"system:serviceaccount:{release_ns}:{release}-kubeforge"
