@@ -54,7 +54,7 @@ POLL_SECONDS = 0.02
 DRAIN_LIMIT = 64          # messages taken from one job's inbox per turn (so one busy job cannot starve the turn)
 ROLLOUT_SEND_SECONDS = 10.0   # how long the engine waits for room towards one job's verifiers (then drops the batch)
 ANNOUNCE_SECONDS = 10.0       # the bound on the READY sent at the start (else the trainer's HELLO gets it)
-LATE_ANNOUNCE_SECONDS = 1.0   # the same for a job that attaches while the engine runs (it holds the others)
+LATE_ANNOUNCE_SECONDS = 1.0   # the same for a job that attaches while others are served (it holds them)
 
 
 class JobSampler(Protocol):
@@ -169,16 +169,15 @@ def serve(*, index: int, channels: Sequence[Channel], slots: adapters.Slots, obs
     for ch in channels:
         ledger.job(ch.name)
         _announce(ch, index=index)
-    first = True
     while not should_stop():
         beat("idle")
         change = roster.poll() if roster is not None else None
         if change is not None and roster is not None:
+            serving = bool(channels)
             for ch in regroup(channels, change, roster=roster, sched=sched, slots=slots, ledger=ledger):
-                # the first turn's jobs may be a restarted engine's (their trainers are up and waiting); later
-                # ones are new jobs whose trainers may not be up yet, so they hold the others no more than a second
-                _announce(ch, index=index, timeout=ANNOUNCE_SECONDS if first else LATE_ANNOUNCE_SECONDS)
-        first = False
+                # opened while others are served: its trainer may not be up yet, so it holds them a second at most;
+                # else (a restarted engine's jobs: their trainers are up and waiting) the start's bound
+                _announce(ch, index=index, timeout=LATE_ANNOUNCE_SECONDS if serving else ANNOUNCE_SECONDS)
         got = False
         for ch in channels:
             got = _drain(ch, index=index, sched=sched, slots=slots, observer=observer, ledger=ledger,
