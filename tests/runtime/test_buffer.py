@@ -94,3 +94,23 @@ def test_bad_settings_are_refused() -> None:
         buffer.RolloutBuffer(max_policy_lag=-1, capacity=1)
     with pytest.raises(ValueError):
         buffer.RolloutBuffer(max_policy_lag=0, capacity=0)
+
+
+def test_each_step_record_counts_its_own_drops_so_the_run_summary_sums_them_once() -> None:
+    """A record carried the buffer's running total and the summary summed the records: 1 + 1 + 1 stale drops were
+    reported as 1 + 2 + 3 = 6."""
+    from kubeforge.api import progress
+    from kubeforge.runtime.launcher import summary
+    from kubeforge.runtime.trainer import record
+
+    b = buffer.RolloutBuffer(max_policy_lag=0, capacity=10)
+    recs = []
+    for step in (1, 2, 3):
+        assert b.add(group=group(index=0, step=step, version=step - 1), policy_version=step) == buffer.STALE
+        metrics = progress.StepMetrics(step=step, loss=0.0, mean_reward=0.5, completions=2)
+        recs.append(record.of(metrics, [], rollouts=b, sync=None, at=float(step), train_seconds=1.0,
+                              wait_seconds=0.0, trained_version=step, max_policy_lag=0))
+    assert [r.dropped_stale for r in recs] == [1, 1, 1]
+    assert [r.dropped_total for r in recs] == [1, 1, 1]
+    assert summary.summarize(recs, wall_seconds=3.0, metrics_path="m")["dropped_stale"] == 3
+    assert b.drops[buffer.STALE] == 3                                   # the buffer's own count stays a total

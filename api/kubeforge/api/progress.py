@@ -91,8 +91,9 @@ class StepRecord(StepMetrics):
     wait_seconds: float = Field(0.0, description="Waiting for the step's scored groups.")
     weight_sync_seconds: float | None = Field(None, description="The push that completed during this step.")
     weight_sync_bytes: int | None = None
-    dropped_stale: int = 0
-    dropped_total: int = 0
+    dropped_stale: int = Field(0, description="Groups dropped as stale (policy lag above maxPolicyLag) since the "
+                               "previous step's record; trainer rank 0's share.")
+    dropped_total: int = Field(0, description="Groups dropped for any reason since the previous step's record.")
     infra_masked_rollouts: int = Field(0, description="Rollout groups kept out of training since the previous "
                                        "step's record because a pod they depended on was lost (an episode's "
                                        "environment server: env_lost), not scored and sampled again; trainer rank "

@@ -56,7 +56,8 @@ class RolloutBuffer:
         self.max_policy_lag = max_policy_lag
         self.capacity = capacity
         self.next_step = 0                      # the first step not yet trained
-        self.drops: collections.Counter[str] = collections.Counter()
+        self.drops: collections.Counter[str] = collections.Counter()     # every drop since the buffer was made
+        self._drops_reported: collections.Counter[str] = collections.Counter()  # ... as of the last drain_drops
         self.masked = 0                         # groups kept out for an infrastructure loss, since drain_masked
         self.lag_counts: collections.Counter[int] = collections.Counter()
         self._by_step: dict[int, dict[int, types.RolloutGroup]] = {}
@@ -152,6 +153,13 @@ class RolloutBuffer:
     def drain_masked(self) -> int:
         """Groups kept out for an infrastructure loss since the last call (the step record's figure)."""
         out, self.masked = self.masked, 0
+        return out
+
+    def drain_drops(self) -> collections.Counter[str]:
+        """Drops by reason since the last call (the step record's figures: a record counts its own step's drops,
+        so a run's total is their sum, across restarts too)."""
+        out = self.drops - self._drops_reported
+        self._drops_reported = self.drops.copy()
         return out
 
     def _drop(self, group: types.RolloutGroup, reason: str) -> None:

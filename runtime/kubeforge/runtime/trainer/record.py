@@ -25,10 +25,11 @@ def of(metrics: progress.StepMetrics, groups: Sequence[types.RolloutGroup], *, r
     """The record of the step that trained ``groups`` (under policy version ``trained_version``) into ``metrics``;
     ``sync``: the push that completed during it, if any."""
     learned = progress.StepMetrics.model_validate(metrics)      # a double's plain mapping too (unit tests)
+    drops = rollouts.drain_drops()
     loop = progress.StepRecord(
         step=learned.step, time=at, step_seconds=train_seconds, wait_seconds=wait_seconds,
         weight_sync_seconds=sync.seconds if sync else None, weight_sync_bytes=sync.bytes if sync else None,
-        dropped_stale=rollouts.drops.get(buffer.STALE, 0), dropped_total=sum(rollouts.drops.values()),
+        dropped_stale=drops.get(buffer.STALE, 0), dropped_total=sum(drops.values()),
         infra_masked_rollouts=rollouts.drain_masked(),
         policy_lag={str(k): v for k, v in sorted(rollouts.lag_counts.items())},
         **staleness.lag_figures(groups, policy_version=trained_version, max_policy_lag=max_policy_lag),
