@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import pathlib
 import re
@@ -36,6 +37,7 @@ import urllib.request
 import uuid
 from typing import Any
 
+import realjob
 from kfcluster import binaries, lifecycle
 from node import realnode
 
@@ -202,9 +204,32 @@ def install(cluster: lifecycle.Cluster, *, watch: tuple[str, ...], workdir: path
         describe = k.run("describe", "pods", "-n", rel.namespace, check=False, timeout_s=60).stdout[-4000:]
         rel.uninstall()
         raise RuntimeError(f"{exc}\n--- operator logs ---\n{why}\n--- pods ---\n{describe}") from None
+    if wait and "webhook.enabled=false" not in extra:
+        webhook_answers(cluster, namespace=next(iter(watch), "default"), timeout_s=timeout_s)
     rel.install_s = time.monotonic() - t0
     log(f"installed {rel.name} ({rel.mode}{': ' + ','.join(watch) if watch else ''}) in {rel.install_s:.1f}s")
     return rel
+
+
+WEBHOOK_UNREACHED = "failed calling webhook"
+
+
+def webhook_answers(cluster: lifecycle.Cluster, *, namespace: str, timeout_s: float) -> None:
+    """Wait until the API server reaches the chart's admission webhook through its Service: a server-side dry run
+    of a schema-valid RLJob comes back with anything but "failed calling webhook". ``helm install --wait`` returns
+    when the operator pod is Ready, but the Service's ClusterIP routes only once kube-proxy has written the new
+    endpoint's rules: an RLJob applied in between was refused with "connection refused" (a cold make test, load ~10)."""
+    doc = realjob.load_tiny()
+    doc["metadata"] = {"name": "kf-webhook-probe", "namespace": namespace}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run = cluster.kubectl.run("apply", "--dry-run=server", "-f", "-", stdin=json.dumps(doc), check=False)
+        if WEBHOOK_UNREACHED not in run.stderr:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the admission webhook was not reachable through its Service in {timeout_s:.0f}s: "
+                               f"{run.stderr.strip()[-500:]}")
+        time.sleep(1.0)
 
 
 def summary(rel: Release) -> dict[str, Any]:
