@@ -105,6 +105,10 @@ def test_a_trainer_that_kept_running_ends_the_recovery_only_with_a_step_after_th
                             time=ts(12), since=ts(0))
     trainer = pod("job-trainer-0", attempt=0, created=-900, scheduled=-899, running=-890, ready=-800, role="trainer")
     b = recovery.track(None, failure=lost, pods=[trainer], attempt=0, report=None, step=6, now=at(12))
+    # a step trained after the detection, before any replacement exists (the pass of the 2026-11-30 run)
+    early = progress.ProgressReport(step=7, time=at(12.3).timestamp(), weights_at=at(5).timestamp())
+    b = recovery.track(b, failure=None, pods=[trainer], attempt=0, report=early, step=7, now=at(12.5))
+    assert b is not None and b.seconds is None, "a step before any replacement is not the recovery's"
     gen = pod("job-generator-0", attempt=0, created=13, scheduled=14, running=16)
     buffered = progress.ProgressReport(step=7, time=at(13).timestamp(), weights_at=at(5).timestamp())
     b = recovery.track(b, failure=None, pods=[trainer, gen], attempt=0, report=buffered, step=7, now=at(14))
