@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import random
 import statistics
@@ -312,6 +313,17 @@ def main(*, faults: int, node_losses: int, partitions: int, partition_s: float, 
     kinds = plan(faults=faults, node_losses=node_losses, partitions=partitions, rng=rng,
                  long_partitions=long_partitions, env_kills=env_kills)
     started = time.time()
+    # One set of real nodes per machine: the campaign holds the real-node lock for its whole run, as `make e2e-nodes`
+    # and the real-node test runs do (a `make test` started meanwhile waits for it instead of failing its fixtures).
+    with realnode.real_node_lock(wait_s=float(os.environ.get("KF_REAL_NODE_WAIT_S", "900")), say=log):
+        return _main_locked(kinds=kinds, rng=rng, started=started, partition_s=partition_s, run_dir=run_dir,
+                            deadline_s=deadline_s, long_partitions=long_partitions,
+                            long_partition_s=long_partition_s, env_kills=env_kills)
+
+
+def _main_locked(*, kinds: list[str], rng: random.Random, started: float, partition_s: float, run_dir: str | None,
+                 deadline_s: float, long_partitions: int, long_partition_s: float | None, env_kills: int) -> int:
+    faults = len(kinds)
     import run_nodes
 
     cluster, cluster_started = run_nodes.acquire()

@@ -48,12 +48,20 @@ def placement_manifest(*, same_node: bool, steps: int) -> dict[str, Any]:
     return doc
 
 
+#: The node faults' failure rule: a lost generator or verifier comes back alone (RestartRole); the trainer keeps its
+#: state and running, and pushes the current policy to the replacement generator as soon as it says READY
+#: (docs/recovery.md). A lost trainer still restarts every role from the checkpoint (RestartAll: no rule matches).
+NODE_FAULT_RULES = [{"action": "RestartRole", "roles": ["generator", "verifier"]}]
+
+
 def node_loss_manifest(steps: int, *, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """The tiny RLJob (or ``base``) for node faults (the node-loss test, ``bench/fault_campaign.py --cluster``): the
     trainer preferably apart from the generator (mode Preferred: after a node is lost both fit on node 0), the
-    verifier preferably beside the generator, ``steps`` steps."""
+    verifier preferably beside the generator, ``steps`` steps, and ``NODE_FAULT_RULES`` (the tiny job's own policy
+    has no rule: RestartAll, which drained and restarted the trainer on the node that worked too)."""
     doc = base if base is not None else realjob.load_tiny()
     doc["spec"]["algorithm"]["steps"] = steps
+    doc["spec"]["failurePolicy"] = {**(doc["spec"].get("failurePolicy") or {}), "rules": NODE_FAULT_RULES}
     roles = doc["spec"]["roles"]
     roles.setdefault("trainer", {})["affinity"] = {"apartFrom": ["generator"], "mode": "Preferred"}
     roles.setdefault("verifier", {})["affinity"] = {"colocateWith": ["generator"], "mode": "Preferred"}

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -143,6 +144,24 @@ def step_sequence(text: str) -> tuple[int | None, list[int]]:
     return resumed, steps
 
 
+#: Trainer 0's word that a generator came back and holds the current policy (trainer.membership: a restart or a join)
+REJOINED = re.compile(r"^trainer-0: (generator-\d+ restarted:|generators .*\(joined\))", re.M)
+
+
+def stepped_after_fault(text: str, *, since: int, restarted: bool) -> bool:
+    """Has trainer 0 trained a step of the recovery? ``text``: its log; ``since``: how much of it there was at the
+    fault. A trainer started after the fault (``restarted``): any step record. One that kept running (a
+    ``RestartRole`` of the generators): a step record after its push to a generator that came back, so a step
+    trained from rollouts sampled before the fault does not count."""
+    tail = text[since:]
+    if not restarted:
+        came_back = REJOINED.search(tail)
+        if came_back is None:
+            return False
+        tail = tail[came_back.end():]
+    return bool(step_sequence(tail)[1])
+
+
 def _pod_pids(uid: str) -> list[int]:
     """Host PIDs of the processes in the pod with ``uid`` (its cgroup path names ``pod<uid>``)."""
     needles = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
@@ -239,7 +258,7 @@ class Result:
     api_requests: dict[str, float] = dataclasses.field(default_factory=dict)  # "verb resource" -> the operator's count
     undeclared: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # of those, beyond access.NEEDS
     failure_seen_s: float | None = None               # fault -> the failure in status.lastFailure
-    next_step_s: float | None = None                  # fault -> the first step record of a trainer 0 started after it
+    next_step_s: float | None = None                  # fault -> trainer 0's first step of the recovery (stepped_after_fault)
 
     @property
     def succeeded(self) -> bool:
@@ -386,7 +405,7 @@ class Run:
         self.k.apply(job)
         log(f"applied RLJob {self.ns}/{self.name} ({steps} steps)")
         deadline, last_phase, t_kill = t0 + self.timeout_s, None, None
-        before_fault: set[str] = set()
+        at_fault: dict[str, int] = {}           # trainer follower -> the length of its log at the fault
         try:
             while time.monotonic() < deadline:
                 status = self.get_job().get("status") or {}
@@ -412,11 +431,14 @@ class Run:
                 if (self.kill_after_step is not None and result.killed is None and phase not in ("Succeeded", "Failed")
                         and (step := self.progress_step(status, pods)) >= self.kill_after_step):
                     result.killed = self.fault(step, pods) if self.fault else self.kill_trainer(step=step)
-                    t_kill, before_fault = time.monotonic(), set(self.followers)
+                    t_kill = time.monotonic()
+                    at_fault = {key: len(f.path.read_text(errors="replace")) for key, f in self.followers.items()
+                                if key.startswith("trainer:")}
                 self.ask_for_export(status, pods, result)
                 if t_kill is not None and result.next_step_s is None and any(
-                        step_sequence(f.path.read_text(errors="replace"))[1] for key, f in self.followers.items()
-                        if key.startswith("trainer:") and key not in before_fault):
+                        stepped_after_fault(f.path.read_text(errors="replace"), since=at_fault.get(key, 0),
+                                            restarted=key not in at_fault)
+                        for key, f in self.followers.items() if key.startswith("trainer:")):
                     result.next_step_s = time.monotonic() - t_kill
                     log(f"first step after the fault trained {result.next_step_s:.1f}s after it")
                 if result.killed is not None and result.failure_status is None and status.get("lastFailure"):

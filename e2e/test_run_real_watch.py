@@ -116,3 +116,20 @@ def test_an_export_is_asked_for_on_the_rljob_and_read_back_from_status(tmp_path:
     run.ask_for_export({"phase": "Running", "progress": {"lastExport": served}}, [trainer], result)
     assert result.export is not None and result.export["path"] == served["path"]
     assert result.export["asked_at_step"] == 3 and len(k.calls) == 1
+
+
+def test_the_recoverys_first_step_is_one_trained_after_the_fault_by_a_new_trainer_or_after_a_generator_came_back() -> None:
+    rec = '{"step": %d, "mean_reward": 0.5}\n'
+    before = "trainer-0: started\n" + rec % 6
+    assert not run_real.stepped_after_fault(before, since=len(before), restarted=False)
+    # a step from rollouts sampled before the fault: not the recovery's while the generator has not come back
+    kept = before + "trainer-0: generator-0 silent for 10s\n" + rec % 7
+    assert not run_real.stepped_after_fault(kept, since=len(before), restarted=False)
+    back = kept + "trainer-0: generator-0 restarted: weight-sync epoch 2, policy v7 pushed, 16 prompts re-issued\n"
+    assert not run_real.stepped_after_fault(back, since=len(before), restarted=False)
+    assert run_real.stepped_after_fault(back + rec % 8, since=len(before), restarted=False)
+    joined = kept + "trainer-0: generators 1 -> 2 (joined); weight-sync epoch 3\n" + rec % 8
+    assert run_real.stepped_after_fault(joined, since=len(before), restarted=False)
+    # a trainer started after the fault (RestartAll): its first step record, whatever it says before
+    assert run_real.stepped_after_fault('{"resumed": 5}\n' + rec % 6, since=0, restarted=True)
+    assert not run_real.stepped_after_fault('{"resumed": 5}\n', since=0, restarted=True)

@@ -16,11 +16,15 @@ volume is read-only; the node's address is the bridge ``kf0`` (10.88.0.1), never
 
 # No `from __future__ import annotations`: kfcluster loads this file by path without registering it in
 # sys.modules, and dataclasses then cannot resolve string annotations.
+import contextlib
 import dataclasses
+import fcntl
 import os
 import pathlib
 import sys
 import sysconfig
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 #: Must match e2e/node/lib.sh.
@@ -202,6 +206,71 @@ def node_monitor(workdir: str, *, proc: pathlib.Path = pathlib.Path("/proc")) ->
                 out[flag] = go_duration_s(value)
         break
     return out
+
+
+#: One set of real nodes per machine: every run that holds one (``make e2e-nodes``, ``flock ... pytest`` runs, the
+#: cluster fault campaign) holds this lock for its whole run.
+REAL_NODE_LOCK = pathlib.Path("/tmp/kubeforge-realnode.lock")
+
+
+def _lock_holders(path: pathlib.Path, *, proc: pathlib.Path) -> list[str]:
+    """``pid (command line)`` of the processes ``/proc/locks`` names as holding a lock on ``path`` (for a message)."""
+    try:
+        ino = path.stat().st_ino
+        lines = (proc / "locks").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split()          # "1: FLOCK  ADVISORY  WRITE 4855 fe:00:10149898 0 EOF"
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(ino):
+            pid = fields[4]
+            try:
+                cmd = (proc / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                cmd = "exited; a child holds it"
+            out.append(f"pid {pid} ({cmd[:200]})")
+    return out
+
+
+@contextlib.contextmanager
+def real_node_lock(*, wait_s: float, path: pathlib.Path = REAL_NODE_LOCK, proc: pathlib.Path = pathlib.Path("/proc"),
+                   poll_s: float = 2.0, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold the real-node lock (``flock``, exclusive) while the block runs, as ``flock /tmp/kubeforge-realnode.lock
+    CMD`` does for the Makefile's targets; waits for it at most ``wait_s`` seconds, then raises ``SystemExit`` naming
+    the holder. Run under such a ``flock`` already (its descriptor inherited), the lock is this process's: no wait."""
+    fd = None
+    for entry in (proc / "self" / "fd").glob("*"):        # an inherited descriptor of the lock file: its lock is ours
+        try:
+            if entry.resolve() == path.resolve():
+                fd = int(entry.name)
+                break
+        except (OSError, ValueError):
+            continue
+    own = fd is None
+    if fd is None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    deadline = time.monotonic() + wait_s
+    told = False
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holders = ", ".join(_lock_holders(path, proc=proc)) or "another process"
+                if time.monotonic() >= deadline:
+                    raise SystemExit(
+                        f"the real-node lock {path} is held by {holders} for more than {wait_s:.0f}s: one run with "
+                        f"real nodes per machine; wait for it to end (or set KF_REAL_NODE_WAIT_S to wait longer)")
+                if not told and say is not None:
+                    say(f"waiting up to {wait_s:.0f}s for the real-node lock {path} (held by {holders})")
+                    told = True
+                time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+        yield
+    finally:
+        if own:
+            os.close(fd)           # closing the only descriptor releases the lock
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -236,3 +236,51 @@ def test_node_monitor_defaults_for_flags_not_set_and_no_process(tmp_path: pathli
     assert realnode.node_monitor("/tmp/mine", proc=tmp_path) == {"node-monitor-grace-period": 40.0,
                                                                  "node-monitor-period": 5.0}
     assert realnode.node_monitor("/tmp/none", proc=tmp_path) == realnode.NODE_MONITOR_DEFAULTS
+
+
+def _holder(lock: pathlib.Path) -> subprocess.Popen[str]:
+    """Another process that holds ``lock`` until its stdin closes (it prints once it holds it)."""
+    code = ("import fcntl, sys; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); "
+            "sys.stdin.read()")
+    p = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_the_real_node_lock_waits_a_bounded_time_and_names_its_holder(tmp_path: pathlib.Path) -> None:
+    import fcntl
+
+    lock = tmp_path / "realnode.lock"
+    holder = _holder(lock)
+    said: list[str] = []
+    try:
+        with pytest.raises(SystemExit) as exc, realnode.real_node_lock(wait_s=0.5, path=lock, poll_s=0.1,
+                                                                       say=said.append):
+            pass
+        assert f"pid {holder.pid}" in str(exc.value) and "KF_REAL_NODE_WAIT_S" in str(exc.value)
+        assert len(said) == 1 and str(lock) in said[0]
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    # free now: taken at once, held while the block runs, released after it
+    with realnode.real_node_lock(wait_s=0.0, path=lock):
+        with open(lock) as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(lock) as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_the_real_node_lock_is_ours_under_flock(tmp_path: pathlib.Path) -> None:
+    """Run as `flock LOCK python ...` (the descriptor inherited): no wait for its own lock."""
+    if not shutil.which("flock"):
+        pytest.skip("no flock(1) on this machine")
+    lock = tmp_path / "realnode.lock"
+    code = ("import pathlib, sys; sys.path.insert(0, sys.argv[2]); import realnode; "
+            "exec('with realnode.real_node_lock(wait_s=0.0, path=pathlib.Path(sys.argv[1])): print(\"inside\")')")
+    res = subprocess.run(["flock", str(lock), sys.executable, "-c", code, str(lock),
+                          str(pathlib.Path(realnode.__file__).parent)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "inside"

@@ -98,8 +98,11 @@ def test_only_generators_running_before_their_silence_are_judged() -> None:
 
 @pytest.mark.parametrize(("case", "ready", "renewed", "now", "want", "requeue"), [
     # a dead node: its kubelet's last renewal came before the generator's last beat
-    ("dead, reported", "True", -1.0, 11.0, [], 5.0),
-    ("dead, a renewal overdue", "True", -1.0, 16.0,
+    ("dead, reported", "True", -1.0, 11.0, [], 0.5),
+    # overdue: a renewal (10 s) and its margin (2.5 s) after the kubelet's last word, not after the last beat
+    ("dead, a renewal overdue", "True", -1.0, 11.5,
+     [("tiny-generator-0", "NodeLost"), ("tiny-verifier-0", "NodeLost")], None),
+    ("dead, a renewal overdue long since", "True", -1.0, 16.0,
      [("tiny-generator-0", "NodeLost"), ("tiny-verifier-0", "NodeLost")], None),
     # the last renewal a beat after the last heard beat is still before the fault
     ("dead, renewed just after the last beat", "True", 3.0, 16.0,

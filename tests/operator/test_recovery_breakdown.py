@@ -98,6 +98,31 @@ def test_a_node_loss_is_followed_pass_by_pass_until_the_next_step_then_kept() ->
                                                                                                  None)
 
 
+def test_a_trainer_that_kept_running_ends_the_recovery_only_with_a_step_after_the_replacement_holds_the_policy() -> None:
+    """RestartRole: the generator's node is lost, the trainer keeps running (attempt 0) and trains a step from
+    rollouts sampled before the fault; the recovery ends at the first step after the replacement's push."""
+    lost = observed.Failure(role="generator", pod="job-generator-0", attempt=0, exit_code=None, reason="NodeLost",
+                            time=ts(12), since=ts(0))
+    trainer = pod("job-trainer-0", attempt=0, created=-900, scheduled=-899, running=-890, ready=-800, role="trainer")
+    b = recovery.track(None, failure=lost, pods=[trainer], attempt=0, report=None, step=6, now=at(12))
+    # a step trained after the detection, before any replacement exists (the pass of the 2026-11-30 run)
+    early = progress.ProgressReport(step=7, time=at(12.3).timestamp(), weights_at=at(5).timestamp())
+    b = recovery.track(b, failure=None, pods=[trainer], attempt=0, report=early, step=7, now=at(12.5))
+    assert b is not None and b.seconds is None, "a step before any replacement is not the recovery's"
+    gen = pod("job-generator-0", attempt=0, created=13, scheduled=14, running=16)
+    buffered = progress.ProgressReport(step=7, time=at(13).timestamp(), weights_at=at(5).timestamp())
+    b = recovery.track(b, failure=None, pods=[trainer, gen], attempt=0, report=buffered, step=7, now=at(14))
+    assert b is not None and (b.pod, b.weights, b.first_step, b.seconds) == ("job-generator-0", None, None, None)
+    gen = pod("job-generator-0", attempt=0, created=13, scheduled=14, running=16, ready=36)
+    rejoined = progress.ProgressReport(step=7, time=at(13).timestamp(), weights_at=at(38).timestamp())
+    b = recovery.track(b, failure=None, pods=[trainer, gen], attempt=0, report=rejoined, step=7, now=at(41))
+    assert b is not None and b.seconds is None, "the step before the push is not the recovery's"
+    after = progress.ProgressReport(step=8, time=at(39).timestamp(), weights_at=at(38).timestamp())
+    b = recovery.track(b, failure=None, pods=[trainer, gen], attempt=0, report=after, step=8, now=at(42))
+    assert b is not None and (b.detect, b.reschedule, b.pod_start, b.engine_start, b.weights, b.first_step,
+                              b.seconds) == (12.0, 2.0, 2.0, 20.0, 2.0, 1.0, 39.0)
+
+
 def test_the_status_model_carries_the_breakdown_in_camel_case() -> None:
     doc = rljob.RLJobStatus(recovery_breakdown=rljob.RecoveryBreakdown(detect=1.0, pod_start=2.0)).model_dump(
         mode="json", by_alias=True)

@@ -43,6 +43,44 @@ def test_the_engine_started_without_the_aot_cache(tiny_engine: engine.Engine) ->
     assert torch.cuda.is_available() or os.environ["VLLM_USE_AOT_COMPILE"] == "0"
 
 
+def test_the_registry_inspects_in_this_process_when_asked() -> None:
+    import os
+    import types as pytypes
+
+    def spawn(fn: object) -> object:
+        raise AssertionError("a subprocess was started")
+
+    registry = pytypes.SimpleNamespace(_run_in_subprocess=spawn)
+    assert engine.inspect_in_process(registry)
+    assert registry._run_in_subprocess(lambda: os.getpid()) == os.getpid()
+    assert not engine.inspect_in_process(pytypes.SimpleNamespace())     # a vLLM without the hook: left as it is
+
+
+@pytest.mark.vllm
+def test_a_cpu_engine_inspects_an_uncached_model_class_without_a_subprocess(
+        tiny_engine: engine.Engine, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real registry of the engine's vLLM: with no cached record of Qwen2 (the tiny model's class), the class is
+    inspected in this process (a subprocess would re-import vLLM: ~20 s on 2 loaded cores) and the record cached."""
+    import subprocess
+
+    import torch
+    from vllm.model_executor.models import registry
+
+    if torch.cuda.is_available():
+        pytest.skip("with CUDA the registry keeps its subprocess")
+    assert registry._run_in_subprocess is engine._call
+
+    def no_subprocess(*args: object, **kwargs: object) -> object:
+        raise AssertionError(f"a subprocess was started: {args}")
+
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    monkeypatch.setattr(registry._LazyRegisteredModel, "_get_cache_dir", staticmethod(lambda: tmp_path))
+    model = registry._LazyRegisteredModel(module_name="vllm.model_executor.models.qwen2", class_name="Qwen2ForCausalLM")
+    info = model.inspect_model_cls()
+    assert info.architecture == "Qwen2ForCausalLM"
+    assert list(tmp_path.glob("*.json")), "the record was not cached"
+
+
 def test_request_seeds_never_collide() -> None:
     n = 4
     seeds = {engine.request_seed(7, prompt_index=k, n=n) + i for k in range(100) for i in range(n)}

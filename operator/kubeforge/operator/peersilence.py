@@ -8,8 +8,8 @@ the report at once when the silent generator's node does not answer either:
 
 ```
  report: generator g silent since t ──▶ its pod (running since <= t, unfinished, on node n)
-   n not Ready, or its kubelet's last word (Lease renewTime, Ready heartbeat) <= t + a beat,
-   and one Lease renewal (+ margin) has passed since ──▶ n is lost: every pod of the job on n (NodeLost)
+   n not Ready, or its kubelet's last word w (Lease renewTime, Ready heartbeat) <= t + a beat,
+   and w + one Lease renewal (+ margin) has passed ──▶ n is lost: every pod of the job on n (NodeLost)
    n answers, g silent for 2 x peerSilenceSeconds ──▶ g's pod alone (Unhealthy)
 ```
 
@@ -104,17 +104,18 @@ def quiet_after(node: nodeloss.NodeFacts, lease: Kubelet | None, *, since: dt.da
     """When node ``node`` counts as not answering for a generator silent since ``since`` (None: not by this
     silence; a time at or before now: it does not answer now). Not Ready: at once. Otherwise the kubelet must
     have said nothing since the generator's last beat (``beat`` seconds of slack: the beat that did not come) and
-    a live kubelet's next renewal, with a margin, must be overdue."""
+    the renewal a live kubelet makes one cadence after its last word must be overdue, with a margin. Counted from
+    that word, not from the beat: a kubelet that died with its pods renewed up to a cadence before them, and
+    waiting a whole cadence past the beat cost 1-7.5 s more at the defaults (docs/recovery.md)."""
     if node.ready != "True":
         return since
     cadence = lease.cadence if lease is not None else None
     last = word(node, lease)
     if cadence is None or last is None:
         return None
-    edge = since + dt.timedelta(seconds=beat + WORD_SLACK_S)
-    if last > edge:
+    if last > since + dt.timedelta(seconds=beat + WORD_SLACK_S):
         return None
-    return edge + dt.timedelta(seconds=cadence + max(2.0, cadence / 4))
+    return last + dt.timedelta(seconds=cadence + max(2.0, cadence / 4))
 
 
 def judge(silent: Iterable[Silent], pods: Iterable[observed.PodFacts], nodes: Mapping[str, nodeloss.NodeFacts],

@@ -116,8 +116,14 @@ def track(prev: rljob.RecoveryBreakdown | None, *, failure: observed.Failure | N
     pod = critical(pods, attempt=attempt, detected=detected)
     m = pod.marks if pod is not None and pod.marks is not None else observed.PodMarks()
     weights = _epoch(report.weights_at) if report is not None else None
+    weights = weights if weights is not None and weights >= detected - SLACK else None
+    first = _next_step(report, prev=prev, detected=detected, now=now)
+    if first is not None and report is not None and report.weights_at is not None and (
+            weights is None or first < weights):
+        # a trainer that kept running (RestartRole) trains what was sampled before the fault, and its pushes to a
+        # lost generator fail: the recovery's step is one trained after a whole push made since the detection (a
+        # resumed trainer's, or the one to a replacement generator at its READY; an older trainer reports none)
+        first = None
     marks = Marks(fault=fault, detected=detected, scheduled=timefmt.parse(m.scheduled),
-                  running=timefmt.parse(m.running), ready=timefmt.parse(m.ready),
-                  weights=weights if weights is not None and weights >= detected - SLACK else None,
-                  first_step=_next_step(report, prev=prev, detected=detected, now=now))
+                  running=timefmt.parse(m.running), ready=timefmt.parse(m.ready), weights=weights, first_step=first)
     return prev.model_copy(update={**breakdown(marks), "pod": pod.name if pod is not None else prev.pod})

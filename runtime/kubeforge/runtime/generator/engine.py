@@ -107,6 +107,24 @@ def env_defaults(role: rljob.GeneratorRole, *, in_process: bool, cuda: bool) -> 
     return out
 
 
+def inspect_in_process(registry: Any) -> bool:
+    """Make vLLM's model registry inspect an architecture in this process instead of a fresh interpreter; True when
+    done. vLLM inspects a model class it has no cached record of (``<VLLM_CACHE_ROOT>/modelinfos``) in a subprocess
+    (``_run_in_subprocess``), to keep CUDA uninitialised in the caller. That subprocess imports vLLM and torch
+    again: 23 s of a replacement generator's 59 s start on 2 loaded cores (docs/recovery.md), on every pod start,
+    since a pod's cache dies with it. Without CUDA there is nothing to keep uninitialised, and the engine imports
+    the same model class right after. Only for callers without CUDA; a vLLM without that hook is left as it is
+    (slower, never wrong)."""
+    if not callable(getattr(registry, "_run_in_subprocess", None)):
+        return False
+    registry._run_in_subprocess = _call
+    return True
+
+
+def _call(fn: Any) -> Any:
+    return fn()
+
+
 class Engine:
     """A warm vLLM engine plus the glue for prompts, logprobs and weight sync."""
 
@@ -123,6 +141,10 @@ class Engine:
             os.environ.setdefault(key, value)       # the caller's (the role's env) wins
         import vllm  # late: importing vLLM is slow and reads the env set above
 
+        if not torch.cuda.is_available():
+            from vllm.model_executor.models import registry
+
+            inspect_in_process(registry)
         self._vllm = vllm
         self.model_dir = pathlib.Path(model_dir)
         self.kwargs = {**engine_kwargs(model_dir=self.model_dir, dtype=dtype, role=role, seed=seed,
