@@ -517,11 +517,15 @@ SEMANTIC_CASES: tuple[Case, ...] = (
     # ---- spec.sandbox (a warm pool of sandbox pods; docs/sandboxes.md)
     Case(id="sandbox-without-a-user", change=_set("spec.sandbox", {"replicas": 1}), path="spec.sandbox",
          message="nothing would claim a sandbox"),
-    Case(id="sandbox-given-env", change=_all(*_CODE, _set("spec.sandbox", {"env": [{"name": "A", "value": "b"}]})),
-         path="spec.sandbox.env", message="is given nothing of the job's"),
-    Case(id="sandbox-given-volumes", change=_all(*_CODE, _set("spec.sandbox", {
-         "volumes": [{"name": "v", "secret": {"secretName": "s"}}]})), path="spec.sandbox.volumes",
-         message="is given nothing of the job's"),
+    Case(id="sandbox-env-from-a-secret", change=_all(*_CODE, _set("spec.sandbox", {"env": [
+         {"name": "A", "value": "b"}, {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})),
+         path="spec.sandbox.env[1].valueFrom", message="is given no secret"),
+    Case(id="sandbox-env-from", change=_all(*_CODE, _set("spec.sandbox", {"envFrom": [{"secretRef": {"name": "s"}}]})),
+         path="spec.sandbox.envFrom", message="is given no secret"),
+    Case(id="sandbox-secret-volume", change=_all(*_CODE, _set("spec.sandbox", {
+         "volumes": [{"name": "tools", "hostPath": {"path": "/opt/tools"}}, {"name": "v", "secret": {"secretName": "s"}}],
+         "volumeMounts": [{"name": "v", "mountPath": "/v"}]})), path="spec.sandbox.volumes[1]",
+         message="is given no secret"),
     Case(id="sandbox-run-below-code-timeout", change=_all(*_CODE, _set("spec.sandbox", {"maxRunSeconds": 2})),
          path="spec.verifiers[0].codeExecution.timeoutSeconds", message="should be at most spec.sandbox.maxRunSeconds"),
     Case(id="sandbox-image-invalid", change=_all(*_CODE, _set("spec.sandbox", {"image": "Not An Image"})),

@@ -299,3 +299,59 @@ def test_the_sandbox_process_sweeps_what_a_run_leaves_behind(tmp_path: pathlib.P
             os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert b"strays killed" in out and b"strays killed 0" not in out, out.decode()
+
+
+def _wait_ready(bases: list[int], *, seconds: float = 300.0) -> None:
+    deadline = time.monotonic() + seconds           # interpreters start slowly on a loaded machine
+    for base in bases:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{base + contract.PORT_METRICS}/readyz",
+                                            timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"sandbox process on {base} not ready"
+            time.sleep(0.5)
+
+
+def test_kubeforge_run_starts_the_pool_as_processes_and_tells_the_verifiers(tmp_path: pathlib.Path) -> None:
+    """``kubeforge run``'s process specs: ``spec.sandbox.replicas`` sandbox processes (no job key), the verifiers
+    told their addresses and key; a CodeExecution verifier with the verifier's env scores in them, and goes on
+    scoring when one of the two is killed (its claims move to the other)."""
+    from kubeforge.api import load
+    from kubeforge.runtime.launcher import main as launcher, rundir, supervisor
+
+    doc = {"apiVersion": "kubeforge.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "sb"},
+           "spec": {"model": {"builtin": "tiny"}, "task": {"code": {}, "seed": 0},
+                    "verifiers": [{"name": "tests", "type": "CodeExecution", "codeExecution": {"timeoutSeconds": 2}}],
+                    "algorithm": {"maxNewTokens": 64},
+                    "sandbox": {"replicas": 2, "slots": 4, "maxRunSeconds": 10}}}
+    job = load.parse(doc)
+    run = rundir.create(job_name="sb", explicit=str(tmp_path / "run"))
+    specs = launcher.process_specs(job=job, run=run, attempt=0)
+    boxes = [s for s in specs if s.role == contract.SANDBOX]
+    assert [s.name for s in boxes] == ["sandbox-0", "sandbox-1"]
+    assert all(contract.ENV_JOB_KEY not in s.env and s.env[contract.ENV_SANDBOX_KEY] for s in boxes)
+    (verifier,) = [s for s in specs if s.role == "verifier"]
+    assert verifier.env[contract.ENV_SANDBOX_KEY] == boxes[0].env[contract.ENV_SANDBOX_KEY]
+    for s in specs:
+        if s.role not in ("verifier", contract.SANDBOX):
+            assert contract.ENV_SANDBOX_KEY not in s.env
+    group = supervisor.Group(boxes)
+    group.start()
+    try:
+        _wait_ready([s.port_base for s in boxes])
+        pool = client.from_env(verifier.env)
+        assert pool is not None and len(pool.bases) == 2
+        scorer = code.CodeExecution(rljob.CodeExecutionVerifier(timeout_seconds=2.0, parallelism=4), pool=pool)
+        prompt = types.Prompt(index=0, text="", answer="\n".join(TESTS))
+        assert scorer.score(prompt, [GOOD, GOOD, "def f(x):\n    return x\n", HANG]) == [1.0, 1.0, 0.0, 0.0]
+        group.kill("sandbox-0")                                     # a sandbox pod lost
+        assert scorer.score(prompt, [GOOD, GOOD, GOOD]) == [1.0, 1.0, 1.0]
+        assert [e.name for e in supervisor.split_agents(group.poll())[1]] == ["sandbox-0"]   # restarted in place
+    finally:
+        group.stop()
+    log = (run.log("sandbox-1")).read_text()
+    assert "runs:ok" in log, log[-2000:]

@@ -179,6 +179,13 @@ def pod_name(job: str, role: str, index: int, *, gang_held: int | None = None) -
     return f"{child_name(job, role)}-{index}"
 
 
+def sandbox_host(job: str, index: int, namespace: str) -> str:
+    """Stable DNS name of sandbox pod ``index`` of a job with spec.sandbox: its StatefulSet and headless Service are
+    both ``child_name(job, SANDBOX)`` (the job's own Service selects the job label, which sandbox pods lack)."""
+    name = child_name(job, SANDBOX)
+    return f"{name}-{index}.{name}.{namespace}.svc"
+
+
 def peer_host(job: str, role: str, index: int, namespace: str, *, gang_held: int | None = None) -> str:
     """Stable DNS name of a pod behind the job's headless Service (a trainer finds a generator that joins a
     running job by it: generator replicas are elastic). Pod names are unique across roles, so one Service serves

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 from kubeforge.api import rljob
 
-# what a sandbox pod may not be given: each could carry a secret into a pod that runs model-written code
-_NO_SECRETS = (("env", "env"), ("env_from", "envFrom"), ("volumes", "volumes"), ("volume_mounts", "volumeMounts"))
+# volume kinds that can carry a secret (a Secret, a projected token or Secret, a ConfigMap, the pod's own fields, a
+# CSI secrets-store driver): a sandbox pod runs model-written code and is given none of them
+SECRET_VOLUMES = ("secret", "projected", "configMap", "downwardAPI", "csi")
 
 
 def users(spec: rljob.RLJobSpec) -> list[str]:
@@ -32,10 +33,17 @@ def problems(spec: rljob.RLJobSpec) -> Iterator[str]:
     if not users(spec):
         yield ("spec.sandbox: Invalid value: nothing would claim a sandbox: needs spec.environment.type CodeFeedback "
                "or a verifier of type CodeExecution")
-    for attr, name in _NO_SECRETS:
-        if getattr(box, attr):
-            yield (f"spec.sandbox.{name}: Forbidden: a sandbox pod runs model-written code and is given nothing of "
-                   "the job's (no env, envFrom, volumes or volumeMounts)")
+    why = "a sandbox pod runs model-written code and is given no secret"
+    if box.env_from:
+        yield f"spec.sandbox.envFrom: Forbidden: {why} (no envFrom; env with plain values only)"
+    for i, e in enumerate(box.env):
+        if e.value_from is not None:
+            yield f"spec.sandbox.env[{i}].valueFrom: Forbidden: {why} (env with plain values only)"
+    for i, vol in enumerate(box.volumes):
+        kinds = sorted(k for k in vol if k in SECRET_VOLUMES)
+        if kinds:
+            yield (f"spec.sandbox.volumes[{i}]: Forbidden: {why} (no {', '.join(kinds)} volume; hostPath, emptyDir "
+                   "or a claim for tools and interpreters)")
     for i, v in enumerate(spec.verifiers):
         ce = v.code_execution
         if v.type == rljob.VerifierType.CODE_EXECUTION.value and ce is not None \

@@ -2,8 +2,10 @@
 
 The pods are the job's but not its roles': no gang place, no world size, no attempt. Each serves ``slots`` leases;
 an episode (a ``CodeFeedback`` episode, a ``CodeExecution`` completion) claims one, runs its programs there and
-releases it. Pod settings are a role's minus what could carry a secret into a pod that runs hostile code (``env``,
-``envFrom``, ``volumes``, ``volumeMounts``: refused by ``validate_sandbox``).
+releases it. Pod settings are a role's minus what could carry a secret into a pod that runs hostile code (``envFrom``,
+an ``env`` entry's ``valueFrom``, Secret / projected / ConfigMap / downward-API / CSI volumes: refused by
+``validate_sandbox``; plain env values and hostPath, emptyDir or claimed volumes, e.g. for an interpreter with the
+tools' libraries, are fine).
 
 Neighbours: ``spec`` composes it; ``validate_sandbox`` holds the rules across sections (who uses the pool, limits).
 """
