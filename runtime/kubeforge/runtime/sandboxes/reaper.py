@@ -17,6 +17,7 @@ Linux only (``/proc``, ``prctl``).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
@@ -32,22 +33,26 @@ class Reaper:
     def __init__(self, *, dedicated: bool) -> None:
         self.dedicated = dedicated
         self.guard = threading.Lock()        # held while a run's process starts and while sweeping
-        self._live: set[int] = set()         # session ids (the runs' pids) of runs in flight
+        # session ids (the runs' pids) of runs in flight, counted: a pid reused by a new run before the old run's
+        # end is handled must not lose the new run its protection (nor have its group killed)
+        self._live: collections.Counter[int] = collections.Counter()
         self.killed = 0                      # strays killed by sweeps, since the start
         if dedicated:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
     def started(self, pid: int) -> None:
         """Called with ``guard`` held (``Sandbox.run``'s ``on_start``)."""
-        self._live.add(pid)
+        self._live[pid] += 1
 
     def ended(self, pid: int | None) -> None:
         """A run's call returned: its session's group is killed, then (dedicated) every stray."""
         with self.guard:
             if pid is not None:
-                self._live.discard(pid)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
+                self._live[pid] -= 1
+                if self._live[pid] <= 0:
+                    del self._live[pid]
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGKILL)
         self.sweep()
 
     def sweep(self) -> int:
