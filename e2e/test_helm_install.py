@@ -550,7 +550,10 @@ EVENT_ONLY = {"kubeforge_operator_failures_total", "kubeforge_operator_recovery_
               "kubeforge_pool_queue_wait_seconds_bucket", "kubeforge_pool_adapter_swaps_total",
               "kubeforge_pool_adapter_swap_seconds_bucket",
               # groups dropped for an episode lost with its environment server (none in a clean run)
-              "kubeforge_infra_masked_rollouts_total"}
+              "kubeforge_infra_masked_rollouts_total",
+              # sandbox pods run only in jobs with spec.sandbox (docs/sandboxes.md); this job has none
+              "kubeforge_sandbox_claims_total", "kubeforge_sandbox_runs_total", "kubeforge_sandbox_resets_total",
+              "kubeforge_sandbox_refusals_total", "kubeforge_sandbox_leases", "kubeforge_sandbox_run_seconds_bucket"}
 
 
 def test_every_dashboard_query_parses_and_names_a_real_series(prometheus: Prometheus, job: JobRun) -> None:

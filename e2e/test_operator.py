@@ -443,3 +443,44 @@ def test_namespace_scoping(env: Any, ns: str, tmp_path: pathlib.Path) -> None:
         scoped.stop()
         k.run("delete", "namespace", other, "--wait=false", check=False)
         op.start()
+
+
+def test_a_sandbox_pool_renders_outside_the_gang_and_its_pods_hold_nothing(env: Any, ns: str) -> None:
+    """``spec.sandbox`` (docs/sandboxes.md): the operator makes the sandbox StatefulSet, headless Service,
+    NetworkPolicy and key Secret; the sandbox pods run beside the job's three (not counted in its roles, not in the
+    gang, without the job label), token-less and key-less; the verifiers are told the pool; deleting the job takes
+    the pool with it."""
+    _, k, _ = env
+    doc = example("tiny", ns, task={"code": {}, "seed": 0},
+                  verifiers=[{"name": "tests", "type": "CodeExecution"}],
+                  sandbox={"replicas": 2, "slots": 4, "tolerations": [dict(testing.KWOK_TOLERATION)]})
+    doc["spec"]["algorithm"]["maxNewTokens"] = 64
+    doc["spec"].pop("evaluation", None)
+    k.apply(doc)
+    st = wait("tiny Running", phase_is(k, ns, "tiny", "Running"))
+    assert st["ready"] == "3/3" and sorted(st["roles"]) == ["generator", "trainer", "verifier"]
+    boxes = wait("2 sandbox pods Running", lambda: [
+        p for p in k.items("pods", ns, "kubeforge.dev/sandbox-of=tiny")
+        if p["status"].get("phase") == "Running"] if len(k.items("pods", ns, "kubeforge.dev/sandbox-of=tiny")) == 2
+        else None)
+    for p in boxes:
+        labels, spec = p["metadata"]["labels"], p["spec"]
+        assert LABEL_JOB not in labels and "scheduling.x-k8s.io/pod-group" not in labels
+        assert spec["automountServiceAccountToken"] is False
+        assert not any("projected" in v or "secret" in v for v in spec.get("volumes", []))
+        env_names = {e["name"] for e in spec["containers"][0]["env"]}
+        assert "KUBEFORGE_JOB_KEY" not in env_names and "KUBEFORGE_SANDBOX_KEY" in env_names
+    assert {p["metadata"]["name"] for p in boxes} == {"tiny-sandbox-0", "tiny-sandbox-1"}
+    assert len(pods(k, ns, "tiny")) == 3                  # the job's own pods: the sandbox pods are not among them
+    got = children(k, ns, "tiny")
+    assert "tiny-sandbox" in got["statefulsets"] and "tiny-sandbox" in got["services"]
+    assert "tiny-sandbox-network" in got["networkpolicies"]
+    policy = k.get("networkpolicy", "tiny-sandbox-network", "-n", ns)
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and not policy["spec"].get("egress")
+    k.get("secret", "tiny-sandbox-key", "-n", ns)         # drawn by the operator
+    verifier = k.items("pods", ns, f"{LABEL_JOB}=tiny,kubeforge.dev/role=verifier")[0]
+    venv = {e["name"]: e for e in verifier["spec"]["containers"][0]["env"]}
+    assert venv["KUBEFORGE_PEERS_SANDBOX"]["value"].startswith(f"tiny-sandbox-0.tiny-sandbox.{ns}.svc:")
+    k.run("delete", "rljob", "tiny", "-n", ns, "--wait=true", "--timeout=120s")
+    wait("the pool garbage-collected", lambda: not k.items("statefulsets", ns, f"{LABEL_JOB}=tiny")
+         and not k.items("pods", ns, "kubeforge.dev/sandbox-of=tiny") or None)

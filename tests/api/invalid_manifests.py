@@ -339,11 +339,17 @@ CASES: tuple[Case, ...] = (
     Case(id="agent-zero-concurrency", change=_all(_set("spec.environment", {"type": "Agent",
          "reward": "Verifiers"}), _set("spec.agent", {"program": ["a"], "concurrency": 0})),
          path="spec.agent.concurrency", message=GE),
+    Case(id="sandbox-zero-slots", change=_set("spec.sandbox", {"slots": 0}), path="spec.sandbox.slots", message=GE),
+    Case(id="sandbox-run-seconds-zero", change=_set("spec.sandbox", {"maxRunSeconds": 0}),
+         path="spec.sandbox.maxRunSeconds", message=GT),
 )
 
 
 # ---- cross-field and semantic rules (kubeforge.api.validate): the schema accepts these, the webhook refuses them
 TRAINER, GENERATOR = "spec.roles.trainer", "spec.roles.generator"
+# a code task scored by CodeExecution: a job a sandbox pool would serve
+_CODE = (_drop("spec.task.arithmetic"), _set("spec.task.code", {}), _set("spec.verifiers.0", {
+    "name": "tests", "type": "CodeExecution", "codeExecution": {"timeoutSeconds": 5}}))
 
 SEMANTIC_CASES: tuple[Case, ...] = (
     Case(id="prompts-below-trainer-replicas", change=_all(_set("spec.roles.trainer.replicas", 2),
@@ -508,6 +514,22 @@ SEMANTIC_CASES: tuple[Case, ...] = (
     Case(id="agent-image-invalid", change=_all(_set("spec.environment", {"type": "Agent", "reward": "Verifiers"}),
          _set("spec.agent", {"program": ["a"], "image": "Not An Image"})),
          path="spec.agent.image", message="not a valid image reference"),
+    # ---- spec.sandbox (a warm pool of sandbox pods; docs/sandboxes.md)
+    Case(id="sandbox-without-a-user", change=_set("spec.sandbox", {"replicas": 1}), path="spec.sandbox",
+         message="nothing would claim a sandbox"),
+    Case(id="sandbox-env-from-a-secret", change=_all(*_CODE, _set("spec.sandbox", {"env": [
+         {"name": "A", "value": "b"}, {"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})),
+         path="spec.sandbox.env[1].valueFrom", message="is given no secret"),
+    Case(id="sandbox-env-from", change=_all(*_CODE, _set("spec.sandbox", {"envFrom": [{"secretRef": {"name": "s"}}]})),
+         path="spec.sandbox.envFrom", message="is given no secret"),
+    Case(id="sandbox-secret-volume", change=_all(*_CODE, _set("spec.sandbox", {
+         "volumes": [{"name": "tools", "hostPath": {"path": "/opt/tools"}}, {"name": "v", "secret": {"secretName": "s"}}],
+         "volumeMounts": [{"name": "v", "mountPath": "/v"}]})), path="spec.sandbox.volumes[1]",
+         message="is given no secret"),
+    Case(id="sandbox-run-below-code-timeout", change=_all(*_CODE, _set("spec.sandbox", {"maxRunSeconds": 2})),
+         path="spec.verifiers[0].codeExecution.timeoutSeconds", message="should be at most spec.sandbox.maxRunSeconds"),
+    Case(id="sandbox-image-invalid", change=_all(*_CODE, _set("spec.sandbox", {"image": "Not An Image"})),
+         path="spec.sandbox.image", message="not a valid image reference"),
     # ---- spec.generatorPool (the pool itself unknown here: what only the job says)
     Case(id="pool-job-generator-min-replicas", change=_all(_set("spec.model.lora", {"rank": 8}),
          _set("spec.generatorPool", {"name": "shared"}), _set("spec.roles.generator.minReplicas", 1)),

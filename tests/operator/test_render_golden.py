@@ -86,6 +86,11 @@ CASES = {
                   dataclasses.replace(CTX, pool_engines=2, pool_port_base=29510, key_secret="tiny-key-0123456789")),
     # the user's agent in pods of its own (docs/agents.md, "Agents in their own pods"): <job>-agent outside the
     # gang, the agent key and not the job key, the generators' agent key and pod IP
+    # spec.sandbox (docs/sandboxes.md): a code task scored by CodeExecution in a warm pool of sandbox pods
+    "tiny-sandbox": (lambda: opbuilders.job(
+        "tiny", spec__task={"code": {}, "seed": 0}, spec__algorithm__maxNewTokens=64,
+        spec__verifiers=[{"name": "tests", "type": "CodeExecution", "codeExecution": {"timeoutSeconds": 5}}],
+        spec__sandbox={"replicas": 2, "slots": 16, "maxRunSeconds": 20, "nodeSelector": {"pool": "cpu"}}), CTX),
     "tiny-agent": (lambda: opbuilders.job(
         "tiny", spec__environment={"type": "Agent", "reward": "Verifiers"}, spec__roles__generator={"replicas": 2},
         spec__agent={"replicas": 3, "concurrency": 8, "program": ["python", "/agent/run.py"],

@@ -164,3 +164,72 @@ def test_the_network_policy_admits_the_agent_pods_and_no_one_else_to_the_endpoin
     endpoint_port = contract.DEFAULT_PORT_BASE + contract.PORT_AGENTS
     assert [p["port"] for p in metrics_only["ports"]] == [contract.DEFAULT_PORT_BASE + contract.PORT_METRICS]
     assert endpoint_port not in [p["port"] for p in metrics_only["ports"]]
+
+
+# ---------------------------------------------------------------- sandbox pods (spec.sandbox)
+
+SANDBOX_JOB = dict(spec__task={"code": {}, "seed": 0}, spec__algorithm__maxNewTokens=64,
+                   spec__verifiers=[{"name": "tests", "type": "CodeExecution"}], spec__sandbox={"replicas": 2})
+
+
+def _kind(out: render.Rendered, kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in out.desired if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+def test_sandbox_pods_render_restricted_holding_nothing_of_the_job() -> None:
+    out = render.render(opbuilders.job("tiny", **SANDBOX_JOB), CTX)
+    sts = _kind(out, "StatefulSet", "tiny-sandbox")
+    pod = sts["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    assert pod["enableServiceLinks"] is False
+    (c,) = pod["containers"]
+    assert c["args"] == ["role", "sandbox"] and c["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e for e in c["env"]}
+    assert contract.ENV_JOB_KEY not in env and contract.ENV_CONFIG not in env
+    assert env[contract.ENV_SANDBOX_KEY]["valueFrom"]["secretKeyRef"]["name"] == "tiny-sandbox-key"
+    assert not any("secret" in v or "configMap" in v for v in pod["volumes"])      # no mount of the job's
+    assert c["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}               # never unbounded
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert contract.LABEL_JOB not in labels and labels[contract.LABEL_SANDBOX_OF] == "tiny"
+    assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert sts["metadata"]["labels"][contract.LABEL_JOB] == "tiny"                # the object routes to the job
+    svc = _kind(out, "Service", "tiny-sandbox")
+    assert svc["spec"]["selector"].items() <= labels.items() and svc["spec"]["clusterIP"] == "None"
+
+
+def test_only_verifiers_reach_the_sandbox_pods_and_they_reach_nothing() -> None:
+    out = render.render(opbuilders.job("tiny", **SANDBOX_JOB), CTX)
+    labels = _kind(out, "StatefulSet", "tiny-sandbox")["spec"]["template"]["metadata"]["labels"]
+    job_policy = _kind(out, "NetworkPolicy", "tiny-network")
+    # the job's policy selects pods by the job label: sandbox pods are neither protected nor admitted by it
+    own = job_policy["spec"]["podSelector"]["matchLabels"]
+    assert not own.items() <= labels.items()
+    policy = _kind(out, "NetworkPolicy", "tiny-sandbox-network")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and policy["spec"]["egress"] == []
+    verifiers, metrics_only = policy["spec"]["ingress"]
+    verifier_labels = _sts(out, "verifier")["spec"]["template"]["metadata"]["labels"]
+    (peer,) = verifiers["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= verifier_labels.items()
+    for role in ("generator", "trainer"):
+        assert not peer["podSelector"]["matchLabels"].items() <= _sts(out, role)["spec"]["template"]["metadata"][
+            "labels"].items()
+    assert [p["port"] for p in verifiers["ports"]] == [contract.DEFAULT_PORT_BASE + contract.PORT_SANDBOX]
+    assert [p["port"] for p in metrics_only["ports"]] == [contract.DEFAULT_PORT_BASE + contract.PORT_METRICS]
+
+
+def test_the_verifiers_are_told_the_pool_and_no_one_else_is() -> None:
+    out = render.render(opbuilders.job("tiny", **SANDBOX_JOB), CTX)
+
+    def env_of(role: str) -> dict[str, Any]:
+        return {e["name"]: e for e in _sts(out, role)["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    ver = env_of("verifier")
+    assert ver[contract.ENV_SANDBOXES]["value"] == ("tiny-sandbox-0.tiny-sandbox.ns.svc:29500,"
+                                                    "tiny-sandbox-1.tiny-sandbox.ns.svc:29500")
+    assert ver[contract.ENV_SANDBOX_KEY]["valueFrom"]["secretKeyRef"]["name"] == "tiny-sandbox-key"
+    for role in ("generator", "trainer"):
+        assert contract.ENV_SANDBOX_KEY not in env_of(role)
+    plain = render.render(opbuilders.job("tiny"), CTX)
+    assert not any(o["metadata"]["name"].startswith("tiny-sandbox") for o in plain.desired)

@@ -61,14 +61,7 @@ def read(env: Mapping[str, str]) -> tuple[AgentEnv, list[str]]:
     path = env.get(contract.ENV_CONFIG, "")
     if not path:
         problems.append(f"{contract.ENV_CONFIG}: Required value")
-    raw = env.get(contract.ENV_AGENT_KEY, "")
-    try:
-        agent_key = bytes.fromhex(raw)
-    except ValueError:
-        agent_key = b""
-    if len(agent_key) < roleenv.JOB_KEY_MIN_BYTES:
-        problems.append(f"{contract.ENV_AGENT_KEY}: Invalid value: must be at least {2 * roleenv.JOB_KEY_MIN_BYTES} "
-                        "hex characters")
+    agent_key = roleenv.secret_key(env, contract.ENV_AGENT_KEY, problems)
     return AgentEnv(index=index, config_path=path, job_name=env.get(contract.ENV_JOB_NAME) or None,
                     port_base=port_base, bind_host=env.get(contract.ENV_BIND_HOST) or "0.0.0.0",
                     generators=generators, agent_key=agent_key), problems

@@ -31,6 +31,9 @@ ROLES = ("generator", "verifier", "trainer")
 # The user's agent pods (spec.agent, docs/agents.md "Agents in their own pods"): not one of ROLES. They hold no
 # gang place, no world size and no attempt of their own: an agent pod that dies costs its episodes only.
 AGENT = "agent"
+# The job's sandbox pods (spec.sandbox, docs/sandboxes.md): not one of ROLES either, and their pods do not carry
+# LABEL_JOB (the job's NetworkPolicy admits the job's pods everywhere; a pod running model-written code is not one).
+SANDBOX = "sandbox"
 
 # ---- environment variables (one contract, pods and local processes alike) ----
 ENV_PREFIX = "KUBEFORGE_"                    # every contract variable starts so; a role's own env may not
@@ -58,6 +61,9 @@ ENV_AGENT_KEY = "KUBEFORGE_AGENT_KEY"        # generators and agent pods of a jo
                                              # agent pod claims episodes with (never the job key)
 ENV_POD_IP = "KUBEFORGE_POD_IP"              # generators of a job with spec.agent: the address the agents endpoint
                                              # binds (downward API status.podIP; 127.0.0.1 locally)
+ENV_SANDBOX_KEY = "KUBEFORGE_SANDBOX_KEY"    # verifiers and sandbox pods of a job with spec.sandbox: the credential
+                                             # of the sandbox protocol (never the job key)
+ENV_SANDBOXES = "KUBEFORGE_PEERS_SANDBOX"    # verifiers of a job with spec.sandbox: the sandbox pods' host:portBase
 ENV_CPUS = "KUBEFORGE_CPUS"                  # CPU ids ("0,2-3") the process pins itself to and sizes its threads by
 
 
@@ -89,6 +95,7 @@ PORT_DIST = 3         # torch.distributed store of the trainers' data-parallel g
 PORT_WEIGHTS = 4      # torch.distributed store of the weight-sync group (trainer 0)
 PORT_ENV = 5          # ZeroMQ: a verifier's environment server (generators' episodes step there: docs/agents.md)
 PORT_AGENTS = 6       # HTTP: a generator's agents endpoint (spec.agent): episodes handed out, model calls served
+PORT_SANDBOX = 7      # HTTP: a sandbox pod's claim/run/release protocol (spec.sandbox)
 PORTS_PER_PROCESS = 10
 
 # ---- labels and annotations (operator writes; runtime reads/writes where noted) ----
@@ -97,6 +104,7 @@ LABEL_ROLE = "kubeforge.dev/role"                # generator | verifier | traine
 LABEL_ATTEMPT = "kubeforge.dev/attempt"          # restart attempt the pods belong to
 LABEL_POOL = "kubeforge.dev/pool"                # the GeneratorPool's name, on every child and pod of a pool
 LABEL_TRAINER_EPOCH = "kubeforge.dev/trainer-epoch"  # trainer pods: status.trainerEpoch when the pod was created
+LABEL_SANDBOX_OF = "kubeforge.dev/sandbox-of"    # sandbox pods: the RLJob's name (instead of LABEL_JOB, on purpose)
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "kubeforge"
 FIELD_MANAGER = "kubeforge-operator"
@@ -127,6 +135,12 @@ def agent_key_secret(job: str) -> str:
     """Name of the Secret holding ENV_AGENT_KEY (key ``JOB_KEY_SECRET_KEY``) of a job with spec.agent: drawn apart
     from the job key, so an agent pod, which gets only this one, can claim episodes and nothing else."""
     return f"{job}-agent-key"
+
+
+def sandbox_key_secret(job: str) -> str:
+    """Name of the Secret holding ENV_SANDBOX_KEY (key ``JOB_KEY_SECRET_KEY``) of a job with spec.sandbox: drawn
+    apart from the job key; sandbox pods get only this one, which opens sandboxes and nothing else."""
+    return f"{job}-sandbox-key"
 
 
 # ---- what kubeforge reserves inside a role's pod (a user's volumes and mounts may not collide) ----
@@ -163,6 +177,13 @@ def pod_name(job: str, role: str, index: int, *, gang_held: int | None = None) -
     if role == "generator" and gang_held is not None and index >= gang_held:
         return f"{surplus_generators(job)}-{index}"
     return f"{child_name(job, role)}-{index}"
+
+
+def sandbox_host(job: str, index: int, namespace: str) -> str:
+    """Stable DNS name of sandbox pod ``index`` of a job with spec.sandbox: its StatefulSet and headless Service are
+    both ``child_name(job, SANDBOX)`` (the job's own Service selects the job label, which sandbox pods lack)."""
+    name = child_name(job, SANDBOX)
+    return f"{name}-{index}.{name}.{namespace}.svc"
 
 
 def peer_host(job: str, role: str, index: int, namespace: str, *, gang_held: int | None = None) -> str:

@@ -195,6 +195,18 @@ def job_key(raw: str, problems: list[str]) -> bytes | None:
     return key
 
 
+def secret_key(env: Mapping[str, str], name: str, problems: list[str]) -> bytes:
+    """A required key of at least ``JOB_KEY_MIN_BYTES`` bytes of hex in variable ``name`` (the agent key, the
+    sandbox key); b"" and a problem naming the variable otherwise."""
+    try:
+        key = bytes.fromhex(env.get(name, ""))
+    except ValueError:
+        key = b""
+    if len(key) < JOB_KEY_MIN_BYTES:
+        problems.append(f"{name}: Invalid value: must be at least {2 * JOB_KEY_MIN_BYTES} hex characters")
+    return key
+
+
 def parse_peers(raw: str, *, key: str, problems: list[str]) -> tuple[Peer, ...]:
     """``host:port,host:port`` → peers; one problem per malformed entry."""
     out: list[Peer] = []

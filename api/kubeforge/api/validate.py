@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubeforge.api import builtins, contract, rljob, validate_environment
+from kubeforge.api import builtins, contract, rljob, validate_environment, validate_sandbox
 
 Problems = Iterator[str]
 
@@ -382,6 +382,8 @@ def _roles(spec: rljob.RLJobSpec) -> Problems:
         if any(not a for a in spec.agent.program):
             yield (f"spec.agent.program: Invalid value: {spec.agent.program!r}: must be a non-empty list of non-empty "
                    "strings")
+    if spec.sandbox is not None:    # the sandbox pods render like the roles' (render/sandbox.py)
+        yield from pod_problems("spec.sandbox", spec.sandbox)
 
 
 # ---------------------------------------------------------------- fields added since the admission work
@@ -538,5 +540,5 @@ def _generator_pool(spec: rljob.RLJobSpec) -> Problems:
 RULES: tuple[Callable[[rljob.RLJobSpec], Problems], ...] = (
     _algorithm, _sync, _generator, _task, _verifiers, _gang, _roles, _dynamic_sampling,
     _builtin_model, _evaluation, _lr_schedule, _reward, _verifiers_and_task, _trainer_and_elastic,
-    _mismatch_corrections, validate_environment.problems, _generator_pool, _peer_silence,
+    _mismatch_corrections, validate_environment.problems, _generator_pool, _peer_silence, validate_sandbox.problems,
 )

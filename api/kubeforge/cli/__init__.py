@@ -4,8 +4,8 @@ Subcommands:
 - ``kubeforge run FILE [--run-dir DIR] [--steps N]`` → ``kubeforge.runtime.launcher`` (local run of an RLJob); with
   a GeneratorPool and its jobs (``kubeforge run pool.yaml job-a.yaml ...``) the files are checked together, then
   ``kubeforge.runtime.launcher.poolrun`` runs the pool's engines and the jobs (docs/generator-pool.md)
-- ``kubeforge role generator|verifier|trainer|agent`` → ``kubeforge.runtime.role`` (the container entrypoint; ``agent``:
-  an agent pod's process, ``spec.agent``)
+- ``kubeforge role generator|verifier|trainer|agent|sandbox`` → ``kubeforge.runtime.role`` (the container entrypoint;
+  ``agent``: an agent pod's process, ``spec.agent``; ``sandbox``: a sandbox pod's, ``spec.sandbox``)
 - ``kubeforge operator ...`` → ``kubeforge.operator.entry:main`` (argv passed through)
 - ``kubeforge crd ...`` → ``kubeforge.api.crd:main`` (argv passed through)
 - ``kubeforge export RUN_DIR [--wait S]`` → ``kubeforge.runtime.trainer.export_requests`` (ask a local run for its
@@ -27,7 +27,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import cast
 
-ROLES = ("generator", "verifier", "trainer", "agent")   # agent: an agent pod's process (spec.agent)
+# agent: an agent pod's process (spec.agent); sandbox: a sandbox pod's process (spec.sandbox)
+ROLES = ("generator", "verifier", "trainer", "agent", "sandbox")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -199,6 +199,7 @@ def observe(pods: Iterable[Raw], seen_failures: Iterable[Failure] = ()) -> Obser
 
 def observe_facts(facts: Iterable[PodFacts], seen_failures: Iterable[Failure] = ()) -> Observed:
     """Observed facts from already typed pods (the watch cache's), sorted by name."""
-    # agent pods (spec.agent) are not the job's roles: their end costs episodes (agent_lost), never a restart
-    kept = (f for f in facts if f.role != contract.AGENT)
+    # agent pods (spec.agent) are not the job's roles: their end costs episodes (agent_lost), never a restart; nor
+    # are sandbox pods (spec.sandbox: they lack the job label, so a watch by it never sees them; kept out here too)
+    kept = (f for f in facts if f.role not in (contract.AGENT, contract.SANDBOX))
     return Observed(pods=tuple(sorted(kept, key=lambda p: p.name)), seen_failures=tuple(seen_failures))

@@ -27,7 +27,7 @@ from typing import Any
 from kubeforge.api import contract, failures, load, poolkeys, rljob
 from kubeforge.operator import (apply, exports, fencing, gangauto, lifecycle, metrics, names, nodeloss, observed,
                                 peersilence, poolports, queueing, reasons, render, status, timefmt, watchcache)
-from kubeforge.operator.render import agent, context, gang, meta, secret
+from kubeforge.operator.render import agent, context, gang, meta, sandbox, secret
 from kubeforge.operator.render import workload as workload_render
 
 log = logging.getLogger("kubeforge.operator")
@@ -419,6 +419,12 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
         if job.spec.agent is not None:   # the agent pods' key, drawn apart from the job key (render/agent.py)
             cluster.create_if_absent(agent.agent_key_secret(job, ctx, key_hex=secrets.token_hex(32)))
         cache.key_secret_made(key, wanted_secret)
+    sandbox_secret = contract.sandbox_key_secret(name)
+    if job.spec.sandbox is not None and not cache.has_key_secret(key, sandbox_secret):
+        # the sandbox pods' key, drawn apart from the job key (render/sandbox.py); checked on its own, so a pool
+        # added to a running job gets its key too
+        cluster.create_if_absent(sandbox.key_secret(job, ctx, key_hex=secrets.token_hex(32)))
+        cache.key_secret_made(key, sandbox_secret)
     # The children are a function of the spec (its generation), the job's identity and the context alone (the
     # renderers read no status), so a pass whose render key matches the last complete apply skips both steps.
     generation = raw["metadata"].get("generation")

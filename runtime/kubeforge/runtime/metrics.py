@@ -113,6 +113,22 @@ class Metrics:
                                                          buckets=_SECONDS), self._base)
         self.endpoint_first_token_seconds = h("endpoint_first_token_seconds", "Time from a streamed chat "
                                               "completion's body read to its first content sent.", _SECONDS)
+        # a sandbox pod (spec.sandbox; sandboxes.server): leases, runs, resets, refusals
+        self.sandbox_claims = Family(self._raw(prom.Counter, "sandbox_claims_total", "Claims a sandbox pod "
+                                               "answered, by outcome: claimed (a lease handed out), empty (no slot "
+                                               "free within the claim's wait).", ("outcome",)), self._base)
+        self.sandbox_runs = Family(self._raw(prom.Counter, "sandbox_runs_total", "Programs a sandbox pod ran, by "
+                                             "status: ok, timeout (killed past its limit), crashed (a limit hit, a "
+                                             "flood, no result).", ("status",)), self._base)
+        self.sandbox_resets = Family(self._raw(prom.Counter, "sandbox_resets_total", "Leases reset and freed, by "
+                                               "reason: release, idle (no call for idleSeconds), dirty (a run timed "
+                                               "out or crashed: never reused).", ("reason",)), self._base)
+        self.sandbox_refusals = Family(self._raw(prom.Counter, "sandbox_refusals_total", "Requests a sandbox pod "
+                                                 "refused, by reason: unauthorized, malformed, too_large, "
+                                                 "not_found, unknown_lease, busy.", ("reason",)), self._base)
+        self.sandbox_leases = g("sandbox_leases", "Leases a sandbox pod holds now (claimed, not yet reset).")
+        self.sandbox_run_seconds = h("sandbox_run_seconds", "Wall time of one sandboxed run, process start to "
+                                     "result.", _SECONDS)
         self.fenced_pushes = c("fenced_pushes_total", "Weight pushes (SYNC) refused: sent by a trainer epoch older "
                                "than one this generator has seen (docs/fencing.md).")
         # a GeneratorPool's engine (generator.pool), by attached job: labelled `rljob` as a job's own roles are (a

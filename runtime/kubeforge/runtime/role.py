@@ -34,6 +34,9 @@ def run(*, role: str, environ: Mapping[str, str] | None = None) -> int:
     if role == contract.AGENT:     # an agent pod's process (spec.agent): not a role, no job key, no peers of its own
         import kubeforge.runtime.agents.pods.start
         return kubeforge.runtime.agents.pods.start.run(env)
+    if role == contract.SANDBOX:   # a sandbox pod's process (spec.sandbox): not a role, no manifest, no job key
+        import kubeforge.runtime.sandboxes.start
+        return kubeforge.runtime.sandboxes.start.run(env)
     if role == "generator" and env.get(contract.ENV_POOL):   # a GeneratorPool's engine: its config is the pool's
         import kubeforge.runtime.generator.pool.start
         return kubeforge.runtime.generator.pool.start.run(env)

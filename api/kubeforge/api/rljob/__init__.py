@@ -155,6 +155,7 @@ from kubeforge.api.rljob.environment import (
     VerifiersEnvironment,
 )
 from kubeforge.api.rljob.agent import AgentSpec
+from kubeforge.api.rljob.sandbox import SandboxSpec
 from kubeforge.api.rljob.pool import (
     GeneratorPoolRef,
     MSG_POOL_IMMUTABLE,
@@ -186,6 +187,7 @@ from kubeforge.api.rljob.spec import (
 __all__ = [
     "AccessMode",
     "AgentSpec",
+    "SandboxSpec",
     "Aggregation",
     "AlgorithmSpec",
     "ArithmeticOp",

@@ -21,6 +21,7 @@ from kubeforge.api.rljob.gang import GangSpec, PlacementSpec
 from kubeforge.api.rljob.model import ModelSpec
 from kubeforge.api.rljob.pool import MSG_POOL_NEEDS_LORA, SPEC_RULES as POOL_RULES, GeneratorPoolRef
 from kubeforge.api.rljob.roles import RolesSpec
+from kubeforge.api.rljob.sandbox import SandboxSpec
 from kubeforge.api.rljob.status import RLJobStatus
 from kubeforge.api.rljob.task import EvaluationSpec, TaskSpec
 from kubeforge.api.rljob.verifiers import RewardSpec, VerifierSpec
@@ -61,6 +62,9 @@ class RLJobSpec(Model):
     agent: AgentSpec | None = Field(None, description="The user's agent program in pods of its own, one process "
                                     "per episode, calling the policy through the generators' endpoint with "
                                     "per-episode credentials (environment.type Agent; docs/agents.md).")
+    sandbox: SandboxSpec | None = Field(None, description="A warm pool of sandbox pods where the CodeFeedback "
+                                        "environment's and the CodeExecution verifier's programs run, one lease "
+                                        "per episode (docs/sandboxes.md); unset: they run beside the environment.")
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="Trainer to generator sync.")
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec, description="How generation and training share "
                                    "the cores or GPUs: Overlapped | Colocated | Disaggregated.")

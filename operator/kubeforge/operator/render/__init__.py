@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from kubeforge.api import rljob
-from kubeforge.operator.render import agent, config, context, meta, network, rbac, service, statefulset
+from kubeforge.operator.render import agent, config, context, meta, network, rbac, sandbox, service, statefulset
 from kubeforge.operator.render import gang as gangs
 
 
@@ -36,4 +36,6 @@ def render(job: rljob.RLJob, ctx: context.RenderContext) -> Rendered:
         absent.append(statefulset.surplus_ref(job, ctx))
     if job.spec.agent is not None:      # the user's agent pods: no gang place (render/agent.py)
         desired.append(agent.statefulset(job, ctx))
+    if job.spec.sandbox is not None:    # the warm pool of sandbox pods: no gang place (render/sandbox.py)
+        desired += sandbox.objects(job, ctx)
     return Rendered(desired=tuple(desired), absent=tuple(absent))

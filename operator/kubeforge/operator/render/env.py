@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kubeforge.api import contract, rljob, roleenv
 from kubeforge.operator import names
-from kubeforge.operator.render import context, meta
+from kubeforge.operator.render import context, meta, sandbox
 
 
 def peers(job: rljob.RLJob, role: str, namespace: str, *, pool_engines: int = 0,
@@ -58,6 +58,10 @@ def role_env(job: rljob.RLJob, ctx: context.RenderContext, *, role: str) -> list
                                                                   contract.JOB_KEY_SECRET_KEY)),
                   entry(contract.ENV_POD_IP, roleenv.FieldRef("status.podIP"))]
         contract_env = {**contract_env, contract.ENV_AGENT_KEY: "", contract.ENV_POD_IP: ""}
+    if role == "verifier" and job.spec.sandbox is not None:   # the sandbox pool's clients (render/sandbox.py)
+        pool = sandbox.client_env(job, ctx)
+        fixed += [entry(name, value) for name, value in pool.items()]
+        contract_env = {**contract_env, **{name: "" for name in pool}}
     extra = [own_var(e) for e in getattr(job.spec.roles, role).env if e.name not in contract_env]
     return fixed + extra
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -119,3 +120,14 @@ def native_turn(text: str) -> tuple[str, list[ToolCall]]:
 def as_dict(result: StepResult) -> dict[str, Any]:
     """A step result as plain data (what a child process sends back: msgpack, never pickle)."""
     return dataclasses.asdict(result)
+
+
+def close(env: Any) -> None:
+    """The episode of ``env`` ended: an environment with a ``close()`` (optional in the protocol; CodeFeedback's
+    releases its sandbox lease) is told so. Its failure is printed, never raised: the host goes on."""
+    fn = getattr(env, "close", None)
+    if callable(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - the environment's failure must not stop its host
+            print(f"environment close: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubeforge.api import agentenv, contract, failures, load, progress, rljob, roleenv
+from kubeforge.api import agentenv, contract, failures, load, progress, rljob, roleenv, sandboxenv
 from kubeforge.runtime import affinity, config, hardware
 from kubeforge.runtime.launcher import localenv, placement, plot, ports, progressbar, rundir, summary, supervisor
 from kubeforge.runtime.learner import fence
@@ -91,7 +91,8 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
     if generators is not None:
         peers["generator"] = list(generators)
     agent_key = secrets.token_bytes(32) if job.spec.agent is not None else None
-    out = []
+    box = sandbox_specs(job=job, run=run) if job.spec.sandbox is not None else None
+    out = [] if box is None else list(box[0])
     for role in ("trainer", "verifier", "generator"):
         for i in range(counts[role]):
             env = dict(os.environ)
@@ -108,6 +109,8 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
             env.pop(contract.ENV_CPUS, None)
             if role == "generator" and agent_key is not None:    # the agent pods' claims (agents/pods)
                 env[contract.ENV_AGENT_KEY] = agent_key.hex()
+            if role == "verifier" and box is not None:           # the sandbox pool's clients (docs/sandboxes.md)
+                env.update({k: str(v) for k, v in box[1].items()})
             if role in pinned:
                 env[contract.ENV_CPUS] = affinity.render(pinned[role])
             if role in pools:       # a width the user set (their environment or the role's env) wins
@@ -119,6 +122,30 @@ def process_specs(*, job: rljob.RLJob, run: rundir.RunDir, attempt: int,
     if agent_key is not None:
         out += agent_specs(job=job, run=run, agent_key=agent_key, generators=peers["generator"])
     return out
+
+
+def sandbox_specs(*, job: rljob.RLJob, run: rundir.RunDir) -> tuple[list[supervisor.ProcSpec], dict[str, str]]:
+    """The sandbox processes of ``spec.sandbox`` (as its pods would be: the sandbox key, their settings, no job key,
+    no manifest) and what the verifiers are told (their addresses and the key). Started first: a verifier's first
+    claim finds them up. The supervisor restarts one that exits, in place, outside the failure policy
+    (``supervisor.split_agents``): a sandbox pod's death costs the runs it held."""
+    box = job.spec.sandbox
+    assert box is not None
+    key = secrets.token_bytes(32)
+    out, peers = [], []
+    for i, base in enumerate(ports.allocate(box.replicas, blocks=1)):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(contract.ENV_PREFIX)}
+        env.update({k: str(v) for k, v in sandboxenv.render(
+            index=i, job_name=job.metadata.name, port_base=base, bind_host="127.0.0.1", key=key, slots=box.slots,
+            max_run_seconds=box.max_run_seconds, idle_seconds=box.idle_seconds).items()})
+        env["PYTHONUNBUFFERED"] = "1"
+        name = f"{contract.SANDBOX}-{i}"
+        out.append(supervisor.ProcSpec(
+            name=name, role=contract.SANDBOX,
+            argv=[sys.executable, "-m", "kubeforge.cli", "role", contract.SANDBOX], env=env, log=run.log(name),
+            port_base=base))
+        peers.append(roleenv.Peer(host="127.0.0.1", port_base=base))
+    return out, {k: str(v) for k, v in sandboxenv.client_env(sandboxes=peers, key=key).items()}
 
 
 def agent_specs(*, job: rljob.RLJob, run: rundir.RunDir, agent_key: bytes,

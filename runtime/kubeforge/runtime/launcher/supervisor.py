@@ -83,9 +83,10 @@ def judge(*, exits: Sequence[Exit], trainers: int, restarts: int, policy: rljob.
 
 
 def split_agents(exits: Sequence[Exit]) -> tuple[list[Exit], list[Exit]]:
-    """The role processes' exits (judged by the failure policy) and the agent processes' (``spec.agent``: not a
-    role; restarted in place, never judged, as their pods are by their StatefulSet)."""
-    return ([e for e in exits if e.role != contract.AGENT], [e for e in exits if e.role == contract.AGENT])
+    """The role processes' exits (judged by the failure policy) and the agent and sandbox processes' (``spec.agent``,
+    ``spec.sandbox``: not roles; restarted in place, never judged, as their pods are by their StatefulSets)."""
+    outside = (contract.AGENT, contract.SANDBOX)       # spec.sandbox's processes: the same rule as agents'
+    return ([e for e in exits if e.role not in outside], [e for e in exits if e.role in outside])
 
 
 def describe(code: int) -> str:

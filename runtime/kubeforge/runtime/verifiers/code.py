@@ -7,7 +7,9 @@ Contract: the reference answer holds the tests, one Python statement per line (u
 blank lines and ``#`` comments are skipped. The completion's code is the first fenced block (```` ```python ````
 or ```` ``` ````) when it has one, else the whole completion. Score: the fraction of tests that pass
 (``partialCredit``), else 1 only when all pass. A run that times out, crashes, or is stopped by a limit scores 0:
-the completion failed, the verifier did not. The group's completions run ``parallelism`` at a time.
+the completion failed, the verifier did not. The group's completions run ``parallelism`` at a time: in the local
+sandbox, or, when the job has ``spec.sandbox``, each in a lease of the sandbox pods (claimed, run, released:
+``sandboxes.client``; docs/sandboxes.md).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Sequence
 
 from kubeforge.api import rljob
 from kubeforge.runtime import types
+from kubeforge.runtime.sandboxes import client
 from kubeforge.runtime.verifiers import sandbox
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -37,18 +40,21 @@ def tests_of(reference: str) -> list[str]:
 
 
 class CodeExecution:
-    def __init__(self, settings: rljob.CodeExecutionVerifier) -> None:
+    def __init__(self, settings: rljob.CodeExecutionVerifier, *, pool: client.Pool | None = None) -> None:
         global _warned
         self.settings = settings
         self.parallelism = settings.parallelism or os.cpu_count() or 1
-        self.sandbox = sandbox.Sandbox(sandbox.Limits(
+        self.limits = sandbox.Limits(
             timeout_s=settings.timeout_seconds, memory_mib=settings.memory_mi_b,
-            max_processes=settings.max_processes, max_file_mib=settings.max_file_mi_b), concurrent=self.parallelism)
+            max_processes=settings.max_processes, max_file_mib=settings.max_file_mi_b)
+        self.sandbox = sandbox.Sandbox(self.limits, concurrent=self.parallelism)
+        self.pool = pool if pool is not None else client.from_env()
         self.status: collections.Counter[str] = collections.Counter()
         if not _warned:
             _warned = True
-            print(f"verifier: CodeExecution sandbox mechanisms: {', '.join(sandbox.mechanisms())}",
-                  file=sys.stderr, flush=True)
+            where = (f"the job's sandbox pods ({len(self.pool.bases)})" if self.pool is not None
+                     else f"this pod: {', '.join(sandbox.mechanisms())}")
+            print(f"verifier: CodeExecution runs in {where}", file=sys.stderr, flush=True)
 
     def score(self, prompt: types.Prompt, completions: Sequence[str]) -> list[float]:
         tests = tests_of(prompt.answer)
@@ -60,7 +66,14 @@ class CodeExecution:
             return list(ex.map(lambda c: self._one(c, tests), completions))
 
     def _one(self, completion: str, tests: list[str]) -> float:
-        r = self.sandbox.run(program(completion), tests)
+        if self.pool is not None:       # one lease per completion: its episode's sandbox
+            episode = client.Episode(self.pool, self.limits)
+            try:
+                r = episode.run(program(completion), tests)
+            finally:
+                episode.close()
+        else:
+            r = self.sandbox.run(program(completion), tests)
         self.status[r.status] += 1
         if r.status != "ok" or r.total == 0:
             return 0.0

@@ -22,6 +22,7 @@ Invariants: nothing the code does can crash or stop the caller: every failure is
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from kubeforge.runtime import confine, isolation
 
@@ -126,7 +128,11 @@ class Sandbox:
         self.root = root
         self.concurrent = max(1, concurrent)   # runs at once: they share the unprivileged user's process count
 
-    def run(self, source: str, tests: list[str]) -> Result:
+    def run(self, source: str, tests: list[str], *, guard: contextlib.AbstractContextManager[object] | None = None,
+            on_start: Callable[[int], None] | None = None) -> Result:
+        """Run ``source`` against ``tests`` in a fresh confined process. ``guard`` is held while the process is
+        started and ``on_start`` told its pid (its session's id): a sandbox pod's sweep (``sandboxes.server``) must
+        not take a run that is starting for a stray."""
         prefix, abi, drop, python = probe()
         lim = self.limits
         started = time.monotonic()
@@ -142,9 +148,13 @@ class Sandbox:
                    "memory_mib": lim.memory_mib, "nproc": self._nproc(drop), "file_mib": lim.max_file_mib,
                    "landlock": abi > 0, "result_fd": w, "confine": confine.__file__, "hide": isolation.hidden()}
             env = {"PATH": "/usr/bin:/bin", "HOME": d, "TMPDIR": d, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-            proc = subprocess.Popen([*prefix, python, "-I", "-S", str(CHILD), json.dumps(cfg)],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    pass_fds=(w,), start_new_session=True, cwd=d, env=env)
+            with guard or contextlib.nullcontext():
+                proc = subprocess.Popen([*prefix, python, "-I", "-S", str(CHILD), json.dumps(cfg)],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, pass_fds=(w,), start_new_session=True, cwd=d,
+                                        env=env)
+                if on_start is not None:
+                    on_start(proc.pid)
             os.close(w)
             w = -1
             status = "ok"

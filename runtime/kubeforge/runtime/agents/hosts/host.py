@@ -122,16 +122,16 @@ class InProcessHost:
             value, failure, seconds = _bounded_call(_stepper(env, text), self.bounds.timeout_s)
             reply = failure or judge_result(value, bounds=self.bounds, seconds=seconds)
             if reply.failure:
-                self.envs.pop(i, None)    # the episode ends: later steps are refused
+                protocol.close(self.envs.pop(i, None))    # the episode ends: later steps are refused
             out.append(reply)
         return out
 
     def close(self, ids: Sequence[int]) -> None:
         for i in ids:
-            self.envs.pop(i, None)
+            protocol.close(self.envs.pop(i, None))
 
     def shutdown(self) -> None:
-        self.envs.clear()
+        self.close(list(self.envs))
 
 
 def _stepper(env: Any, text: str) -> Callable[[], Any]:

@@ -31,7 +31,7 @@ def serve(spec: rljob.EnvironmentSpec, rfd: int, wfd: int) -> None:
             return
         op, i = req.get("op"), int(req.get("id", -1))
         if op == "close":
-            envs.pop(i, None)
+            protocol.close(envs.pop(i, None))
             continue
         pipe.write(wfd, _answer(op, i, req, envs, make))
 
@@ -39,6 +39,7 @@ def serve(spec: rljob.EnvironmentSpec, rfd: int, wfd: int) -> None:
 def _answer(op: Any, i: int, req: dict[str, Any], envs: dict[int, Any], make: Any) -> dict[str, Any]:
     try:
         if op == "reset":
+            protocol.close(envs.pop(i, None))
             envs[i] = make()
             out: dict[str, Any] = {"ok": True, "messages": envs[i].reset(types.Prompt(**req["prompt"]))}
         elif op == "step":

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kubeforge.api import rljob
+from kubeforge.api import contract, rljob
 from kubeforge.runtime import isolation, types
 from kubeforge.runtime.agents.hosts import host, pipe
 
@@ -79,6 +79,10 @@ class SubprocessHost:
         self.max_frame = 4 * spec.max_observation_bytes + 65536     # JSON-ish overhead over the observation bound
         # the worker's whole environment (isolation.ALLOWED aside): no secret of the pod reaches environment code
         self.env = {"PYTHONPATH": os.pathsep.join(os.path.abspath(p) for p in sys.path)}
+        # a job with spec.sandbox: the pool's addresses and key (it opens sandboxes only, which run hostile code
+        # anyway; never the job key), so a CodeFeedback environment runs its turns there (docs/sandboxes.md)
+        self.env.update({k: os.environ[k] for k in (contract.ENV_SANDBOXES, contract.ENV_SANDBOX_KEY)
+                         if os.environ.get(k)})
         self.limits = isolation.Bounds(memory_mib=memory_mib)
         self.pool = [_Worker(self.spec_json, self.env, self.limits) for _ in range(max(1, workers))]
         self.episodes: dict[int, _Episode] = {}

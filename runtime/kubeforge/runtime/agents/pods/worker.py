@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import http.client
-import json
 import os
 import signal
 import subprocess
@@ -37,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubeforge.api import contract
+from kubeforge.runtime import httpjson
 
 CLAIM_WAIT = 5.0          # the claim's long poll at one generator, seconds
 HTTP_TIMEOUT = 10.0       # any other call to a generator
@@ -166,21 +166,5 @@ def _kill(proc: subprocess.Popen[bytes]) -> int:
 
 
 def _post(base: str, path: str, token: str, body: dict[str, Any], *, timeout: float) -> dict[str, Any]:
-    """One JSON POST with a bearer token; the answer's JSON object. Raises OSError (refused, timed out, HTTP
-    error, not HTTP at all) otherwise."""
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            out = json.loads(resp.read(1 << 20))
-    except urllib.error.HTTPError as exc:
-        raise OSError(f"HTTP {exc.code} from {base}{path}") from None
-    except http.client.HTTPException as exc:
-        # e.g. BadStatusLine: before the generator listens, a local connect to its port may connect to itself
-        # (TCP simultaneous open on an ephemeral port) and read its own request back
-        raise OSError(f"no HTTP answer from {base}{path}: {exc!r}") from None
-    except ValueError as exc:
-        raise OSError(f"not JSON from {base}{path}: {exc}") from None
-    if not isinstance(out, dict):
-        raise OSError(f"not a JSON object from {base}{path}")
-    return out
+    """One JSON POST with a bearer token; the answer's JSON object, or OSError (``httpjson.post``)."""
+    return httpjson.post(base, path, token, body, timeout=timeout)
