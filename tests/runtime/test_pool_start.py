@@ -299,3 +299,33 @@ def test_a_starting_engine_tells_each_listed_job_s_trainer_that_it_is_starting(
     for n, msgs in seen.items():
         assert [type(m).__name__ for m in msgs] == ["Ack", "Ack", "Ready"], (n, msgs)
         assert all(m.of == wire.Kind.READY and not m.ok and m.detail == "starting" for m in msgs[:2]), msgs
+
+
+def test_a_listed_job_whose_pods_are_gone_does_not_hold_the_others(layout: dict[str, Any],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs file lists job b, whose trainer and verifier are not there (it ended, or its pods restart): job a is
+    served all the same, within the bound of one READY to b (seen in real pods: a restarted engine waited on the
+    verifiers of a job that had Succeeded, and the other job's step stalled)."""
+    from kubeforge.runtime.generator.pool import serve, start
+
+    fake_vllm(monkeypatch, layout, [])
+    stop = startup.StopFlag()
+    monkeypatch.setattr(start.startup, "_stop_flag", lambda: stop)
+    a = "pool-job-a"
+    ends = {a: ends_of(layout["entries"][0], layout["keys"][a])}      # nothing listens at job b's pods' ports
+    seen: dict[str, Any] = {}
+
+    def trainer_side() -> None:
+        try:
+            tx = transport.open_sender([ends[a]["pool"]], role="trainer", index=0, auth=ends[a]["keys"],
+                                       ready_timeout=60)
+            seen["ready"] = after_start(ends[a]["control"], timeout=60)
+            tx.send(wire.Work(step=1, policy_version=0, prompts=(types.Prompt(index=0, text="a", answer="a"),)))
+            seen["rollout"] = ends[a]["verifier"].recv(timeout=3 * serve.ANNOUNCE_SECONDS)
+            tx.close()
+        finally:
+            stop.set()
+
+    run_engine(layout, trainer_side, ends)
+    assert isinstance(seen.get("ready"), wire.Ready)
+    assert isinstance(seen.get("rollout"), wire.Rollout), "job a waited on job b's absent pods"

@@ -176,7 +176,7 @@ def run(environ: Mapping[str, str] | None = None) -> int:
           f"{', '.join(a.name for a in jobs)}", flush=True)
     try:
         return _main(pool, watch, jobs, index=index, bind_host=bind_host, m=m, server=server, stop=stop,
-                     deadline=deadline, start_deadline=start_deadline,
+                     deadline=deadline,
                      run_dir=env.get(contract.ENV_RUN_DIR) or None)
     finally:
         server.stop()
@@ -184,7 +184,7 @@ def run(environ: Mapping[str, str] | None = None) -> int:
 
 def _main(pool: generatorpool.GeneratorPool, watch: attach.Watch, jobs: list[attach.Attached], *, index: int,
           bind_host: str, m: metrics.Metrics, server: metrics.MetricsServer, stop: startup.StopFlag, deadline: float,
-          start_deadline: float, run_dir: str | None) -> int:
+          run_dir: str | None) -> int:
     from kubeforge.runtime.generator import engine as engine_mod     # vLLM: this process only
     from kubeforge.runtime.generator.pool import engine as pool_engine
 
@@ -242,14 +242,18 @@ def _main(pool: generatorpool.GeneratorPool, watch: attach.Watch, jobs: list[att
         control = beats.control if beats is not None and beat == a else None
         if beats is not None and control is None:      # its record changed while the engine loaded
             beats.control.close()
+        # not waiting for the job's trainer and verifiers to be there: the loop that opens a job serves the others,
+        # and a job whose pods are gone (it ended, or restarts) must not hold them (seen in real pods: a restarted
+        # engine whose jobs file still listed a job that had Succeeded waited on its verifiers). Its READY then
+        # goes out within the announce bound or with its trainer's HELLO; its groups wait ROLLOUT_SEND_SECONDS.
         opened: list[transport.Sender] = []
         try:
             opened.append(control or transport.open_sender(
                 [transport.tcp_address(trainer0.host, trainer0.port(contract.PORT_CONTROL))], role="generator",
-                index=index, auth=keys(a), ready_timeout=start_deadline, send_timeout=deadline))
+                index=index, auth=keys(a), ready_timeout=None, send_timeout=deadline))
             opened.append(transport.open_sender(
                 [transport.tcp_address(p.host, p.port(contract.PORT_DATA)) for p in a.verifiers], role="generator",
-                index=index, auth=keys(a), ready_timeout=start_deadline, send_timeout=deadline))
+                index=index, auth=keys(a), ready_timeout=None, send_timeout=deadline))
         except BaseException:
             for s in opened:
                 s.close()
