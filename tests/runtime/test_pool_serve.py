@@ -331,3 +331,27 @@ def test_jobs_that_go_are_dropped_and_closed_and_jobs_that_come_are_served() -> 
     ledger = out[0]
     assert ledger.jobs["a"].detached == 1 and ledger.jobs["b"].detached == 0
     assert ledger.jobs["a"].completions == 8 and ledger.jobs["c"].completions == 2
+
+
+def test_a_job_whose_push_was_lost_is_asked_again(pool, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A restarted engine's READY reached the trainer but the push it asked for never came (in real pods: the
+    trainer's connection to the new pod lagged behind the engine's to the trainer, and its push timed out): WORK
+    ahead of the adapter held is skipped, and once no push came for ASK_AGAIN_SECONDS the job's trainer is told
+    READY again, so it pushes anew; then its work is sampled with that push."""
+    monkeypatch.setattr(serve, "ASK_AGAIN_SECONDS", 0.5)
+    eng, slots, (a, b), stop, obs, out = pool
+    assert isinstance(a.control(), wire.Ready)
+    prompts = (types.Prompt(index=0, text="p", answer=""),)
+    a.trainer.send(wire.Work(step=4, policy_version=3, prompts=prompts))   # skipped: no adapter v3 here
+    again = a.control(timeout=10)
+    assert isinstance(again, wire.Ready) and again.policy_version == 0, again
+    assert isinstance(b.control(), wire.Ready) and b.control(timeout=1.0) is None, "b is not behind: asked once"
+    a.sync(3)
+    ack = a.control()
+    while isinstance(ack, wire.Ready):     # asked on every ASK_AGAIN_SECONDS while behind, until the push came
+        ack = a.control()
+    assert isinstance(ack, wire.Ack) and ack.version == 3, ack
+    a.trainer.send(wire.Work(step=4, policy_version=3, prompts=prompts))
+    (group,) = a.rollouts(1)
+    assert group.policy_version == 3
+    assert a.control(timeout=1.0) is None, "asked no more once the push came"

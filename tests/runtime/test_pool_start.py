@@ -124,6 +124,15 @@ def ends_of(entry: dict[str, Any], key: bytes) -> dict[str, Any]:
             "weights": base + contract.PORT_WEIGHTS}
 
 
+def after_start(control: transport.Receiver, *, timeout: float) -> wire.Message | None:
+    """The first message on a trainer's control end that is not a "starting" beat (an engine sends those while it
+    loads: ``test_a_starting_engine_tells_each_listed_job_s_trainer_that_it_is_starting``)."""
+    msg = control.recv(timeout=timeout)
+    while isinstance(msg, wire.Ack) and msg.of == wire.Kind.READY and not msg.ok:
+        msg = control.recv(timeout=timeout)
+    return msg
+
+
 def run_engine(layout: dict[str, Any], trainer_side: Callable[[], None], ends: dict[str, Any]) -> None:
     """Run the engine (``start.run``) until ``trainer_side``, in a thread, sets the stop flag; then close the
     jobs' ends."""
@@ -163,7 +172,7 @@ def test_the_engine_serves_each_job_on_its_own_socket(layout: dict[str, Any], mo
             a, b = "pool-job-a", "pool-job-b"
             tx = {n: transport.open_sender([ends[n]["pool"]], role="trainer", index=0, auth=keys[n], ready_timeout=60)
                   for n in (a, b)}
-            seen["ready"] = [ends[n]["control"].recv(timeout=60) for n in (a, b)]
+            seen["ready"] = [after_start(ends[n]["control"], timeout=60) for n in (a, b)]
             tx[a].send(wire.Work(step=1, policy_version=0, prompts=(types.Prompt(index=0, text="a", answer="a"),)))
             seen["rollout"] = ends[a]["verifier"].recv(timeout=30)
             tx[a].send(wire.Sync(version=1, step=1, host="127.0.0.1", port=ends[a]["weights"], world_size=2))
@@ -221,7 +230,7 @@ def test_the_engine_follows_its_jobs_file_without_a_restart(layout: dict[str, An
             for n in (a, b):
                 tx[n] = transport.open_sender([ends[n]["pool"]], role="trainer", index=0, auth=ends[n]["keys"],
                                               ready_timeout=60)
-                assert isinstance(ends[n]["control"].recv(timeout=60), wire.Ready)
+                assert isinstance(after_start(ends[n]["control"], timeout=60), wire.Ready)
             tx[a].send(wire.Work(step=1, policy_version=0, prompts=prompt))
             seen["a_served"] = ends[a]["verifier"].recv(timeout=30)
             # a goes, c comes at a's port block (the operator frees a block and gives it to the next newcomer)
@@ -251,3 +260,72 @@ def test_the_engine_follows_its_jobs_file_without_a_restart(layout: dict[str, An
     assert summary["jobs_file_unread"] == 1
     assert summary["jobs"][a]["detached"] == 1 and summary["jobs"][b]["detached"] == 0
     assert [summary["jobs"][n]["completions"] for n in (a, b, c)] == [8, 16, 8]
+
+
+def test_a_starting_engine_tells_each_listed_job_s_trainer_that_it_is_starting(
+        layout: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """While its vLLM engine loads (no heartbeat of its own), the engine sends each job its jobs file lists a
+    "starting" beat (an ACK of READY, not ok) every few seconds, then READY once it is up: a trainer whose engine
+    restarts under it waits for its groups by the start deadline, not as for a stalled step (docs/recovery.md)."""
+    from kubeforge.runtime.generator.pool import start
+
+    fake_vllm(monkeypatch, layout, [])
+    monkeypatch.setattr(start, "START_BEAT_SECONDS", 0.2)
+    loaded = threading.Event()
+
+    class SlowEngine(FakeEngine):
+        def __init__(self, **kw: Any) -> None:
+            loaded.wait(60)            # the engine loads until both trainers heard it is starting
+            super().__init__(**kw)
+
+    monkeypatch.setattr(sys.modules["kubeforge.runtime.generator.engine"], "Engine", SlowEngine)
+    stop = startup.StopFlag()
+    monkeypatch.setattr(start.startup, "_stop_flag", lambda: stop)
+    ends = {e["name"]: ends_of(e, layout["keys"][e["name"]]) for e in layout["entries"]}
+    seen: dict[str, list[Any]] = {n: [] for n in ends}
+
+    def trainer_side() -> None:
+        try:
+            for n in ends:
+                seen[n] += [ends[n]["control"].recv(timeout=30) for _ in range(2)]
+            loaded.set()
+            for n in ends:             # the beats still on the wire, then READY
+                seen[n].append(after_start(ends[n]["control"], timeout=30))
+        finally:
+            loaded.set()
+            stop.set()
+
+    run_engine(layout, trainer_side, ends)
+    for n, msgs in seen.items():
+        assert [type(m).__name__ for m in msgs] == ["Ack", "Ack", "Ready"], (n, msgs)
+        assert all(m.of == wire.Kind.READY and not m.ok and m.detail == "starting" for m in msgs[:2]), msgs
+
+
+def test_a_listed_job_whose_pods_are_gone_does_not_hold_the_others(layout: dict[str, Any],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs file lists job b, whose trainer and verifier are not there (it ended, or its pods restart): job a is
+    served all the same, within the bound of one READY to b (seen in real pods: a restarted engine waited on the
+    verifiers of a job that had Succeeded, and the other job's step stalled)."""
+    from kubeforge.runtime.generator.pool import serve, start
+
+    fake_vllm(monkeypatch, layout, [])
+    stop = startup.StopFlag()
+    monkeypatch.setattr(start.startup, "_stop_flag", lambda: stop)
+    a = "pool-job-a"
+    ends = {a: ends_of(layout["entries"][0], layout["keys"][a])}      # nothing listens at job b's pods' ports
+    seen: dict[str, Any] = {}
+
+    def trainer_side() -> None:
+        try:
+            tx = transport.open_sender([ends[a]["pool"]], role="trainer", index=0, auth=ends[a]["keys"],
+                                       ready_timeout=60)
+            seen["ready"] = after_start(ends[a]["control"], timeout=60)
+            tx.send(wire.Work(step=1, policy_version=0, prompts=(types.Prompt(index=0, text="a", answer="a"),)))
+            seen["rollout"] = ends[a]["verifier"].recv(timeout=3 * serve.ANNOUNCE_SECONDS)
+            tx.close()
+        finally:
+            stop.set()
+
+    run_engine(layout, trainer_side, ends)
+    assert isinstance(seen.get("ready"), wire.Ready)
+    assert isinstance(seen.get("rollout"), wire.Rollout), "job a waited on job b's absent pods"

@@ -55,6 +55,11 @@ DRAIN_LIMIT = 64          # messages taken from one job's inbox per turn (so one
 ROLLOUT_SEND_SECONDS = 10.0   # how long the engine waits for room towards one job's verifiers (then drops the batch)
 ANNOUNCE_SECONDS = 10.0       # the bound on the READY sent at the start (else the trainer's HELLO gets it)
 LATE_ANNOUNCE_SECONDS = 1.0   # the same for a job that attaches while others are served (it holds them)
+#: A job whose WORK is ahead of the adapter this engine holds, with no push heard for this long since its last READY,
+#: gets READY again: the push that READY asked for was lost (seen in real pods: a restarted engine's READY reached
+#: the trainer before the trainer's own connection to the new pod did, its push timed out, and the trainer waits for
+#: another READY before it pushes again), so the trainer pushes anew instead of re-issuing work that is skipped.
+ASK_AGAIN_SECONDS = 15.0
 
 
 class JobSampler(Protocol):
@@ -86,6 +91,8 @@ class Channel:
     stopped: bool = False
     trainer_hellos: int = 0
     announced: bool = False           # READY went out at the loop's start (its first HELLO needs none)
+    asked_at: float | None = None     # when READY was last sent (or a push heard): ASK_AGAIN_SECONDS counts from it
+    behind: bool = False              # WORK ahead of the adapter held was skipped, and no push came since
     joining: join.Joining = dataclasses.field(default_factory=join.Joining)   # holds the trainer's adapter yet?
 
 
@@ -168,7 +175,7 @@ def serve(*, index: int, channels: Sequence[Channel], slots: adapters.Slots, obs
     channels = list(channels)
     for ch in channels:
         ledger.job(ch.name)
-        _announce(ch, index=index)
+        _announce(ch, index=index, clock=clock)
     while not should_stop():
         beat("idle")
         change = roster.poll() if roster is not None else None
@@ -177,11 +184,13 @@ def serve(*, index: int, channels: Sequence[Channel], slots: adapters.Slots, obs
             for ch in regroup(channels, change, roster=roster, sched=sched, slots=slots, ledger=ledger):
                 # opened while others are served: its trainer may not be up yet, so it holds them a second at most;
                 # else (a restarted engine's jobs: their trainers are up and waiting) the start's bound
-                _announce(ch, index=index, timeout=LATE_ANNOUNCE_SECONDS if serving else ANNOUNCE_SECONDS)
+                _announce(ch, index=index, timeout=LATE_ANNOUNCE_SECONDS if serving else ANNOUNCE_SECONDS,
+                          clock=clock)
         got = False
         for ch in channels:
             got = _drain(ch, index=index, sched=sched, slots=slots, observer=observer, ledger=ledger,
                          beat=beat, clock=clock) or got
+            _ask_again(ch, index=index, clock=clock)
         nxt = sched.next()
         if nxt is None:
             if not got:
@@ -222,7 +231,8 @@ def regroup(channels: list[Channel], change: Change, *, roster: Roster, sched: f
     return opened_now
 
 
-def _announce(ch: Channel, *, index: int, timeout: float = ANNOUNCE_SECONDS) -> None:
+def _announce(ch: Channel, *, index: int, timeout: float = ANNOUNCE_SECONDS,
+              clock: Callable[[], float] = time.monotonic) -> None:
     """READY to the job's trainer 0 when its channel opens, as a generator's start says it: to a trainer that ran
     with this engine before (the engine restarted) it asks for the current adapter at once. Best effort: a trainer
     not reached within ``timeout`` gets its READY with its first HELLO."""
@@ -230,6 +240,7 @@ def _announce(ch: Channel, *, index: int, timeout: float = ANNOUNCE_SECONDS) -> 
         ch.control.send(wire.Ready(role="generator", index=index, policy_version=ch.version),
                         timeout=timeout)
         ch.announced = True
+        ch.asked_at = clock()
     except transport.TransportError:
         pass
 
@@ -255,6 +266,7 @@ def _drain(ch: Channel, *, index: int, sched: fairshare.Scheduler[_Queued], slot
             ch.trainer_hellos = hellos
             if again or not ch.announced:
                 ch.control.send(wire.Ready(role="generator", index=index, policy_version=ch.version))
+                ch.asked_at = clock()
         if msg is None:
             return got
         got = True
@@ -266,13 +278,28 @@ def _drain(ch: Channel, *, index: int, sched: fairshare.Scheduler[_Queued], slot
                     ch.max_policy_lag is not None and msg.policy_version - ch.version > ch.max_policy_lag):
                 observer.skipped(work=msg, version=ch.version)
                 ledger.job(ch.name).skipped += 1
+                ch.behind = ch.behind or msg.policy_version > ch.version
                 continue
             sched.push(ch.name, _Queued(work=msg, arrived=clock()), cost=len(msg.prompts) * ch.group_size or 1)
         elif isinstance(msg, wire.Sync):
+            ch.asked_at, ch.behind = clock(), False     # a push came: ASK_AGAIN_SECONDS counts from here
             _sync(ch, msg, index=index, slots=slots, observer=observer, ledger=ledger, beat=beat)
         else:
             observer.unexpected(kind=type(msg).__name__)
     return got
+
+
+def _ask_again(ch: Channel, *, index: int, clock: Callable[[], float]) -> None:
+    """READY again to a trainer whose WORK was ahead of the adapter this engine holds and that pushed nothing for
+    ``ASK_AGAIN_SECONDS`` since the last READY (its push was lost); best effort, a second at most."""
+    now = clock()
+    if not ch.behind or (ch.asked_at is not None and now - ch.asked_at < ASK_AGAIN_SECONDS):
+        return
+    ch.asked_at = now
+    try:
+        ch.control.send(wire.Ready(role="generator", index=index, policy_version=ch.version), timeout=1.0)
+    except transport.TransportError:
+        pass
 
 
 def _sync(ch: Channel, msg: wire.Sync, *, index: int, slots: adapters.Slots, observer: Observer, ledger: Ledger,

@@ -35,7 +35,13 @@ from collections.abc import Callable, Mapping
 
 from kubeforge.api import contract, generatorpool, load, rljob
 from kubeforge.runtime import metrics, models, observe, startup, transport
+from kubeforge.runtime.generator import loop
 from kubeforge.runtime.generator.pool import adapters, attach, serve
+
+#: "starting" notices to each listed job's trainer 0 while the engine loads (at most the deadline / 4 apart), as a
+#: job's own generator sends them (``generator.start.START_BEAT_SECONDS``).
+START_BEAT_SECONDS = 20.0
+BEAT_SEND_SECONDS = 1.0
 
 
 class PoolObserver(observe.GeneratorObserver):
@@ -137,6 +143,20 @@ def _read(env: Mapping[str, str]) -> tuple[generatorpool.GeneratorPool, attach.W
     return pool, watch, watch.first(), index
 
 
+def _start_beats(a: attach.Attached, *, index: int, keys: transport.CurveKeys, every: float,
+                 send_timeout: float) -> loop.StartBeats:
+    """Start notices to job ``a``'s trainer 0 from a thread of their own, on a control sender to it (the job's
+    channel takes it over once the engine is up; ``send_timeout``: its default bound, the channel's), not waiting
+    for the trainer (at a first start it may not be up yet: a beat it misses is simply not heard)."""
+    trainer0 = a.trainers[0]
+    control = transport.open_sender([transport.tcp_address(trainer0.host, trainer0.port(contract.PORT_CONTROL))],
+                                    role="generator", index=index, auth=keys, ready_timeout=None,
+                                    send_timeout=send_timeout)
+    # a beat the trainer cannot take within a second is dropped (the next one follows): the engine's start is
+    # never held by a trainer that is not up, and stopping the beats once it is up costs a second at most per job
+    return loop.StartBeats(index=index, control=control, every=every, send_timeout=BEAT_SEND_SECONDS).start()
+
+
 def run(environ: Mapping[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     try:
@@ -156,7 +176,7 @@ def run(environ: Mapping[str, str] | None = None) -> int:
           f"{', '.join(a.name for a in jobs)}", flush=True)
     try:
         return _main(pool, watch, jobs, index=index, bind_host=bind_host, m=m, server=server, stop=stop,
-                     deadline=deadline, start_deadline=start_deadline,
+                     deadline=deadline,
                      run_dir=env.get(contract.ENV_RUN_DIR) or None)
     finally:
         server.stop()
@@ -164,7 +184,7 @@ def run(environ: Mapping[str, str] | None = None) -> int:
 
 def _main(pool: generatorpool.GeneratorPool, watch: attach.Watch, jobs: list[attach.Attached], *, index: int,
           bind_host: str, m: metrics.Metrics, server: metrics.MetricsServer, stop: startup.StopFlag, deadline: float,
-          start_deadline: float, run_dir: str | None) -> int:
+          run_dir: str | None) -> int:
     from kubeforge.runtime.generator import engine as engine_mod     # vLLM: this process only
     from kubeforge.runtime.generator.pool import engine as pool_engine
 
@@ -179,14 +199,28 @@ def _main(pool: generatorpool.GeneratorPool, watch: attach.Watch, jobs: list[att
 
     # the jobs listed at start are bound before the engine starts (their trainers may connect meanwhile)
     prebound = {a.name: (a, bind(a)) for a in jobs}
+    # the engine load makes no heartbeat: each listed job's trainer 0 hears that this engine is starting (an ACK of
+    # READY, not ok), so a trainer whose engine restarts under it waits for its groups by the start deadline, not as
+    # for a stalled step (a job's own generator does the same: generator.start). Each job's beats go on the control
+    # sender its channel then takes over, so its READY can never overtake a "starting" beat on the way.
+    beating = {a.name: (a, _start_beats(a, index=index, keys=keys(a), every=min(START_BEAT_SECONDS, deadline / 4),
+                                        send_timeout=deadline)) for a in jobs}
     spec = pool.spec
     role = rljob.GeneratorRole(tensor_parallel_size=spec.tensor_parallel_size, kv_cache_gib=spec.kv_cache_gib,
                                gpu_memory_utilization=spec.gpu_memory_utilization,
                                max_model_len=spec.max_model_len, enforce_eager=spec.enforce_eager)
     model = rljob.ModelSpec.model_validate(spec.model.model_dump(by_alias=True, exclude_none=True))
-    llm = engine_mod.Engine(model_dir=models.resolve(model), dtype=str(getattr(model.dtype, "value", model.dtype)),
-                            role=role, seed=index,
-                            engine_args={**generatorpool.engine_args(spec), "max_cpu_loras": spec.max_adapters})
+    try:
+        llm = engine_mod.Engine(model_dir=models.resolve(model), dtype=str(getattr(model.dtype, "value", model.dtype)),
+                                role=role, seed=index,
+                                engine_args={**generatorpool.engine_args(spec), "max_cpu_loras": spec.max_adapters})
+    except BaseException:
+        for _, beats in beating.values():
+            beats.stop()
+            beats.control.close()
+        raise
+    for _, beats in beating.values():
+        beats.stop()
     print(f"{tag}: vLLM engine up in {llm.start_seconds:.1f}s (maxAdapters {spec.max_adapters})", flush=True)
     server.set_ready(True)
     observer = PoolObserver(m)
@@ -204,14 +238,22 @@ def _main(pool: generatorpool.GeneratorPool, watch: attach.Watch, jobs: list[att
             inbox = None
         inbox = inbox or bind(a)
         trainer0 = a.trainers[0]
+        beat, beats = beating.pop(a.name, (None, None))
+        control = beats.control if beats is not None and beat == a else None
+        if beats is not None and control is None:      # its record changed while the engine loaded
+            beats.control.close()
+        # not waiting for the job's trainer and verifiers to be there: the loop that opens a job serves the others,
+        # and a job whose pods are gone (it ended, or restarts) must not hold them (seen in real pods: a restarted
+        # engine whose jobs file still listed a job that had Succeeded waited on its verifiers). Its READY then
+        # goes out within the announce bound or with its trainer's HELLO; its groups wait ROLLOUT_SEND_SECONDS.
         opened: list[transport.Sender] = []
         try:
-            opened.append(transport.open_sender(
+            opened.append(control or transport.open_sender(
                 [transport.tcp_address(trainer0.host, trainer0.port(contract.PORT_CONTROL))], role="generator",
-                index=index, auth=keys(a), ready_timeout=start_deadline, send_timeout=deadline))
+                index=index, auth=keys(a), ready_timeout=None, send_timeout=deadline))
             opened.append(transport.open_sender(
                 [transport.tcp_address(p.host, p.port(contract.PORT_DATA)) for p in a.verifiers], role="generator",
-                index=index, auth=keys(a), ready_timeout=start_deadline, send_timeout=deadline))
+                index=index, auth=keys(a), ready_timeout=None, send_timeout=deadline))
         except BaseException:
             for s in opened:
                 s.close()
@@ -253,6 +295,8 @@ def _main(pool: generatorpool.GeneratorPool, watch: attach.Watch, jobs: list[att
         roster.close_all()
         for _, inbox in prebound.values():
             inbox.close()
+        for _, beats in beating.values():
+            beats.control.close()
         llm.close()
         shutil.rmtree(root, ignore_errors=True)
     return 0
