@@ -53,11 +53,12 @@ def _worked(a: int, b: int) -> tuple[dict[str, str], ...]:
 
 
 # Two worked exchanges, the calls in the model's own format. With one (the Tags demonstration's) the untrained
-# SmolLM2-135M-Instruct never wrote a call: after its long tools preamble it copied the <tool_response> block instead
-# (0 of 16 greedy and 0 of 32 sampled first turns at temperature 1.0, held-out problems of examples/tool-calculator.yaml),
-# and the whole right call had probability ~1e-4. With two it is 0.07-0.11 (four held-out problems; greedy still
-# writes no call: the untrained model scores ~0), so GRPO gets groups with different rewards; with three it is
-# 0.30-0.38 and the untrained model would already call greedily. The numbers are fixed, not from the task stream.
+# SmolLM2-135M-Instruct never wrote a call: after its long tools preamble it copied the <tool_response> block
+# instead (0 of 16 greedy and 0 of 32 sampled first turns at temperature 1.0, held-out problems of
+# examples/tool-calculator.yaml), the whole right call's probability ~1e-4. With two it is 0.07-0.11 (four held-out
+# problems, bench/probes/native_call_odds.py; greedy still writes no call: the untrained model scores ~0), so GRPO
+# gets groups with different rewards; with three it is 0.26-0.38 and the untrained model would already call
+# greedily. The numbers are fixed, not from the task stream.
 NATIVE_DEMONSTRATION: tuple[dict[str, str], ...] = (*_worked(314, 27), *_worked(52, 608))
 
 
