@@ -42,13 +42,24 @@ TOOLS: tuple[dict[str, Any], ...] = ({"type": "function", "function": {
                                                                    "The expression, e.g. 314 * 27."}},
                    "required": ["expression"]}}},)
 NATIVE_SYSTEM = "You can use a calculator. When you know the answer, reply with the number only."
-# the same worked exchange, the call in the model's own format (the runner expands it for the template)
-NATIVE_DEMONSTRATION: tuple[dict[str, str], ...] = (
-    DEMONSTRATION[0],
-    protocol.assistant_tool_calls([(FUNCTION, {"expression": "314 * 27"})]),
-    {"role": "tool", "content": "8478"},
-    DEMONSTRATION[3],
-)
+
+
+def _worked(a: int, b: int) -> tuple[dict[str, str], ...]:
+    """One worked exchange with a native call (the runner expands the call for the template)."""
+    expression, value = f"{a} * {b}", str(a * b)
+    return ({"role": "user", "content": f"What is {expression}? Answer with the number only."},
+            protocol.assistant_tool_calls([(FUNCTION, {"expression": expression})]),
+            {"role": "tool", "content": value}, {"role": "assistant", "content": value})
+
+
+# Two worked exchanges, the calls in the model's own format. With one (the Tags demonstration's) the untrained
+# SmolLM2-135M-Instruct never wrote a call: after its long tools preamble it copied the <tool_response> block
+# instead (0 of 16 greedy and 0 of 32 sampled first turns at temperature 1.0, held-out problems of
+# examples/tool-calculator.yaml), the whole right call's probability ~1e-4. With two it is 0.07-0.11 (four held-out
+# problems, bench/probes/native_call_odds.py; greedy still writes no call: the untrained model scores ~0), so GRPO
+# gets groups with different rewards; with three it is 0.26-0.38 and the untrained model would already call
+# greedily. The numbers are fixed, not from the task stream.
+NATIVE_DEMONSTRATION: tuple[dict[str, str], ...] = (*_worked(314, 27), *_worked(52, 608))
 
 
 class Calculator:
