@@ -255,25 +255,10 @@ class PoolRun:
                           "unauthenticated_after": after, "seconds": round(time.monotonic() - t, 1)}
         log(f"foreign key at {ip}:{base + PORT_DATA}: unauthenticated {before} -> {after}")
 
-    def apply(self, doc: dict[str, Any], *, timeout_s: float = 180.0) -> None:
-        """``kubectl apply``, again while the chart's webhook is not reachable yet: the operator pod is Ready
-        (``helm install --wait``) before kube-proxy has programmed its Service on a loaded machine (seen: connection
-        refused at the webhook's ClusterIP right after the install)."""
-        end = time.monotonic() + timeout_s
-        while True:
-            try:
-                self.k.apply(doc)
-                return
-            except RuntimeError as exc:
-                if "failed calling webhook" not in str(exc) or time.monotonic() > end:
-                    raise
-                log(f"webhook not reachable yet, applying again: {str(exc)[-160:]}")
-                time.sleep(3.0)
-
     def execute(self, docs: list[dict[str, Any]]) -> PoolResult:
         result = PoolResult()
-        for doc in docs:
-            self.apply(doc)
+        for doc in docs:          # installed.install waited until the webhook answers through its Service
+            self.k.apply(doc)
         log(f"applied the pool and {JOB_A}, {JOB_B} in {self.ns}")
         deadline = self.t0 + self.timeout_s
         loss_t: float | None = None          # wall clock of the engine pod's deletion
