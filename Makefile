@@ -9,7 +9,7 @@ STAMP := $(VENV)/.kubeforge-installed
 KF := $(VENV)/bin/kubeforge
 PYTEST := $(VENV)/bin/python -m pytest
 
-.PHONY: venv venv-envs venv-agents venv-resolve host-deps demo test test-deps test-long unit e2e-real cluster-up cluster-down crd refdocs lint \
+.PHONY: venv venv-envs venv-agents venv-resolve host-deps disk-space demo test test-deps test-long unit e2e-real cluster-up cluster-down crd refdocs lint \
   bench clean
 
 # Host prerequisites (Debian packages: containerd, runc, CNI plugins, static busybox, iptables, ...), listed with
@@ -94,7 +94,14 @@ LONG_IGNORED := $(addprefix --ignore=,$(LONG_SUITES))
 TEST_COMPONENTS := control-plane kubelet kube-proxy coredns helm registry kueue kube-scheduler-stock
 BUILD_LOG ?= $(VENV)/build-cluster.log
 TESTS_LOG ?= $(VENV)/test-tests.log
-test: host-deps venv-envs venv-agents
+# Free disk, checked first (e2e/host/diskspace.py): the venvs beside the checkout, the caches under ~/.cache and the
+# clusters and run folders under the temporary folder. A warm run needs the bound below; a cold run on an empty
+# machine peaked at 30 GB written (13 of them Go's build and module caches, 4 the uv cache): have 32 free.
+MIN_FREE_GIB ?= 12
+disk-space:
+	@python3 e2e/host/diskspace.py --need-gib $(MIN_FREE_GIB) . $(HOME)/.cache $${TMPDIR:-/tmp}
+
+test: disk-space host-deps venv-envs venv-agents
 	@echo "[test] lane 1: the suites under tests/ (output: $(TESTS_LOG)); lane 2: the cluster build (output: $(BUILD_LOG)), then the suites under e2e/"
 	@{ KUBEFORGE_REAL_NODE=1 $(PYTEST) --durations=15 -m "not long" tests > $(TESTS_LOG) 2>&1; echo $$? > $(TESTS_LOG).rc; } & units=$$!; \
 	trap 'pkill -TERM -P $$units; kill $$units 2>/dev/null' INT TERM; \

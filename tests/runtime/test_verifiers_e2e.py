@@ -57,4 +57,4 @@ def test_code_task_example_runs_with_code_execution(tmp_path: pathlib.Path) -> N
     groups = [json.loads(ln) for ln in (run_dir / "verifier-0.jsonl").read_text().splitlines()]
     assert len(groups) >= 12 and all(0.0 <= g["mean_scores"]["tests"] <= 1.0 for g in groups)
     assert not any(g["fallbacks"] for g in groups)
-    assert "CodeExecution sandbox mechanisms: rlimits" in (run_dir / "logs" / "verifier-0.log").read_text()
+    assert "CodeExecution runs in this pod: rlimits" in (run_dir / "logs" / "verifier-0.log").read_text()
