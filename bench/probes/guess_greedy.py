@@ -1,0 +1,77 @@
+"""The greedy strategy of a GuessNumber policy: every secret played once, each guess and hint printed.
+
+    PYTHONPATH=api:operator:runtime .venv/bin/python bench/probes/guess_greedy.py \
+        --checkpoint runs/tiny-guess-number-.../checkpoints [--max-value 8 --max-turns 4]
+
+Plays secret 1..maxValue with the built-in ``GuessNumber`` environment (``agents/envs/guess_number.py``), the
+episode's text exactly as the runner renders it for a model without a chat template (``agents.chat``), one greedy
+token per turn (the example's ``maxNewTokens: 1``) from the tiny model, untrained (no ``--checkpoint``) or with the
+newest complete checkpoint's weights. A deterministic policy that ignores the hints finds a secret in 3.25 turns per
+episode at best over 1..8 with four turns; the printed tree says whether the policy reads them. One JSON line per
+secret, then a summary line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import transformers
+
+from kubeforge.api import rljob
+from kubeforge.runtime import models, types
+from kubeforge.runtime.agents import chat
+from kubeforge.runtime.agents.envs import guess_number
+from kubeforge.runtime.learner import checkpoint
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", help="a run's checkpoints folder (default: the untrained tiny model)")
+    ap.add_argument("--max-value", type=int, default=8)
+    ap.add_argument("--max-turns", type=int, default=4)
+    a = ap.parse_args()
+    path = models.resolve(rljob.ModelSpec(builtin="tiny"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model.train(False)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    step = 0
+    if a.checkpoint:
+        loaded = checkpoint.load_latest(a.checkpoint)
+        if loaded is None:
+            raise SystemExit(f"{a.checkpoint}: no complete checkpoint")
+        model.load_state_dict(loaded.model_state)
+        step = int(loaded.state.get("step", 0))
+    turns_all: list[int] = []
+    rewards: list[float] = []
+    for secret in range(1, a.max_value + 1):
+        env = guess_number.GuessNumber(max_value=a.max_value, max_turns=a.max_turns)
+        start = env.reset(types.Prompt(index=0, text="", answer=str(secret)))
+        ids = chat.start_ids(tok, start, chat_template=False)
+        moves: list[tuple[str, str]] = []
+        reward = 0.0
+        for _ in range(a.max_turns):
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0, -1]
+            token = int(torch.argmax(logits))
+            text = str(tok.decode([token]))
+            result = env.step(text)
+            ids.append(token)
+            if result.done:
+                moves.append((text, "right"))
+                reward = result.reward or 0.0
+                break
+            hint = str(result.observation)
+            moves.append((text, hint))
+            ids += chat.delta(tok, start, [{"role": "user", "content": hint}], ended_with_eos=False,
+                              chat_template=False)[0]
+        turns_all.append(len(moves))
+        rewards.append(reward)
+        print(json.dumps({"secret": secret, "moves": moves, "turns": len(moves), "reward": reward}), flush=True)
+    print(json.dumps({"step": step, "turns_mean": sum(turns_all) / len(turns_all),
+                      "reward_mean": sum(rewards) / len(rewards),
+                      "found": sum(r > 0 for r in rewards), "secrets": a.max_value}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
