@@ -75,6 +75,14 @@ def manifest() -> dict[str, Any]:
     return doc
 
 
+def kubelet_lease_s(k: kube.Kubectl, node: str) -> float:
+    """The duration of ``node``'s kubelet Lease (renewed every quarter of it); the kubelet's default, 40 s, while a
+    node that just joined has not created it yet."""
+    got = k.run("get", "lease", "-n", "kube-node-lease", node, "-o", "json", check=False)
+    spec = (json.loads(got.stdout).get("spec") or {}) if got.returncode == 0 and got.stdout.strip() else {}
+    return float(spec.get("leaseDurationSeconds") or 40)
+
+
 def stale_store_checks(checkpoints: pathlib.Path) -> dict[str, Any]:
     """The store's fencing facts: claims (epoch -> resumed from), refused commits, checkpoints by (step, epoch)."""
     from kubeforge.runtime.learner import fence
@@ -99,8 +107,7 @@ def test_a_trainer_partitioned_past_the_grace_cannot_commit_beside_its_replaceme
     monitor = realnode.node_monitor(cluster.workdir)
     doc = manifest()
     peer_silence = float((doc["spec"].get("failurePolicy") or {}).get("peerSilenceSeconds") or 10)
-    lease_s = float(((k.get_json("lease", "-n", "kube-node-lease", node).get("spec") or {}).get(
-        "leaseDurationSeconds")) or 40)
+    lease_s = kubelet_lease_s(k, node)
     # the job's own detection: progress quiet for peerSilenceSeconds, the kubelet's renewal (a quarter of its Lease)
     # overdue, another kubelet's renewal since: well within two Lease durations past the silence (passes late under
     # load included); the replacement then needs its pods and a vLLM start: the heal waits for its steps

@@ -126,6 +126,12 @@ def test_the_decision_table(case: str, ready: str, renewed: float, now: float, w
         assert p.failure.node == "n1"
 
 
+def test_the_fault_mark_of_a_node_that_does_not_answer_is_its_kubelets_last_word() -> None:
+    """The Lease renewal when it is newer than the Ready heartbeat (posted every 5 min on a quiet node)."""
+    v = judged(gang(), {"n0": node("n0"), "n1": node("n1", heartbeat=-200.0)}, {"n1": lease(3.0)}, 16.0)
+    assert {p.failure.since for p in v.lost} == {timefmt.fmt(at(3.0))}, v.lost
+
+
 def test_without_a_lease_the_heartbeat_alone_never_says_a_ready_node_is_dead() -> None:
     """The Ready heartbeat of a quiet node is posted every 5 min by default: its age proves nothing."""
     nodes = {"n0": node("n0"), "n1": node("n1", heartbeat=-200.0)}

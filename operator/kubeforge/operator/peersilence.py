@@ -137,7 +137,7 @@ def judge(silent: Iterable[Silent], pods: Iterable[observed.PodFacts], nodes: Ma
             continue
         due = quiet_after(n, leases.get(n.name), since=s.since, beat=peer_silence / 4)
         if due is not None and due <= now:
-            gone_nodes.setdefault(n.name, n.heartbeat)
+            gone_nodes.setdefault(n.name, word(n, leases.get(n.name)))   # the fault mark: the kubelet's last word
             continue
         if due is not None:
             later(due)
