@@ -5,7 +5,7 @@ beside its replacement, and the checkpoint it then commits is refused.
  trainer on kf-real-1 trains step 12 ─▶ partition kf-real-1 (processes alive) ─▶ progress quiet, kf-real-1's
    kubelet Lease lapsed, kf-real-0's renewed (operator/trainersilence.py; no node controller) ─▶ operator: NodeLost,
    trainer epoch 2, force-delete ─▶ replacement on kf-real-0 claims the store (epoch 2, resumes from step 10) and
-   trains ─▶ heal ─▶ kubelet stops the old trainer (its pod is gone) ─▶ its stop checkpoint (epoch 1, steps 11.. it
+   trains ─▶ heal (no earlier than the old trainer's push in flight ran out) ─▶ kubelet stops the old trainer (its pod is gone) ─▶ its stop checkpoint (epoch 1, steps 11.. it
    alone trained) is refused: fence/fenced-e1-step<n>, status.fencedWrites
 ```
 
@@ -56,6 +56,12 @@ NODE = 1
 GRACE_S = 10                   # the operator's node-loss grace (the chart's minimum)
 RUN_BOUND_S = 1200             # apply -> Succeeded besides the partition: two vLLM starts on loaded cores, 120 steps
 START_BOUND_S = 900            # the replacement's pods, a vLLM start and REPLACEMENT_STEPS steps on loaded cores
+# The old trainer's weight push in flight at the partition waits out the broadcast's timeout (120 s by default) and
+# its SIGTERM at the heal only ends the loop after it: a heal before that left it no time for its stop checkpoint
+# within the pod's grace (2026-11-30: killed 60 s after the heal, nothing committed to refuse). A short timeout
+# (a tiny model's broadcast takes well under a second) and a heal no earlier than it plus a margin.
+WEIGHT_SYNC_TIMEOUT_S = 20
+PUSH_MARGIN_S = 20
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +75,7 @@ def manifest() -> dict[str, Any]:
 
     doc = run_nodes.node_loss_manifest(STEPS)
     doc["spec"]["checkpoint"] = {**doc["spec"].get("checkpoint", {}), "everySteps": CHECKPOINT_EVERY}
+    doc["spec"]["weightSync"] = {**doc["spec"].get("weightSync", {}), "timeoutSeconds": WEIGHT_SYNC_TIMEOUT_S}
     roles = doc["spec"]["roles"]
     for role in ("generator", "verifier"):      # kept on kf-real-0: only the trainer is cut off
         roles.setdefault(role, {})["nodeSelector"] = {realnode.HOSTNAME_LABEL: realnode.node_name(0)}
@@ -138,9 +145,12 @@ def test_a_trainer_partitioned_past_the_grace_cannot_commit_beside_its_replaceme
                 for e in items if e.get("reason") == "NodeLost"]
 
     def heal_when_replaced(ns: str, old_uid: str) -> None:
-        """Heal once the replacement trainer has trained REPLACEMENT_STEPS beyond its resume (or at the bound)."""
+        """Heal once the replacement trainer has trained REPLACEMENT_STEPS beyond its resume and the old trainer's
+        push in flight has run out (or at the bound)."""
         deadline = time.monotonic() + heal_bound_s
         try:
+            while time.monotonic() < cut["t"] + WEIGHT_SYNC_TIMEOUT_S + PUSH_MARGIN_S:
+                time.sleep(2.0)
             while time.monotonic() < deadline:
                 try:
                     pods = pods_of(ns)
