@@ -163,19 +163,35 @@ def test_the_trainers_force_delete_waits_for_the_template_with_the_new_epoch() -
     ps.held_until_observed(fake, first=13, want=["tiny-trainer-0"])
 
 
-@pytest.mark.parametrize("case", ["no step reported", "not running", "stale trainer's report"])
+@pytest.mark.parametrize("case", ["no step reported", "finished", "suspended", "stale trainer's report"])
 def test_no_lease_is_read_without_the_current_trainers_progress(case: str) -> None:
     doc, pods = running_job(), gang()
     if case == "no step reported":
         pods = gang(rep=report(step=0))
-    elif case == "not running":
-        doc["status"]["phase"] = "Starting"
+    elif case == "finished":
+        doc["status"]["phase"] = "Succeeded"
+    elif case == "suspended":
+        doc["spec"]["suspend"] = True
     else:
         pods = gang(rep=report(epoch=1), epoch=2)
     fake = ps.SilenceCluster(doc, pods, {"n0": ps.node("n0", heartbeat=11.0), "n1": DEAD},
                              {"n0": ps.lease(60.0), "n1": ps.lease(-1.0)})
     reconcile.reconcile(fake, ("ns", "tiny"), image="img", cache=reconcile.ApplyCache(), clock=lambda: at(60))
     assert fake.lease_reads == [] and fake.deleted() == [], case
+
+
+def test_a_job_whose_status_still_says_starting_is_judged_too() -> None:
+    """The pass that first writes Running read the status before it (Starting); a trainer silent from then on
+    makes no event for another pass, so that pass must already watch its progress (and ask to run again)."""
+    doc = running_job()
+    doc["status"]["phase"] = "Starting"
+    fake = ps.SilenceCluster(doc, gang(), {"n0": ps.node("n0", heartbeat=11.0), "n1": DEAD},
+                             {"n0": ps.lease(13.0), "n1": ps.lease(-1.0)})
+    key, cache = ("ns", "tiny"), reconcile.ApplyCache()
+    early = reconcile.reconcile(fake, key, image="img", cache=cache, clock=lambda: at(4))
+    assert early.requeue_after is not None and early.requeue_after <= 6.0, "asks to look again when quiet enough"
+    reconcile.reconcile(fake, key, image="img", cache=cache, clock=lambda: at(13))
+    assert fake.deleted() == ["tiny-trainer-0"]
 
 
 def test_the_fault_mark_is_the_kubelets_last_word() -> None:

@@ -574,7 +574,10 @@ def _trainer_silence(cluster: apply.Cluster, job: rljob.RLJob, obs: observed.Obs
     Leases of the job's other nodes only when a trainer node's renewal is overdue; pods ``known`` lost already are
     not judged again."""
     st = job.status
-    if st is None or st.phase != rljob.Phase.RUNNING.value or job.spec.suspend:
+    # not gated on phase Running: the pass that first writes Running reads the status before it (Starting), and a
+    # trainer silent from then on makes no event for another pass (2026-11-30: partitioned as the job turned Running,
+    # found by the node controller 4 min later); quiet progress needs a step of this attempt anyway
+    if st is None or st.phase in (rljob.Phase.SUCCEEDED.value, rljob.Phase.FAILED.value) or job.spec.suspend:
         return trainersilence.Judged(verdict=nodeloss.Verdict())
     report, _ = lifecycle.trainer_report(job, obs, st.attempt)
     since = trainersilence.quiet_since(report, last_progress=timefmt.parse(st.last_progress_time))
