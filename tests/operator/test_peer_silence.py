@@ -126,6 +126,12 @@ def test_the_decision_table(case: str, ready: str, renewed: float, now: float, w
         assert p.failure.node == "n1"
 
 
+def test_the_fault_mark_of_a_node_that_does_not_answer_is_its_kubelets_last_word() -> None:
+    """The Lease renewal when it is newer than the Ready heartbeat (posted every 5 min on a quiet node)."""
+    v = judged(gang(), {"n0": node("n0"), "n1": node("n1", heartbeat=-200.0)}, {"n1": lease(3.0)}, 16.0)
+    assert {p.failure.since for p in v.lost} == {timefmt.fmt(at(3.0))}, v.lost
+
+
 def test_without_a_lease_the_heartbeat_alone_never_says_a_ready_node_is_dead() -> None:
     """The Ready heartbeat of a quiet node is posted every 5 min by default: its age proves nothing."""
     nodes = {"n0": node("n0"), "n1": node("n1", heartbeat=-200.0)}
@@ -238,16 +244,22 @@ def test_a_pass_fails_the_silent_generator_and_its_dead_nodes_pods_before_the_no
     assert node_affinity(fake.applied["tiny-generator"]) is None
 
 
-def test_the_force_delete_waits_until_the_statefulset_has_seen_the_template_that_avoids_the_node() -> None:
-    fake = SilenceCluster(job_doc(), gang(), {"n0": node("n0", heartbeat=15.0), "n1": node("n1", heartbeat=-1.0)},
-                          {"n1": lease(-1.0)}, observed=False)
+def held_until_observed(fake: SilenceCluster, *, first: float, want: list[str]) -> None:
+    """A pass at ``first`` records the failure but deletes nothing (the StatefulSet has not observed its template);
+    once it has, the next pass force-deletes ``want``."""
     key, cache = ("ns", "tiny"), reconcile.ApplyCache()
-    out = reconcile.reconcile(fake, key, image="img", cache=cache, clock=lambda: at(16))
+    out = reconcile.reconcile(fake, key, image="img", cache=cache, clock=lambda: at(first))
     assert fake.deleted() == [] and out.requeue_after is not None and out.requeue_after <= 1.0
     assert fake.job["status"]["lastFailure"]["reason"] == "NodeLost", "the failure is recorded at once"
     fake.observed = True
-    reconcile.reconcile(fake, key, image="img", cache=cache, clock=lambda: at(17))
-    assert fake.deleted() == ["tiny-generator-0", "tiny-verifier-0"]
+    reconcile.reconcile(fake, key, image="img", cache=cache, clock=lambda: at(first + 1))
+    assert fake.deleted() == want
+
+
+def test_the_force_delete_waits_until_the_statefulset_has_seen_the_template_that_avoids_the_node() -> None:
+    fake = SilenceCluster(job_doc(), gang(), {"n0": node("n0", heartbeat=15.0), "n1": node("n1", heartbeat=-1.0)},
+                          {"n1": lease(-1.0)}, observed=False)
+    held_until_observed(fake, first=16, want=["tiny-generator-0", "tiny-verifier-0"])
 
 
 def test_a_stale_trainers_report_of_silence_is_not_read() -> None:

@@ -95,7 +95,8 @@ NEEDS: tuple[Need, ...] = (
           "kopf's scanning of CRDs (it watches a resource once the cluster serves it: Kueue's workloads)"),
     # leader election (main.standby, leader.Elector)
     _need("coordination.k8s.io", "leases", "get", Scope.NODE_LEASES,
-          "the kubelet's Lease of a silent generator's node: has it answered since (peersilence)"),
+          "the kubelet's Lease of a silent generator's node, or of a quiet trainer's node and of the job's "
+          "other nodes (a witness): has it answered since (peersilence, trainersilence)"),
     _need("coordination.k8s.io", "leases", "get create update delete", Scope.RELEASE,
           "the leader's Lease: read, created, renewed by PUT with the read resourceVersion, deleted on stop"),
 )

@@ -137,7 +137,7 @@ def judge(silent: Iterable[Silent], pods: Iterable[observed.PodFacts], nodes: Ma
             continue
         due = quiet_after(n, leases.get(n.name), since=s.since, beat=peer_silence / 4)
         if due is not None and due <= now:
-            gone_nodes.setdefault(n.name, n.heartbeat)
+            gone_nodes.setdefault(n.name, word(n, leases.get(n.name)))   # the fault mark: the kubelet's last word
             continue
         if due is not None:
             later(due)
@@ -149,15 +149,17 @@ def judge(silent: Iterable[Silent], pods: Iterable[observed.PodFacts], nodes: Ma
     lost: list[nodeloss.LostPod] = []
     for p in pods:
         if p.node in gone_nodes and p.phase not in ("Succeeded", "Failed"):
-            lost.append(_lost(p, node=p.node, reason=nodeloss.REASON, now=now, since=gone_nodes[p.node]))
+            lost.append(lost_pod(p, node=p.node, reason=nodeloss.REASON, now=now, since=gone_nodes[p.node]))
     for s in alone:
         if s.pod.node not in gone_nodes:
-            lost.append(_lost(s.pod, node=s.pod.node or "", reason=UNHEALTHY, now=now, since=s.since))
+            lost.append(lost_pod(s.pod, node=s.pod.node or "", reason=UNHEALTHY, now=now, since=s.since))
     return nodeloss.Verdict(lost=tuple(lost), requeue_after=wait)
 
 
-def _lost(p: observed.PodFacts, *, node: str, reason: str, now: dt.datetime,
-          since: dt.datetime | None) -> nodeloss.LostPod:
+def lost_pod(p: observed.PodFacts, *, node: str, reason: str, now: dt.datetime,
+             since: dt.datetime | None) -> nodeloss.LostPod:
+    """``p`` failed with ``reason`` on ``node`` now, with the node-loss path's identity (``<uid>/NodeLost``), its
+    fault mark ``since`` (the kubelet's last word, for ``recovery``)."""
     uid = p.uid or p.name
     return nodeloss.LostPod(pod=p.name, uid=p.uid, node=node, failure=observed.Failure(
         role=p.role, pod=p.name, attempt=p.attempt, exit_code=None, reason=reason, time=timefmt.fmt(now),
@@ -183,7 +185,7 @@ def left_on(avoid: Iterable[str], pods: Iterable[observed.PodFacts], *, taken: s
     lost with it (their failure was counted when the node was found: the same identity is not counted again),
     so their forced delete does not depend on trainer 0's report, which goes with its pod in a new attempt."""
     nodes = set(avoid)
-    return tuple(_lost(p, node=p.node or "", reason=nodeloss.REASON, now=now, since=None)
+    return tuple(lost_pod(p, node=p.node or "", reason=nodeloss.REASON, now=now, since=None)
                  for p in sorted(pods, key=lambda q: q.name)
                  if p.node in nodes and p.name not in taken and p.phase not in ("Succeeded", "Failed"))
 

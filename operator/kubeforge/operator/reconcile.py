@@ -26,7 +26,8 @@ from typing import Any
 
 from kubeforge.api import contract, failures, load, poolkeys, rljob
 from kubeforge.operator import (apply, exports, fencing, gangauto, lifecycle, metrics, names, nodeloss, observed,
-                                peersilence, poolports, queueing, reasons, render, status, timefmt, watchcache)
+                                peersilence, poolports, queueing, reasons, render, status, timefmt, trainersilence,
+                                watchcache)
 from kubeforge.operator.render import agent, context, gang, meta, sandbox, secret
 from kubeforge.operator.render import workload as workload_render
 
@@ -363,6 +364,10 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     obs = observed.observe_facts(_read_pods(cluster, key, pods), seen_failures)
     lost = _node_loss(cluster, obs, now=now, grace=node_loss_grace)
     silence = _peer_silence(cluster, job, obs, now=now, known=lost)
+    quiet = _trainer_silence(cluster, job, obs, now=now,
+                             known=nodeloss.Verdict(lost=lost.lost + silence.lost))
+    silence = nodeloss.Verdict(lost=silence.lost + quiet.verdict.lost,
+                               requeue_after=_min(silence.requeue_after, quiet.verdict.requeue_after))
     avoid = _avoided(cluster, job, nodeloss.Verdict(lost=lost.lost + silence.lost))
     left = peersilence.left_on(avoid, obs.pods, taken={p.pod for p in (*lost.lost, *silence.lost)}, now=now)
     lost = nodeloss.Verdict(lost=lost.lost + silence.lost + left,
@@ -452,7 +457,9 @@ def reconcile(cluster: apply.Cluster, key: Key, *, image: str, cache: ApplyCache
     heard, still = {p.pod for p in silence.lost}, {p.pod for p in left}
     for node in lost.nodes:
         on = {p.pod for p in lost.lost if p.node == node}
-        text = peersilence.message(lost, node, job.spec.failure_policy.peer_silence_seconds) if on & heard else \
+        text = trainersilence.message(lost, node, witness=quiet.witnesses[node], quiet_s=quiet.quiet_s) \
+            if node in quiet.witnesses else \
+            peersilence.message(lost, node, job.spec.failure_policy.peer_silence_seconds) if on & heard else \
             peersilence.left_message(lost, node) if on <= still else nodeloss.message(lost, node, node_loss_grace)
         log.warning("%s/%s: %s", namespace, name, text)
         cluster.post_event(raw, type="Warning", reason=reasons.NODE_LOST, now=timefmt.fmt(now), message=text)
@@ -558,6 +565,37 @@ def _peer_silence(cluster: apply.Cluster, job: rljob.RLJob, obs: observed.Observ
     leases = {n: _lease(cluster, n) for n in names_}
     return peersilence.judge(silent, [p for p in obs.pods if p.name not in taken], nodes, leases, now=now,
                              peer_silence=float(job.spec.failure_policy.peer_silence_seconds))
+
+
+def _trainer_silence(cluster: apply.Cluster, job: rljob.RLJob, obs: observed.Observed, *, now: dt.datetime,
+                     known: nodeloss.Verdict) -> trainersilence.Judged:
+    """The job's pods lost with a trainer's node that does not answer (``trainersilence``): reads the Nodes and
+    Leases of the trainers' nodes only once trainer 0's progress has been quiet for ``peerSilenceSeconds``, and the
+    Leases of the job's other nodes only when a trainer node's renewal is overdue; pods ``known`` lost already are
+    not judged again."""
+    st = job.status
+    # not gated on phase Running: the pass that first writes Running reads the status before it (Starting), and a
+    # trainer silent from then on makes no event for another pass (2026-11-30: partitioned as the job turned Running,
+    # found by the node controller 4 min later); quiet progress needs a step of this attempt anyway
+    if st is None or st.phase in (rljob.Phase.SUCCEEDED.value, rljob.Phase.FAILED.value) or job.spec.suspend:
+        return trainersilence.Judged(verdict=nodeloss.Verdict())
+    report, _ = lifecycle.trainer_report(job, obs, st.attempt)
+    since = trainersilence.quiet_since(report, last_progress=timefmt.parse(st.last_progress_time))
+    taken = {p.pod for p in known.lost}
+    trainers = [p for p in trainersilence.trainer_pods(obs.pods, attempt=st.attempt) if p.name not in taken]
+    peer_silence = float(job.spec.failure_policy.peer_silence_seconds)
+    read, wait = trainersilence.watched(trainers, quiet=since, now=now, peer_silence=peer_silence)
+    if not read or since is None:
+        return trainersilence.Judged(verdict=nodeloss.Verdict(requeue_after=wait))
+    nodes = {n: nodeloss.node_facts(cluster.get_node(n), n) for n in read}
+    leases = {n: _lease(cluster, n) for n in read}
+    witnesses: dict[str, peersilence.Kubelet | None] = {}
+    if trainersilence.overdue(nodes, leases, quiet=since, now=now):
+        others = sorted({p.node for p in obs.pods if p.node and p.node not in read})
+        witnesses = {n: _lease(cluster, n) for n in others}
+    judged = trainersilence.judge([p for p in obs.pods if p.name not in taken], trainers, quiet=since, nodes=nodes,
+                                  leases=leases, witnesses=witnesses, now=now)
+    return dataclasses.replace(judged, quiet_s=max(0.0, (now - since).total_seconds()))
 
 
 def _avoided(cluster: apply.Cluster, job: rljob.RLJob, lost: nodeloss.Verdict) -> tuple[str, ...]:

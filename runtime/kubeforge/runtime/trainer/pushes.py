@@ -66,6 +66,7 @@ class Pushes:
         self.membership = membership
         self.beat = beat
         self.weights_at: float | None = None    # wall clock of the last whole push that reached every generator
+        #                                         (synchronous or overlapped)
 
     def push_overlapped(self, *, step: int) -> types.SyncResult | None:
         """Rank 0: finish the push still in flight (started after the previous due step; its figures go in this
@@ -95,6 +96,10 @@ class Pushes:
         try:
             result: types.SyncResult | None = getattr(self.pusher, "finish")()
             if result is not None:
+                # a whole overlapped push too (the only kind most steps make): without it a trainer that kept
+                # running reported no weightsAt until a synchronous push, and the operator closed a recovery's
+                # breakdown at a step trained from rollouts sampled before the fault (docs/recovery.md)
+                self.weights_at = time.time()
                 self.membership.pushed()
             return result
         except RuntimeError as exc:
