@@ -146,3 +146,22 @@ def test_a_lost_engine_is_restarted_with_the_running_jobs_at_most_engine_restart
     assert runs[0].status == 1 and "pool engine pool-0 ended (exit code 3) after 3 restarts" in runs[0].message
     assert runs[1].status == 0                          # an ended job keeps its verdict
     group.stop(grace=1.0)
+
+
+def test_a_job_that_ends_leaves_the_engines_jobs_file(tmp_path: pathlib.Path) -> None:
+    """As the operator drops a Succeeded or Failed job from a pool's jobs file, the launcher rewrites it to the jobs
+    still running once one ends: the engines close the ended job's channel and unload its adapter."""
+    (_, pool), jobs = poolrun.prepare(FILES, steps=None)
+    _, runs = poolrun._layout(pool, jobs, tmp_path)
+
+    def listed() -> list[str]:
+        return [a.name for a in attach.read(jobs_path=str(tmp_path / "jobs.json"),
+                                            key_path=str(tmp_path / "pool.key"), pool="shared", index=0)]
+
+    names = frozenset(jr.name for jr in runs)
+    assert poolrun.drop_finished(tmp_path, runs, listed=names) == names and listed() == ["pool-job-a", "pool-job-b"]
+    runs[0].status = 0                                  # job a succeeded
+    now = poolrun.drop_finished(tmp_path, runs, listed=names)
+    assert now == {"pool-job-b"} and listed() == ["pool-job-b"]
+    runs[1].status = 1                                  # the last job's end: nothing left to serve, file kept
+    assert poolrun.drop_finished(tmp_path, runs, listed=now) == now and listed() == ["pool-job-b"]
