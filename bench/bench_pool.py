@@ -7,7 +7,7 @@ The jobs are a pool example's, each with a seed of its own (job k: seed k), all 
 - ``--example tiny`` (the default): ``examples/pool/job-a.yaml`` (the tiny model copies one character, rank-8
   adapters), alphabet ``ab`` or ``xy`` by parity; it does not learn in a few steps (docs/generator-pool.md);
 - ``--example smollm2``: ``examples/pool/smollm2/job-a.yaml`` and ``job-b.yaml`` by parity (SmolLM2-135M-Instruct,
-  one-digit sums and differences, held-out evaluation before the first step and after the last): jobs that learn.
+  one-digit sums and products, 8 new tokens at temperature 1.0): jobs whose step rewards rise within ~10 steps.
 
 - separate (the baseline): each job alone with ``kubeforge run job-k.yaml`` (no ``spec.generatorPool``: its own
   vLLM generator with LoRA, the pool's engine settings), the N launchers side by side;

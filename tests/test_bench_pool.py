@@ -43,9 +43,9 @@ def test_the_learning_example_alternates_its_two_jobs_and_passes_the_launchers_c
     docs = [(f"j{k}", bench_pool.job_doc(k, model=None, steps=3, pool=None, example="smollm2")) for k in range(4)]
     jobs = [main.prepare(path, steps=None) for path in bench_pool.write(docs, tmp_path / "separate")]
     assert [j.spec.task.arithmetic.operations if j.spec.task.arithmetic else None for j in jobs] == \
-        [["+"], ["-"], ["+"], ["-"]]
+        [["+"], ["*"], ["+"], ["*"]]
     assert [j.spec.task.seed for j in jobs] == [0, 1, 2, 3]
-    assert all(j.spec.generator_pool is None and j.spec.evaluation is not None for j in jobs)
+    assert all(j.spec.generator_pool is None and j.spec.model.lora is not None for j in jobs)
     files = bench_pool.write([("pool", bench_pool.pool_doc(jobs=4, model=None, example="smollm2")),
                               *((f"j{k}", bench_pool.job_doc(k, model=None, steps=3, pool=bench_pool.POOL_NAME,
                                                              example="smollm2")) for k in range(4))],

@@ -27,6 +27,17 @@ def test_the_examples_prepare() -> None:
     assert all(j.spec.algorithm.steps == 3 for _, j in jobs)
 
 
+def test_the_learning_examples_prepare() -> None:
+    """``examples/pool/smollm2/``: the pool and its two jobs pass together (same base model and dtype, ranks within
+    the pool's), each job on the pool with a task of its own."""
+    files = [str(POOL / "smollm2" / n) for n in ("pool.yaml", "job-a.yaml", "job-b.yaml")]
+    (_, pool), jobs = poolrun.prepare(files, steps=None)
+    assert pool.metadata.name == "smollm2"
+    assert [j.metadata.name for _, j in jobs] == ["pool-smollm2-a", "pool-smollm2-b"]
+    assert all(j.spec.generator_pool is not None and j.spec.generator_pool.name == "smollm2" for _, j in jobs)
+    assert len({str(j.spec.task.arithmetic) for _, j in jobs}) == 2
+
+
 def edited(tmp_path: pathlib.Path, name: str, **roles: object) -> str:
     doc = yaml.safe_load((POOL / name).read_text())
     doc["spec"]["roles"].update(roles)
