@@ -1,10 +1,14 @@
 """Benchmark of a GeneratorPool (issue 40 item 7): N LoRA jobs each with a generator of its own vs the same N jobs
 on one pool of one engine, one mode after the other on this machine, same steps.
 
-    python bench/bench_pool.py [--jobs 4] [--steps 12] [--model tiny]
+    python bench/bench_pool.py [--jobs 4] [--steps 12] [--example tiny|smollm2] [--model NAME]
 
-The jobs are the pool example's (``examples/pool/job-a.yaml``: copy one character, rank-8 adapters), each with a
-seed of its own (job k: seed k, alphabet ``ab`` or ``xy`` by parity), all started at once in each mode:
+The jobs are a pool example's, each with a seed of its own (job k: seed k), all started at once in each mode:
+- ``--example tiny`` (the default): ``examples/pool/job-a.yaml`` (the tiny model copies one character, rank-8
+  adapters), alphabet ``ab`` or ``xy`` by parity; it does not learn in a few steps (docs/generator-pool.md);
+- ``--example smollm2``: ``examples/pool/smollm2/job-a.yaml`` and ``job-b.yaml`` by parity (SmolLM2-135M-Instruct,
+  one-digit sums and products, 8 new tokens at temperature 1.0): jobs whose step rewards rise within ~10 steps.
+
 - separate (the baseline): each job alone with ``kubeforge run job-k.yaml`` (no ``spec.generatorPool``: its own
   vLLM generator with LoRA, the pool's engine settings), the N launchers side by side;
 - pool: ``kubeforge run pool.yaml job-0.yaml ... job-N-1.yaml``, one engine with ``maxAdapters: N`` (no swaps).
@@ -22,8 +26,15 @@ Figures, per mode:
   sample by walking ``/proc``. RSS counts a page shared by two processes twice (the torch and vLLM libraries
   each engine maps), so ``generator_pss_mib_<mode>`` gives the same peak in PSS (``/proc/<pid>/smaps_rollup``),
   which splits shared pages among the processes sharing them.
+- ``all_rss_mib_<mode>``: the same peak over every process below the launchers (trainers and verifiers too): what
+  the mode needs of the machine's memory.
 - each job's ``reward_first``/``reward_last``: its mean reward over the first and the last third of its steps
-  (the bench's window, ``reward_window`` steps; the launcher's own 10-step window would overlap in a short run).
+  (the bench's window, ``reward_window`` steps; the launcher's own 10-step window would overlap in a short run), and
+  its held-out greedy accuracy ``eval_accuracy_before``/``_after`` when the example evaluates (``spec.evaluation``:
+  the launcher's summary line of the job).
+
+``--one-at-a-time`` runs the separate jobs one after another instead (each alone, one job's memory at a time: how
+each job learns alone, set beside the pool's run; no throughput ratio then).
 
 Nothing is asserted or hard-coded; the machine (``common.machine()``) and the load average before and after each mode
 are printed beside the figures, since a shared machine's load moves between the two modes. Every figure is JSON;
@@ -49,21 +60,26 @@ import yaml
 import common
 
 ROOT = common.ROOT
-EXAMPLES = ROOT / "examples" / "pool"
+EXAMPLES = {"tiny": (ROOT / "examples" / "pool", ("job-a.yaml",)),
+            "smollm2": (ROOT / "examples" / "pool" / "smollm2", ("job-a.yaml", "job-b.yaml"))}
 SAMPLE_SECONDS = 0.5
 GENERATOR_ARGV = ("kubeforge.cli", "role", "generator")   # how every launcher starts a generator or a pool engine
 ALPHABETS = ("ab", "xy")
 POOL_NAME = "bench-pool"
 
 
-def job_doc(k: int, *, model: str, steps: int, pool: str | None) -> dict[str, Any]:
-    """Job ``k`` of the bench: the pool example's job with seed ``k``; on ``pool`` or (None) with its own generator."""
-    doc: dict[str, Any] = yaml.safe_load((EXAMPLES / "job-a.yaml").read_text())
+def job_doc(k: int, *, model: str | None, steps: int, pool: str | None, example: str = "tiny") -> dict[str, Any]:
+    """Job ``k`` of the bench: the pool example's job (by parity where it has two) with seed ``k``; on ``pool`` or
+    (None) with its own generator; ``model``: another builtin base model (None: the example's)."""
+    folder, files = EXAMPLES[example]
+    doc: dict[str, Any] = yaml.safe_load((folder / files[k % len(files)]).read_text())
     doc["metadata"]["name"] = f"bench-pool-job-{k}"
     spec = doc["spec"]
-    spec["model"]["builtin"] = model
+    if model is not None:
+        spec["model"]["builtin"] = model
     spec["task"]["seed"] = k
-    spec["task"]["copy"]["alphabet"] = ALPHABETS[k % len(ALPHABETS)]
+    if "copy" in spec["task"]:
+        spec["task"]["copy"]["alphabet"] = ALPHABETS[k % len(ALPHABETS)]
     spec["algorithm"]["steps"] = steps
     spec.pop("checkpoint", None)         # no checkpoint writes in the timed window (both modes alike)
     if pool is None:
@@ -73,11 +89,12 @@ def job_doc(k: int, *, model: str, steps: int, pool: str | None) -> dict[str, An
     return doc
 
 
-def pool_doc(*, jobs: int, model: str) -> dict[str, Any]:
-    """The pool example with ``model`` and one adapter slot per job (no swaps: the pool's cost is sharing alone)."""
-    doc: dict[str, Any] = yaml.safe_load((EXAMPLES / "pool.yaml").read_text())
+def pool_doc(*, jobs: int, model: str | None, example: str = "tiny") -> dict[str, Any]:
+    """The pool example with one adapter slot per job (no swaps: the pool's cost is sharing alone)."""
+    doc: dict[str, Any] = yaml.safe_load((EXAMPLES[example][0] / "pool.yaml").read_text())
     doc["metadata"]["name"] = POOL_NAME
-    doc["spec"]["model"]["builtin"] = model
+    if model is not None:
+        doc["spec"]["model"]["builtin"] = model
     doc["spec"]["maxAdapters"] = jobs
     return doc
 
@@ -167,6 +184,7 @@ class MemorySampler:
     peak_rss_mib: float = 0.0
     peak_pss_mib: float = 0.0
     peak_processes: int = 0
+    peak_all_rss_mib: float = 0.0     # every process below the roots (trainers, verifiers, launchers too)
     samples: int = 0
 
     def __post_init__(self) -> None:
@@ -180,6 +198,10 @@ class MemorySampler:
     def sample(self) -> None:
         pids = generator_pids(self.roots)
         rss, pss = memory_mib(pids)
+        children = _children()
+        everything = sorted({p for r in self.roots for p in _subtree(r, children)})
+        self.peak_all_rss_mib = max(self.peak_all_rss_mib,
+                                    sum(_kib(f"/proc/{p}/status", "VmRSS:") for p in everything) / 1024)
         self.samples += 1
         self.peak_processes = max(self.peak_processes, len(pids))
         self.peak_rss_mib, self.peak_pss_mib = max(self.peak_rss_mib, rss), max(self.peak_pss_mib, pss)
@@ -241,51 +263,77 @@ def _launch(files: Sequence[str], *, run_dir: pathlib.Path, log: pathlib.Path) -
 
 
 def run_mode(mode: str, launches: list[tuple[list[str], pathlib.Path]], *, jobs: list[str],
-             metrics: dict[str, pathlib.Path], timeout: float) -> dict[str, Any]:
-    """Start every launch at once, sample the generators' memory until all end; the mode's figures."""
+             metrics: dict[str, pathlib.Path], timeout: float, one_at_a_time: bool = False) -> dict[str, Any]:
+    """Start every launch at once (``one_at_a_time``: each after the previous ended, so the memory peak is one
+    launch's), sample the generators' memory until all end; the mode's figures."""
     load_before, started = common.load_average(), time.monotonic()
-    procs = []
-    for files, run_dir in launches:
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        procs.append((_launch(files, run_dir=run_dir, log=run_dir.parent / f"{run_dir.name}.stderr"), run_dir))
-    sampler = MemorySampler(roots=[p.pid for p, _ in procs]).start()
-    try:
-        outs = [(p.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))[0], p.returncode, d)
-                for p, d in procs]
-    finally:
-        sampler.stop()
-        for p, _ in procs:
-            if p.poll() is None:
-                p.kill()
+    outs: list[tuple[str, int | None, pathlib.Path]] = []
+    peaks = MemorySampler(roots=[])
+    for batch in ([[x] for x in launches] if one_at_a_time else [launches]):
+        procs = []
+        for files, run_dir in batch:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            procs.append((_launch(files, run_dir=run_dir, log=run_dir.parent / f"{run_dir.name}.stderr"), run_dir))
+        sampler = MemorySampler(roots=[p.pid for p, _ in procs]).start()
+        try:
+            outs += [(p.communicate(timeout=max(1.0, timeout - (time.monotonic() - started)))[0], p.returncode, d)
+                     for p, d in procs]
+        finally:
+            sampler.stop()
+            for p, _ in procs:
+                if p.poll() is None:
+                    p.kill()
+        peaks.peak_rss_mib = max(peaks.peak_rss_mib, sampler.peak_rss_mib)
+        peaks.peak_pss_mib = max(peaks.peak_pss_mib, sampler.peak_pss_mib)
+        peaks.peak_all_rss_mib = max(peaks.peak_all_rss_mib, sampler.peak_all_rss_mib)
+        peaks.peak_processes = max(peaks.peak_processes, sampler.peak_processes)
+        peaks.samples += sampler.samples
+    sampler = peaks
     wall = time.monotonic() - started
     for _, code, run_dir in outs:
         if code != 0:
             log = run_dir.parent / f"{run_dir.name}.stderr"
             raise SystemExit(f"{mode}: kubeforge run failed ({code}):\n{log.read_text()[-3000:]}")
     records = {j: read_steps(metrics[j]) for j in jobs}
+    lines = [json.loads(x) for out, _, _ in outs for x in out.strip().splitlines() if x]
     return {"mode": mode, "wall_seconds": round(wall, 1), **aggregate(records),
             "completions_per_wall_second": round(sum(r["completions"] for rs in records.values() for r in rs) / wall,
                                                  3),
             "generator_rss_mib": round(sampler.peak_rss_mib, 1), "generator_pss_mib": round(sampler.peak_pss_mib, 1),
+            "all_rss_mib": round(sampler.peak_all_rss_mib, 1),
             "generator_processes": sampler.peak_processes, "memory_samples": sampler.samples,
-            "jobs": {j: rewards(records[j]) for j in jobs},
-            "launcher_lines": [json.loads(x) for out, _, _ in outs for x in out.strip().splitlines() if x],
+            "jobs": {j: {**rewards(records[j]), **held_out(j, lines)} for j in jobs},
+            "launcher_lines": lines,
             "load_before": load_before, "load_after": common.load_average()}
 
 
-def separate(*, jobs: int, model: str, steps: int, tmp: pathlib.Path, timeout: float) -> dict[str, Any]:
+def held_out(job: str, lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The job's held-out greedy accuracy before its first step and after its last, from its launcher summary line
+    (a pool's lines name their job; a single job's line is found by its run directory); None without evaluation."""
+    line = next((x for x in lines if x.get("job") == job or pathlib.PurePath(str(x.get("run_dir", ""))).name == job),
+                {})
+    return {"eval_accuracy_before": line.get("eval_accuracy_before"),
+            "eval_accuracy_after": line.get("eval_accuracy_after")}
+
+
+def separate(*, jobs: int, model: str | None, steps: int, tmp: pathlib.Path, timeout: float,
+             example: str = "tiny", one_at_a_time: bool = False) -> dict[str, Any]:
     names = [f"bench-pool-job-{k}" for k in range(jobs)]
-    files = write(((n, job_doc(k, model=model, steps=steps, pool=None)) for k, n in enumerate(names)),
+    files = write(((n, job_doc(k, model=model, steps=steps, pool=None, example=example))
+                   for k, n in enumerate(names)),
                   tmp / "separate" / "manifests")
     runs = {n: tmp / "separate" / n for n in names}
     return run_mode("separate", [([f], runs[n]) for f, n in zip(files, names)], jobs=names,
-                    metrics={n: runs[n] / "metrics.jsonl" for n in names}, timeout=timeout)
+                    metrics={n: runs[n] / "metrics.jsonl" for n in names}, timeout=timeout,
+                    one_at_a_time=one_at_a_time)
 
 
-def pooled(*, jobs: int, model: str, steps: int, tmp: pathlib.Path, timeout: float) -> dict[str, Any]:
+def pooled(*, jobs: int, model: str | None, steps: int, tmp: pathlib.Path, timeout: float,
+           example: str = "tiny") -> dict[str, Any]:
     names = [f"bench-pool-job-{k}" for k in range(jobs)]
-    files = write([("pool", pool_doc(jobs=jobs, model=model)),
-                   *((n, job_doc(k, model=model, steps=steps, pool=POOL_NAME)) for k, n in enumerate(names))],
+    files = write([("pool", pool_doc(jobs=jobs, model=model, example=example)),
+                   *((n, job_doc(k, model=model, steps=steps, pool=POOL_NAME, example=example))
+                     for k, n in enumerate(names))],
                   tmp / "pool" / "manifests")
     run = tmp / "pool" / "run"
     out = run_mode("pool", [(files, run)], jobs=names, metrics={n: run / n / "metrics.jsonl" for n in names},
@@ -296,24 +344,30 @@ def pooled(*, jobs: int, model: str, steps: int, tmp: pathlib.Path, timeout: flo
     return out
 
 
-def result(sep: dict[str, Any], pool: dict[str, Any], *, jobs: int, steps: int, model: str) -> dict[str, Any]:
-    """The last line: the contract's fields, the ratios, each job's rewards in both modes."""
+def result(sep: dict[str, Any], pool: dict[str, Any], *, jobs: int, steps: int, model: str | None,
+           example: str = "tiny", one_at_a_time: bool = False) -> dict[str, Any]:
+    """The last line: the contract's fields, the ratios, each job's rewards in both modes. With the separate jobs
+    run one at a time, the throughput ratios are None (one generator at a time is not the baseline of N at once);
+    the memory ratios are then one job's generator against the pool's."""
     ratio = (lambda a, b: round(a / b, 3) if a and b else None)
+    rate = (lambda a, b: None if one_at_a_time else ratio(a, b))
     return {
-        "bench": "pool", "jobs": jobs, "steps": steps, "model": model, "machine": common.machine(),
+        "bench": "pool", "jobs": jobs, "steps": steps, "example": example, "model": model,
+        "separate_one_at_a_time": one_at_a_time, "machine": common.machine(),
         "completions_per_second_pool": pool["completions_per_second"],
         "completions_per_second_separate": sep["completions_per_second"],
-        "ratio_completions_pool_over_separate": ratio(pool["completions_per_second"], sep["completions_per_second"]),
+        "ratio_completions_pool_over_separate": rate(pool["completions_per_second"], sep["completions_per_second"]),
         "completions_per_wall_second": {"pool": pool["completions_per_wall_second"],
                                         "separate": sep["completions_per_wall_second"]},
         "completions_per_second_jobs_summed": {"pool": pool["completions_per_second_jobs_summed"],
                                                "separate": sep["completions_per_second_jobs_summed"]},
-        "ratio_jobs_summed_pool_over_separate": ratio(pool["completions_per_second_jobs_summed"],
+        "ratio_jobs_summed_pool_over_separate": rate(pool["completions_per_second_jobs_summed"],
                                                       sep["completions_per_second_jobs_summed"]),
         "generator_rss_mib_pool": pool["generator_rss_mib"], "generator_rss_mib_separate": sep["generator_rss_mib"],
         "ratio_rss_pool_over_separate": ratio(pool["generator_rss_mib"], sep["generator_rss_mib"]),
         "generator_pss_mib_pool": pool["generator_pss_mib"], "generator_pss_mib_separate": sep["generator_pss_mib"],
         "ratio_pss_pool_over_separate": ratio(pool["generator_pss_mib"], sep["generator_pss_mib"]),
+        "all_rss_mib": {"pool": pool["all_rss_mib"], "separate": sep["all_rss_mib"]},
         "memory_method": f"peak over samples every {SAMPLE_SECONDS}s of the sum over /proc of every generator "
                          "process and its children (VmRSS; Pss from smaps_rollup)",
         "rewards": {"separate": sep["jobs"], "pool": pool["jobs"]},
@@ -327,20 +381,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=4, help="LoRA jobs (default 4)")
     ap.add_argument("--steps", type=int, default=12, help="steps of every job (default 12)")
-    ap.add_argument("--model", default="tiny", help="builtin base model of every job and the pool (default tiny)")
+    ap.add_argument("--example", choices=sorted(EXAMPLES), default="tiny",
+                    help="the pool example the jobs come from (default tiny; smollm2: jobs that learn)")
+    ap.add_argument("--model", default=None, help="another builtin base model for every job and the pool "
+                    "(default: the example's)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds each mode may take (default 3600)")
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep the run directories (default: a temp dir)")
+    ap.add_argument("--one-at-a-time", action="store_true",
+                    help="run the separate jobs one after another (each alone: one job's memory at a time; no "
+                    "throughput ratio), e.g. to compare each job's learning alone with the pool's")
     args = ap.parse_args(argv)
     if args.jobs < 1 or args.steps < 1:
         ap.error("--jobs and --steps must be at least 1")
     print(json.dumps({"machine": common.machine(), "load": common.load_average()}), flush=True)
     with tempfile.TemporaryDirectory(prefix="kf-bench-pool-") as d:
         tmp = pathlib.Path(args.keep or d).resolve()
-        sep = separate(jobs=args.jobs, model=args.model, steps=args.steps, tmp=tmp, timeout=args.timeout)
+        sep = separate(jobs=args.jobs, model=args.model, steps=args.steps, tmp=tmp, timeout=args.timeout,
+                       example=args.example, one_at_a_time=args.one_at_a_time)
         print(json.dumps({k: v for k, v in sep.items() if k != "launcher_lines"}), flush=True)
-        pool = pooled(jobs=args.jobs, model=args.model, steps=args.steps, tmp=tmp, timeout=args.timeout)
+        pool = pooled(jobs=args.jobs, model=args.model, steps=args.steps, tmp=tmp, timeout=args.timeout,
+                      example=args.example)
         print(json.dumps({k: v for k, v in pool.items() if k != "launcher_lines"}), flush=True)
-    print(json.dumps(result(sep, pool, jobs=args.jobs, steps=args.steps, model=args.model)), flush=True)
+    print(json.dumps(result(sep, pool, jobs=args.jobs, steps=args.steps, model=args.model, example=args.example,
+                            one_at_a_time=args.one_at_a_time)), flush=True)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ def result(real_node_cluster: run_real.Acquired, tmp_path_factory: pytest.TempPa
     out = os.environ.get("KF_E2E_POOL_OUT")
     if out:
         pathlib.Path(out).write_text(json.dumps(figures) + "\n")
+        for job, texts in res.trainer_logs.items():     # what each trainer waited on around the engine's loss
+            pathlib.Path(f"{out}.trainer-{job}.log").write_text("".join(texts))
     return res
 
 

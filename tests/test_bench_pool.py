@@ -37,6 +37,53 @@ def test_both_modes_manifests_pass_the_launchers_checks(tmp_path: pathlib.Path) 
     assert len({j.metadata.name for _, j in jobs}) == 3
 
 
+def test_the_learning_example_alternates_its_two_jobs_and_passes_the_launchers_checks(tmp_path: pathlib.Path) -> None:
+    """``--example smollm2``: job k is ``job-a.yaml`` or ``job-b.yaml`` by parity, with seed k, on the example's own
+    base model (SmolLM2 in bf16, the pool's too) unless ``--model`` names another."""
+    docs = [(f"j{k}", bench_pool.job_doc(k, model=None, steps=3, pool=None, example="smollm2")) for k in range(4)]
+    jobs = [main.prepare(path, steps=None) for path in bench_pool.write(docs, tmp_path / "separate")]
+    assert [j.spec.task.arithmetic.operations if j.spec.task.arithmetic else None for j in jobs] == \
+        [["+"], ["*"], ["+"], ["*"]]
+    assert [j.spec.task.seed for j in jobs] == [0, 1, 2, 3]
+    assert all(j.spec.generator_pool is None and j.spec.model.lora is not None for j in jobs)
+    files = bench_pool.write([("pool", bench_pool.pool_doc(jobs=4, model=None, example="smollm2")),
+                              *((f"j{k}", bench_pool.job_doc(k, model=None, steps=3, pool=bench_pool.POOL_NAME,
+                                                             example="smollm2")) for k in range(4))],
+                             tmp_path / "pool")
+    (_, pool), attached = poolrun.prepare(files, steps=None)
+    assert pool.spec.max_adapters == 4 and pool.spec.model.builtin == "smollm2-135m-instruct"
+    assert {j.spec.model.builtin for _, j in attached} == {"smollm2-135m-instruct"}
+
+
+def test_held_out_accuracy_comes_from_each_jobs_launcher_line() -> None:
+    lines = [{"job": "j0", "eval_accuracy_before": 0.1, "eval_accuracy_after": 0.9},
+             {"run_dir": "/tmp/x/separate/j1", "eval_accuracy_before": 0.2, "eval_accuracy_after": 0.5},
+             {"run_dir": "/tmp/x/separate/j11", "eval_accuracy_before": 0.3, "eval_accuracy_after": 0.4}]
+    assert bench_pool.held_out("j0", lines) == {"eval_accuracy_before": 0.1, "eval_accuracy_after": 0.9}
+    assert bench_pool.held_out("j1", lines) == {"eval_accuracy_before": 0.2, "eval_accuracy_after": 0.5}
+    assert bench_pool.held_out("j2", lines) == {"eval_accuracy_before": None, "eval_accuracy_after": None}
+
+
+def test_one_at_a_time_starts_each_launch_after_the_previous_ended(tmp_path: pathlib.Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--one-at-a-time``: the separate launches run one after another (each job alone), every launcher line kept."""
+    def launch(files: list[str], *, run_dir: pathlib.Path, log: pathlib.Path) -> "subprocess.Popen[str]":
+        code = ("import json, time; t = time.time(); time.sleep(1.0); "
+                f"print(json.dumps({{'run_dir': {str(run_dir)!r}, 'start': t, 'end': time.time()}}))")
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+
+    monkeypatch.setattr(bench_pool, "_launch", launch)
+    launches = [([f"j{k}.yaml"], tmp_path / f"j{k}") for k in range(2)]
+    metrics = {f"j{k}": tmp_path / f"j{k}" / "metrics.jsonl" for k in range(2)}
+    out = bench_pool.run_mode("separate", launches, jobs=["j0", "j1"], metrics=metrics, timeout=60,
+                              one_at_a_time=True)
+    first, second = out["launcher_lines"]
+    assert first["run_dir"].endswith("j0") and second["start"] >= first["end"]
+    together = bench_pool.run_mode("separate", launches, jobs=["j0", "j1"], metrics=metrics, timeout=60)
+    first, second = together["launcher_lines"]
+    assert second["start"] < first["end"], "at once by default"
+
+
 SCRIPTS = {
     # hold.py MIB [argv tags...]: hold MIB MiB, touched (resident), and sleep
     "hold.py": "import sys, time\nx = bytearray(int(sys.argv[1]) << 20)\nx[::4096] = b'1' * len(x[::4096])\n"

@@ -245,6 +245,35 @@ def test_a_suspended_job_leaves_the_jobs_file_keeps_its_block_and_comes_back_whe
     assert served(fake) == [("job-a", 29510), ("job-b", 29520), ("job-c", 29530)], "resumed: served again"
 
 
+def test_a_finished_job_leaves_the_jobs_file_and_keeps_its_block_until_it_is_deleted() -> None:
+    """A job that Succeeded or Failed still names the pool (attached until deleted), but its pods are gone: the
+    engines drop it (its channel and adapter slot) instead of keeping both until the job is deleted; its block is
+    kept (no newcomer takes it while engines that have not re-read the file still hold its socket)."""
+    fake = test_pool.FakeCluster(test_pool.pool_doc(), [body("job-a", **RUNNING), body("job-b", **RUNNING),
+                                                        body("job-c", **RUNNING)])
+    test_pool.pass_of(fake)
+    assert served(fake) == [("job-a", 29510), ("job-b", 29520), ("job-c", 29530)]
+    assert fake.pool is not None
+    fake.pool["status"] = fake.status
+    fake.jobs = [body("job-a", phase="Succeeded", **RUNNING), body("job-b", phase="Failed", **RUNNING),
+                 body("job-c", phase="Running", **RUNNING), body("job-d")]
+    test_pool.pass_of(fake)
+    assert served(fake) == [("job-c", 29530), ("job-d", 29540)], "job-a Succeeded, job-b Failed: not served"
+    assert fake.status is not None and fake.status["attachedJobs"] == ["job-a", "job-b", "job-c", "job-d"]
+    assert {e["name"]: e["portBase"] for e in fake.status["jobPorts"]} == \
+        {"job-a": 29510, "job-b": 29520, "job-c": 29530, "job-d": 29540}, "their blocks kept until deleted"
+    data = fake.objects[("ConfigMap", "shared-pool-jobs")]["data"]
+    assert names.pool_job_manifest("job-a") not in data and names.pool_job_manifest("job-c") in data
+
+
+@pytest.mark.parametrize(("phase", "done"), [("Succeeded", True), ("Failed", True), ("Running", False),
+                                             ("Suspended", False), ("Pending", False), (None, False)])
+def test_what_counts_as_finished(phase: str | None, done: bool) -> None:
+    doc: dict[str, Any] = {"spec": {}, "status": {"phase": phase} if phase else {}}
+    assert poolstatus.finished(doc) is done
+    assert poolstatus.held(doc) is done
+
+
 @pytest.mark.parametrize(("doc", "held"), [
     ({"spec": {"suspend": True}}, True),
     ({"spec": {}, "status": SUSPENDED}, True),

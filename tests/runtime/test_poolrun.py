@@ -27,6 +27,17 @@ def test_the_examples_prepare() -> None:
     assert all(j.spec.algorithm.steps == 3 for _, j in jobs)
 
 
+def test_the_learning_examples_prepare() -> None:
+    """``examples/pool/smollm2/``: the pool and its two jobs pass together (same base model and dtype, ranks within
+    the pool's), each job on the pool with a task of its own."""
+    files = [str(POOL / "smollm2" / n) for n in ("pool.yaml", "job-a.yaml", "job-b.yaml")]
+    (_, pool), jobs = poolrun.prepare(files, steps=None)
+    assert pool.metadata.name == "smollm2"
+    assert [j.metadata.name for _, j in jobs] == ["pool-smollm2-a", "pool-smollm2-b"]
+    assert all(j.spec.generator_pool is not None and j.spec.generator_pool.name == "smollm2" for _, j in jobs)
+    assert len({str(j.spec.task.arithmetic) for _, j in jobs}) == 2
+
+
 def edited(tmp_path: pathlib.Path, name: str, **roles: object) -> str:
     doc = yaml.safe_load((POOL / name).read_text())
     doc["spec"]["roles"].update(roles)
@@ -146,3 +157,22 @@ def test_a_lost_engine_is_restarted_with_the_running_jobs_at_most_engine_restart
     assert runs[0].status == 1 and "pool engine pool-0 ended (exit code 3) after 3 restarts" in runs[0].message
     assert runs[1].status == 0                          # an ended job keeps its verdict
     group.stop(grace=1.0)
+
+
+def test_a_job_that_ends_leaves_the_engines_jobs_file(tmp_path: pathlib.Path) -> None:
+    """As the operator drops a Succeeded or Failed job from a pool's jobs file, the launcher rewrites it to the jobs
+    still running once one ends: the engines close the ended job's channel and unload its adapter."""
+    (_, pool), jobs = poolrun.prepare(FILES, steps=None)
+    _, runs = poolrun._layout(pool, jobs, tmp_path)
+
+    def listed() -> list[str]:
+        return [a.name for a in attach.read(jobs_path=str(tmp_path / "jobs.json"),
+                                            key_path=str(tmp_path / "pool.key"), pool="shared", index=0)]
+
+    names = frozenset(jr.name for jr in runs)
+    assert poolrun.drop_finished(tmp_path, runs, listed=names) == names and listed() == ["pool-job-a", "pool-job-b"]
+    runs[0].status = 0                                  # job a succeeded
+    now = poolrun.drop_finished(tmp_path, runs, listed=names)
+    assert now == {"pool-job-b"} and listed() == ["pool-job-b"]
+    runs[1].status = 1                                  # the last job's end: nothing left to serve, file kept
+    assert poolrun.drop_finished(tmp_path, runs, listed=now) == now and listed() == ["pool-job-b"]

@@ -61,7 +61,7 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
     are fed from the same events. With ``pool_router``, GeneratorPools are reconciled too."""
     reg = kopf.OperatorRegistry()
     present = {contract.LABEL_JOB: kopf.PRESENT}
-    pool_suspended: dict[tuple[str, str], bool] = {}    # a job on a pool: suspended when its last event came
+    pool_held: dict[tuple[str, str], bool] = {}    # a job on a pool: suspended or finished when its last event came
 
     @kopf.on.startup(registry=reg)
     def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -107,14 +107,15 @@ def build_registry(router: router_mod.Router, creds: apply.Credentials,
         raw = kw["event"].get("object") or {}
         pool = ((raw.get("spec") or {}).get("generatorPool") or {}).get("name")
         if pool and pool_router is not None:
-            # its pool's pass on its creation and deletion, and when it is suspended or resumes (the engines serve
-            # no suspended job: poolstatus.suspended); the last state seen is soft (a restart asks once per job)
-            held = poolstatus.suspended(raw)
-            changed = pool_suspended.get((namespace, name)) != held
+            # its pool's pass on its creation and deletion, and when it is suspended, resumes or finishes (the
+            # engines serve no suspended or finished job: poolstatus.held); the last state seen is soft (a restart
+            # asks once per job)
+            held = poolstatus.held(raw)
+            changed = pool_held.get((namespace, name)) != held
             if kw["event"].get("type") == "DELETED":
-                pool_suspended.pop((namespace, name), None)
+                pool_held.pop((namespace, name), None)
             else:
-                pool_suspended[(namespace, name)] = held
+                pool_held[(namespace, name)] = held
             if changed or kw["event"].get("type") in (None, "ADDED", "DELETED"):
                 pool_router.request(poolreconcile.key(namespace, pool), trigger="rljob")
         if kw["event"].get("type") == "DELETED":

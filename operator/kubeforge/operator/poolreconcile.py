@@ -1,11 +1,11 @@
 """One idempotent pass for one GeneratorPool: observe → finalizer → render → apply → status (written once, if
 changed).
 
-Observe: the pool's engines ready, the RLJobs naming it (attached), the port block of each (``poolports``: kept from
-the pool's ``status.jobPorts``), and which of them the engines serve (a block, not suspended: ``poolstatus``). Keys:
-the pass derives the pool's key from the operator's master key (``kubeforge.api.poolkeys``; the master is a file,
-never an API object) and creates the Secret holding it when absent; the engines derive each served job's key from
-it and the jobs file. It reads no Secret (the operator's RBAC on Secrets is ``create``).
+Observe: the pool's engines ready, the RLJobs naming it (attached), the port block of each (``poolports``: kept from the
+pool's ``status.jobPorts``), and which of them the engines serve (a block, neither suspended nor finished:
+``poolstatus.held``). Keys: the pass derives the pool's key from the operator's master key (``kubeforge.api.poolkeys``;
+the master is a file, never an API object) and creates the Secret holding it when absent; the engines derive each served
+job's key from it and the jobs file. It reads no Secret (the operator's RBAC on Secrets is ``create``).
 
 Role: the pool kind's ``reconcile`` (a second ``router.Router`` calls it from worker threads; ``handlers`` routes the
 pool's events, its StatefulSet's and the attached jobs' creations and deletions to it). Neighbours: ``apply`` (the
@@ -87,14 +87,15 @@ def observe(cluster: apply.Cluster, raw: apply.Obj, namespace: str, name: str, *
 
 def pool_members(pool: str, bodies: Sequence[Mapping[str, Any]],
                  ports: Mapping[str, int]) -> tuple[pool_render.Member, ...]:
-    """The attached jobs the engines serve: each with a port block, not suspended (``poolstatus.suspended``: a
-    suspended job keeps its block and leaves the jobs file, so the engines release its share and adapter slot),
+    """The attached jobs the engines serve: each with a port block, neither suspended nor finished
+    (``poolstatus.held``: such a job keeps its block and leaves the jobs file, so the engines release its share and
+    adapter slot; a finished one for good, a suspended one until it resumes),
     parsed, training an adapter (an engine refuses a jobs file with any other: one such job must not stop the pool
     serving the rest)."""
     out = []
     for body in sorted(bodies, key=lambda b: str(b["metadata"]["name"])):
         job_name = str(body["metadata"]["name"])
-        if job_name not in ports or poolstatus.suspended(body):
+        if job_name not in ports or poolstatus.held(body):
             continue
         try:
             job = load.parse({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})

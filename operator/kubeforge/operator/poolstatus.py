@@ -6,7 +6,9 @@ conditions' merge, shared with RLJobs). Invariants:
   ``spec.generatorPool.name`` is the pool, a job being deleted included (it may still sample until it is gone);
 - ``jobPorts`` is the port block of each attached job (``poolports.assign``), the record the next pass keeps them
   by and the one a job's pass reads its own from; a suspended job (:func:`suspended`) keeps its block, but the
-  engines do not serve it (it leaves the jobs file: its share and adapter slot are released) until it resumes;
+  engines do not serve it (it leaves the jobs file: its share and adapter slot are released) until it resumes; a
+  finished one (:func:`finished`: Succeeded or Failed) keeps its block and leaves the jobs file for good (it is
+  still attached until it is deleted: it names the pool);
 - ``residentAdapters`` and ``utilisation`` are the engines' to report: carried over, never invented here;
 - the finalizer ``names.POOL_FINALIZER`` is on every pool that is not being deleted, and comes off a deleted pool
   only once no job is attached (docs/generator-pool.md: deleting a pool in use waits).
@@ -18,7 +20,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kubeforge.api import contract, generatorpool
+from kubeforge.api import contract, generatorpool, rljob
 from kubeforge.operator import names, reasons, status
 
 # ---- the pool's condition types and reasons ----
@@ -29,6 +31,8 @@ ENGINES_NOT_READY = "EnginesNotReady"
 NO_MASTER_KEY = "NoMasterKey"         # the operator has no pool master key: the engines are not rendered
 WAITING_FOR_JOBS = "WaitingForJobs"   # deleted, but RLJobs still name it: the finalizer holds it
 RELEASED = "Released"                 # deleted and no job attached: the finalizer comes off
+
+_TERMINAL = (rljob.Phase.SUCCEEDED.value, rljob.Phase.FAILED.value)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,6 +66,18 @@ def suspended(job: Mapping[str, Any]) -> bool:
     if said is not None:
         return bool(said == "True")
     return bool(((job.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_KUEUE_QUEUE))
+
+
+def finished(job: Mapping[str, Any]) -> bool:
+    """Whether an attached job (its raw body) has ended: its phase is Succeeded or Failed (terminal: its own pass
+    writes it once and nothing restarts the job, ``lifecycle``). Its pods are gone, so the engines drop it (its
+    channel, its adapter slot) rather than keep both until the job is deleted."""
+    return ((job.get("status") or {}).get("phase")) in _TERMINAL
+
+
+def held(job: Mapping[str, Any]) -> bool:
+    """Whether the engines do not serve an attached job now: suspended (it may resume) or finished (for good)."""
+    return suspended(job) or finished(job)
 
 
 def compute(pool: generatorpool.GeneratorPool, facts: PoolFacts, *, generation: int | None,

@@ -9,14 +9,14 @@ stable names behind the Service (``contract.pool_peer_host``). The NetworkPolicy
 jobs (``PoolContext.attached``) and the pool's own reach the engines' ports; ``metrics`` stays open to scrapers and
 probes (as a job's: ``render.network``).
 
-What the engines serve (``PoolContext.members``: the attached jobs that have a port block and are not suspended) is
-the jobs file in the ConfigMap ``<pool>-pool-jobs`` (each job's name, namespace, UID, slot, port base on every
-engine, trainer and verifier pods, and its manifest beside it), which the runtime reads (``generator.pool.attach``),
-and the pool's key in the Secret ``<pool>-pool-key-<key id>`` (:func:`key_secret`: created once by the pool's pass,
-never applied nor read back), from which an engine derives each listed job's key (``kubeforge.api.poolkeys``). Both
-are projected with the pool's config into one folder (``names.CONFIG_DIR``) as whole objects, never ``subPath``, so
-the kubelet refreshes the jobs file in place when a job attaches or goes (docs/generator-pool.md: an engine re-reads
-it; the pod template does not change).
+What the engines serve (``PoolContext.members``: the attached jobs that have a port block, neither suspended nor
+finished) is the jobs file in the ConfigMap ``<pool>-pool-jobs`` (each job's name, namespace, UID, slot, port base on
+every engine, trainer and verifier pods, and its manifest beside it), which the runtime reads
+(``generator.pool.attach``), and the pool's key in the Secret ``<pool>-pool-key-<key id>`` (:func:`key_secret`: created
+once by the pool's pass, never applied nor read back), from which an engine derives each listed job's key
+(``kubeforge.api.poolkeys``). Both are projected with the pool's config into one folder (``names.CONFIG_DIR``) as whole
+objects, never ``subPath``, so the kubelet refreshes the jobs file in place when a job attaches or goes
+(docs/generator-pool.md: an engine re-reads it; the pod template does not change).
 
 Invariants: every child is named from the pool's name (``contract.pool_service``), labelled ``contract.LABEL_POOL``
 (never ``LABEL_JOB``: no job's watch routes a pool's pods) and owned by the GeneratorPool (deleting it collects
@@ -64,8 +64,8 @@ class PoolContext:
     """What a pool's render depends on besides its spec: its namespace and UID (owner references), the operator's
     runtime image and default imagePullSecrets (as ``context.RenderContext`` for jobs), the RLJobs attached to it
     (names, sorted: ``poolstatus.attached_jobs``), whose pods its NetworkPolicy admits, and the ``members`` among
-    them the engines serve (sorted by name; a job without a port block yet, or suspended, is attached, not a
-    member); ``key_id``: the fingerprint of the pool's key (``poolkeys.key_id``), which names the Secret holding it
+    them the engines serve (sorted by name; a job without a port block yet, suspended or finished, is attached, not
+    a member); ``key_id``: the fingerprint of the pool's key (``poolkeys.key_id``), which names the Secret holding it
     (``names.pool_key_secret``)."""
 
     namespace: str

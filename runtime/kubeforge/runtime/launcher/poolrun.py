@@ -10,6 +10,7 @@ verifiers as local processes; one summary JSON line per job, then the pool's sum
  start the engines, then every job's processes ──▶ watch:
      a job's exits ──▶ supervisor.judge with ITS failurePolicy (restart in place / a new attempt of that job alone /
                        succeeded / failed): a job's failure costs only that job
+     a job's end ──▶ the jobs file rewritten to the jobs still running (the engines drop the ended job's channel)
      an engine's exit ──▶ restarted in place (same ports, the jobs file rewritten to the jobs still running), at
                        most ENGINE_RESTARTS times per engine; its jobs' trainers push their current adapters to it
                        again (its READY: ``trainer.membership``'s restart path) and re-issue its work; beyond the
@@ -254,6 +255,7 @@ def supervise(pool_group: supervisor.Group, runs: list[JobRun], *, root: pathlib
     """Watch the engines and every job until every job is done; a lost engine is restarted in place (counted in
     ``restarts`` by engine), at most ``ENGINE_RESTARTS`` times each."""
     dog = supervisor.Watchdog(pool_group)
+    listed = frozenset(jr.name for jr in runs)
     while any(jr.status is None for jr in runs):
         dog.check()
         dead = pool_group.poll()
@@ -262,7 +264,21 @@ def supervise(pool_group: supervisor.Group, runs: list[JobRun], *, root: pathlib
         for jr in runs:
             if jr.status is None:
                 jr.step()
+        listed = drop_finished(root, runs, listed=listed)
         time.sleep(main.POLL_SECONDS)
+
+
+def drop_finished(root: pathlib.Path, runs: list[JobRun], *, listed: frozenset[str]) -> frozenset[str]:
+    """The engines' jobs file rewritten to the jobs still running once one of those ``listed`` in it has ended
+    (succeeded or failed), as the operator drops a finished job from a pool's jobs file: the engines close its
+    channel and unload its adapter (``serve.regroup``) instead of keeping both to the end of the run. Returns the
+    jobs listed now (the last job's end rewrites nothing: the engines stop next)."""
+    running = [jr for jr in runs if jr.status is None]
+    now = frozenset(jr.name for jr in running)
+    if now != listed and running:
+        write_attached(root, running)
+        return now
+    return listed
 
 
 def _restart_engines(pool_group: supervisor.Group, dog: supervisor.Watchdog, dead: list[supervisor.Exit],
