@@ -6,6 +6,7 @@ the engine, through ``kubeforge run``: ``test_agent_framework.py``.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -90,12 +91,19 @@ def served() -> Iterator[tuple[endpoint.server.Endpoint, dispatch.Dispatch]]:
     at base + PORT_AGENTS, as ``agents.pods.sampler.from_engine`` binds it."""
     tok = tiny.tokenizer()
     handout = dispatch.Dispatch(episode_seconds=20, lease_seconds=60)
-    probe = metrics.serve(metrics.Metrics(role="generator", replica=0), host="127.0.0.1", port_base=0)
-    probe.set_ready()
-    ep = endpoint.server.Endpoint(
-        sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok), handout=handout,
-        config=endpoint.server.EndpointConfig(port=probe.port + contract.PORT_AGENTS, key=JOB_KEY,
-                                              agent_key=AGENT_KEY, request_timeout=5, max_tokens_per_call=16))
+    for attempt in range(5):        # the block's base is a free ephemeral port; base + PORT_AGENTS may be taken
+        probe = metrics.serve(metrics.Metrics(role="generator", replica=0), host="127.0.0.1", port_base=0)
+        probe.set_ready()
+        try:
+            ep = endpoint.server.Endpoint(
+                sampler=ScriptedSampler(tok), chat=endpoint.chat.ChatTemplate(tok), handout=handout,
+                config=endpoint.server.EndpointConfig(port=probe.port + contract.PORT_AGENTS, key=JOB_KEY,
+                                                      agent_key=AGENT_KEY, request_timeout=5, max_tokens_per_call=16))
+            break
+        except OSError as exc:
+            probe.stop()
+            if exc.errno != errno.EADDRINUSE or attempt == 4:
+                raise
     yield ep, handout
     ep.close()
     probe.stop()

@@ -230,11 +230,18 @@ class _HTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     request_queue_size = 256         # 100 episodes may claim at once
 
 
+#: Oversized bodies up to this size are read and dropped before the 413 (larger ones: the connection is closed).
+DRAIN_MAX = 4 * protocol.MAX_BODY
+#: The socket timeout of a request's reads.
+READ_TIMEOUT_S = 30.0
+
+
 def _handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
     want = server.pool.settings.key.hex().encode()
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = READ_TIMEOUT_S          # a client that stops sending mid-request holds its thread this long at most
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
             try:
@@ -261,7 +268,15 @@ def _handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
             except ValueError:
                 raise protocol.Refused("malformed", "Content-Length") from None
             if n < 0 or n > protocol.MAX_BODY:
-                self.close_connection = True      # the body is not read: the connection cannot be reused
+                self.close_connection = True      # the body is not kept: the connection cannot be reused
+                # read and drop a bounded oversized body before answering: a close with unread bytes resets the
+                # connection and the client, still sending, gets a broken pipe instead of its 413
+                left = n if n <= DRAIN_MAX else 0
+                while left > 0:
+                    chunk = self.rfile.read(min(left, 1 << 16))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
                 raise protocol.Refused("too_large", f"{n} bytes")
             return self.rfile.read(n)
 
