@@ -115,5 +115,7 @@ def test_a_deleted_job_leaves_the_pool_and_the_other_goes_on(result: prun.PoolRe
     assert max(pauses) < PAUSE_BOUND_S, pauses
     assert prun.JOB_A not in result.pool_status.get("attachedJobs", [prun.JOB_A]), result.pool_status
     assert [p["name"] for p in result.pool_status.get("jobPorts", [])] == [prun.JOB_B], result.pool_status
-    assert result.jobs_file == [prun.JOB_B], result.jobs_file
+    # read at the run's end: a finished job leaves the engines' jobs file too (docs/generator-pool.md), so job b is
+    # listed only while it still runs; job a, deleted, never again
+    assert prun.JOB_A not in result.jobs_file and set(result.jobs_file) <= {prun.JOB_B}, result.jobs_file
 
